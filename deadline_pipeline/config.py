@@ -1,0 +1,323 @@
+"""The user's configuration: one YAML file validated with pydantic.
+
+The file is ``deadlines.yaml`` in the working directory, or ``--config FILE`` / ``$DEADLINE_CONFIG``.
+Relative paths inside it (source locations, ``subscribers_csv``) are read relative to the file's own
+folder; ``${DEADLINE_HOME}`` and other environment variables are expanded in paths.
+
+Every problem is reported as :class:`ConfigError` naming the file, the key path and what was
+expected, never as a traceback from inside pydantic or YAML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+DEFAULT_CONFIG_NAME = "deadlines.yaml"
+SOURCE_FORMATS = ("ai-deadlines", "ics", "csv")
+
+_DURATION = re.compile(
+    r"^(?P<sign>[+-])?P(?!$)(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
+    r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+)S)?)?$"
+)
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message names file, key path and problem."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse an ISO 8601 duration of weeks/days/hours/minutes/seconds (``-P7D``, ``PT0S``, ``P1DT2H``).
+
+    Years and months are refused: their length depends on the date, so "a month before" a deadline
+    would be ambiguous. Raises ``ValueError`` naming the text.
+    """
+    m = _DURATION.match(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(
+            f"{text!r} is not an ISO 8601 duration such as '-P7D', 'PT0S' or 'P1DT12H' "
+            "(years and months are not allowed)"
+        )
+    parts = {k: int(v) for k, v in m.groupdict().items() if k != "sign" and v}
+    delta = timedelta(**parts)
+    return -delta if m.group("sign") == "-" else delta
+
+
+def _check_zone(value: str) -> str:
+    try:
+        resolve_zone(value)
+    except UnknownTimeZone as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+class _Model(BaseModel):
+    # A misspelt key is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceConfig(_Model):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
+    format: Literal["ai-deadlines", "ics", "csv"]
+    location: str
+    tenant: str = "default"
+    freshness: str = "P1D"
+    timezone: str | None = None  # zone for floating times in the source, when it names none
+
+    @field_validator("freshness")
+    @classmethod
+    def _freshness(cls, v: str) -> str:
+        if parse_duration(v) <= timedelta(0):
+            raise ValueError(f"freshness {v!r} must be a positive duration such as 'P1D'")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str | None) -> str | None:
+        return None if v is None else _check_zone(v)
+
+    @property
+    def freshness_window(self) -> timedelta:
+        return parse_duration(self.freshness)
+
+    @property
+    def is_url(self) -> bool:
+        return urlparse(self.location).scheme in ("http", "https")
+
+
+class SubscriberConfig(_Model):
+    id: Annotated[str, Field(min_length=1, max_length=200)]
+    tenant: str = "default"
+    email: str | None = None
+    webhook_url: str | None = None
+    timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return _check_zone(v)
+
+    @field_validator("email")
+    @classmethod
+    def _email(cls, v: str | None) -> str | None:
+        # A CR/LF in an address would let a data file add mail headers.
+        if v is not None and (not re.fullmatch(r"[^@\s]+@[^@\s]+", v)):
+            raise ValueError(f"{v!r} is not an email address")
+        return v
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and urlparse(v).scheme not in ("http", "https"):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
+class SubscriptionConfig(_Model):
+    name: str
+    subscribers: list[str] = ["*"]  # subscriber ids, or "*" for every subscriber of the source's tenant
+    sources: list[str]
+    rules: list[str] = ["*"]  # fnmatch patterns on rule ids
+    offsets: list[str] = ["-P1D"]
+    channels: list[str]
+
+    @field_validator("offsets")
+    @classmethod
+    def _offsets(cls, v: list[str]) -> list[str]:
+        for item in v:
+            if parse_duration(item) > timedelta(0):
+                raise ValueError(f"offset {item!r} is after the deadline; reminders use '-P…' or 'PT0S'")
+        if len(set(v)) != len(v):
+            raise ValueError("offsets repeat a value")
+        return v
+
+
+class MaildirChannel(_Model):
+    type: Literal["maildir"]
+    path: str
+    sender: str = "deadline-pipeline@localhost"
+
+
+class SmtpChannel(_Model):
+    type: Literal["smtp"]
+    host: str = "127.0.0.1"
+    port: int = 25
+    sender: str = "deadline-pipeline@localhost"
+    starttls: bool = False
+    ssl: bool = False
+    # Names of environment variables holding credentials; the secrets never live in this file.
+    username_env: str | None = None
+    password_env: str | None = None
+    timeout_seconds: float = 30.0
+
+
+class WebhookChannel(_Model):
+    type: Literal["webhook"]
+    timeout_seconds: float = 10.0
+    secret_env: str | None = None
+
+
+ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel, Field(discriminator="type")]
+
+
+class DeliveryConfig(_Model):
+    batch_size: Annotated[int, Field(gt=0, le=10_000)] = 500
+    lease_seconds: Annotated[int, Field(gt=0)] = 300
+    max_attempts: Annotated[int, Field(gt=0)] = 5
+    backoff_base_seconds: Annotated[float, Field(gt=0)] = 30.0
+    backoff_cap_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    time_budget_seconds: Annotated[float, Field(gt=0)] = 240.0
+
+
+class WatchConfig(_Model):
+    grace_minutes: Annotated[int, Field(ge=0)] = 30
+
+
+class PlanConfig(_Model):
+    horizon_days: Annotated[int, Field(gt=0, le=3660)] = 366
+
+
+class DeadlinesConfig(_Model):
+    sources: list[SourceConfig] = []
+    subscribers: list[SubscriberConfig] = []
+    subscribers_csv: str | None = None
+    subscriptions: list[SubscriptionConfig] = []
+    channels: dict[str, ChannelConfig] = {}
+    delivery: DeliveryConfig = DeliveryConfig()
+    watch: WatchConfig = WatchConfig()
+    plan: PlanConfig = PlanConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> DeadlinesConfig:
+        names = [s.name for s in self.sources]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"source names repeat: {sorted(dupes)}")
+        for i, sub in enumerate(self.subscriptions):
+            for src in sub.sources:
+                if src not in names:
+                    raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown source {src!r}; known: {names}")
+            for ch in sub.channels:
+                if ch not in self.channels:
+                    raise ValueError(
+                        f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
+                    )
+        return self
+
+    def source(self, name: str) -> SourceConfig:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _expand(path: str, base: Path) -> str:
+    from deadline_pipeline.store.db import deadline_home
+
+    env = dict(os.environ)
+    env.setdefault("DEADLINE_HOME", str(deadline_home()))
+    expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+    if urlparse(expanded).scheme in ("http", "https", "file"):
+        return expanded
+    p = Path(expanded).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise ConfigError(f"{config_path}: subscribers_csv: file {path} does not exist") from None
+    except Exception as exc:  # pandas raises several parser error types
+        raise ConfigError(f"{config_path}: subscribers_csv: {path} is not a readable CSV file: {exc}") from None
+    missing = {"id", "timezone"} - set(frame.columns)
+    if missing:
+        raise ConfigError(
+            f"{path}: missing column(s) {sorted(missing)}; expected id, tenant, email, webhook_url, timezone"
+        )
+    rows = []
+    for rec in frame.to_dict("records"):
+        rows.append({k: (v if v != "" else None) for k, v in rec.items() if k in SubscriberConfig.model_fields})
+        rows[-1] = {k: v for k, v in rows[-1].items() if v is not None}
+    return rows
+
+
+def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
+    """Read and validate a configuration file.
+
+    ``path`` defaults to ``$DEADLINE_CONFIG``, then ``./deadlines.yaml``. Returns the validated
+    configuration (with paths resolved) and the file's absolute path.
+
+    Raises :class:`ConfigError` for a missing file, invalid YAML (with line and column) or a value
+    that fails validation (with the key path, e.g. ``subscriptions[0].offsets``).
+    """
+    path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: (top level): expected a mapping of sections, got {type(raw).__name__}")
+
+    base = path.parent
+    for src in raw.get("sources") or []:
+        if isinstance(src, dict) and isinstance(src.get("location"), str):
+            src["location"] = _expand(src["location"], base)
+    for ch in (raw.get("channels") or {}).values():
+        if isinstance(ch, dict) and isinstance(ch.get("path"), str):
+            ch["path"] = _expand(ch["path"], base)
+    if isinstance(raw.get("subscribers_csv"), str):
+        csv_path = Path(_expand(raw["subscribers_csv"], base))
+        raw["subscribers_csv"] = str(csv_path)
+        from_csv = _read_subscribers_csv(csv_path, path)
+        try:
+            extra = [SubscriberConfig.model_validate(r) for r in from_csv]
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError(f"{csv_path}: row {err['loc']}: {err['msg']}") from None
+        raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
+
+    try:
+        cfg = DeadlinesConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = _format_loc(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            got = err.get("input")
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            lines.append(f"{path}: {loc}: {msg}{shown}")
+        raise ConfigError("\n".join(lines)) from None
+    ids = [s.id for s in cfg.subscribers]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{path}: subscribers: ids repeat: {dupes}")
+    return cfg, path

@@ -1,0 +1,1 @@
+"""The orchestration stage."""

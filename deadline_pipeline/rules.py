@@ -1,0 +1,103 @@
+"""The rule record: what every parser yields and what planning expands. Pure domain, no I/O.
+
+A rule is either one due instant or a recurring series. Times are kept as the source wrote them —
+a local wall-clock time plus the zone name — so that expansion happens in local time (a "15 April"
+rule stays on 15 April across DST) and the instant is computed only at the end.
+
+Conventions (documented because a wrong one is a silent miss):
+
+* ``start`` is ISO 8601 local wall-clock time without offset (``2024-06-15T23:59:00``) or a date
+  (``2024-04-15``). A date means the deadline is the *end* of that local day (23:59:59), because
+  "due 15 April" means it may still be done on 15 April.
+* ``tz`` is the zone as the source spelled it (see :mod:`deadline_pipeline.timezones`), or ``None``
+  for a floating time, which planning reads in the subscriber's zone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime, time, timezone
+
+END_OF_DAY = time(23, 59, 59)
+
+
+@dataclass(frozen=True)
+class RuleRecord:
+    """One rule parsed from a snapshot.
+
+    ``rule_id``: identity stable across revisions of the source (see each parser).
+    ``rrule``: an RFC 5545 RECUR value without the ``RRULE:`` prefix, or ``None`` for a one-off.
+    ``exdates`` / ``rdates``: local wall-clock ISO strings in the rule's zone.
+    """
+
+    rule_id: str
+    title: str
+    start: str
+    tz: str | None
+    rrule: str | None = None
+    exdates: tuple[str, ...] = ()
+    rdates: tuple[str, ...] = ()
+    kind: str = "deadline"  # deadline | event | todo
+    url: str | None = None
+    note: str | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def to_payload(self) -> dict:
+        """A JSON-safe dict (stored in ``rule_versions.payload``)."""
+        d = asdict(self)
+        d["exdates"] = list(self.exdates)
+        d["rdates"] = list(self.rdates)
+        return d
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> RuleRecord:
+        data = dict(payload)
+        data["exdates"] = tuple(data.get("exdates") or ())
+        data["rdates"] = tuple(data.get("rdates") or ())
+        data["extra"] = dict(data.get("extra") or {})
+        return cls(**data)
+
+    def content_hash(self) -> str:
+        """sha256 of the canonical JSON payload: equal hashes mean no new rule version."""
+        blob = json.dumps(self.to_payload(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def all_day(self) -> bool:
+        return "T" not in self.start
+
+    def start_local(self) -> datetime:
+        """The naive local wall-clock start; a date becomes the end of that day (23:59:59)."""
+        return parse_local(self.start)
+
+
+def parse_local(text: str) -> datetime:
+    """Parse an ISO local date or date-time (no offset) into a naive datetime.
+
+    A bare date means the end of that day. Raises ``ValueError`` naming the text, including when it
+    carries an offset (the zone belongs in ``tz``, not in the string).
+    """
+    if "T" not in text and " " not in text:
+        return datetime.combine(date.fromisoformat(text), END_OF_DAY)
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is not None:
+        raise ValueError(f"local time {text!r} carries an offset; rules keep the zone in 'tz'")
+    return value
+
+
+def format_local(value: datetime | date) -> str:
+    """The inverse of :func:`parse_local` for naive values (dates stay dates)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            raise ValueError(f"{value!r} is aware; expected local wall-clock time")
+        return value.isoformat(timespec="seconds")
+    return value.isoformat()
+
+
+def utc(value: datetime) -> datetime:
+    """Convert an aware datetime to UTC; refuses naive values (``ValueError``)."""
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: an instant needs a zone")
+    return value.astimezone(timezone.utc)

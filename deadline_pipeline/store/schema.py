@@ -1,0 +1,221 @@
+"""The project's own store: one schema, SQLAlchemy 2 Core tables.
+
+Every instant is stored as an aware UTC datetime (``DateTime(timezone=True)``); on SQLite the
+``UtcDateTime`` type below restores the UTC zone that SQLite drops, so the same code compares
+instants on both engines.
+
+The tables follow DESIGN.md. The unique constraints are the product's idempotency: a re-run of any
+stage hits them instead of creating a second row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+
+# Stable constraint names so Alembic migrations can refer to them on both engines.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+# SQLite has no 64-bit autoincrement for BIGINT primary keys; INTEGER is its rowid alias.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UtcDateTime(TypeDecorator):
+    """An aware UTC datetime on every engine.
+
+    Naive values are refused on the way in (a naive datetime is the classic silent off-by-hours
+    bug); values read back are always aware UTC, including from SQLite, which stores text.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to the store; instants must be aware UTC")
+        value = value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            # Stored naive-but-UTC so that SQLite's text comparison orders instants correctly.
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+sources = Table(
+    "sources",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("tenant", String(200), nullable=False),
+    Column("format", String(50), nullable=False),
+    Column("location", Text, nullable=False),
+    Column("freshness_seconds", Integer, nullable=False),
+    Column("status", String(20), nullable=False, default="new"),  # new | fresh | stale | suspect
+    Column("last_attempt_at", UtcDateTime),
+    Column("last_fresh_at", UtcDateTime),
+    Column("last_error", Text),
+    Column("current_snapshot_id", BigInteger),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("source_id", ForeignKey("sources.id"), nullable=False),
+    Column("fetched_at", UtcDateTime, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("content", LargeBinary, nullable=False),
+    Column("http_status", Integer),
+    Column("etag", Text),
+    Column("last_modified", Text),
+    # parsed | failed | quarantined: a failed parse keeps the bytes for a human to read.
+    Column("parse_status", String(20)),
+    Column("parse_error", Text),
+    UniqueConstraint("source_id", "sha256"),
+)
+
+rule_versions = Table(
+    "rule_versions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("source_id", ForeignKey("sources.id"), nullable=False),
+    Column("rule_id", String(500), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("snapshot_id", ForeignKey("snapshots.id"), nullable=False),
+    Column("valid_from", UtcDateTime, nullable=False),
+    Column("withdrawn", Boolean, nullable=False, default=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("payload", JSON, nullable=False),
+    # The rule id is unique per source, so two sources may use the same id without colliding.
+    UniqueConstraint("source_id", "rule_id", "version"),
+)
+
+subscribers = Table(
+    "subscribers",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("external_id", String(200), nullable=False, unique=True),
+    Column("tenant", String(200), nullable=False),
+    Column("email", Text),
+    Column("webhook_url", Text),
+    Column("timezone", String(100), nullable=False),
+    Column("active", Boolean, nullable=False, default=True),
+)
+
+subscriptions = Table(
+    "subscriptions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("subscriber_id", ForeignKey("subscribers.id"), nullable=False),
+    Column("source_id", ForeignKey("sources.id"), nullable=False),
+    Column("rule_patterns", JSON, nullable=False),  # list of fnmatch patterns on rule_id
+    Column("offsets", JSON, nullable=False),  # list of ISO 8601 durations, e.g. "-P7D"
+    Column("channels", JSON, nullable=False),  # list of channel names from the configuration
+    Column("active", Boolean, nullable=False, default=True),
+    UniqueConstraint("name", "subscriber_id", "source_id"),
+)
+
+obligations = Table(
+    "obligations",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("obligation_key", String(64), nullable=False, unique=True),
+    Column("tenant", String(200), nullable=False),
+    Column("subscriber_id", ForeignKey("subscribers.id"), nullable=False),
+    Column("source_id", ForeignKey("sources.id"), nullable=False),
+    Column("rule_id", String(500), nullable=False),
+    Column("rule_version", Integer, nullable=False),
+    Column("period", String(64), nullable=False),
+    Column("title", Text, nullable=False),
+    Column("due_at", UtcDateTime, nullable=False),
+    Column("status", String(20), nullable=False, default="active"),  # active | withdrawn
+    Column("planned_at", UtcDateTime, nullable=False),
+    Index(None, "due_at"),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("obligation_id", ForeignKey("obligations.id"), nullable=False),
+    Column("offset_seconds", Integer, nullable=False),  # negative: before the due instant
+    Column("channel", String(100), nullable=False),
+    Column("kind", String(20), nullable=False),  # reminder | correction | cancellation
+    Column("dedup_key", String(64), nullable=False, unique=True),
+    Column("send_at", UtcDateTime, nullable=False),
+    # pending | claimed | retry_wait | delivered | escalated | cancelled | superseded | skipped
+    Column("status", String(20), nullable=False, default="pending"),
+    Column("status_reason", Text),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UtcDateTime),
+    Column("lease_owner", String(300)),
+    Column("lease_expires_at", UtcDateTime),
+    Column("provider_message_id", Text),
+    Column("last_error", Text),
+    Column("delivered_at", UtcDateTime),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind"),
+    # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
+    Index(None, "status", "send_at"),
+)
+
+delivery_attempts = Table(
+    "delivery_attempts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("alert_id", ForeignKey("alerts.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("lease_owner", String(300), nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime),
+    Column("outcome", String(20)),  # sent | failed | unknown
+    Column("provider_message_id", Text),
+    Column("error", Text),
+    Index(None, "alert_id"),
+)
+
+heartbeats = Table(
+    "heartbeats",
+    metadata,
+    Column("component", String(200), primary_key=True),
+    Column("last_started_at", UtcDateTime),
+    Column("last_completed_at", UtcDateTime),
+    Column("last_outcome", String(20)),
+    Column("detail", Text),
+)
