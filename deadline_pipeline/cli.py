@@ -1,0 +1,147 @@
+"""``deadline-pipeline``: the operations command line.
+
+Exit codes: 0 success; 1 the run finished but something is red (a failed step or check);
+2 bad input (configuration, arguments) — the message names the file, key and problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from deadline_pipeline.config import ConfigError
+
+EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _check_as_of(as_of: str | None) -> None:
+    if as_of is None:
+        return
+    from deadline_pipeline.orchestration.resources import parse_instant
+
+    try:
+        parse_instant(as_of)
+    except ValueError as exc:
+        _fail_input(f"--as-of: {exc}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
+def main(verbose: bool) -> None:
+    """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""
+    # Dagster announces beta/preview APIs on every load; operators need the pipeline's own output.
+    import warnings
+
+    import dagster as dg
+
+    for category in (dg.BetaWarning, dg.PreviewWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.group()
+def db() -> None:
+    """The project's store (SQLite by default, $DEADLINE_DB_URL for PostgreSQL)."""
+
+
+@db.command("upgrade")
+@click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
+def db_upgrade(db_url: str | None) -> None:
+    """Apply the Alembic migrations (idempotent)."""
+    from deadline_pipeline.store.db import default_db_url, normalise_url, upgrade
+
+    url = normalise_url(db_url) if db_url else default_db_url()
+    upgrade(url)
+    from sqlalchemy.engine import make_url
+
+    click.echo(f"store at {make_url(url).render_as_string(hide_password=True)} is at the latest migration")
+
+
+def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None) -> int:
+    from deadline_pipeline.orchestration.build import default_config_path
+    from deadline_pipeline.orchestration.runner import dagster_instance, run_chain
+    from deadline_pipeline.store.db import deadline_home, get_engine
+
+    _check_as_of(as_of)
+    config_path = Path(config) if config else default_config_path()
+    home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or deadline_home() / "dagster_home")
+    try:
+        engine = get_engine(db_url)  # applies migrations first
+        instance = dagster_instance(home)
+        summary = run_chain(config_path, instance=instance, db_url=db_url, as_of=as_of)
+    except ConfigError as exc:
+        _fail_input(str(exc))
+    _print_summary(engine, summary, as_of)
+    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dagster dev)")
+    red = not summary.success or any(not ok for ok, _ in summary.checks.values())
+    return EXIT_RED if red else EXIT_OK
+
+
+def _print_summary(engine, summary, as_of: str | None) -> None:
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store import health
+    from deadline_pipeline.store.schema import obligations, rule_versions
+    from deadline_pipeline.store.sources import all_sources
+
+    with engine.connect() as conn:
+        srcs = all_sources(conn)
+        versions = conn.execute(select(func.count()).select_from(rule_versions)).scalar_one()
+        obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
+        states = health.alerts_by_state(conn)
+    click.echo(f"as of {as_of or 'now'}")
+    click.echo("sources:")
+    for s in srcs:
+        err = f" — {s.last_error}" if s.last_error else ""
+        click.echo(f"  {s.name:<24} {s.status:<8} last fresh {s.last_fresh_at or 'never'}{err}")
+    click.echo(f"rule versions: {versions}")
+    click.echo("obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))
+    click.echo("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
+    click.echo("checks:")
+    for name, (ok, desc) in sorted(summary.checks.items()):
+        click.echo(f"  {name:<24} {'PASS' if ok else 'FAIL'}  {desc}")
+    for f in summary.failures:
+        click.echo(f"failed step: {f}", err=True)
+
+
+@main.command()
+@click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
+              help="Configuration file (default: ./deadlines.yaml, else the bundled examples).")
+@click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
+@click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
+@click.option("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else .deadline/dagster_home).")
+def run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None) -> None:
+    """Run the chain once: ingest every source, plan, deliver what is due, run the checks."""
+    sys.exit(_run(config, as_of, db_url, dagster_home))
+
+
+@main.command()
+@click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant.")
+def demo(as_of: str | None) -> None:
+    """`run` on the bundled examples, delivering to a maildir under .deadline/."""
+    from deadline_pipeline.orchestration.build import EXAMPLES_CONFIG
+    from deadline_pipeline.store.db import deadline_home
+
+    if not EXAMPLES_CONFIG.exists():
+        _fail_input(f"the bundled examples are missing at {EXAMPLES_CONFIG}; install the project from a clone "
+                    "with 'pip install -e .'")
+    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
+    maildir = deadline_home() / "maildir"
+    count = sum(1 for _ in (maildir / "new").iterdir()) + sum(1 for _ in (maildir / "cur").iterdir()) \
+        if (maildir / "new").exists() else 0
+    click.echo(f"maildir: {maildir} holds {count} message(s)")
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

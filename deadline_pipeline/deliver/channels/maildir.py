@@ -1,0 +1,59 @@
+"""Deliver alerts as e-mail files into a local Maildir folder (stdlib :mod:`mailbox`).
+
+Useful for a single-user setup read by a local mail client, and for tests. Semantics are
+at-least-once: a resend adds another file, with the same ``Message-ID`` (derived from the dedup key),
+so a mail client can fold the copies.
+"""
+
+from __future__ import annotations
+
+import mailbox
+import os
+from pathlib import Path
+
+from deadline_pipeline.config import MaildirChannel
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
+from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
+from deadline_pipeline.deliver.render import RenderError, build_email
+
+
+class MaildirSender:
+    """Channel writing to the Maildir at ``cfg.path`` (created with its parents when missing).
+
+    ``send`` returns the maildir key as ``provider_message_id``. Raises :class:`DeliveryError`:
+    permanent for an unrenderable alert or a path that cannot be a Maildir (permission denied, a
+    file in the way); retryable ``"failed"`` for other OS errors (disk full).
+    """
+
+    idempotency_class = IDEMPOTENCY_NOTIFICATION
+
+    def __init__(self, name: str, cfg: MaildirChannel) -> None:
+        self.name = name
+        self.path = Path(cfg.path)
+        self.sender = cfg.sender
+
+    def send(self, n: Notification) -> SendResult:
+        try:
+            msg = build_email(n, self.sender)
+        except RenderError as exc:
+            raise DeliveryError(str(exc), permanent=True) from exc
+        # Maildir files use the local line ending; the SMTP policy's CRLF would leave stray CRs
+        # in every line a mail client reads from the file.
+        data = msg.as_bytes(policy=msg.policy.clone(linesep="\n"))
+        try:
+            os.makedirs(self.path.parent, exist_ok=True)
+            box = mailbox.Maildir(self.path, create=True)
+            key = box.add(data)
+        except (PermissionError, NotADirectoryError, FileExistsError) as exc:
+            raise DeliveryError(
+                f"channel {self.name!r}: maildir {self.path} is not writable: {exc}", permanent=True
+            ) from exc
+        except OSError as exc:
+            # Maildir writes into tmp/ and renames into new/, so a failure leaves no visible message.
+            raise DeliveryError(
+                f"channel {self.name!r}: cannot write to maildir {self.path}: {exc}", permanent=False
+            ) from exc
+        return SendResult(provider_message_id=key)
+
+    def close(self) -> None:
+        """Nothing to release: every send opens the folder afresh."""

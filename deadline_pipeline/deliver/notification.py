@@ -1,0 +1,105 @@
+"""What a channel sends and what it reports back: :class:`Notification`, :class:`SendResult`, :class:`DeliveryError`.
+
+A :class:`Notification` is one alert for one subscriber, already decided by planning; channels only
+render and transmit it. Every text field that came from a source (``title``, ``note``, ``url``,
+``source``, ``rule_id``) is untrusted and is sanitised or escaped where it is rendered
+(:mod:`deadline_pipeline.deliver.render`), never here.
+
+Outcomes of a failed send (:class:`DeliveryError`):
+
+* ``outcome="failed"``: the message is known *not* to have been delivered (connection refused, the
+  server answered with a rejection before accepting the message).
+* ``outcome="unknown"``: the message may have been delivered (a timeout after the request or the SMTP
+  DATA left, a connection dropped before the answer). Resending is safe only for channels whose
+  ``idempotency_class`` is ``"notification"`` (see :mod:`deadline_pipeline.deliver.channels.base`).
+* ``permanent=True``: the same send would fail again (550 recipient unknown, HTTP 400, a missing
+  credential variable); the sweep escalates at once instead of retrying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+KINDS = ("reminder", "correction", "cancellation")
+OUTCOMES = ("failed", "unknown")
+
+
+def _utc(value: datetime, field: str) -> datetime:
+    # A naive datetime here would be read as host-local time by astimezone() and shift the
+    # reminder by the host's UTC offset without any error.
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"Notification.{field} must be an aware datetime, got naive {value.isoformat()}")
+    return value.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One alert to deliver to one subscriber over one channel.
+
+    ``dedup_key``: hex string, the alert's idempotency key; it becomes the SMTP Message-ID and the
+    webhook ``Idempotency-Key``, so a resend is recognisable as the same alert.
+    ``kind``: ``"reminder"`` | ``"correction"`` | ``"cancellation"``.
+    ``subscriber_tz``: IANA zone name the times are shown in (besides UTC).
+    ``due_at`` / ``previous_due_at``: aware datetimes, normalised to UTC on construction;
+    ``previous_due_at`` is the old due time of a correction, else ``None``.
+    ``offset_seconds``: when the reminder fires relative to ``due_at``, in seconds; negative = before
+    (``-86400`` = one day before).
+
+    Raises ``ValueError`` for an unknown ``kind`` or a naive datetime.
+    """
+
+    dedup_key: str
+    kind: str
+    subscriber_id: str
+    email: str | None
+    webhook_url: str | None
+    subscriber_tz: str
+    source: str
+    rule_id: str
+    title: str
+    due_at: datetime
+    offset_seconds: int
+    url: str | None = None
+    note: str | None = None
+    previous_due_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Notification {self.dedup_key}: kind {self.kind!r} is not one of {KINDS}")
+        object.__setattr__(self, "due_at", _utc(self.due_at, "due_at"))
+        if self.previous_due_at is not None:
+            object.__setattr__(self, "previous_due_at", _utc(self.previous_due_at, "previous_due_at"))
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """A successful send. ``provider_message_id``: the id the channel can be asked about later
+    (SMTP Message-ID, maildir key, the webhook receiver's ``id`` or ``"HTTP <status>"``)."""
+
+    provider_message_id: str
+
+
+class DeliveryError(Exception):
+    """A send that did not succeed.
+
+    ``permanent``: ``True`` = retrying cannot help; escalate at once.
+    ``outcome``: ``"failed"`` (known not delivered) or ``"unknown"`` (may have been delivered).
+    ``retry_after``: seconds the receiver asked us to wait (HTTP 429/503 ``Retry-After``), else ``None``.
+    """
+
+    def __init__(
+        self, message: str, *, permanent: bool, outcome: str = "failed", retry_after: float | None = None
+    ) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"DeliveryError outcome {outcome!r} is not one of {OUTCOMES}")
+        super().__init__(message)
+        self.permanent = permanent
+        self.outcome = outcome
+        self.retry_after = retry_after
+
+    def __repr__(self) -> str:
+        return (
+            f"DeliveryError({str(self)!r}, permanent={self.permanent}, outcome={self.outcome!r}, "
+            f"retry_after={self.retry_after!r})"
+        )

@@ -1,0 +1,218 @@
+"""Render a :class:`~deadline_pipeline.deliver.notification.Notification` into a subject, a plain-text
+body and an HTML body, and build the e-mail that carries them.
+
+Templates live in ``deliver/templates/`` (``subject.txt``, ``body.txt``, ``body.html``); only
+``.html`` templates are autoescaped. Source values are passed to the templates as *data*, never
+compiled as templates, so a title such as ``{{ 7*7 }}`` prints literally.
+
+Untrusted text is made safe here:
+
+* the subject is one line: control characters (CR, LF, NUL, U+0085, U+2028/2029 …) become spaces,
+  so a title can never end the Subject header and start another one;
+* the HTML body is autoescaped, and ``url`` becomes a link only for ``http``/``https`` (a
+  ``javascript:`` URL from a feed is shown as text, not made clickable).
+
+Times are shown in the subscriber's zone and in UTC, truncated to the minute (a reader then errs
+early, never late, for a 23:59:59 deadline).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.policy import SMTP
+from email.utils import format_datetime
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlparse
+
+import jinja2
+
+from deadline_pipeline.deliver.notification import Notification
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+MESSAGE_ID_DOMAIN = "deadline-pipeline"
+SUBJECT_MAX_CHARS = 250
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_SPACES = re.compile(r"\s+")
+
+
+class RenderError(Exception):
+    """An alert that cannot be rendered; the message names the dedup key. ``dedup_key``: that key."""
+
+    def __init__(self, dedup_key: str, problem: str) -> None:
+        super().__init__(f"alert {dedup_key}: cannot render message: {problem}")
+        self.dedup_key = dedup_key
+
+
+@dataclass(frozen=True)
+class RenderedMessage:
+    """``subject``: one line without control characters; ``text``: plain-text body; ``html``: HTML body."""
+
+    subject: str
+    text: str
+    html: str
+
+
+def one_line(value: object) -> str:
+    """``value`` as a single line: every control/separator character becomes a space, runs of
+    whitespace collapse. Used for anything that ends up in a header."""
+    text = "" if value is None else str(value)
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+    return _SPACES.sub(" ", text).strip()
+
+
+def multi_line(value: object) -> str:
+    """``value`` with line breaks kept (normalised to ``\\n``) and other control characters removed
+    (a NUL or an escape sequence in a note would garble terminals and mail clients)."""
+    text = "" if value is None else str(value)
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
+    return "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf"))
+
+
+def message_id(dedup_key: str) -> str:
+    """The SMTP Message-ID for an alert: ``"<{dedup_key}@deadline-pipeline>"``.
+
+    Derived from the dedup key only, so a retry after an unknown outcome carries the same id and a
+    mail client or server shows a duplicate as one message. Raises ``ValueError`` when the key is
+    not hex (anything else could break out of the angle brackets).
+    """
+    if not isinstance(dedup_key, str) or not _HEX.match(dedup_key):
+        raise ValueError(f"dedup key {dedup_key!r} is not a hex string")
+    return f"<{dedup_key}@{MESSAGE_ID_DOMAIN}>"
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=False),
+        # A misspelt variable in a template must fail the alert, not print an empty due date.
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def _plural(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def time_left(offset_seconds: int) -> str:
+    """The lead time of a reminder in words: ``-604800`` → ``"7 days"``, ``-5400`` → ``"1 hour 30 minutes"``,
+    ``0`` → ``""`` (due now). Derived from the offset, not from the clock, so a retry renders the
+    same text."""
+    left = max(0, -int(offset_seconds))
+    days, rest = divmod(left, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [_plural(v, u) for v, u in ((days, "day"), (hours, "hour"), (minutes, "minute")) if v]
+    if not parts and left:
+        return _plural(left, "second")
+    return " ".join(parts[:2])
+
+
+def _local(when: datetime, zone) -> str:
+    local = when.astimezone(zone)
+    abbrev = local.tzname() or ""
+    return f"{local:%Y-%m-%d %H:%M} {abbrev}".strip()
+
+
+def _offset(when: datetime, zone) -> str:
+    delta = when.astimezone(zone).utcoffset()
+    total = int(delta.total_seconds()) if delta is not None else 0
+    sign = "-" if total < 0 else "+"
+    hours, minutes = divmod(abs(total) // 60, 60)
+    return f"UTC{sign}{hours:02d}:{minutes:02d}"
+
+
+def _utc_text(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def _context(n: Notification) -> dict:
+    zone = resolve_zone(n.subscriber_tz)
+    url = one_line(n.url) if n.url else None
+    previous = n.previous_due_at
+    return {
+        "kind": n.kind,
+        "dedup_key": n.dedup_key,
+        "subscriber_id": one_line(n.subscriber_id),
+        "title": one_line(n.title) or "(untitled)",
+        "source": one_line(n.source),
+        "rule_id": one_line(n.rule_id),
+        "zone_name": one_line(n.subscriber_tz),
+        "due_local": _local(n.due_at, zone),
+        "due_offset": _offset(n.due_at, zone),
+        "due_utc": _utc_text(n.due_at),
+        "previous_local": _local(previous, zone) if previous else None,
+        "previous_utc": _utc_text(previous) if previous else None,
+        "left": time_left(n.offset_seconds),
+        "url": url,
+        "url_is_link": bool(url) and urlparse(url).scheme in ("http", "https"),
+        "note": multi_line(n.note).strip() or None,
+    }
+
+
+def render(n: Notification) -> RenderedMessage:
+    """Render ``n`` with the templates.
+
+    Returns a :class:`RenderedMessage` whose ``subject`` is one line of at most
+    ``SUBJECT_MAX_CHARS`` characters. Raises :class:`RenderError` naming ``n.dedup_key`` for an
+    unknown time zone or any template error.
+    """
+    try:
+        ctx = _context(n)
+        env = _environment()
+        subject = env.get_template("subject.txt").render(ctx)
+        text = env.get_template("body.txt").render(ctx)
+        html = env.get_template("body.html").render(ctx)
+    except UnknownTimeZone as exc:
+        raise RenderError(n.dedup_key, f"subscriber {n.subscriber_id!r}: {exc}") from exc
+    except jinja2.TemplateError as exc:
+        raise RenderError(n.dedup_key, f"{n.kind} template: {exc.__class__.__name__}: {exc}") from exc
+    # Sanitised again after rendering: whatever a template does, the subject stays one header line.
+    subject = one_line(subject)
+    if len(subject) > SUBJECT_MAX_CHARS:
+        subject = subject[: SUBJECT_MAX_CHARS - 1].rstrip() + "…"
+    return RenderedMessage(subject=subject, text=text, html=html)
+
+
+def build_email(n: Notification, sender: str, *, now: datetime | None = None) -> EmailMessage:
+    """The e-mail for ``n``: ``multipart/alternative`` (text, HTML), ``policy=email.policy.SMTP``.
+
+    Headers: From ``sender``, To ``n.email``, Subject, Date (``now``, default the current time, aware),
+    Message-ID :func:`message_id`, ``X-Deadline-Dedup-Key``, and ``Auto-Submitted: auto-generated``
+    (RFC 3834, so auto-responders do not answer a reminder and loop).
+
+    Raises :class:`RenderError` naming the dedup key when ``n`` has no usable e-mail address, the
+    dedup key is not hex, or rendering fails.
+    """
+    email = n.email or ""
+    # The address comes from subscriber data; a CR/LF or space in it would add headers or recipients.
+    if not email or one_line(email) != email or " " in email or "@" not in email:
+        raise RenderError(n.dedup_key, f"subscriber {n.subscriber_id!r} has no usable e-mail address ({email!r})")
+    try:
+        mid = message_id(n.dedup_key)
+    except ValueError as exc:
+        raise RenderError(n.dedup_key, str(exc)) from exc
+    rendered = render(n)
+    msg = EmailMessage(policy=SMTP)
+    try:
+        msg["From"] = sender
+        msg["To"] = email
+        msg["Subject"] = rendered.subject
+        msg["Date"] = format_datetime(now or datetime.now(UTC))
+        msg["Message-ID"] = mid
+        msg["X-Deadline-Dedup-Key"] = n.dedup_key
+        msg["Auto-Submitted"] = "auto-generated"
+        msg.set_content(rendered.text)
+        msg.add_alternative(rendered.html, subtype="html")
+    except (ValueError, TypeError) as exc:  # the email package refuses malformed header values
+        raise RenderError(n.dedup_key, f"cannot build e-mail: {exc}") from exc
+    return msg

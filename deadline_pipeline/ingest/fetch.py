@@ -1,0 +1,522 @@
+"""Fetch the raw bytes of one source, distrusting the system that serves them.
+
+Sources are external systems the project does not control, so :func:`fetch` assumes any of them may
+be slow, huge, redirect in circles, answer with an error page, or be misconfigured. The policy:
+
+* **Bounded in time.** ``timeout_seconds`` limits connecting and every single wait for data, and the
+  whole fetch (redirects included) may take at most :data:`TOTAL_TIME_FACTOR` times that, so a server
+  that trickles one byte at a time cannot hold the pipeline forever either.
+* **Bounded in size.** A declared ``Content-Length`` above ``max_bytes`` is refused before the body is
+  read, and the streamed body is counted as it arrives, so an undeclared (chunked) or lying body is cut
+  off one network read past the limit; at most ``max_bytes`` are ever kept in memory. Compressed
+  bodies are counted after decompression, with decompression itself capped at the limit.
+* **Bounded in hops.** Redirects are followed by hand, at most ``max_redirects`` of them, and every
+  target is checked against ``allowed_schemes`` before it is contacted.
+* **Schemes refused before any I/O.** A location whose scheme is not allowed (``ftp://``, or local
+  files when ``file`` is not allowed) is refused without touching the network or disk.
+* **Credentials stay secret and stay home.** Tokens come from environment variables named in the
+  configuration, never from the configuration itself. They are sent only to the origin (scheme, host,
+  port) of the configured location, only over https or to a loopback address, and never appear in
+  :class:`FetchError` messages, :attr:`FetchResult.final_url` or log lines; user names and passwords in
+  URLs are stripped wherever a URL is shown.
+* **Exactly what happened.** A success returns the bytes as served (an HTML error page answered with
+  200 is returned like any other body: recognising it is the parser's job) with their SHA-256, size
+  and validators, so the caller can store a snapshot before parsing. A ``304 Not Modified`` answer to
+  a conditional request returns no content and ``not_modified=True``. Everything else raises
+  :class:`FetchError`, which says whether trying again later may help.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import os
+import stat
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+try:
+    _VERSION = version("deadline_pipeline")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    _VERSION = "0+unknown"
+
+USER_AGENT = f"deadline-pipeline/{_VERSION}"
+
+#: The whole fetch, redirects included, may last at most this many times ``timeout_seconds``.
+TOTAL_TIME_FACTOR = 4
+
+_CHUNK_BYTES = 64 * 1024
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# Retrying helps when the server is overloaded or failing, or asked us to slow down.
+_RETRYABLE_CLIENT_STATUSES = frozenset({408, 429})
+# zlib window settings for the content codings we can decode with a bounded output size.
+_ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What one fetch produced.
+
+    ``content`` is ``None`` exactly when ``not_modified`` is true (the server answered 304); then
+    ``sha256`` is ``None`` and ``size`` is 0. ``fetched_at`` is the aware UTC time the caller passed as
+    ``now``. ``http_status``, ``etag`` and ``last_modified`` are ``None`` for local files. ``size`` is in
+    bytes and ``sha256`` is the lowercase hex digest of ``content``. ``final_url`` is the URL the bytes
+    came from after redirects (a ``file://`` URL for local files), without any user name or password.
+    """
+
+    content: bytes | None
+    not_modified: bool
+    fetched_at: datetime
+    http_status: int | None
+    etag: str | None
+    last_modified: str | None
+    sha256: str | None
+    size: int
+    final_url: str
+
+
+class FetchError(Exception):
+    """A fetch that produced no usable answer.
+
+    The message names the source and what went wrong and never contains credentials. ``retryable``
+    is true when the same fetch may succeed later without anyone changing the configuration (a
+    timeout, a refused connection, a 5xx, 408 or 429 answer).
+    """
+
+    def __init__(self, source: str, message: str, *, retryable: bool) -> None:
+        super().__init__(f"source {source!r}: {message}")
+        self.source = source
+        self.retryable = retryable
+
+
+def fetch(
+    source: str,
+    location: str,
+    *,
+    now: datetime,
+    etag: str | None = None,
+    last_modified: str | None = None,
+    timeout_seconds: float = 30.0,
+    max_bytes: int = 20 * 1024 * 1024,
+    max_redirects: int = 5,
+    allowed_schemes: frozenset[str] = frozenset({"http", "https", "file"}),
+    auth_env: str | None = None,
+    headers_env: dict[str, str] | None = None,
+    client: httpx.Client | None = None,
+) -> FetchResult:
+    """Fetch the bytes of ``source`` from ``location`` (an http(s) URL, a ``file://`` URL or a path).
+
+    ``now`` is an aware datetime (stored as UTC in the result). ``etag`` and ``last_modified`` are the
+    validators of the previous snapshot; when given, the request is conditional and a 304 answer
+    returns ``not_modified=True`` without content (local files are always read in full).
+    ``timeout_seconds`` (seconds) limits connecting and each wait for data; the whole fetch is capped
+    at :data:`TOTAL_TIME_FACTOR` times it. ``max_bytes`` (bytes) is the largest body accepted.
+    ``max_redirects`` is the number of redirects followed. ``auth_env`` names an environment variable
+    holding a bearer token; ``headers_env`` maps header names to environment variable names holding
+    their values. Both are used for http(s) only. ``client`` lets the caller share connections; its
+    own default headers and authentication are not sent, so credentials follow this module's rules.
+
+    Raises :class:`FetchError` for every failure of the source or of its configuration (scheme not
+    allowed, unset credential variable, network error, timeout, non-2xx status, too many redirects,
+    body too large, missing file), and :class:`ValueError` for a naive ``now`` or non-positive limits.
+    """
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("fetch: `now` must be an aware datetime")
+    if timeout_seconds <= 0 or max_bytes < 0 or max_redirects < 0:
+        raise ValueError("fetch: timeout_seconds must be > 0, max_bytes and max_redirects >= 0")
+    fetched_at = now.astimezone(UTC)
+    allowed = frozenset(s.lower() for s in allowed_schemes)
+
+    scheme = _scheme_of(location)
+    # Refused before any I/O: a configuration must not be able to reach a system it was not meant to.
+    if scheme not in allowed:
+        raise FetchError(
+            source,
+            f"scheme {scheme!r} of {_safe_location(location)} is not allowed (allowed: {sorted(allowed)})",
+            retryable=False,
+        )
+    if scheme == "file":
+        return _fetch_file(source, location, fetched_at, max_bytes)
+    if scheme not in ("http", "https"):
+        raise FetchError(source, f"scheme {scheme!r} is not supported", retryable=False)
+
+    secrets: list[str] = []
+    headers = _credential_headers(source, auth_env, headers_env, secrets)
+    try:
+        url = httpx.URL(location)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        failure = FetchError(
+            source, f"invalid URL {_safe_location(location)}: {_redact(str(exc), location, secrets)}",
+            retryable=False,
+        )
+    else:
+        failure = None
+    if failure is not None:
+        # Raised outside the `except` so the original exception (which may quote the raw URL with
+        # its password) is not attached as context and printed in a traceback.
+        raise failure
+    if url.userinfo:
+        secrets.extend(s for s in (url.username, url.password) if s)
+
+    owns_client = client is None
+    if client is None:
+        client = httpx.Client(follow_redirects=False)
+    try:
+        return _fetch_http(
+            source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
+            timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
+            allowed=allowed, credential_headers=headers, secrets=secrets,
+        )
+    finally:
+        if owns_client:
+            client.close()
+
+
+# --- local files -------------------------------------------------------------------------------------
+
+
+def _fetch_file(source: str, location: str, fetched_at: datetime, max_bytes: int) -> FetchResult:
+    path = _local_path(source, location)
+    failure: FetchError | None = None
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise block forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        failure = FetchError(source, f"local file {path} does not exist", retryable=False)
+    except (PermissionError, IsADirectoryError) as exc:
+        failure = FetchError(source, f"cannot read local file {path}: {exc.strerror}", retryable=False)
+    except OSError as exc:
+        failure = FetchError(source, f"cannot open local file {path}: {exc.strerror}", retryable=True)
+    if failure is not None:
+        raise failure
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        # Devices, pipes and directories are not documents: /dev/zero would never end.
+        if not stat.S_ISREG(info.st_mode):
+            raise FetchError(source, f"local path {path} is not a regular file", retryable=False)
+        if info.st_size > max_bytes:
+            raise FetchError(
+                source, f"local file {path} is {info.st_size} bytes, over the limit of {max_bytes} bytes",
+                retryable=False,
+            )
+        # Read one byte past the limit: a file that grew after fstat must not slip through.
+        content = fh.read(max_bytes + 1)
+    if len(content) > max_bytes:
+        raise FetchError(
+            source, f"local file {path} grew past the limit of {max_bytes} bytes while being read",
+            retryable=False,
+        )
+    log.info("fetched source %r from local file %s: %d bytes", source, path, len(content))
+    return FetchResult(
+        content=content, not_modified=False, fetched_at=fetched_at, http_status=None, etag=None,
+        last_modified=None, sha256=hashlib.sha256(content).hexdigest(), size=len(content),
+        final_url=path.as_uri(),
+    )
+
+
+def _local_path(source: str, location: str) -> Path:
+    if not location.lower().startswith("file:"):
+        return Path(location).expanduser().absolute()
+    parts = urlsplit(location)
+    # file://server/share would be a network path in disguise; only this machine's files are local.
+    if parts.netloc not in ("", "localhost"):
+        raise FetchError(
+            source, f"file URL {_safe_location(location)} names host {parts.hostname!r}; only local "
+            "files (file:///path) are supported", retryable=False,
+        )
+    return Path(url2pathname(parts.path)).absolute()
+
+
+# --- http(s) -----------------------------------------------------------------------------------------
+
+
+def _credential_headers(
+    source: str, auth_env: str | None, headers_env: dict[str, str] | None, secrets: list[str]
+) -> dict[str, str]:
+    """Headers holding credentials read from the environment; their values are added to ``secrets``."""
+    wanted: list[tuple[str, str]] = []
+    if auth_env:
+        wanted.append(("Authorization", auth_env))
+    wanted.extend((headers_env or {}).items())
+    headers: dict[str, str] = {}
+    for header, variable in wanted:
+        value = os.environ.get(variable)
+        if value is None or not value.strip():
+            state = "is not set" if value is None else "is empty"
+            raise FetchError(
+                source, f"environment variable {variable} (for header {header}) {state}", retryable=False
+            )
+        value = value.strip()
+        # A line break in a value would smuggle extra headers, and the HTTP library's complaint
+        # about it quotes the value; name the variable instead.
+        if any(c in value for c in "\r\n\0"):
+            raise FetchError(
+                source, f"environment variable {variable} (for header {header}) contains a line break "
+                "or NUL", retryable=False,
+            )
+        secrets.append(value)
+        if header == "Authorization" and variable == auth_env:
+            value = f"Bearer {value}"
+            secrets.append(value)
+        headers[header] = value
+    return headers
+
+
+def _fetch_http(
+    source: str,
+    url: httpx.URL,
+    client: httpx.Client,
+    *,
+    fetched_at: datetime,
+    etag: str | None,
+    last_modified: str | None,
+    timeout_seconds: float,
+    max_bytes: int,
+    max_redirects: int,
+    allowed: frozenset[str],
+    credential_headers: dict[str, str],
+    secrets: list[str],
+) -> FetchResult:
+    origin = _origin(url)
+    if (credential_headers or url.userinfo) and not _may_carry_credentials(url, origin):
+        raise FetchError(
+            source, f"refusing to send credentials over plain http to {_safe_url(url)}; use https",
+            retryable=False,
+        )
+    timeout = httpx.Timeout(timeout_seconds)
+    deadline = time.monotonic() + TOTAL_TIME_FACTOR * timeout_seconds
+    conditional = etag is not None or last_modified is not None
+    redirects = 0
+    failure: FetchError | None = None
+    while True:
+        headers = {
+            "User-Agent": USER_AGENT,
+            # Asking for no compression keeps the stored snapshot identical to the served document
+            # and spares us decompression bombs; codings sent anyway are decoded with a cap below.
+            "Accept-Encoding": "identity",
+        }
+        if etag is not None:
+            headers["If-None-Match"] = etag
+        if last_modified is not None:
+            headers["If-Modified-Since"] = last_modified
+        if _may_carry_credentials(url, origin):
+            headers.update(credential_headers)
+        request = httpx.Request("GET", url, headers=headers, extensions={"timeout": timeout.as_dict()})
+        try:
+            # auth=None and a hand-built request: the client's own default headers or auth must not
+            # ride along to a redirect target on another host.
+            response = client.send(request, stream=True, auth=None, follow_redirects=False)
+            try:
+                status = response.status_code
+                if status in _REDIRECT_STATUSES:
+                    target = response.headers.get("Location")
+                    if not target:
+                        raise FetchError(
+                            source, f"{_safe_url(url)} answered HTTP {status} without a Location header",
+                            retryable=False,
+                        )
+                    if redirects >= max_redirects:
+                        raise FetchError(
+                            source, f"more than {max_redirects} redirects, the last from {_safe_url(url)}",
+                            retryable=False,
+                        )
+                    next_url = url.join(target)
+                    if _origin(next_url) != origin:
+                        # Another host gets neither the location's password nor our credentials.
+                        next_url = next_url.copy_with(userinfo=b"")
+                    if next_url.scheme not in allowed or next_url.scheme not in ("http", "https"):
+                        raise FetchError(
+                            source, f"{_safe_url(url)} redirected to scheme {next_url.scheme!r}, which "
+                            f"is not allowed", retryable=False,
+                        )
+                    log.info("source %r: %s redirected (HTTP %d) to %s", source, _safe_url(url), status,
+                             _safe_url(next_url))
+                    url = next_url
+                    redirects += 1
+                    if time.monotonic() > deadline:
+                        raise _too_slow(source, url, timeout_seconds)
+                    continue
+                if status == 304:
+                    if not conditional:
+                        raise FetchError(
+                            source, f"{_safe_url(url)} answered 304 Not Modified to an unconditional "
+                            "request", retryable=False,
+                        )
+                    log.info("source %r: %s not modified", source, _safe_url(url))
+                    return FetchResult(
+                        content=None, not_modified=True, fetched_at=fetched_at, http_status=status,
+                        etag=response.headers.get("ETag", etag),
+                        last_modified=response.headers.get("Last-Modified", last_modified),
+                        sha256=None, size=0, final_url=_safe_url(url),
+                    )
+                if not 200 <= status < 300:
+                    retryable = status >= 500 or status in _RETRYABLE_CLIENT_STATUSES
+                    reason = _redact(response.reason_phrase, "", secrets)[:100]
+                    raise FetchError(
+                        source, f"{_safe_url(url)} answered HTTP {status} {reason}".rstrip(),
+                        retryable=retryable,
+                    )
+                content = _read_body(source, url, response, max_bytes, deadline, timeout_seconds)
+            finally:
+                # Closing an unfinished stream drops the connection instead of draining the rest.
+                response.close()
+        except FetchError:
+            raise
+        except httpx.TimeoutException as exc:
+            failure = FetchError(
+                source, f"{_safe_url(url)} did not answer within {timeout_seconds} s "
+                f"({type(exc).__name__})", retryable=True,
+            )
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as exc:
+            failure = FetchError(
+                source, f"cannot request {_safe_url(url)}: {type(exc).__name__}: "
+                f"{_redact(str(exc), str(url), secrets)}", retryable=False,
+            )
+        except httpx.HTTPError as exc:
+            # Refused or reset connections, DNS failures, truncated answers: the network or the
+            # server may be better later.
+            failure = FetchError(
+                source, f"cannot fetch {_safe_url(url)}: {type(exc).__name__}: "
+                f"{_redact(str(exc), str(url), secrets)}", retryable=True,
+            )
+        if failure is not None:
+            # Raised outside the `except` so the httpx exception, whose request carries the
+            # credential headers, is not chained to what callers log.
+            raise failure
+        digest = hashlib.sha256(content).hexdigest()
+        log.info("fetched source %r from %s: HTTP %d, %d bytes", source, _safe_url(url), status, len(content))
+        return FetchResult(
+            content=content, not_modified=False, fetched_at=fetched_at, http_status=status,
+            etag=response.headers.get("ETag"), last_modified=response.headers.get("Last-Modified"),
+            sha256=digest, size=len(content), final_url=_safe_url(url),
+        )
+
+
+def _read_body(
+    source: str, url: httpx.URL, response: httpx.Response, max_bytes: int, deadline: float,
+    timeout_seconds: float,
+) -> bytes:
+    too_large = FetchError(
+        source, f"{_safe_url(url)} sent more than the limit of {max_bytes} bytes", retryable=False
+    )
+    declared = response.headers.get("Content-Length")
+    if declared is not None:
+        try:
+            declared_bytes = int(declared)
+        except ValueError:
+            raise FetchError(
+                source, f"{_safe_url(url)} sent an invalid Content-Length {declared[:40]!r}", retryable=False
+            ) from None
+        # Refuse up front: no point downloading what we will throw away.
+        if declared_bytes > max_bytes:
+            raise FetchError(
+                source, f"{_safe_url(url)} declares {declared_bytes} bytes, over the limit of {max_bytes} "
+                "bytes", retryable=False,
+            )
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    decoder = None
+    if coding not in ("", "identity"):
+        if coding not in _ZLIB_WBITS:
+            raise FetchError(
+                source, f"{_safe_url(url)} sent content coding {coding[:40]!r}, which is not supported",
+                retryable=False,
+            )
+        decoder = zlib.decompressobj(_ZLIB_WBITS[coding])
+    body = bytearray()
+    try:
+        # iter_raw: httpx's own decoding would inflate a whole network read at once, without a cap.
+        for chunk in response.iter_raw(_CHUNK_BYTES):
+            if decoder is not None:
+                # Ask for at most one byte past the limit; unconsumed input means there is more.
+                chunk = decoder.decompress(chunk, max_bytes - len(body) + 1)
+                if decoder.unconsumed_tail:
+                    raise too_large
+            # Counted as it arrives: Content-Length may be absent (chunked) or a lie.
+            if len(body) + len(chunk) > max_bytes:
+                raise too_large
+            body += chunk
+            if time.monotonic() > deadline:
+                raise _too_slow(source, url, timeout_seconds)
+        if decoder is not None:
+            body += decoder.flush()
+            if len(body) > max_bytes:
+                raise too_large
+    except zlib.error as exc:
+        raise FetchError(
+            source, f"{_safe_url(url)} sent a corrupt {coding} body: {exc}", retryable=False
+        ) from None
+    return bytes(body)
+
+
+def _too_slow(source: str, url: httpx.URL, timeout_seconds: float) -> FetchError:
+    return FetchError(
+        source, f"{_safe_url(url)} took longer than {TOTAL_TIME_FACTOR * timeout_seconds} s in total",
+        retryable=True,
+    )
+
+
+# --- URLs and secrets --------------------------------------------------------------------------------
+
+
+def _scheme_of(location: str) -> str:
+    scheme = urlsplit(location).scheme.lower()
+    # No scheme, or a one-letter "scheme" that is a Windows drive (C:\data\x.csv): a local path.
+    return scheme if len(scheme) > 1 else "file"
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return (url.scheme, url.host, url.port or default)
+
+
+def _may_carry_credentials(url: httpx.URL, origin: tuple[str, str, int | None]) -> bool:
+    """Credentials go only to the configured origin, and only encrypted unless it is this machine."""
+    if _origin(url) != origin:
+        return False
+    if url.scheme == "https":
+        return True
+    host = url.host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _safe_url(url: httpx.URL) -> str:
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
+
+
+def _safe_location(location: str) -> str:
+    """``location`` without user name and password, for messages; never fails."""
+    try:
+        parts = urlsplit(location)
+        if parts.username is not None or parts.password is not None:
+            netloc = parts.netloc.rpartition("@")[2]
+            return parts._replace(netloc=netloc).geturl()
+    except ValueError:
+        if "@" in location:
+            return "<unparseable URL>"
+    return location
+
+
+def _redact(text: str, raw_url: str, secrets: list[str]) -> str:
+    """``text`` with the raw URL replaced by its safe form and every secret value masked."""
+    if raw_url:
+        text = text.replace(raw_url, _safe_location(raw_url))
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return text

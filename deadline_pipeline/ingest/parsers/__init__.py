@@ -1,0 +1,43 @@
+"""Source parsers: bytes of one fetched payload in, :class:`ParseResult` out.
+
+``PARSERS`` maps a source format (as named in the configuration) to its parser; every parser has
+the signature ``(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult``
+and raises :class:`ParseError` only when the whole payload is unusable (see :mod:`.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from deadline_pipeline.ingest.parsers.aideadlines import parse_ai_deadlines
+from deadline_pipeline.ingest.parsers.base import ParseError, ParseProblem, ParseResult
+from deadline_pipeline.ingest.parsers.csv_format import parse_csv
+from deadline_pipeline.ingest.parsers.ics import parse_ics
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+__all__ = ["PARSERS", "ParseError", "ParseProblem", "ParseResult", "parse_payload"]
+
+PARSERS: dict[str, Callable[..., ParseResult]] = {
+    "ai-deadlines": parse_ai_deadlines,
+    "ics": parse_ics,
+    "csv": parse_csv,
+}
+
+
+def parse_payload(fmt: str, content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
+    """Parse one payload of source ``source`` in format ``fmt`` (a key of :data:`PARSERS`).
+
+    ``default_tz``: the source's configured zone for times written without one (None: such times
+    are problems, or floating for ICS). Returns the parser's :class:`ParseResult`. Raises
+    :class:`ParseError` when the payload is unusable, and ``ValueError`` (not ParseError: the
+    configuration is at fault, not the payload) for an unknown format or an unknown ``default_tz``.
+    """
+    parser = PARSERS.get(fmt)
+    if parser is None:
+        raise ValueError(f"source {source!r}: unknown format {fmt!r}; expected one of {', '.join(PARSERS)}")
+    if default_tz is not None:
+        try:
+            resolve_zone(default_tz)
+        except UnknownTimeZone as exc:
+            raise ValueError(f"source {source!r}: default_tz: {exc}") from None
+    return parser(content, source=source, default_tz=default_tz)

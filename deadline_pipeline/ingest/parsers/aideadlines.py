@@ -1,0 +1,218 @@
+"""The ai-deadlines conference YAML: a list of conference editions, each with its deadlines.
+
+Two forms of entry are read, and may be mixed in one file:
+
+* **flat**: ``{title, year, id, deadline, abstract_deadline?, timezone, link?, note?, ...}``;
+  ``deadline`` gives the rule ``{id}/submission/deadline`` and ``abstract_deadline`` the rule
+  ``{id}/abstract/abstract_deadline``;
+* **typed**: ``{title, year, id, deadlines: [{type, label, date, timezone}], ...}``; each item gives
+  the rule ``{id}/{type}/{label}``. The label is part of the identity because one edition may list
+  the same type twice (two submission rounds). When an entry has ``deadlines``, its flat
+  ``deadline``/``abstract_deadline`` keys are ignored: such files keep them only as legacy copies
+  of the typed items, without a time zone.
+
+Times are kept as written: ``start`` is the local wall-clock time (``2024-06-15T23:59:00``; a
+date-only value stays a date, meaning the end of that day) and ``tz`` the zone as the source spelled
+it (``AoE``, ``UTC-12``, ``GMT+8``, ``PDT``, ``America/Los_Angeles``), checked with
+:func:`~deadline_pipeline.timezones.resolve_zone`. A deadline without a zone takes ``default_tz``
+when given and is otherwise a problem: a time without zone is never read as UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+import yaml
+
+from deadline_pipeline.ingest.parsers.base import (
+    ParseError,
+    ParseProblem,
+    ParseResult,
+    decode_text,
+    drop_duplicate_ids,
+)
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+WHAT = "ai-deadlines YAML"
+
+# Labels of the two flat keys, worded like the typed items of the same files.
+FLAT_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("deadline", "submission", "Paper Submission"),
+    ("abstract_deadline", "abstract", "Abstract Submission"),
+)
+
+# Lenient on digit counts ('2022-5-13 23:59:59' occurs in the data) and on missing seconds
+# ('2023-03-24 23:59'), strict on everything else: no offsets, no month names, no day-first orders.
+_LOCAL = re.compile(
+    r"^(?P<y>\d{4})-(?P<mo>\d{1,2})-(?P<d>\d{1,2})"
+    r"(?:[ T](?P<h>\d{1,2}):(?P<mi>\d{2})(?::(?P<s>\d{2}))?)?$"
+)
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML without implicit timestamps, so dates and times reach us exactly as written.
+
+    The default resolver turns ``2024-06-15 23:59:59`` into a ``datetime`` but leaves
+    ``2024-06-15 23:59`` a string; keeping every value a string gives one code path and no
+    accidental zone handling by the YAML library.
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def normalise_local(value: object) -> str:
+    """Normalise a written local time to ``YYYY-MM-DDTHH:MM:SS``, or a date to ``YYYY-MM-DD``.
+
+    Accepts ``'2024-06-15 23:59'``, ``'2024-06-15 23:59:59'``, ``'2024-6-5T23:59:59'`` and
+    ``'2024-06-15'``. Raises ``ValueError`` naming the value for anything else (``TBA``, offsets,
+    impossible dates such as 2024-02-30).
+    """
+    text = str(value).strip() if value is not None else ""
+    m = _LOCAL.match(text)
+    if not m:
+        raise ValueError(f"date {value!r} is not 'YYYY-MM-DD[ HH:MM[:SS]]'")
+    parts = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    try:
+        moment = datetime(parts["y"], parts["mo"], parts["d"], parts.get("h", 0), parts.get("mi", 0),
+                          parts.get("s", 0))
+    except ValueError as exc:
+        raise ValueError(f"date {value!r} does not exist: {exc}") from None
+    if m.group("h") is None:
+        return moment.date().isoformat()
+    return moment.isoformat(timespec="seconds")
+
+
+def _load(text: str, source: str) -> tuple[list, list[int]]:
+    """Load the YAML list and the 1-based line of each entry; raise ParseError if unusable."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "position unknown"
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise ParseError(f"source {source!r}: {where}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ParseError(f"source {source!r}: position unknown: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, list):
+        raise ParseError(
+            f"source {source!r}: line 1: expected a YAML list of conference entries, "
+            f"got {type(data).__name__}"
+        )
+    lines = [item.start_mark.line + 1 for item in node.value]
+    return data, lines
+
+
+def _zone(raw: object, fallback: str | None) -> str:
+    """The zone as spelled, checked; raises ValueError (UnknownTimeZone) with the reason."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        if fallback is None:
+            raise UnknownTimeZone("no timezone given and the source has no default_tz")
+        return fallback
+    name = str(raw).strip()
+    resolve_zone(name)
+    return name
+
+
+def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
+    """Parse one ai-deadlines YAML file (flat or typed entries, see the module docstring).
+
+    ``content``: the file's bytes (UTF-8). ``source``: the source name, used in messages.
+    ``default_tz``: zone for deadlines written without one; without it they are problems.
+
+    Returns a :class:`ParseResult` with one ``kind="deadline"`` :class:`RuleRecord` per deadline,
+    ``title`` ``"ICLR 2025 — Paper Submission"``, ``url`` from ``link``, ``note`` the raw ``note``
+    (may hold HTML; escaped when rendered) and ``extra`` = ``{edition_id, conference, year,
+    deadline_type, label}``. Entries without ``id``, unknown zones and unreadable dates are problems
+    (position ``"entry 3 (id=cvpr24, line 40)"``). Raises :class:`ParseError` when the payload is not
+    UTF-8, empty, an HTML page, invalid YAML (message with line and column) or not a list.
+    """
+    text = decode_text(content, source=source, what=WHAT)
+    entries, lines = _load(text, source)
+    result = ParseResult()
+    for index, (entry, line) in enumerate(zip(entries, lines, strict=True), start=1):
+        if not isinstance(entry, dict):
+            result.problems.append(ParseProblem(
+                f"entry {index} (line {line})", f"expected a mapping, got {type(entry).__name__}"))
+            continue
+        edition = entry.get("id")
+        if edition is None or not str(edition).strip():
+            result.problems.append(ParseProblem(
+                f"entry {index} (line {line})", "entry has no 'id'; its deadlines cannot be identified"))
+            continue
+        edition = str(edition).strip()
+        position = f"entry {index} (id={edition}, line {line})"
+        _read_entry(entry, edition, position, default_tz, result)
+    return drop_duplicate_ids(result)
+
+
+def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None,
+                result: ParseResult) -> None:
+    conference = str(entry.get("title") or edition).strip()
+    year = entry.get("year")
+    heading = f"{conference} {year}" if year is not None and str(year) not in conference else conference
+    url = str(entry["link"]).strip() if entry.get("link") else None
+    note = str(entry["note"]) if entry.get("note") is not None else None
+    # The edition's own zone is the fallback for typed items that omit theirs.
+    entry_tz_raw = entry.get("timezone")
+
+    if "deadlines" in entry:
+        items = entry.get("deadlines") or []
+        if not isinstance(items, list):
+            result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
+            return
+        specs = []
+        for n, item in enumerate(items, start=1):
+            where = f"{position} deadline {n}"
+            if not isinstance(item, dict):
+                result.problems.append(ParseProblem(where, f"expected a mapping, got {type(item).__name__}"))
+                continue
+            kind = str(item.get("type") or "").strip()
+            label = str(item.get("label") or "").strip() or kind
+            if not kind:
+                result.problems.append(ParseProblem(where, "deadline has no 'type'; it cannot be identified"))
+                continue
+            raw_tz = item.get("timezone", entry_tz_raw)
+            specs.append((where, kind, label, label, item.get("date"), raw_tz))
+    else:
+        specs = []
+        for key, kind, label in FLAT_KEYS:
+            if key == "deadline" and entry.get(key) is None:
+                result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)"))
+                continue
+            if entry.get(key) is None:
+                continue  # abstract_deadline is optional; `null` means "none"
+            # Flat rules read "Paper Submission" in titles but keep the key in their identity.
+            specs.append((f"{position} {key}", kind, key, label, entry.get(key), entry_tz_raw))
+
+    for where, kind, id_label, shown, raw_date, raw_tz in specs:
+        try:
+            start = normalise_local(raw_date)
+        except ValueError as exc:
+            result.problems.append(ParseProblem(where, str(exc)))
+            continue
+        try:
+            tz = _zone(raw_tz, default_tz)
+        except UnknownTimeZone as exc:
+            result.problems.append(ParseProblem(where, str(exc)))
+            continue
+        result.rules.append(RuleRecord(
+            rule_id=f"{edition}/{kind}/{id_label}",
+            title=f"{heading} — {shown}",
+            start=start,
+            tz=tz,
+            kind="deadline",
+            url=url,
+            note=note,
+            extra={"edition_id": edition, "conference": conference, "year": year,
+                   "deadline_type": kind, "label": shown},
+        ))

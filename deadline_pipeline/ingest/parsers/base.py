@@ -1,0 +1,123 @@
+"""What every source parser returns, and the helpers they share.
+
+Parsing is *lenient per record, strict per payload*:
+
+* a record that cannot be used (an entry without id, an unknown zone, a date written "TBA") is
+  skipped and reported as a :class:`ParseProblem`; the good records of the same payload are kept,
+  so one typo in a 200-entry feed does not hide the other 199 deadlines;
+* a payload that cannot be used at all (not decodable, not the expected format, an HTML error page,
+  a truncated calendar, an empty body) raises :class:`ParseError`. Raising — instead of returning an
+  empty result — matters: an empty result would read as "every rule of this source was deleted".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from deadline_pipeline.rules import RuleRecord
+
+_HTML_START = re.compile(r"^\s*(?:<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>])", re.IGNORECASE)
+
+
+class ParseError(ValueError):
+    """The whole payload is unusable. The message names the source and the line/position."""
+
+
+@dataclass
+class ParseProblem:
+    """One skipped record (or one ignored part of a record).
+
+    ``position``: where it is, e.g. ``"line 12"``, ``"entry 3 (id=cvpr24)"``, ``"VEVENT UID=abc"``.
+    ``message``: what is wrong, in words a source maintainer can act on.
+    """
+
+    position: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.position}: {self.message}"
+
+
+@dataclass
+class ParseResult:
+    """The rules read from one payload, and the problems met on the way."""
+
+    rules: list[RuleRecord] = field(default_factory=list)
+    problems: list[ParseProblem] = field(default_factory=list)
+
+
+def decode_text(content: bytes, *, source: str, what: str) -> str:
+    """Decode a payload as UTF-8 (a leading byte-order mark is dropped) and refuse unusable ones.
+
+    ``what`` names the expected format in messages (``"ai-deadlines YAML"``). Raises
+    :class:`ParseError` naming the source and the line/column of the first undecodable byte, when the
+    payload is empty or blank, or when it is an HTML page (a web server's error page served in place
+    of the data, the most common way a fetched feed goes wrong).
+    """
+    if not isinstance(content, (bytes, bytearray)):
+        raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
+    try:
+        text = bytes(content).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = bytes(content[: exc.start])
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise ParseError(
+            f"source {source!r}: line {line}, column {column}: payload is not valid UTF-8 "
+            f"(byte 0x{content[exc.start]:02x} at offset {exc.start}); {what} must be UTF-8"
+        ) from None
+    if not text.strip():
+        raise ParseError(f"source {source!r}: line 1: empty payload, expected {what}")
+    if _HTML_START.match(text[:1024]):
+        raise ParseError(f"source {source!r}: line 1: payload looks like an HTML page, not {what}")
+    return text
+
+
+def drop_duplicate_ids(result: ParseResult) -> ParseResult:
+    """Keep the first rule of each ``rule_id`` and report the later ones as problems.
+
+    Two rules with one identity in a snapshot cannot both be stored; keeping the first is
+    deterministic, and the problem makes the clash visible to the source's maintainer.
+    """
+    seen: set[str] = set()
+    kept: list[RuleRecord] = []
+    for rule in result.rules:
+        if rule.rule_id in seen:
+            result.problems.append(
+                ParseProblem(f"rule {rule.rule_id!r}", "duplicate rule id in this payload; the first was kept")
+            )
+            continue
+        seen.add(rule.rule_id)
+        kept.append(rule)
+    result.rules = kept
+    return result
+
+
+_RECUR_PART = re.compile(r"^[A-Z][A-Z0-9-]*$")
+
+
+def check_recur(text: str) -> str | None:
+    """Validate the *shape* of an RFC 5545 RECUR value (§3.3.10); return a message, or ``None`` if fine.
+
+    Checked here because the libraries downstream are silently lenient: each rule part may appear
+    at most once (a repeated ``UNTIL`` otherwise becomes "last one wins"), ``FREQ`` is required, and
+    ``COUNT`` and ``UNTIL`` must not both appear. Semantics (valid BYDAY values…) are left to the
+    expansion engine.
+    """
+    if not text or not text.strip():
+        return "empty RRULE"
+    seen: set[str] = set()
+    for piece in text.strip().rstrip(";").split(";"):
+        name, sep, value = piece.partition("=")
+        name = name.strip().upper()
+        if not sep or not _RECUR_PART.match(name) or not value.strip():
+            return f"RRULE part {piece!r} is not NAME=VALUE (RFC 5545 §3.3.10)"
+        if name in seen:
+            return f"RRULE part {name} appears more than once (RFC 5545 §3.3.10 allows it once)"
+        seen.add(name)
+    if "FREQ" not in seen:
+        return "RRULE has no FREQ part (required by RFC 5545 §3.3.10)"
+    if {"COUNT", "UNTIL"} <= seen:
+        return "RRULE has both COUNT and UNTIL (RFC 5545 §3.3.10 forbids it)"
+    return None

@@ -1,0 +1,136 @@
+"""A plain CSV of deadlines, for sources kept by hand in a spreadsheet.
+
+Header (names are matched case-insensitively, surrounding spaces ignored)::
+
+    title,due,timezone[,id][,rrule][,url][,note]
+
+* ``due``: ISO 8601 local date (``2024-04-15``, the end of that day) or date-time
+  (``2024-04-15T17:00`` / ``2024-04-15 17:00:00``), without offset. Nothing else is accepted — a
+  ``12.07.2022`` is refused rather than guessed, because day-first and month-first readings of the
+  same column silently disagree.
+* ``timezone``: as :func:`~deadline_pipeline.timezones.resolve_zone` accepts; an empty cell takes
+  ``default_tz``, and without one the row is a problem (never UTC).
+* ``rule_id``: the ``id`` cell when the column exists and the cell is filled, else the ``title``.
+  Title-based identity is documented as fragile: renaming a row makes it a new rule.
+* ``rrule``: an RFC 5545 RECUR value (``FREQ=YEARLY;BYMONTH=4;BYMONTHDAY=15``), ``RRULE:`` prefix
+  optional, checked for shape only.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import date, datetime
+
+import pandas as pd
+
+from deadline_pipeline.ingest.parsers.base import (
+    ParseError,
+    ParseProblem,
+    ParseResult,
+    check_recur,
+    decode_text,
+    drop_duplicate_ids,
+)
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+WHAT = "CSV with a 'title,due,timezone' header"
+REQUIRED = ("title", "due", "timezone")
+OPTIONAL = ("id", "rrule", "url", "note")
+_ISO_LOCAL = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?$")
+
+
+def parse_due(text: str) -> str:
+    """Normalise an ISO local date or date-time to the rule's ``start`` form.
+
+    Returns ``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM:SS``. Raises ``ValueError`` naming the value for
+    any other spelling, an offset, or a date that does not exist.
+    """
+    value = text.strip()
+    if not _ISO_LOCAL.match(value):
+        raise ValueError(f"due {text!r} is not an ISO local date or date-time (YYYY-MM-DD[THH:MM[:SS]])")
+    try:
+        if len(value) == 10:
+            return date.fromisoformat(value).isoformat()
+        return datetime.fromisoformat(value.replace(" ", "T")).isoformat(timespec="seconds")
+    except ValueError as exc:
+        raise ValueError(f"due {text!r} does not exist: {exc}") from None
+
+
+def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
+    """Parse a deadlines CSV (see the module docstring) into ``kind="deadline"`` rules.
+
+    ``content``: UTF-8 bytes. ``source``: the source name, used in messages. ``default_tz``: zone
+    for rows with an empty ``timezone`` cell.
+
+    Bad rows are problems positioned ``"line N"`` (the physical line, header = line 1; a quoted
+    cell spanning several lines shifts the numbers of the rows after it). Raises
+    :class:`ParseError` for undecodable, empty or HTML payloads, a header missing a required column
+    and malformed CSV (e.g. a row with more cells than the header).
+    """
+    text = decode_text(content, source=source, what=WHAT)
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=True)
+    except pd.errors.EmptyDataError:
+        raise ParseError(f"source {source!r}: line 1: empty payload, expected {WHAT}") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        found = re.search(r"line (\d+)", str(exc))
+        where = f"line {found.group(1)}" if found else "position unknown"
+        raise ParseError(f"source {source!r}: {where}: malformed CSV: {exc}") from None
+    frame.columns = [str(c).strip().lower() for c in frame.columns]
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ParseError(
+            f"source {source!r}: line 1: CSV header lacks required column(s) {', '.join(missing)}; "
+            f"found {', '.join(frame.columns)}"
+        )
+    line_of = _row_lines(text)
+    result = ParseResult()
+    for index, row in enumerate(frame.to_dict("records")):
+        line = line_of[index] if index < len(line_of) else index + 2
+        cell = {k: (str(v).strip() if v is not None else "") for k, v in row.items()}
+        position = f"line {line}"
+        title = cell["title"]
+        if not title:
+            result.problems.append(ParseProblem(position, "empty title"))
+            continue
+        try:
+            start = parse_due(cell["due"])
+        except ValueError as exc:
+            result.problems.append(ParseProblem(position, str(exc)))
+            continue
+        tz = cell["timezone"] or default_tz
+        if tz is None:
+            result.problems.append(ParseProblem(position, "empty timezone and the source has no default_tz"))
+            continue
+        try:
+            resolve_zone(tz)
+        except UnknownTimeZone as exc:
+            result.problems.append(ParseProblem(position, str(exc)))
+            continue
+        rrule = cell.get("rrule") or None
+        if rrule:
+            rrule = re.sub(r"^RRULE:", "", rrule, flags=re.IGNORECASE)
+            message = check_recur(rrule)
+            if message:
+                result.problems.append(ParseProblem(position, message))
+                continue
+        result.rules.append(RuleRecord(
+            rule_id=cell.get("id") or title,
+            title=title,
+            start=start,
+            tz=tz,
+            rrule=rrule,
+            kind="deadline",
+            url=cell.get("url") or None,
+            note=cell.get("note") or None,
+            # No line number in extra: it is part of the content hash, and moving a row is no change.
+            extra={},
+        ))
+    return drop_duplicate_ids(result)
+
+
+def _row_lines(text: str) -> list[int]:
+    """The physical line of each data row, assuming no quoted cell spans lines (blank lines skipped)."""
+    return [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()][1:]

@@ -1,0 +1,144 @@
+"""Dagster assets of the pipeline: observed sources → rule versions → obligations and alerts.
+
+The stages' logic lives in ``ingest``, ``plan`` and ``store``; this module only wires it to Dagster,
+reports metadata the UI plots, and records heartbeats.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import dagster as dg
+
+from deadline_pipeline.config import DeadlinesConfig, SourceConfig
+from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
+from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.store import health
+from deadline_pipeline.store.sources import all_sources, get_source, latest_snapshot
+
+RULE_VERSIONS = dg.AssetKey("rule_versions")
+OBLIGATIONS = dg.AssetKey("obligations")
+ALERTS = dg.AssetKey("alerts")
+
+
+def source_key(name: str) -> dg.AssetKey:
+    """The asset key of a configured source: ``source/<name>`` with characters Dagster refuses replaced."""
+    return dg.AssetKey(["source", re.sub(r"[^A-Za-z0-9_]", "_", name)])
+
+
+def _observer(src: SourceConfig) -> dg.AssetsDefinition:
+    spec = dg.AssetSpec(
+        source_key(src.name),
+        description=f"External source '{src.name}' ({src.format}) at {src.location}",
+        group_name="ingest",
+        kinds={src.format.replace("-", "_")},
+        tags={"stage": "ingest", "tenant": src.tenant},
+        # Red in the UI when the source has not been fresh within its window, even if nothing errored.
+        # (Dagster refuses a fail window under one minute.)
+        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=max(src.freshness_window, timedelta(minutes=1))),
+    )
+
+    @dg.multi_observable_source_asset(specs=[spec], name=f"observe_{source_key(src.name).path[-1]}")
+    def observe(context, store: StoreResource, clock: ClockResource):
+        now = clock.now()
+        engine = store.engine()
+        started = now
+        outcome = fetch_snapshot(engine, src, now)
+        with engine.begin() as conn:
+            health.beat(conn, f"ingest:{src.name}", started_at=started, completed_at=clock.now(),
+                        outcome="ok" if outcome.error is None else "failed", detail=outcome.error)
+        meta = {"status": outcome.status, "size_bytes": outcome.size}
+        if outcome.snapshot_id is not None:
+            meta["snapshot_id"] = outcome.snapshot_id
+        if outcome.error:
+            meta["error"] = outcome.error
+            context.log.error(f"source {src.name}: {outcome.error}")
+        # A failed fetch reports the data version of the snapshot still in force, so nothing downstream
+        # looks changed; the error is in the metadata and the freshness policy turns red.
+        version = outcome.sha256 or "none"
+        if outcome.error:
+            with engine.connect() as conn:
+                snap = latest_snapshot(conn, get_source(conn, src.name).id)
+            version = snap.sha256 if snap else "none"
+        return dg.ObserveResult(asset_key=spec.key, data_version=dg.DataVersion(version), metadata=meta)
+
+    return observe
+
+
+def build_assets(cfg: DeadlinesConfig) -> list:
+    """The pipeline's assets for a configuration (one observed source asset per source)."""
+    observers = [_observer(s) for s in cfg.sources]
+    source_keys = [source_key(s.name) for s in cfg.sources]
+
+    @dg.asset(
+        key=RULE_VERSIONS,
+        deps=source_keys,
+        group_name="rules",
+        code_version="1",
+        kinds={"sql"},
+        tags={"stage": "ingest"},
+        description="Parsed rules, one version per change; withdrawals are versions, never deletes.",
+    )
+    def rule_versions(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
+        cfg_now = settings.load()
+        now = clock.now()
+        engine = store.engine()
+        totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
+        lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
+        for src in cfg_now.sources:
+            out = apply_latest_snapshot(engine, src, now)
+            totals["rules"] += out.rules
+            totals["added"] += out.added
+            totals["changed"] += out.changed
+            totals["withdrawn"] += out.withdrawn
+            totals["unchanged"] += out.unchanged
+            totals["problems"] += len(out.problems)
+            if out.status in ("parse_failed", "quarantined", "no_snapshot"):
+                totals["failed_sources"] += 1
+                context.log.error(f"source {src.name}: {out.status}: {out.error}")
+            note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
+            lines.append(f"| {src.name} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
+                         f"{out.withdrawn} | {note} |")
+        return dg.MaterializeResult(metadata={**totals, "dagster/row_count": totals["rules"],
+                                              "changes": dg.MetadataValue.md("\n".join(lines))})
+
+    @dg.multi_asset(
+        specs=[
+            dg.AssetSpec(OBLIGATIONS, deps=[RULE_VERSIONS], group_name="plan", code_version="1", kinds={"sql"},
+                         tags={"stage": "plan"},
+                         description="One row per (subscriber, rule, period) with its concrete due instant (UTC)."),
+            dg.AssetSpec(ALERTS, deps=[OBLIGATIONS], group_name="plan", code_version="1", kinds={"sql"},
+                         tags={"stage": "plan"},
+                         description="The outbox: one reminder per (obligation, offset, channel)."),
+        ],
+        name="plan_obligations",
+    )
+    def plan_obligations(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
+        now = clock.now()
+        engine = store.engine()
+        out = plan_all(engine, settings.load(), now)
+        with engine.begin() as conn:
+            health.beat(conn, "plan", started_at=now, completed_at=clock.now(),
+                        outcome="ok" if not out.problems else "partial",
+                        detail=f"{len(out.problems)} rule(s) skipped" if out.problems else None)
+            states = health.alerts_by_state(conn)
+        for p in out.problems[:20]:
+            context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")
+        yield dg.MaterializeResult(asset_key=OBLIGATIONS, metadata={
+            "planned": out.obligations_planned, "inserted": out.obligations_inserted,
+            "updated": out.obligations_updated, "withdrawn": out.obligations_withdrawn,
+            "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
+        })
+        yield dg.MaterializeResult(asset_key=ALERTS, metadata={
+            "planned": out.alerts_planned, "written": out.alerts_written, "cancelled": out.alerts_cancelled,
+            **{f"state_{k}": v for k, v in sorted(states.items())},
+        })
+
+    return [*observers, rule_versions, plan_obligations]
+
+
+def source_status_table(engine) -> list[dict]:
+    with engine.connect() as conn:
+        return [s.__dict__ for s in all_sources(conn)]

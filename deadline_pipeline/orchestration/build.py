@@ -1,0 +1,69 @@
+"""Assemble the Dagster ``Definitions`` for one configuration file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from deadline_pipeline.config import DEFAULT_CONFIG_NAME, load_config
+from deadline_pipeline.orchestration.assets import ALERTS, OBLIGATIONS, RULE_VERSIONS, build_assets, source_key
+from deadline_pipeline.orchestration.checks import ALL_CHECKS
+from deadline_pipeline.orchestration.deliver import deliver_job, deliver_sensor
+from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
+
+EXAMPLES_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "deadlines.yaml"
+PIPELINE_JOB = "ingest_and_plan_job"
+CHECKS_JOB = "watch_checks_job"
+
+
+def default_config_path() -> Path:
+    """``$DEADLINE_CONFIG``, else ``./deadlines.yaml`` if present, else the bundled examples."""
+    env = os.environ.get("DEADLINE_CONFIG")
+    if env:
+        return Path(env).resolve()
+    local = Path(DEFAULT_CONFIG_NAME)
+    return local.resolve() if local.exists() else EXAMPLES_CONFIG
+
+
+def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = None,
+                      as_of: str | None = None) -> dg.Definitions:
+    """Definitions for the configuration at ``config_path``.
+
+    Raises :class:`deadline_pipeline.config.ConfigError` (naming file, key and problem) for a bad file.
+    """
+    cfg, path = load_config(config_path)
+    keys = [source_key(s.name) for s in cfg.sources]
+    if len(set(keys)) != len(keys):
+        from deadline_pipeline.config import ConfigError
+
+        raise ConfigError(f"{path}: sources: two source names map to the same asset key {sorted(map(str, keys))}")
+    assets = build_assets(cfg)
+    pipeline_job = dg.define_asset_job(
+        PIPELINE_JOB,
+        selection=dg.AssetSelection.assets(*keys, RULE_VERSIONS, OBLIGATIONS, ALERTS),
+        description="Observe every source, apply new rule versions, plan obligations and alerts.",
+        tags={"stage": "plan"},
+    )
+    checks_job = dg.define_asset_job(
+        CHECKS_JOB, selection=dg.AssetSelection.all_asset_checks(),
+        description="Evaluate every asset check without materializing anything.",
+    )
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=ALL_CHECKS,
+        jobs=[pipeline_job, checks_job, deliver_job],
+        sensors=[deliver_sensor],
+        schedules=[
+            dg.ScheduleDefinition(name="ingest_and_plan_hourly", job=pipeline_job, cron_schedule="7 * * * *",
+                                  default_status=dg.DefaultScheduleStatus.RUNNING),
+            dg.ScheduleDefinition(name="watch_checks_every_5_minutes", job=checks_job, cron_schedule="*/5 * * * *",
+                                  default_status=dg.DefaultScheduleStatus.RUNNING),
+        ],
+        resources={
+            "store": StoreResource(db_url=db_url),
+            "settings": SettingsResource(config_path=str(path)),
+            "clock": ClockResource(as_of=as_of),
+        },
+    )

@@ -1,0 +1,63 @@
+"""Run the whole chain once, in-process, through the Dagster definitions: ingest → plan → deliver → checks.
+
+Used by ``deadline-pipeline run`` and ``demo``; the runs land in the Dagster instance given (a
+persistent ``DAGSTER_HOME``), so ``dagster dev`` shows them afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+
+from deadline_pipeline.orchestration.build import CHECKS_JOB, PIPELINE_JOB, build_definitions
+from deadline_pipeline.orchestration.deliver import DELIVER_JOB
+
+
+@dataclass
+class RunSummary:
+    """What one chain run did; ``checks`` maps check name → (passed, description)."""
+
+    success: bool
+    run_ids: dict[str, str] = field(default_factory=dict)
+    checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def dagster_instance(home: Path) -> dg.DagsterInstance:
+    """A persistent Dagster instance in ``home`` (created if missing), also exported as DAGSTER_HOME so
+    that child processes and ``dagster dev`` see the same runs."""
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return dg.DagsterInstance.get()
+
+
+def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, db_url: str | None = None,
+              as_of: str | None = None, log_level: str = "WARNING") -> RunSummary:
+    """Execute the pipeline job, one delivery sweep and the checks job in-process.
+
+    A failing step does not hide the others' results: every step runs and each failure is listed.
+    """
+    defs = build_definitions(config_path, db_url=db_url, as_of=as_of)
+    summary = RunSummary(success=True)
+    for job_name in (PIPELINE_JOB, DELIVER_JOB, CHECKS_JOB):
+        job = defs.resolve_job_def(job_name)
+        # The console logger repeats every Dagster event at DEBUG; the events stay in the instance.
+        result = job.execute_in_process(
+            instance=instance, raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        )
+        summary.run_ids[job_name] = result.run_id
+        if not result.success:
+            summary.success = False
+            for ev in result.all_events:
+                if ev.is_step_failure:
+                    summary.failures.append(f"{job_name}/{ev.step_key}: {ev.event_specific_data.error.message}")
+        for ev in result.all_events:
+            if ev.event_type_value == "ASSET_CHECK_EVALUATION":
+                data = ev.event_specific_data
+                summary.checks[data.check_name] = (data.passed, data.description or "")
+    return summary

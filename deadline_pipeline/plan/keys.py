@@ -1,0 +1,28 @@
+"""Deterministic keys: the idempotency of planning and delivery (pure).
+
+``obligation_key`` hashes (tenant, subscriber, source, rule_id, period). DESIGN.md names
+(tenant, rule_id, period); the subscriber is added because an obligation belongs to one subscriber —
+without it, two subscribers of one tenant would share one obligation and one alert row, and one of
+them would never be told. The source is added because rule ids are unique per source only.
+``period`` is the occurrence's original local start, so a revised time does not change the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+_SEP = "\x1f"  # unit separator: cannot occur in ids, so ("a", "bc") and ("ab", "c") never collide
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(_SEP.join(str(p) for p in parts).encode("utf-8")).hexdigest()
+
+
+def obligation_key(tenant: str, subscriber: str, source: str, rule_id: str, period: str) -> str:
+    """64 hex chars identifying one obligation across re-plans."""
+    return _digest("obligation", tenant, subscriber, source, rule_id, period)
+
+
+def alert_dedup_key(obligation_key: str, offset_seconds: int, channel: str, kind: str, seq: int = 0) -> str:
+    """64 hex chars: the idempotency key of one alert (SMTP Message-ID, webhook Idempotency-Key)."""
+    return _digest("alert", obligation_key, offset_seconds, channel, kind, seq)

@@ -1,0 +1,140 @@
+"""SQL of the ingest stage: sources, snapshots and rule versions. Nothing here ever deletes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, and_, func, select, update
+
+from deadline_pipeline.store.schema import rule_versions, snapshots, sources
+from deadline_pipeline.store.upsert import dialect_insert
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    id: int
+    name: str
+    tenant: str
+    format: str
+    location: str
+    freshness_seconds: int
+    status: str
+    last_fresh_at: datetime | None
+    last_attempt_at: datetime | None
+    last_error: str | None
+    current_snapshot_id: int | None
+
+
+def sync_source(conn: Connection, *, name: str, tenant: str, fmt: str, location: str,
+                freshness_seconds: int) -> SourceRow:
+    """Create or update the ``sources`` row of a configured source; returns it."""
+    ins = dialect_insert(conn, sources).values(
+        name=name, tenant=tenant, format=fmt, location=location, freshness_seconds=freshness_seconds,
+        status="new",
+    )
+    conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=["name"],
+            set_={"tenant": tenant, "format": fmt, "location": location,
+                  "freshness_seconds": freshness_seconds},
+        )
+    )
+    return get_source(conn, name)
+
+
+def get_source(conn: Connection, name: str) -> SourceRow:
+    row = conn.execute(select(*[c for c in sources.c]).where(sources.c.name == name)).mappings().one()
+    return SourceRow(**row)
+
+
+def all_sources(conn: Connection) -> list[SourceRow]:
+    rows = conn.execute(select(*[c for c in sources.c]).order_by(sources.c.name)).mappings().all()
+    return [SourceRow(**r) for r in rows]
+
+
+def mark_source(conn: Connection, source_id: int, **values) -> None:
+    conn.execute(update(sources).where(sources.c.id == source_id).values(**values))
+
+
+def snapshot_by_sha(conn: Connection, source_id: int, sha256: str):
+    return conn.execute(
+        select(snapshots.c.id, snapshots.c.parse_status)
+        .where(snapshots.c.source_id == source_id, snapshots.c.sha256 == sha256)
+    ).first()
+
+
+def insert_snapshot(conn: Connection, *, source_id: int, fetched_at: datetime, sha256: str, content: bytes,
+                    http_status: int | None, etag: str | None, last_modified: str | None) -> tuple[int, bool]:
+    """Store raw bytes before any parsing. Returns ``(snapshot_id, created)``; identical bytes of the
+    same source are one snapshot (unique on source, sha256)."""
+    existing = snapshot_by_sha(conn, source_id, sha256)
+    if existing is not None:
+        return existing.id, False
+    res = conn.execute(
+        snapshots.insert().values(
+            source_id=source_id, fetched_at=fetched_at, sha256=sha256, size=len(content), content=content,
+            http_status=http_status, etag=etag, last_modified=last_modified, parse_status="pending",
+        )
+    )
+    return res.inserted_primary_key[0], True
+
+
+def snapshot_meta(conn: Connection, snapshot_id: int):
+    return conn.execute(
+        select(snapshots.c.id, snapshots.c.source_id, snapshots.c.sha256, snapshots.c.etag,
+               snapshots.c.last_modified, snapshots.c.parse_status, snapshots.c.parse_error,
+               snapshots.c.fetched_at, snapshots.c.size)
+        .where(snapshots.c.id == snapshot_id)
+    ).one()
+
+
+def snapshot_content(conn: Connection, snapshot_id: int) -> bytes:
+    return conn.execute(select(snapshots.c.content).where(snapshots.c.id == snapshot_id)).scalar_one()
+
+
+def latest_snapshot(conn: Connection, source_id: int):
+    """The most recently fetched snapshot of a source (any parse status), or None."""
+    return conn.execute(
+        select(snapshots.c.id, snapshots.c.parse_status, snapshots.c.etag, snapshots.c.last_modified,
+               snapshots.c.sha256)
+        .where(snapshots.c.source_id == source_id)
+        .order_by(snapshots.c.fetched_at.desc(), snapshots.c.id.desc())
+        .limit(1)
+    ).first()
+
+
+def requeue_snapshot(conn: Connection, snapshot_id: int, now: datetime) -> None:
+    """Make an older snapshot the latest again (its bytes came back) so that it is re-applied.
+    ``fetched_at`` then means "last fetched"; the bytes and their hash are unchanged."""
+    conn.execute(
+        update(snapshots).where(snapshots.c.id == snapshot_id).values(fetched_at=now, parse_status="pending")
+    )
+
+
+def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None) -> None:
+    conn.execute(
+        update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_status=status, parse_error=error)
+    )
+
+
+def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
+    """rule_id → its latest version row (``version``, ``withdrawn``, ``content_hash``, ``payload``)."""
+    latest = (
+        select(rule_versions.c.rule_id, func.max(rule_versions.c.version).label("v"))
+        .where(rule_versions.c.source_id == source_id)
+        .group_by(rule_versions.c.rule_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
+               rule_versions.c.content_hash, rule_versions.c.payload, rule_versions.c.snapshot_id)
+        .join(latest, and_(latest.c.rule_id == rule_versions.c.rule_id, latest.c.v == rule_versions.c.version))
+        .where(rule_versions.c.source_id == source_id)
+    ).mappings().all()
+    return {r["rule_id"]: dict(r) for r in rows}
+
+
+def insert_versions(conn: Connection, rows: list[dict]) -> None:
+    if rows:
+        conn.execute(rule_versions.insert(), rows)

@@ -1,0 +1,54 @@
+"""Dialect-aware bulk upsert: ``INSERT … ON CONFLICT … DO UPDATE … WHERE changed`` on both engines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import Connection, Table, or_
+
+
+def dialect_insert(conn: Connection, table: Table):
+    """``insert(table)`` of the connection's dialect, which has ``on_conflict_do_*``."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - the project supports these two engines
+        raise RuntimeError(f"unsupported database dialect {conn.dialect.name!r}")
+    return insert(table)
+
+
+def chunks(rows: Sequence, size: int) -> Iterable[Sequence]:
+    for i in range(0, len(rows), size):
+        yield rows[i : i + size]
+
+
+def upsert(
+    conn: Connection,
+    table: Table,
+    rows: Sequence[dict],
+    *,
+    conflict: Sequence[str],
+    update: Sequence[str],
+    compare: Sequence[str] | None = None,
+    extra_where=None,
+    batch: int = 500,
+) -> int:
+    """Insert ``rows``; on a conflict on ``conflict`` columns update ``update`` columns, but only
+    where one of ``compare`` (default ``update``) really differs — null-safe (``IS DISTINCT FROM``),
+    so a no-op re-plan rewrites no row. ``extra_where`` further restricts which rows may change.
+    Returns the number of rows inserted or updated.
+    """
+    if not rows:
+        return 0
+    touched = 0
+    compare = list(compare if compare is not None else update)
+    for part in chunks(list(rows), batch):
+        stmt = dialect_insert(conn, table).values(list(part))
+        changed = or_(*[table.c[c].is_distinct_from(stmt.excluded[c]) for c in compare])
+        where = changed if extra_where is None else (changed & extra_where)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(conflict), set_={c: stmt.excluded[c] for c in update}, where=where
+        )
+        touched += conn.execute(stmt).rowcount or 0
+    return touched

@@ -1,0 +1,385 @@
+"""Delivery channels and message rendering against real servers on loopback.
+
+SMTP: an aiosmtpd server whose handler records envelopes and answers chosen recipients with 450,
+550 or a DATA reply slower than the client's timeout. Webhook: a stdlib ThreadingHTTPServer that
+records requests and answers by path. Maildir: a folder under ``tmp_path`` read back with
+:mod:`mailbox`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.parser
+import email.policy
+import hashlib
+import hmac
+import json
+import mailbox
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
+
+from deadline_pipeline.config import MaildirChannel, SmtpChannel, WebhookChannel
+from deadline_pipeline.deliver.channels.base import Channel, build_channel
+from deadline_pipeline.deliver.notification import DeliveryError, Notification
+from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
+from deadline_pipeline.deliver.channels.webhook import parse_retry_after
+
+DUE = datetime(2024, 6, 15, 21, 59, tzinfo=UTC)  # 23:59 CEST in Berlin
+KEY = "3f2a9c0de1b4"
+
+
+def make_notification(**changes) -> Notification:
+    fields = dict(
+        dedup_key=KEY, kind="reminder", subscriber_id="ana", email="ana@example.org",
+        webhook_url=None, subscriber_tz="Europe/Berlin", source="conf-feed", rule_id="icml-2024",
+        title="ICML 2024 paper", due_at=DUE, offset_seconds=-7 * 86400,
+        url="https://icml.cc/Conferences/2024", note="Abstract first.", previous_due_at=None,
+    )
+    fields.update(changes)
+    return Notification(**fields)
+
+
+def parse(raw: bytes):
+    return email.parser.BytesParser(policy=email.policy.default).parsebytes(raw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_reminder_subject_shows_subscriber_zone_and_days_left():
+    r = render(make_notification())
+    assert r.subject == "Reminder: ICML 2024 paper due 2024-06-15 23:59 CEST (7 days left)"
+    assert "2024-06-15 23:59 CEST (Europe/Berlin, UTC+02:00)" in r.text
+    assert "2024-06-15 21:59 UTC" in r.text
+    assert "2024-06-15 23:59 CEST" in r.html and "2024-06-15 21:59 UTC" in r.html
+
+
+def test_correction_and_cancellation_subjects():
+    moved = make_notification(kind="correction", previous_due_at=DUE - timedelta(days=2),
+                              subscriber_tz="America/Los_Angeles")
+    assert render(moved).subject == (
+        "Correction: ICML 2024 paper moved from 2024-06-13 14:59 PDT to 2024-06-15 14:59 PDT"
+    )
+    assert render(make_notification(kind="cancellation")).subject == "Cancelled: ICML 2024 paper"
+
+
+def test_crlf_in_title_cannot_add_a_header():
+    evil = "Paper\r\nBcc: victim@example.net\r\n\r\nbody\u2028X-Other: 1\x00"
+    raw = build_email(make_notification(title=evil), "alerts@example.org").as_bytes()
+    msg = parse(raw)
+    assert msg["Bcc"] is None and msg["X-Other"] is None
+    assert sorted(k.lower() for k in msg.keys()) == sorted([
+        "from", "to", "subject", "date", "message-id", "x-deadline-dedup-key", "auto-submitted",
+        "mime-version", "content-type",
+    ])
+    assert msg["Subject"].startswith("Reminder: Paper Bcc: victim@example.net body X-Other: 1 due ")
+    assert msg["To"] == "ana@example.org"
+
+
+def test_html_in_note_is_escaped_in_html_part():
+    n = make_notification(note='<script>alert("x")</script> & <b>bold</b>', url="javascript:alert(1)")
+    msg = parse(build_email(n, "alerts@example.org").as_bytes())
+    html = msg.get_body(("html",)).get_content()
+    text = msg.get_body(("plain",)).get_content()
+    assert "<script>" not in html and "<b>" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
+    assert 'href="javascript' not in html  # only http(s) URLs become links
+    assert '<script>alert("x")</script>' in text  # plain text is shown as written
+
+
+def test_message_id_is_derived_from_dedup_key():
+    assert message_id(KEY) == f"<{KEY}@deadline-pipeline>"
+    a = build_email(make_notification(), "alerts@example.org")
+    b = build_email(make_notification(), "alerts@example.org")
+    assert a["Message-ID"] == b["Message-ID"] == f"<{KEY}@deadline-pipeline>"
+    assert a["X-Deadline-Dedup-Key"] == KEY
+    with pytest.raises(ValueError):
+        message_id("abc>\r\nBcc: x")
+
+
+def test_render_error_names_dedup_key():
+    with pytest.raises(RenderError, match=KEY):
+        render(make_notification(subscriber_tz="Mars/Olympus_Mons"))
+
+
+def test_naive_due_time_is_refused():
+    with pytest.raises(ValueError, match="aware"):
+        make_notification(due_at=datetime(2024, 6, 15, 21, 59))
+
+
+# --------------------------------------------------------------------------- maildir
+
+
+def test_maildir_creates_folder_and_stores_message(tmp_path):
+    path = tmp_path / "nested" / "alerts"
+    ch = build_channel("local", MaildirChannel(type="maildir", path=str(path), sender="alerts@example.org"))
+    assert isinstance(ch, Channel) and ch.idempotency_class == "notification"
+    first = ch.send(make_notification())
+    second = ch.send(make_notification())  # a retry: at-least-once, same Message-ID
+    ch.close()
+    box = mailbox.Maildir(path, create=False)
+    assert sorted(box.keys()) == sorted([first.provider_message_id, second.provider_message_id])
+    msg = parse(box.get_bytes(first.provider_message_id))
+    assert msg["To"] == "ana@example.org"
+    assert msg["Subject"] == "Reminder: ICML 2024 paper due 2024-06-15 23:59 CEST (7 days left)"
+    assert {parse(box.get_bytes(k))["Message-ID"] for k in box.keys()} == {f"<{KEY}@deadline-pipeline>"}
+    assert b"\r\n" not in box.get_bytes(first.provider_message_id)
+
+
+def test_maildir_without_email_is_permanent(tmp_path):
+    ch = build_channel("local", MaildirChannel(type="maildir", path=str(tmp_path / "m")))
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification(email=None))
+    assert info.value.permanent and info.value.outcome == "failed" and KEY in str(info.value)
+
+
+# --------------------------------------------------------------------------- SMTP
+
+
+class RecordingHandler:
+    """Records accepted envelopes; ``replies`` maps a recipient to an RCPT reply such as "550 …";
+    a recipient in ``slow`` gets its DATA reply after ``slow_seconds``."""
+
+    def __init__(self) -> None:
+        self.envelopes: list[dict] = []
+        self.replies: dict[str, str] = {}
+        self.slow: set[str] = set()
+        self.slow_seconds = 0.0
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if address in self.replies:
+            return self.replies[address]
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        self.envelopes.append({"from": envelope.mail_from, "to": list(envelope.rcpt_tos),
+                               "data": bytes(envelope.original_content)})
+        if self.slow & set(envelope.rcpt_tos):
+            await asyncio.sleep(self.slow_seconds)
+        return "250 Message accepted"
+
+
+def _authenticate(server, session, envelope, mechanism, auth_data):
+    ok = auth_data.login == b"mailer" and auth_data.password == b"s3cret"
+    return AuthResult(success=ok)
+
+
+@pytest.fixture
+def smtp_server():
+    handler = RecordingHandler()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port(),
+                            authenticator=_authenticate, auth_require_tls=False)
+    controller.start()
+    yield handler, controller.port
+    controller.stop()
+
+
+def smtp_channel(port: int, **kw):
+    return build_channel("mail", SmtpChannel(type="smtp", host="127.0.0.1", port=port,
+                                             sender="alerts@example.org", **kw))
+
+
+def test_smtp_delivers_with_deterministic_message_id(smtp_server):
+    handler, port = smtp_server
+    ch = smtp_channel(port)
+    first = ch.send(make_notification())
+    retry = ch.send(make_notification())
+    assert first.provider_message_id == retry.provider_message_id == f"<{KEY}@deadline-pipeline>"
+    assert [e["to"] for e in handler.envelopes] == [["ana@example.org"], ["ana@example.org"]]
+    assert handler.envelopes[0]["from"] == "alerts@example.org"
+    msgs = [parse(e["data"]) for e in handler.envelopes]
+    assert [m["Message-ID"] for m in msgs] == [f"<{KEY}@deadline-pipeline>"] * 2
+    assert msgs[0]["Subject"] == "Reminder: ICML 2024 paper due 2024-06-15 23:59 CEST (7 days left)"
+    assert msgs[0]["To"] == "ana@example.org"
+
+
+def test_smtp_4xx_is_retryable_and_5xx_permanent(smtp_server):
+    handler, port = smtp_server
+    handler.replies["busy@example.org"] = "450 4.2.1 Mailbox busy, try later"
+    handler.replies["nobody@example.org"] = "550 5.1.1 No such user"
+    ch = smtp_channel(port)
+    with pytest.raises(DeliveryError) as busy:
+        ch.send(make_notification(email="busy@example.org"))
+    assert (busy.value.permanent, busy.value.outcome) == (False, "failed")
+    assert "450" in str(busy.value)
+    with pytest.raises(DeliveryError) as gone:
+        ch.send(make_notification(email="nobody@example.org"))
+    assert (gone.value.permanent, gone.value.outcome) == (True, "failed")
+    assert "550" in str(gone.value)
+    assert handler.envelopes == []
+
+
+def test_smtp_timeout_after_data_is_unknown(smtp_server):
+    handler, port = smtp_server
+    handler.slow = {"ana@example.org"}
+    handler.slow_seconds = 1.5
+    ch = smtp_channel(port, timeout_seconds=0.4)
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification())
+    assert (info.value.permanent, info.value.outcome) == (False, "unknown")
+    assert len(handler.envelopes) == 1  # the server did take the message
+
+
+def test_smtp_connection_refused_is_retryable_failed():
+    ch = smtp_channel(free_port(), timeout_seconds=2)
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification())
+    assert (info.value.permanent, info.value.outcome) == (False, "failed")
+
+
+def test_smtp_login_reads_credentials_from_named_variables(smtp_server, monkeypatch):
+    handler, port = smtp_server
+    ch = smtp_channel(port, username_env="DP_TEST_SMTP_USER", password_env="DP_TEST_SMTP_PASSWORD")
+    monkeypatch.delenv("DP_TEST_SMTP_USER", raising=False)
+    monkeypatch.setenv("DP_TEST_SMTP_PASSWORD", "s3cret")
+    with pytest.raises(DeliveryError) as unset:
+        ch.send(make_notification())
+    assert unset.value.permanent and "DP_TEST_SMTP_USER" in str(unset.value)
+
+    monkeypatch.setenv("DP_TEST_SMTP_USER", "mailer")
+    monkeypatch.setenv("DP_TEST_SMTP_PASSWORD", "wrong")
+    with pytest.raises(DeliveryError) as refused:
+        ch.send(make_notification())
+    assert refused.value.permanent and "535" in str(refused.value)
+
+    monkeypatch.setenv("DP_TEST_SMTP_PASSWORD", "s3cret")
+    assert ch.send(make_notification()).provider_message_id == f"<{KEY}@deadline-pipeline>"
+    assert len(handler.envelopes) == 1
+
+
+# --------------------------------------------------------------------------- webhook
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """Answers by path: /ok (200 with id), /plain (204), /limited (429, Retry-After: 7), /busy (503),
+    /error (500), /bad (400), /slow (reads the body, then sleeps past the client timeout)."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body})
+        if self.path == "/slow":
+            time.sleep(1.5)
+        answers = {
+            "/ok": (200, {"Content-Type": "application/json"}, b'{"id": "evt_42"}'),
+            "/plain": (204, {}, b""),
+            "/limited": (429, {"Retry-After": "7"}, b"slow down"),
+            "/busy": (503, {}, b"maintenance"),
+            "/error": (500, {}, b"boom"),
+            "/bad": (400, {}, b"bad payload"),
+            "/slow": (200, {}, b"{}"),
+        }
+        status, headers, payload = answers[self.path]
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def http_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_webhook_posts_json_with_idempotency_key(http_server):
+    server, base = http_server
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5))
+    assert ch.idempotency_class == "notification"
+    n = make_notification(kind="correction", webhook_url=f"{base}/ok", previous_due_at=DUE - timedelta(days=1))
+    assert ch.send(n).provider_message_id == "evt_42"
+    assert ch.send(make_notification(webhook_url=f"{base}/plain")).provider_message_id == "HTTP 204"
+    ch.close()
+    req = server.requests[0]
+    assert req["headers"]["Idempotency-Key"] == KEY
+    assert req["headers"]["Content-Type"] == "application/json"
+    assert json.loads(req["body"]) == {
+        "id": KEY, "kind": "correction", "subscriber": "ana", "source": "conf-feed", "rule_id": "icml-2024",
+        "title": "ICML 2024 paper", "due_at": "2024-06-15T21:59:00Z", "previous_due_at": "2024-06-14T21:59:00Z",
+        "url": "https://icml.cc/Conferences/2024", "note": "Abstract first.",
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "permanent", "outcome", "retry_after"),
+    [
+        ("/limited", False, "failed", 7.0),
+        ("/busy", False, "failed", None),
+        ("/error", False, "unknown", None),
+        ("/bad", True, "failed", None),
+    ],
+)
+def test_webhook_error_classification(http_server, path, permanent, outcome, retry_after):
+    server, base = http_server
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5))
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification(webhook_url=base + path))
+    ch.close()
+    err = info.value
+    assert (err.permanent, err.outcome, err.retry_after) == (permanent, outcome, retry_after)
+    assert len(server.requests) == 1
+
+
+def test_webhook_timeout_after_request_is_unknown(http_server):
+    server, base = http_server
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4))
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification(webhook_url=f"{base}/slow"))
+    ch.close()
+    assert (info.value.permanent, info.value.outcome) == (False, "unknown")
+    assert json.loads(server.requests[0]["body"])["id"] == KEY  # the receiver did get it
+
+
+def test_webhook_connect_error_is_retryable_failed():
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2))
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification(webhook_url=f"http://127.0.0.1:{free_port()}/ok"))
+    ch.close()
+    assert (info.value.permanent, info.value.outcome) == (False, "failed")
+
+
+def test_webhook_signs_body_with_named_secret(http_server, monkeypatch):
+    server, base = http_server
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5, secret_env="DP_TEST_HOOK_SECRET"))
+    monkeypatch.delenv("DP_TEST_HOOK_SECRET", raising=False)
+    with pytest.raises(DeliveryError) as unset:
+        ch.send(make_notification(webhook_url=f"{base}/ok"))
+    assert unset.value.permanent and "DP_TEST_HOOK_SECRET" in str(unset.value)
+    assert server.requests == []
+
+    monkeypatch.setenv("DP_TEST_HOOK_SECRET", "k3y")
+    ch.send(make_notification(webhook_url=f"{base}/ok"))
+    ch.close()
+    req = server.requests[0]
+    expected = hmac.new(b"k3y", req["body"], hashlib.sha256).hexdigest()
+    assert req["headers"]["X-Deadline-Signature"] == f"sha256={expected}"
+
+
+def test_retry_after_accepts_http_date():
+    now = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
+    assert parse_retry_after("Sat, 01 Jun 2024 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("soon") is None
