@@ -27,23 +27,22 @@ from aiosmtpd.smtp import AuthResult
 
 from deadline_pipeline.config import MaildirChannel, SmtpChannel, WebhookChannel
 from deadline_pipeline.deliver.channels.base import Channel, build_channel
+from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
-from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 
 DUE = datetime(2024, 6, 15, 21, 59, tzinfo=UTC)  # 23:59 CEST in Berlin
 KEY = "3f2a9c0de1b4"
 
 
 def make_notification(**changes) -> Notification:
-    fields = dict(
-        dedup_key=KEY, kind="reminder", subscriber_id="ana", email="ana@example.org",
-        webhook_url=None, subscriber_tz="Europe/Berlin", source="conf-feed", rule_id="icml-2024",
-        title="ICML 2024 paper", due_at=DUE, offset_seconds=-7 * 86400,
-        url="https://icml.cc/Conferences/2024", note="Abstract first.", previous_due_at=None,
-    )
-    fields.update(changes)
-    return Notification(**fields)
+    fields = {
+        "dedup_key": KEY, "kind": "reminder", "subscriber_id": "ana", "email": "ana@example.org",
+        "webhook_url": None, "subscriber_tz": "Europe/Berlin", "source": "conf-feed",
+        "rule_id": "icml-2024", "title": "ICML 2024 paper", "due_at": DUE, "offset_seconds": -7 * 86400,
+        "url": "https://icml.cc/Conferences/2024", "note": "Abstract first.", "previous_due_at": None,
+    }
+    return Notification(**(fields | changes))
 
 
 def parse(raw: bytes):
@@ -67,6 +66,12 @@ def test_reminder_subject_shows_subscriber_zone_and_days_left():
     assert "2024-06-15 23:59 CEST" in r.html and "2024-06-15 21:59 UTC" in r.html
 
 
+def test_long_title_is_shortened_but_due_time_stays_in_subject():
+    r = render(make_notification(title="A" * 400, offset_seconds=-5400, subscriber_tz="AoE"))
+    assert r.subject.endswith("… due 2024-06-15 09:59 UTC-12:00 (1 hour 30 minutes left)")
+    assert "A" * 400 in r.text
+
+
 def test_correction_and_cancellation_subjects():
     moved = make_notification(kind="correction", previous_due_at=DUE - timedelta(days=2),
                               subscriber_tz="America/Los_Angeles")
@@ -81,7 +86,7 @@ def test_crlf_in_title_cannot_add_a_header():
     raw = build_email(make_notification(title=evil), "alerts@example.org").as_bytes()
     msg = parse(raw)
     assert msg["Bcc"] is None and msg["X-Other"] is None
-    assert sorted(k.lower() for k in msg.keys()) == sorted([
+    assert sorted(k.lower() for k in msg) == sorted([
         "from", "to", "subject", "date", "message-id", "x-deadline-dedup-key", "auto-submitted",
         "mime-version", "content-type",
     ])
@@ -135,7 +140,7 @@ def test_maildir_creates_folder_and_stores_message(tmp_path):
     msg = parse(box.get_bytes(first.provider_message_id))
     assert msg["To"] == "ana@example.org"
     assert msg["Subject"] == "Reminder: ICML 2024 paper due 2024-06-15 23:59 CEST (7 days left)"
-    assert {parse(box.get_bytes(k))["Message-ID"] for k in box.keys()} == {f"<{KEY}@deadline-pipeline>"}
+    assert {parse(box.get_bytes(k))["Message-ID"] for k in box.iterkeys()} == {f"<{KEY}@deadline-pipeline>"}
     assert b"\r\n" not in box.get_bytes(first.provider_message_id)
 
 
@@ -150,12 +155,14 @@ def test_maildir_without_email_is_permanent(tmp_path):
 
 
 class RecordingHandler:
-    """Records accepted envelopes; ``replies`` maps a recipient to an RCPT reply such as "550 …";
-    a recipient in ``slow`` gets its DATA reply after ``slow_seconds``."""
+    """Records accepted envelopes; ``replies`` maps a recipient to an RCPT reply such as "550 …",
+    ``data_replies`` to a reply to its message data; a recipient in ``slow`` gets its DATA reply after
+    ``slow_seconds``."""
 
     def __init__(self) -> None:
         self.envelopes: list[dict] = []
         self.replies: dict[str, str] = {}
+        self.data_replies: dict[str, str] = {}
         self.slow: set[str] = set()
         self.slow_seconds = 0.0
 
@@ -166,6 +173,9 @@ class RecordingHandler:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
+        for rcpt in envelope.rcpt_tos:
+            if rcpt in self.data_replies:
+                return self.data_replies[rcpt]
         self.envelopes.append({"from": envelope.mail_from, "to": list(envelope.rcpt_tos),
                                "data": bytes(envelope.original_content)})
         if self.slow & set(envelope.rcpt_tos):
@@ -175,7 +185,9 @@ class RecordingHandler:
 
 def _authenticate(server, session, envelope, mechanism, auth_data):
     ok = auth_data.login == b"mailer" and auth_data.password == b"s3cret"
-    return AuthResult(success=ok)
+    # handled=False makes aiosmtpd answer "535" itself on failure (handled=True would leave the
+    # client waiting for a reply nobody sends).
+    return AuthResult(success=ok, handled=ok)
 
 
 @pytest.fixture
@@ -221,6 +233,19 @@ def test_smtp_4xx_is_retryable_and_5xx_permanent(smtp_server):
     assert (gone.value.permanent, gone.value.outcome) == (True, "failed")
     assert "550" in str(gone.value)
     assert handler.envelopes == []
+
+
+def test_smtp_data_rejection_is_failed_not_unknown(smtp_server):
+    handler, port = smtp_server
+    handler.data_replies["spam@example.org"] = "554 5.7.1 Message rejected as spam"
+    handler.data_replies["full@example.org"] = "452 4.3.1 Insufficient system storage"
+    ch = smtp_channel(port)
+    with pytest.raises(DeliveryError) as spam:
+        ch.send(make_notification(email="spam@example.org"))
+    assert (spam.value.permanent, spam.value.outcome) == (True, "failed")
+    with pytest.raises(DeliveryError) as full:
+        ch.send(make_notification(email="full@example.org"))
+    assert (full.value.permanent, full.value.outcome) == (False, "failed")
 
 
 def test_smtp_timeout_after_data_is_unknown(smtp_server):
@@ -286,12 +311,15 @@ class Receiver(BaseHTTPRequestHandler):
             "/slow": (200, {}, b"{}"),
         }
         status, headers, payload = answers[self.path]
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        try:
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # /slow: the client gave up waiting, which is the point of that test
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 MESSAGE_ID_DOMAIN = "deadline-pipeline"
 SUBJECT_MAX_CHARS = 250
+SUBJECT_TITLE_MAX_CHARS = 150
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _SPACES = re.compile(r"\s+")
 
@@ -135,15 +136,22 @@ def _utc_text(when: datetime) -> str:
     return f"{when.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
 
 
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _context(n: Notification) -> dict:
     zone = resolve_zone(n.subscriber_tz)
+    title = one_line(n.title) or "(untitled)"
     url = one_line(n.url) if n.url else None
     previous = n.previous_due_at
     return {
         "kind": n.kind,
         "dedup_key": n.dedup_key,
         "subscriber_id": one_line(n.subscriber_id),
-        "title": one_line(n.title) or "(untitled)",
+        "title": title,
+        # Shortened for the subject only, so a very long title cannot push the due time out of it.
+        "subject_title": _shorten(title, SUBJECT_TITLE_MAX_CHARS),
         "source": one_line(n.source),
         "rule_id": one_line(n.rule_id),
         "zone_name": one_line(n.subscriber_tz),
@@ -177,9 +185,7 @@ def render(n: Notification) -> RenderedMessage:
     except jinja2.TemplateError as exc:
         raise RenderError(n.dedup_key, f"{n.kind} template: {exc.__class__.__name__}: {exc}") from exc
     # Sanitised again after rendering: whatever a template does, the subject stays one header line.
-    subject = one_line(subject)
-    if len(subject) > SUBJECT_MAX_CHARS:
-        subject = subject[: SUBJECT_MAX_CHARS - 1].rstrip() + "…"
+    subject = _shorten(one_line(subject), SUBJECT_MAX_CHARS)
     return RenderedMessage(subject=subject, text=text, html=html)
 
 

@@ -28,6 +28,7 @@ be slow, huge, redirect in circles, answer with an error page, or be misconfigur
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import logging
@@ -56,7 +57,6 @@ USER_AGENT = f"deadline-pipeline/{_VERSION}"
 #: The whole fetch, redirects included, may last at most this many times ``timeout_seconds``.
 TOTAL_TIME_FACTOR = 4
 
-_CHUNK_BYTES = 64 * 1024
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 # Retrying helps when the server is overloaded or failing, or asked us to slow down.
 _RETRYABLE_CLIENT_STATUSES = frozenset({408, 429})
@@ -200,18 +200,24 @@ def _fetch_file(source: str, location: str, fetched_at: datetime, max_bytes: int
         failure = FetchError(source, f"cannot open local file {path}: {exc.strerror}", retryable=True)
     if failure is not None:
         raise failure
+    info = os.fstat(fd)
+    # Devices, pipes and directories are not documents: /dev/zero would never end.
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise FetchError(source, f"local path {path} is not a regular file", retryable=False)
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        # Devices, pipes and directories are not documents: /dev/zero would never end.
-        if not stat.S_ISREG(info.st_mode):
-            raise FetchError(source, f"local path {path} is not a regular file", retryable=False)
         if info.st_size > max_bytes:
             raise FetchError(
                 source, f"local file {path} is {info.st_size} bytes, over the limit of {max_bytes} bytes",
                 retryable=False,
             )
-        # Read one byte past the limit: a file that grew after fstat must not slip through.
-        content = fh.read(max_bytes + 1)
+        try:
+            # Read one byte past the limit: a file that grew after fstat must not slip through.
+            content = fh.read(max_bytes + 1)
+        except OSError as exc:
+            failure = FetchError(source, f"cannot read local file {path}: {exc.strerror}", retryable=True)
+    if failure is not None:
+        raise failure
     if len(content) > max_bytes:
         raise FetchError(
             source, f"local file {path} grew past the limit of {max_bytes} bytes while being read",
@@ -311,8 +317,15 @@ def _fetch_http(
         if last_modified is not None:
             headers["If-Modified-Since"] = last_modified
         if _may_carry_credentials(url, origin):
+            if url.userinfo:
+                headers["Authorization"] = _basic_auth(url, secrets)
+            # A configured token wins over a user name and password left in the URL.
             headers.update(credential_headers)
-        request = httpx.Request("GET", url, headers=headers, extensions={"timeout": timeout.as_dict()})
+        # The HTTP library logs the request URL verbatim, so it never gets to see the userinfo.
+        request = httpx.Request(
+            "GET", url.copy_with(userinfo=b"") if url.userinfo else url, headers=headers,
+            extensions={"timeout": timeout.as_dict()},
+        )
         try:
             # auth=None and a hand-built request: the client's own default headers or auth must not
             # ride along to a redirect target on another host.
@@ -436,7 +449,8 @@ def _read_body(
     body = bytearray()
     try:
         # iter_raw: httpx's own decoding would inflate a whole network read at once, without a cap.
-        for chunk in response.iter_raw(_CHUNK_BYTES):
+        # No chunk size: re-chunking would hold back small reads, and with them the deadline check.
+        for chunk in response.iter_raw():
             if decoder is not None:
                 # Ask for at most one byte past the limit; unconsumed input means there is more.
                 chunk = decoder.decompress(chunk, max_bytes - len(body) + 1)
@@ -493,6 +507,13 @@ def _may_carry_credentials(url: httpx.URL, origin: tuple[str, str, int | None]) 
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _basic_auth(url: httpx.URL, secrets: list[str]) -> str:
+    """The Basic ``Authorization`` value for the URL's user name and password, recorded as secret."""
+    token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode("ascii")
+    secrets.extend((token, f"Basic {token}"))
+    return f"Basic {token}"
 
 
 def _safe_url(url: httpx.URL) -> str:

@@ -31,6 +31,11 @@ def dagster_instance(home: Path) -> dg.DagsterInstance:
     that child processes and ``dagster dev`` see the same runs."""
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        # The embedded default: SQLite storage in this folder. Telemetry off, because the demo
+        # promises to work with no network.
+        config.write_text("# Embedded Dagster instance (SQLite under this folder).\ntelemetry:\n  enabled: false\n")
     os.environ["DAGSTER_HOME"] = str(home)
     return dg.DagsterInstance.get()
 

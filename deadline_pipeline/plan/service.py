@@ -79,9 +79,19 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime) -> PlanOutcome
         planned = []
         failed_rules: set[tuple[int, str]] = set()
         for r in rows:
+            usable = []
+            for ch in r["channels"]:
+                missing = _missing_contact(cfg, ch, r)
+                if missing:
+                    # Loud, not silent: the subscription asks for a channel this subscriber cannot get.
+                    problems_msg = f"subscriber {r['external_id']} has no {missing} for channel {ch!r}"
+                    log.error("planning: %s; no alerts planned on that channel", problems_msg)
+                    out.problems.append(PlanProblem(r["source"], "*", problems_msg))
+                else:
+                    usable.append(ch)
             target = Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                             r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
-                            tuple(r["offsets"]), tuple(r["channels"]))
+                            tuple(r["offsets"]), tuple(usable))
             if target.source_id not in rules_cache:
                 rules_cache[target.source_id] = sql.active_rules(conn, target.source_id)
             rules, _withdrawn = rules_cache[target.source_id]
@@ -117,6 +127,18 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime) -> PlanOutcome
         out.alerts_cancelled = sql.withdraw_obligations(
             conn, stale, "the rule, subscription or subscriber no longer asks for this obligation", now)
     return out
+
+
+def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
+    """Which contact a subscriber lacks for a channel ("email", "webhook_url"), or None."""
+    ch = cfg.channels.get(channel)
+    if ch is None:
+        return "configured channel"
+    if ch.type in ("smtp", "maildir") and not row["email"]:
+        return "email"
+    if ch.type == "webhook" and not row["webhook_url"]:
+        return "webhook_url"
+    return None
 
 
 def _all_source_ids(conn) -> list[int]:

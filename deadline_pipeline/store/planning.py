@@ -51,7 +51,8 @@ def active_targets(conn: Connection):
     return conn.execute(
         select(subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels,
                subscribers.c.id.label("subscriber_id"), subscribers.c.external_id, subscribers.c.tenant,
-               subscribers.c.timezone, sources.c.id.label("source_id"), sources.c.name.label("source"))
+               subscribers.c.timezone, subscribers.c.email, subscribers.c.webhook_url,
+               sources.c.id.label("source_id"), sources.c.name.label("source"))
         .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)
         .join(sources, sources.c.id == subscriptions.c.source_id)
         .where(subscriptions.c.active.is_(True), subscribers.c.active.is_(True))

@@ -10,7 +10,7 @@ stage hits them instead of creating a second row.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
@@ -29,6 +29,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 # Stable constraint names so Alembic migrations can refer to them on both engines.
 metadata = MetaData(
@@ -40,6 +41,9 @@ metadata = MetaData(
         "ck": "ck_%(table_name)s_%(constraint_name)s",
     }
 )
+
+# PostgreSQL's plain JSON has no equality operator, which the upsert's IS DISTINCT FROM needs.
+Json = JSON().with_variant(JSONB(), "postgresql")
 
 # SQLite has no 64-bit autoincrement for BIGINT primary keys; INTEGER is its rowid alias.
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -60,7 +64,7 @@ class UtcDateTime(TypeDecorator):
             return None
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r} given to the store; instants must be aware UTC")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         if dialect.name == "sqlite":
             # Stored naive-but-UTC so that SQLite's text comparison orders instants correctly.
             return value.replace(tzinfo=None)
@@ -70,8 +74,8 @@ class UtcDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 sources = Table(
@@ -119,7 +123,7 @@ rule_versions = Table(
     Column("valid_from", UtcDateTime, nullable=False),
     Column("withdrawn", Boolean, nullable=False, default=False),
     Column("content_hash", String(64), nullable=False),
-    Column("payload", JSON, nullable=False),
+    Column("payload", Json, nullable=False),
     # The rule id is unique per source, so two sources may use the same id without colliding.
     UniqueConstraint("source_id", "rule_id", "version"),
 )
@@ -143,9 +147,9 @@ subscriptions = Table(
     Column("name", String(200), nullable=False),
     Column("subscriber_id", ForeignKey("subscribers.id"), nullable=False),
     Column("source_id", ForeignKey("sources.id"), nullable=False),
-    Column("rule_patterns", JSON, nullable=False),  # list of fnmatch patterns on rule_id
-    Column("offsets", JSON, nullable=False),  # list of ISO 8601 durations, e.g. "-P7D"
-    Column("channels", JSON, nullable=False),  # list of channel names from the configuration
+    Column("rule_patterns", Json, nullable=False),  # list of fnmatch patterns on rule_id
+    Column("offsets", Json, nullable=False),  # list of ISO 8601 durations, e.g. "-P7D"
+    Column("channels", Json, nullable=False),  # list of channel names from the configuration
     Column("active", Boolean, nullable=False, default=True),
     UniqueConstraint("name", "subscriber_id", "source_id"),
 )

@@ -50,5 +50,6 @@ def upsert(
         stmt = stmt.on_conflict_do_update(
             index_elements=list(conflict), set_={c: stmt.excluded[c] for c in update}, where=where
         )
-        touched += conn.execute(stmt).rowcount or 0
+        # RETURNING counts exactly the rows written (rowcount is -1 for multi-row VALUES on psycopg).
+        touched += len(conn.execute(stmt.returning(table.c[conflict[0]])).all())
     return touched

@@ -90,10 +90,15 @@ def normalise_local(value: object) -> str:
 
 def _load(text: str, source: str) -> tuple[list, list[int]]:
     """Load the YAML list and the 1-based line of each entry; raise ParseError if unusable."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # a control character the YAML spec forbids
+        raise _reader_error(exc, text, source) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, source) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "position unknown"
@@ -110,6 +115,16 @@ def _load(text: str, source: str) -> tuple[list, list[int]]:
         )
     lines = [item.start_mark.line + 1 for item in node.value]
     return data, lines
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str, source: str) -> ParseError:
+    """A ParseError for a character YAML forbids (NUL and other control characters)."""
+    before = text[: exc.position]
+    line = before.count("\n") + 1
+    column = exc.position - (before.rfind("\n") + 1) + 1
+    char = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+    return ParseError(f"source {source!r}: line {line}, column {column}: invalid YAML: "
+                      f"character {char} is not allowed")
 
 
 def _zone(raw: object, fallback: str | None) -> str:

@@ -74,9 +74,10 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=True)
     except pd.errors.EmptyDataError:
         raise ParseError(f"source {source!r}: line 1: empty payload, expected {WHAT}") from None
-    except (pd.errors.ParserError, ValueError) as exc:
-        found = re.search(r"line (\d+)", str(exc))
-        where = f"line {found.group(1)}" if found else "position unknown"
+    except Exception as exc:  # noqa: BLE001 — pandas raises ParserError, ValueError, csv.Error…
+        line = re.search(r"line (\d+)", str(exc))
+        row = re.search(r"row (\d+)", str(exc))
+        where = f"line {line.group(1)}" if line else f"data row {row.group(1)}" if row else "position unknown"
         raise ParseError(f"source {source!r}: {where}: malformed CSV: {exc}") from None
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     missing = [c for c in REQUIRED if c not in frame.columns]

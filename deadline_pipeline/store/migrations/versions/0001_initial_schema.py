@@ -7,6 +7,7 @@ Create Date: 2026-11-30 04:06:45.006288
 
 from alembic import op
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 
 revision = '0001'
@@ -93,9 +94,9 @@ def upgrade() -> None:
     sa.Column('name', sa.String(length=200), nullable=False),
     sa.Column('subscriber_id', sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
     sa.Column('source_id', sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-    sa.Column('rule_patterns', sa.JSON(), nullable=False),
-    sa.Column('offsets', sa.JSON(), nullable=False),
-    sa.Column('channels', sa.JSON(), nullable=False),
+    sa.Column('rule_patterns', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+    sa.Column('offsets', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+    sa.Column('channels', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
     sa.Column('active', sa.Boolean(), nullable=False),
     sa.ForeignKeyConstraint(['source_id'], ['sources.id'], name=op.f('fk_subscriptions_source_id_sources')),
     sa.ForeignKeyConstraint(['subscriber_id'], ['subscribers.id'], name=op.f('fk_subscriptions_subscriber_id_subscribers')),
@@ -138,7 +139,7 @@ def upgrade() -> None:
     sa.Column('valid_from', sa.DateTime(timezone=True), nullable=False),
     sa.Column('withdrawn', sa.Boolean(), nullable=False),
     sa.Column('content_hash', sa.String(length=64), nullable=False),
-    sa.Column('payload', sa.JSON(), nullable=False),
+    sa.Column('payload', sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
     sa.ForeignKeyConstraint(['snapshot_id'], ['snapshots.id'], name=op.f('fk_rule_versions_snapshot_id_snapshots')),
     sa.ForeignKeyConstraint(['source_id'], ['sources.id'], name=op.f('fk_rule_versions_source_id_sources')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_rule_versions')),

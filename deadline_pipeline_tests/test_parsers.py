@@ -1,0 +1,546 @@
+"""The source parsers on real public files (../shared/data) and on small hand-written payloads.
+
+Instants are checked the way planning will compute them: the local wall time in the rule's zone,
+converted to UTC. Expected values were worked out by hand from the zone's offset on that date.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from deadline_pipeline.ingest.parsers import PARSERS, ParseError, ParseResult, parse_payload
+from deadline_pipeline.rules import RuleRecord, parse_local
+from deadline_pipeline.timezones import resolve_zone
+
+
+def instant(rule: RuleRecord) -> datetime:
+    return parse_local(rule.start).replace(tzinfo=resolve_zone(rule.tz)).astimezone(UTC)
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text)  # Python 3.11+ reads the "Z" suffix
+
+
+def by_id(result: ParseResult) -> dict[str, RuleRecord]:
+    return {r.rule_id: r for r in result.rules}
+
+
+def ics(*lines: str, calendar_lines: tuple[str, ...] = ()) -> bytes:
+    body = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//test//EN", *calendar_lines,
+            "BEGIN:VEVENT", *lines, "END:VEVENT", "END:VCALENDAR"]
+    return ("\r\n".join(body) + "\r\n").encode()
+
+
+@pytest.fixture(scope="module")
+def data(shared_dir: Path) -> Path:
+    return shared_dir / "data"
+
+
+@pytest.fixture(scope="module")
+def pwc(data: Path) -> ParseResult:
+    path = data / "ai-deadlines-pwc" / "conferences.yml"
+    return parse_payload("ai-deadlines", path.read_bytes(), source="pwc")
+
+
+@pytest.fixture(scope="module")
+def hf(data: Path) -> dict[str, ParseResult]:
+    return {
+        p.stem: parse_payload("ai-deadlines", p.read_bytes(), source=f"hf/{p.name}")
+        for p in sorted((data / "ai-deadlines-hf" / "conferences").glob("*.yml"))
+    }
+
+
+# --- registry --------------------------------------------------------------------------------------
+
+def test_registry_names_the_three_formats():
+    assert set(PARSERS) == {"ai-deadlines", "ics", "csv"}
+
+
+def test_unknown_format_and_bad_default_tz_are_configuration_errors():
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        parse_payload("xml", b"<x/>", source="s")
+    with pytest.raises(ValueError, match="Mars/Olympus"):
+        parse_payload("csv", b"title,due,timezone\n", source="s", default_tz="Mars/Olympus")
+
+
+# --- ai-deadlines: the real files ----------------------------------------------------------------
+
+def test_every_pwc_file_parses_without_problems(data: Path):
+    files = [data / "ai-deadlines-pwc" / "conferences.yml",
+             *sorted((data / "ai-deadlines-pwc" / "revisions").glob("*.yml"))]
+    assert len(files) == 4
+    for path in files:
+        result = parse_payload("ai-deadlines", path.read_bytes(), source=path.name)
+        assert result.rules, path
+        assert result.problems == [], (path, result.problems)
+        assert len({r.rule_id for r in result.rules}) == len(result.rules)
+        for rule in result.rules:
+            instant(rule)  # every zone resolves and every start is a valid local time
+
+
+def test_every_hf_file_parses(hf: dict[str, ParseResult]):
+    assert len(hf) == 12
+    for name, result in hf.items():
+        assert result.rules, name
+        for rule in result.rules:
+            instant(rule)
+    # The one problem in the HF files: an announced edition without any deadline yet.
+    problems = [(name, str(p)) for name, r in hf.items() for p in r.problems]
+    assert len(problems) == 1
+    assert problems[0][0] == "cvpr" and "id=cvpr27" in problems[0][1]
+
+
+@pytest.mark.parametrize(
+    ("rule_id", "tz", "expected"),
+    [
+        ("emnlp24/submission/deadline", "UTC-12", "2024-06-16T11:59:00Z"),
+        ("icdm22/submission/deadline", "PDT", "2022-06-11T06:59:00Z"),  # PDT = UTC-7
+        ("icdm23/submission/deadline", "GMT+8", "2023-07-01T15:59:00Z"),  # eight hours ahead
+        ("eccv22/submission/deadline", "CET", "2022-03-07T20:59:00Z"),  # CET = UTC+1
+        ("iros24/submission/deadline", "America/Los_Angeles", "2024-03-02T07:59:59Z"),  # PST
+        ("wacv24/submission/deadline", "America/Los_Angeles", "2023-08-30T18:59:59Z"),  # PDT
+        ("CIKM24/abstract/abstract_deadline", "UTC-12", "2024-05-14T11:59:59Z"),
+    ],
+)
+def test_pwc_instants_by_hand(pwc: ParseResult, rule_id: str, tz: str, expected: str):
+    rule = by_id(pwc)[rule_id]
+    assert rule.tz == tz
+    assert instant(rule) == utc(expected)
+
+
+def test_pwc_fields_are_kept_as_written(pwc: ParseResult):
+    rules = by_id(pwc)
+    emnlp = rules["emnlp24/submission/deadline"]
+    assert emnlp.start == "2024-06-15T23:59:00"
+    assert emnlp.title == "EMNLP 2024 — Paper Submission"
+    assert emnlp.url == "https://2024.emnlp.org/"
+    assert "<a href='https://2024.emnlp.org/calls/main_conference_papers/'>" in emnlp.note  # raw HTML
+    assert emnlp.extra == {"edition_id": "emnlp24", "conference": "EMNLP", "year": 2024,
+                           "deadline_type": "submission", "label": "Paper Submission"}
+    assert emnlp.kind == "deadline" and emnlp.rrule is None
+    # Written without seconds, and with a one-digit month: normalised, not rejected.
+    assert rules["starsem23/submission/deadline"].start == "2023-03-24T23:59:00"
+    assert rules["ismir22/abstract/abstract_deadline"].start == "2022-05-13T23:59:59"
+
+
+def test_pwc_typo_key_does_not_break_the_entry(pwc: ParseResult):
+    # CIKM24 writes `data:` for `date:`; its two deadlines must still be read.
+    rules = by_id(pwc)
+    assert rules["CIKM24/submission/deadline"].start == "2024-05-20T23:59:59"
+    assert rules["CIKM24/abstract/abstract_deadline"].start == "2024-05-13T23:59:59"
+
+
+def test_pwc_revision_moves_a_deadline_and_its_zone(data: Path):
+    revisions = sorted((data / "ai-deadlines-pwc" / "revisions").glob("*.yml"))
+    early = by_id(parse_payload("ai-deadlines", revisions[2].read_bytes(), source="pwc"))  # 2020-01-28
+    late = by_id(parse_payload("ai-deadlines", revisions[1].read_bytes(), source="pwc"))  # 2020-04-17
+    before, after = early["eccv20/submission/deadline"], late["eccv20/submission/deadline"]
+    assert (before.start, before.tz) == ("2020-03-05T07:00:00", "Europe/London")
+    assert (after.start, after.tz) == ("2020-03-05T23:59:00", "UTC")
+    assert before.content_hash() != after.content_hash()  # a new rule version, same identity
+
+
+@pytest.mark.parametrize(
+    ("file", "rule_id", "tz", "expected"),
+    [
+        ("iclr", "iclr25/abstract/Abstract Submission", "AoE", "2024-09-28T11:59:59Z"),
+        ("iclr", "iclr25/submission/Paper Submission", "AoE", "2024-10-02T11:59:59Z"),
+        ("mathai", "mathai25/abstract/Abstract submission deadline", "Europe/London", "2025-02-14T23:59:59Z"),
+        ("wacv", "wacv25/submission/Paper Submission Deadline", "UTC-7", "2024-07-16T06:59:59Z"),
+        ("iccv", "iccv25/abstract/Abstract submission", "UTC+0", "2025-03-04T09:59:59Z"),
+        ("cvpr", "cvpr25/submission/deadline", "UTC-8", "2024-11-15T07:59:00Z"),  # a flat HF entry
+    ],
+)
+def test_hf_instants_by_hand(hf: dict[str, ParseResult], file: str, rule_id: str, tz: str, expected: str):
+    rule = by_id(hf[file])[rule_id]
+    assert rule.tz == tz
+    assert instant(rule) == utc(expected)
+
+
+def test_hf_title_and_extra(hf: dict[str, ParseResult]):
+    rule = by_id(hf["iclr"])["iclr25/submission/Paper Submission"]
+    assert rule.title == "ICLR 2025 — Paper Submission"
+    assert rule.url == "https://iclr.cc/Conferences/2025"
+    assert rule.extra["edition_id"] == "iclr25" and rule.extra["year"] == 2025
+
+
+def test_hf_same_type_twice_gets_two_ids(hf: dict[str, ParseResult]):
+    notifications = [r for r in hf["aaai"].rules if r.rule_id.startswith("aaai26/notification/")]
+    assert {r.rule_id for r in notifications} == {
+        "aaai26/notification/Phase 1 rejection notifications",
+        "aaai26/notification/Final acceptance/rejection notices",
+    }
+    # wacv27 lists two notifications on the same day: still two rules.
+    wacv27 = [r for r in hf["wacv"].rules if r.rule_id.startswith("wacv27/notification/")]
+    assert len(wacv27) == 2 and len({r.start for r in wacv27}) == 1
+
+
+def test_hf_typed_entry_ignores_its_legacy_flat_keys(hf: dict[str, ParseResult]):
+    # cvpr26 has both `deadlines:` and a zone-less flat `deadline:`; only the typed items count.
+    ids = {r.rule_id for r in hf["cvpr"].rules if r.rule_id.startswith("cvpr26/")}
+    assert "cvpr26/submission/deadline" not in ids
+    assert "cvpr26/paper/Paper Submission" in ids and len(ids) == 7
+
+
+# --- ai-deadlines: leniency and broken payloads ------------------------------------------------
+
+GOOD_ENTRY = """
+- title: GOOD
+  year: 2030
+  id: good30
+  deadline: '2030-01-15 23:59'
+  timezone: AoE
+"""
+
+
+def test_bad_entries_are_skipped_and_counted_good_ones_kept():
+    payload = GOOD_ENTRY + """
+- title: NOID
+  year: 2030
+  deadline: '2030-01-15 23:59'
+  timezone: UTC
+- title: TBA
+  year: 2030
+  id: tba30
+  deadline: TBA
+  timezone: UTC
+- title: BADZONE
+  year: 2030
+  id: zone30
+  deadline: '2030-01-15 23:59'
+  timezone: Mars/Olympus
+- title: NOZONE
+  year: 2030
+  id: nozone30
+  deadline: '2030-02-30 23:59'
+- title: TYPED
+  year: 2030
+  id: typed30
+  deadlines:
+  - {type: abstract, label: Abstract, date: '2030-01-01 12:00', timezone: Nowhere}
+  - {type: paper, label: Paper, date: '2030-01-08', timezone: GMT+8}
+"""
+    result = parse_payload("ai-deadlines", payload.encode(), source="mixed")
+    assert sorted(r.rule_id for r in result.rules) == ["good30/submission/deadline", "typed30/paper/Paper"]
+    assert by_id(result)["typed30/paper/Paper"].start == "2030-01-08"  # date-only stays a date
+    positions = [p.position for p in result.problems]
+    assert len(positions) == 5
+    assert positions[0].startswith("entry 2 (line ")
+    assert any("id=tba30" in p for p in positions)
+    assert any("id=zone30" in p for p in positions)
+    assert any("id=nozone30" in p for p in positions)
+    assert any("id=typed30" in p and "deadline 1" in p for p in positions)
+    messages = " ".join(p.message for p in result.problems)
+    assert "'TBA'" in messages and "Mars/Olympus" in messages and "does not exist" in messages
+
+
+def test_missing_timezone_uses_default_tz_never_utc():
+    payload = b"- {title: X, year: 2030, id: x30, deadline: '2030-01-15 23:59:59'}\n"
+    without = parse_payload("ai-deadlines", payload, source="s")
+    assert without.rules == [] and "no timezone" in without.problems[0].message
+    with_default = parse_payload("ai-deadlines", payload, source="s", default_tz="Europe/Berlin")
+    assert with_default.rules[0].tz == "Europe/Berlin"
+    assert instant(with_default.rules[0]) == utc("2030-01-15T22:59:59Z")
+
+
+def test_invalid_yaml_names_source_line_and_column():
+    payload = GOOD_ENTRY + "- title: [unclosed\n  id: x\n"
+    with pytest.raises(ParseError, match=r"^source 'pwc': line \d+, column \d+: invalid YAML"):
+        parse_payload("ai-deadlines", payload.encode(), source="pwc")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "payload"),
+    [("ai-deadlines", "yaml"), ("ics", "ics"), ("csv", "csv")],
+)
+def test_html_page_empty_and_latin1_payloads_raise(fmt: str, payload: str):
+    html = b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body></body></html>"
+    with pytest.raises(ParseError, match=r"^source 'x': line 1: payload looks like an HTML page, not "):
+        parse_payload(fmt, html, source="x")
+    for empty in (b"", b"  \n\n"):
+        with pytest.raises(ParseError, match=r"^source 'x': line 1: empty payload"):
+            parse_payload(fmt, empty, source="x")
+    latin1 = {
+        "yaml": "- id: c1\n  title: Caf\u00e9\n",
+        "ics": "BEGIN:VCALENDAR\r\nSUMMARY:Caf\u00e9\r\nEND:VCALENDAR\r\n",
+        "csv": "title,due,timezone\nCaf\u00e9,2030-01-01,UTC\n",
+    }[payload].encode("latin-1")
+    with pytest.raises(ParseError, match=r"^source 'x': line 2, column \d+: payload is not valid UTF-8"):
+        parse_payload(fmt, latin1, source="x")
+
+
+def test_yaml_that_is_not_a_list_raises():
+    with pytest.raises(ParseError, match="source 's': line 1: expected a YAML list"):
+        parse_payload("ai-deadlines", b"title: not a list\n", source="s")
+
+
+# --- ICS -------------------------------------------------------------------------------------------
+
+def test_every_icalendar_test_file_parses_or_raises_parse_error(data: Path):
+    files = sorted((data / "icalendar-tests").rglob("*.ics"))
+    assert len(files) > 150
+    parsed = refused = 0
+    for path in files:
+        try:
+            result = parse_payload("ics", path.read_bytes(), source=path.name)
+        except ParseError as exc:
+            assert str(exc).startswith(f"source {path.name!r}: "), exc
+            refused += 1
+            continue
+        parsed += 1
+        for rule in result.rules:
+            assert isinstance(rule, RuleRecord)
+            parse_local(rule.start)
+            if rule.tz is not None:
+                resolve_zone(rule.tz)
+    assert parsed > 150 and refused > 0
+
+
+def test_real_calendar_with_exdates_on_several_lines(data: Path):
+    path = data / "icalendar-tests" / "tests" / "events" / "event_with_recurrence_exdates_on_different_lines.ics"
+    (rule,) = parse_payload("ics", path.read_bytes(), source="t").rules
+    assert (rule.start, rule.tz) == ("2012-03-27T10:00:00", "Europe/Vienna")
+    assert rule.rrule == "FREQ=WEEKLY;UNTIL=20120703T080000Z;BYDAY=TU"
+    assert sorted(rule.exdates) == ["2012-04-03T10:00:00", "2012-04-10T10:00:00", "2012-04-17T10:00:00",
+                                    "2012-05-01T10:00:00", "2012-05-29T10:00:00"]
+    assert rule.extra.get("unstable_id") is True  # no UID: identity hashed from DTSTART+SUMMARY
+
+
+def test_real_calendar_with_windows_zone_name(data: Path):
+    path = data / "icalendar-tests" / "tests" / "calendars" / "timezone_same_start.ics"
+    (rule,) = parse_payload("ics", path.read_bytes(), source="t").rules
+    assert rule.tz == "Pacific Standard Time"  # kept as spelled, mapped by resolve_zone
+    assert instant(rule) == utc("2017-02-24T20:00:00Z")
+
+
+def test_real_vtodo_uses_due(data: Path):
+    path = data / "icalendar-tests" / "tests" / "todos" / "example.ics"
+    result = parse_payload("ics", path.read_bytes(), source="t")
+    (rule,) = result.rules
+    assert rule.kind == "todo" and rule.start == "2007-05-01" and rule.all_day
+    assert rule.tz is None  # an all-day date without calendar zone stays floating
+
+
+def test_real_truncated_calendar_raises_with_line(data: Path):
+    path = data / "icalendar-tests" / "tests" / "calendars" / "small_bad_calendar.ics"
+    with pytest.raises(ParseError, match=r"source 'cal': line 3: .*truncated"):
+        parse_payload("ics", path.read_bytes(), source="cal")
+
+
+def test_truncated_download_raises():
+    full = ics("UID:a", "DTSTART:20300101T100000Z", "SUMMARY:Pay")
+    with pytest.raises(ParseError, match=r"^source 'feed': line \d+: payload ends inside BEGIN:"):
+        parse_payload("ics", full[: len(full) // 2], source="feed")
+
+
+def test_not_a_calendar_raises():
+    with pytest.raises(ParseError, match=r"^source 'f': line 1: not an iCalendar"):
+        parse_payload("ics", b"hello, world\n", source="f")
+    with pytest.raises(ParseError, match=r"^source 'f': line 3: not a usable iCalendar payload"):
+        parse_payload("ics", b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\ngarbage\r\nEND:VCALENDAR\r\n", source="f")
+
+
+def test_component_without_dtstart_is_a_problem_not_a_crash():
+    payload = ics("UID:a", "SUMMARY:no start").replace(
+        b"END:VCALENDAR", b"BEGIN:VEVENT\r\nUID:b\r\nDTSTART:20300101T100000Z\r\nEND:VEVENT\r\nEND:VCALENDAR")
+    result = parse_payload("ics", payload, source="s")
+    assert [r.rule_id for r in result.rules] == ["b"]
+    assert result.problems[0].position == "VEVENT UID=a (line 4)"
+    assert result.problems[0].message == "no DTSTART"
+
+
+def test_utc_and_tzid_times():
+    utc_rule = parse_payload("ics", ics("UID:u", "DTSTART:20300101T100000Z"), source="s").rules[0]
+    assert (utc_rule.start, utc_rule.tz) == ("2030-01-01T10:00:00", "UTC")
+    zoned = parse_payload("ics", ics("UID:z", "DTSTART;TZID=Asia/Tokyo:20300101T100000"), source="s").rules[0]
+    assert (zoned.start, zoned.tz) == ("2030-01-01T10:00:00", "Asia/Tokyo")
+    assert instant(zoned) == utc("2030-01-01T01:00:00Z")
+
+
+def test_windows_zone_name_in_tzid_and_exdate():
+    payload = ics(
+        "UID:w",
+        "DTSTART;TZID=W. Europe Standard Time:20300107T090000",
+        "RRULE:FREQ=WEEKLY;COUNT=4",
+        "EXDATE;TZID=GMT Standard Time:20300114T080000",
+    )
+    (rule,) = parse_payload("ics", payload, source="s").rules
+    assert rule.tz == "W. Europe Standard Time"
+    assert instant(rule) == utc("2030-01-07T08:00:00Z")
+    assert rule.exdates == ("2030-01-14T09:00:00",)  # 08:00 London = 09:00 Berlin
+
+
+def test_unknown_tzid_is_a_problem():
+    result = parse_payload("ics", ics("UID:q", "DTSTART;TZID=Mars/Olympus:20300101T100000"), source="s")
+    assert result.rules == []
+    assert "Mars/Olympus" in result.problems[0].message
+
+
+def test_c12_exdates_each_with_its_own_tzid_land_on_the_occurrences(cases: dict):
+    """Case C12: EXDATE wall times must be read in their TZID, not as UTC."""
+    case = cases["C12"]
+    payload = ics("UID:c12", *case["input"]["ics"])
+    (rule,) = parse_payload("ics", payload, source="s").rules
+    assert rule.tz == "Europe/Amsterdam"
+    assert rule.rrule == "FREQ=WEEKLY;UNTIL=20230101T225959Z;BYDAY=FR,MO,TH,TU,WE"
+    zone = resolve_zone(rule.tz)
+    excluded = {parse_local(x).replace(tzinfo=zone).isoformat() for x in rule.exdates}
+    assert excluded == set(case["expected"]["must_not_contain"])
+
+
+def test_exdate_in_another_zone_is_converted_to_the_rule_zone():
+    payload = ics(
+        "UID:x",
+        "DTSTART;TZID=America/New_York:20300107T090000",
+        "RRULE:FREQ=DAILY;COUNT=5",
+        "EXDATE;TZID=Europe/London:20300108T140000",
+        "EXDATE:20300109T140000Z,20300110T140000Z",
+        "EXDATE:20300111T090000",  # floating: already the rule's wall time
+        "RDATE;VALUE=DATE:20300201",
+    )
+    (rule,) = parse_payload("ics", payload, source="s").rules
+    assert rule.exdates == ("2030-01-08T09:00:00", "2030-01-09T09:00:00", "2030-01-10T09:00:00",
+                            "2030-01-11T09:00:00")
+    assert rule.rdates == ("2030-02-01",)
+
+
+def test_c14_floating_time_takes_x_wr_timezone(cases: dict):
+    """Case C14: a floating time is not UTC; the calendar's X-WR-TIMEZONE gives its zone."""
+    case = cases["C14"]
+    lines = case["input"]["ics"]
+    payload = ics("UID:c14", *lines[1:], calendar_lines=(lines[0],))
+    (rule,) = parse_payload("ics", payload, source="s").rules
+    assert (rule.start, rule.tz) == ("2015-03-14T10:00:00", "Australia/Brisbane")
+    assert instant(rule) == datetime.fromisoformat(case["expected"][0])
+
+
+def test_floating_time_without_calendar_zone():
+    payload = ics("UID:f", "DTSTART:20150314T100000")
+    assert parse_payload("ics", payload, source="s").rules[0].tz is None  # read per subscriber
+    assert parse_payload("ics", payload, source="s", default_tz="Europe/Paris").rules[0].tz == "Europe/Paris"
+    # X-WR-TIMEZONE wins over default_tz; a zoned DTSTART ignores both.
+    declared = ics("UID:f", "DTSTART:20150314T100000", calendar_lines=("X-WR-TIMEZONE:Asia/Tokyo",))
+    assert parse_payload("ics", declared, source="s", default_tz="Europe/Paris").rules[0].tz == "Asia/Tokyo"
+    zoned = ics("UID:f", "DTSTART:20150314T100000Z", calendar_lines=("X-WR-TIMEZONE:Asia/Tokyo",))
+    assert parse_payload("ics", zoned, source="s").rules[0].tz == "UTC"
+
+
+def test_unknown_x_wr_timezone_is_reported_not_used():
+    payload = ics("UID:f", "DTSTART:20150314T100000", calendar_lines=("X-WR-TIMEZONE:Nowhere/City",))
+    result = parse_payload("ics", payload, source="s")
+    assert result.rules[0].tz is None
+    assert "X-WR-TIMEZONE" in result.problems[0].message
+
+
+def test_all_day_event():
+    (rule,) = parse_payload("ics", ics("UID:d", "DTSTART;VALUE=DATE:20300415"), source="s").rules
+    assert rule.start == "2030-04-15" and rule.all_day and rule.kind == "event"
+
+
+def test_override_gets_uid_and_utc_recurrence_id():
+    payload = ics(
+        "UID:series", "DTSTART;TZID=Europe/Berlin:20300107T090000",
+        "RRULE:FREQ=WEEKLY;COUNT=3", "SUMMARY:Standup",
+    ).replace(b"END:VCALENDAR", b"BEGIN:VEVENT\r\nUID:series\r\n"
+              b"RECURRENCE-ID;TZID=Europe/Berlin:20300114T090000\r\n"
+              b"DTSTART;TZID=Europe/Berlin:20300114T110000\r\nSUMMARY:Standup (moved)\r\n"
+              b"END:VEVENT\r\nEND:VCALENDAR")
+    rules = by_id(parse_payload("ics", payload, source="s"))
+    assert set(rules) == {"series", "series#2030-01-14T08:00:00Z"}
+    assert rules["series#2030-01-14T08:00:00Z"].start == "2030-01-14T11:00:00"
+
+
+def test_component_without_uid_gets_a_hash_id():
+    payload = ics("DTSTART:20300101T100000Z", "SUMMARY:Pay rent")
+    first = parse_payload("ics", payload, source="s").rules[0]
+    again = parse_payload("ics", payload, source="s").rules[0]
+    assert len(first.rule_id) == 64 and first.rule_id == again.rule_id
+    renamed = parse_payload("ics", payload.replace(b"Pay rent", b"Pay the rent"), source="s").rules[0]
+    assert renamed.rule_id != first.rule_id  # documented: unstable when the title changes
+
+
+def test_c02_until_is_kept_verbatim_for_the_expansion_engine(cases: dict):
+    """Case C02: a DATE or floating UNTIL is normalised at expansion; parsing must not alter it."""
+    variant = cases["C02"]["input"]["variant_b"]
+    payload = ics("UID:c02", variant["DTSTART"], "RRULE:" + variant["RRULE"])
+    (rule,) = parse_payload("ics", payload, source="s").rules
+    assert (rule.start, rule.tz, rule.rrule) == ("2026-01-05T09:00:00", "America/New_York", variant["RRULE"])
+
+
+def test_c03_malformed_rrules_are_rejected_per_component(cases: dict):
+    """Case C03: repeated rule parts and COUNT with UNTIL are refused, naming the part."""
+    case = cases["C03"]
+    named = ["both COUNT and UNTIL", "part UNTIL appears more than once", "part FREQ appears more than once",
+             "part BYMONTH appears more than once"]
+    for recur, expected in zip(case["input"]["rules"], named, strict=True):
+        payload = ics("UID:c03", "DTSTART:" + case["input"]["DTSTART"], "RRULE:" + recur)
+        result = parse_payload("ics", payload, source="s")
+        assert result.rules == [], recur
+        (problem,) = result.problems
+        assert problem.position == "VEVENT UID=c03 (line 4)"
+        assert expected in problem.message, problem
+    csv_payload = f"title,due,timezone,rrule\nx,2024-01-01,UTC,{case['input']['rules'][1]}\n".encode()
+    assert "UNTIL appears more than once" in parse_payload("csv", csv_payload, source="s").problems[0].message
+
+
+def test_c28_summary_newlines_are_kept_raw_for_later_sanitising():
+    # Escaping and header sanitising happen at render time; the parser keeps the text as sent.
+    payload = ics("UID:c28", "DTSTART:20300101T100000Z", "SUMMARY:Pay rent\\nBcc: attacker@example.org")
+    assert parse_payload("ics", payload, source="s").rules[0].title == "Pay rent\nBcc: attacker@example.org"
+
+
+# --- CSV -------------------------------------------------------------------------------------------
+
+def test_csv_good_and_bad_rows():
+    payload = (
+        b"title,due,timezone,id,rrule,url,note\n"
+        b"Tax return,2030-04-15,America/New_York,us-tax,,https://irs.example,<b>federal</b>\n"
+        b"Rent,2030-01-01T09:00,Europe/Berlin,,FREQ=MONTHLY;BYMONTHDAY=1,,\n"
+        b"Bad date,12.07.2022,UTC,bad1,,,\n"  # case C30: day-first is refused, not guessed
+        b"Bad zone,2030-01-01,Mars/Olympus,bad2,,,\n"
+        b"\n"
+        b"Bad rule,2030-01-01,UTC,bad3,FREQ=DAILY;COUNT=3;UNTIL=20300105T000000,,\n"
+        b"No zone,2030-01-01 17:30:00,,nz,,,\n"
+    )
+    result = parse_payload("csv", payload, source="sheet")
+    rules = by_id(result)
+    assert set(rules) == {"us-tax", "Rent"}  # no id cell: the title is the identity
+    tax = rules["us-tax"]
+    assert (tax.start, tax.tz, tax.url, tax.note, tax.kind) == (
+        "2030-04-15", "America/New_York", "https://irs.example", "<b>federal</b>", "deadline")
+    rent = rules["Rent"]
+    assert (rent.start, rent.rrule) == ("2030-01-01T09:00:00", "FREQ=MONTHLY;BYMONTHDAY=1")
+    assert [p.position for p in result.problems] == ["line 4", "line 5", "line 7", "line 8"]
+    assert "12.07.2022" in result.problems[0].message
+    with_default = parse_payload("csv", payload, source="sheet", default_tz="Europe/London")
+    assert by_id(with_default)["nz"].start == "2030-01-01T17:30:00"
+
+
+def test_csv_c30_day_first_dates_are_refused(cases: dict):
+    values = cases["C30"]["input"]["csv_column_from_dd_mm_yyyy_source"]
+    payload = ("title,due,timezone\n" + "".join(f"r{i},{v},UTC\n" for i, v in enumerate(values))).encode()
+    result = parse_payload("csv", payload, source="s")
+    assert result.rules == [] and len(result.problems) == len(values)
+
+
+def test_csv_missing_required_columns_raises():
+    with pytest.raises(ParseError, match=r"^source 'sheet': line 1: CSV header lacks required column\(s\) timezone"):
+        parse_payload("csv", b"title,due\nx,2030-01-01\n", source="sheet")
+
+
+def test_csv_malformed_raises_with_line():
+    with pytest.raises(ParseError, match=r"^source 'sheet': line 3: malformed CSV"):
+        parse_payload("csv", b"title,due,timezone\na,2030-01-01,UTC\nb,2030-01-01,UTC,extra,more\n",
+                      source="sheet")
+
+
+# --- cases file --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cases(shared_dir: Path) -> dict:
+    items = json.loads((shared_dir / "cases" / "recurrence_and_delivery_cases.json").read_text())
+    return {c["id"]: c for c in items}
