@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 
 END_OF_DAY = time(23, 59, 59)
 
@@ -100,4 +100,4 @@ def utc(value: datetime) -> datetime:
     """Convert an aware datetime to UTC; refuses naive values (``ValueError``)."""
     if value.tzinfo is None:
         raise ValueError(f"naive datetime {value!r}: an instant needs a zone")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)

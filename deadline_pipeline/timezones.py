@@ -18,7 +18,7 @@ Anything else raises :class:`UnknownTimeZone` naming the input.
 from __future__ import annotations
 
 import re
-from datetime import timedelta, timezone, tzinfo
+from datetime import UTC, timedelta, timezone, tzinfo
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -81,7 +81,7 @@ _OFFSET = re.compile(r"^(?:UTC|GMT|UT)?\s*(?P<sign>[+-])\s*(?P<h>\d{1,2})(?::?(?
 def _fixed(hours: float, name: str) -> timezone:
     if abs(hours) > 14:
         raise UnknownTimeZone(f"time zone {name!r}: offset {hours:+g} h is outside UTC-14..UTC+14")
-    return timezone(timedelta(hours=hours)) if hours else timezone.utc
+    return timezone(timedelta(hours=hours)) if hours else UTC
 
 
 @lru_cache(maxsize=512)

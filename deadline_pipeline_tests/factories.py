@@ -43,3 +43,12 @@ def write_config(folder: Path, *, sources: list[dict], subscribers: list[dict], 
     path = folder / "deadlines.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

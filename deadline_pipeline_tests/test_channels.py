@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import mailbox
-import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -30,6 +29,7 @@ from deadline_pipeline.deliver.channels.base import Channel, build_channel
 from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
+from deadline_pipeline_tests.factories import free_port
 
 DUE = datetime(2024, 6, 15, 21, 59, tzinfo=UTC)  # 23:59 CEST in Berlin
 KEY = "3f2a9c0de1b4"
@@ -47,12 +47,6 @@ def make_notification(**changes) -> Notification:
 
 def parse(raw: bytes):
     return email.parser.BytesParser(policy=email.policy.default).parsebytes(raw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- rendering

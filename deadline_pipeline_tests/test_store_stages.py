@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import mailbox
-import socket
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, update
 
@@ -13,11 +12,18 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.store import delivery as dsql
-from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots, sources
+from deadline_pipeline.store.schema import (
+    alerts,
+    delivery_attempts,
+    obligations,
+    rule_versions,
+    snapshots,
+    sources,
+)
 from deadline_pipeline.watch.checks import alerts_reconciled
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import free_port, ics, write_config
 
-T0 = datetime(2027, 1, 10, tzinfo=timezone.utc)
+T0 = datetime(2027, 1, 10, tzinfo=UTC)
 
 EVENT_A = dict(uid="a@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="File report A")
 EVENT_B = dict(uid="b@test", tzid="America/New_York", dtstart="20270201T090000", summary="File report B")
@@ -93,7 +99,7 @@ def test_plan_is_idempotent_and_folds_late_reminders(engine, tmp_path):
     assert (again.obligations_inserted, again.obligations_updated, again.alerts_written) == (0, 0, 0)
     # A's -P7D reminder (8 Jan) was already past on 10 Jan: it is the only late one, so it stays pending.
     assert _count(engine, alerts, alerts.c.status == "skipped") == 0
-    later = plan_all(engine, cfg, datetime(2027, 1, 15, 10, tzinfo=timezone.utc))
+    later = plan_all(engine, cfg, datetime(2027, 1, 15, 10, tzinfo=UTC))
     assert later.alerts_written == 0
     # A moved deadline moves the open reminders' send_at, without new rows.
     moved = dict(EVENT_A, dtstart="20270116T120000")
@@ -108,7 +114,7 @@ def test_fold_marks_older_late_reminders_skipped(engine, tmp_path):
     cfg, _ = _setup(tmp_path)
     _ingest(engine, cfg, T0)
     # On 15 Jan 08:00 UTC both the -P7D and -P1D reminders of A (due 11:00 UTC) are past.
-    plan_all(engine, cfg, datetime(2027, 1, 15, 8, tzinfo=timezone.utc))
+    plan_all(engine, cfg, datetime(2027, 1, 15, 8, tzinfo=UTC))
     with engine.connect() as conn:
         rows = conn.execute(select(alerts.c.offset_seconds, alerts.c.status, alerts.c.status_reason)
                             .join(obligations, obligations.c.id == alerts.c.obligation_id)
@@ -198,10 +204,7 @@ def test_failed_send_backs_off_then_escalates(engine, tmp_path):
     _ingest(engine, cfg, T0)
     plan_all(engine, cfg, T0)
     # The mail server is down: a loopback port nobody listens on refuses the connection (retryable).
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
-    smtp = SmtpChannel(type="smtp", host="127.0.0.1", port=closed_port, timeout_seconds=2)
+    smtp = SmtpChannel(type="smtp", host="127.0.0.1", port=free_port(), timeout_seconds=2)
     cfg = cfg.model_copy(update={"channels": {"mail": smtp},
                                  "delivery": cfg.delivery.model_copy(update={"max_attempts": 2})})
     out = sweep(engine, cfg, T0)

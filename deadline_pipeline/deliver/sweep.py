@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
 
@@ -149,4 +149,4 @@ def _deliver_one(engine: Engine, cfg: DeadlinesConfig, row: dict, owner: str,
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -129,7 +129,8 @@ def fetch(
 
     Raises :class:`FetchError` for every failure of the source or of its configuration (scheme not
     allowed, unset credential variable, network error, timeout, non-2xx status, too many redirects,
-    body too large, missing file), and :class:`ValueError` for a naive ``now`` or non-positive limits.
+    body too large, missing file), and :class:`ValueError` for a naive ``now``, a timeout <= 0 or a
+    negative limit.
     """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("fetch: `now` must be an aware datetime")

@@ -8,7 +8,13 @@ from pathlib import Path
 import dagster as dg
 
 from deadline_pipeline.config import DEFAULT_CONFIG_NAME, load_config
-from deadline_pipeline.orchestration.assets import ALERTS, OBLIGATIONS, RULE_VERSIONS, build_assets, source_key
+from deadline_pipeline.orchestration.assets import (
+    ALERTS,
+    OBLIGATIONS,
+    RULE_VERSIONS,
+    build_assets,
+    source_key,
+)
 from deadline_pipeline.orchestration.checks import ALL_CHECKS
 from deadline_pipeline.orchestration.deliver import deliver_job, deliver_sensor
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 from sqlalchemy import Engine
@@ -40,7 +40,7 @@ class ClockResource(dg.ConfigurableResource):
         """Aware UTC."""
         if self.as_of:
             return parse_instant(self.as_of)
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     @property
     def frozen(self) -> bool:
@@ -53,4 +53,4 @@ def parse_instant(text: str) -> datetime:
     value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     if value.tzinfo is None:
         raise ValueError(f"instant {text!r} has no offset; write e.g. 2026-05-01T12:00:00Z")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)

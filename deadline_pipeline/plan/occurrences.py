@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone, tzinfo
+from datetime import UTC, date, datetime, timedelta, tzinfo
 
 from dateutil.rrule import rruleset, rrulestr
 
@@ -45,7 +45,7 @@ class Occurrence:
 
 def to_instant(local: datetime, zone: tzinfo) -> datetime:
     """Local wall-clock time in ``zone`` → aware UTC, with the DST policy of this module."""
-    return local.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+    return local.replace(tzinfo=zone, fold=0).astimezone(UTC)
 
 
 _UNTIL = re.compile(r"UNTIL=([0-9TZ]+)", re.IGNORECASE)
@@ -66,7 +66,7 @@ def normalise_until(rrule: str, zone: tzinfo) -> str:
     def repl(m: re.Match) -> str:
         value = m.group(1).upper()
         if value.endswith("Z"):
-            instant = datetime.strptime(value, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+            instant = datetime.strptime(value, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
             local = instant.astimezone(zone).replace(tzinfo=None)
         elif "T" in value:
             local = datetime.strptime(value, "%Y%m%dT%H%M%S")

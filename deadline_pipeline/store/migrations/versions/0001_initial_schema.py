@@ -5,10 +5,9 @@ Revises:
 Create Date: 2026-11-30 04:06:45.006288
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
-
 
 revision = '0001'
 down_revision = None

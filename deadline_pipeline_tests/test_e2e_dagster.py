@@ -1,0 +1,156 @@
+"""End to end through Dagster: real instance, real sensor evaluation, real SMTP and HTTP receivers on
+loopback, and the store on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+from aiosmtpd.controller import Controller
+
+from deadline_pipeline.orchestration.build import CHECKS_JOB, PIPELINE_JOB, build_definitions
+from deadline_pipeline.orchestration.deliver import DELIVER_JOB, deliver_sensor
+from deadline_pipeline_tests.factories import ai_deadlines, free_port, ics, write_config
+
+
+class _SmtpRecorder:
+    def __init__(self):
+        self.messages: list[tuple[list[str], bytes]] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append((list(envelope.rcpt_tos), envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_server():
+    handler = _SmtpRecorder()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    yield controller, handler
+    if controller._thread is not None:  # a test may have stopped it to simulate an outage
+        controller.stop()
+
+
+@pytest.fixture
+def webhook_server():
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append({"headers": dict(self.headers), "body": json.loads(body), "path": self.path})
+            answer = json.dumps({"id": f"rcv-{len(received)}"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def config_path(tmp_path, smtp_server, webhook_server):
+    controller, _ = smtp_server
+    url, _ = webhook_server
+    (tmp_path / "cal.ics").write_text(ics(
+        dict(uid="report@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="Quarterly report"),
+    ), newline="")
+    (tmp_path / "confs.yml").write_text(ai_deadlines({
+        "title": "TESTCONF", "year": 2027, "id": "testconf27", "link": "https://conf.example.org/",
+        "deadlines": [{"type": "submission", "label": "Paper Submission", "date": "2027-01-20 23:59:59",
+                       "timezone": "AoE"}],
+    }))
+    return write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"},
+                 {"name": "confs", "format": "ai-deadlines", "location": "confs.yml", "tenant": "t1"}],
+        subscribers=[
+            {"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"},
+            {"id": "bob", "tenant": "t1", "email": "bob@example.org", "webhook_url": f"{url}/hooks/bob",
+             "timezone": "America/New_York"},
+        ],
+        subscriptions=[{"name": "everything", "sources": ["cal", "confs"], "offsets": ["-P7D", "-P1D"],
+                        "channels": ["email", "hook"]}],
+        channels={"email": {"type": "smtp", "host": "127.0.0.1", "port": controller.port,
+                            "sender": "reminders@example.org"},
+                  "hook": {"type": "webhook", "timeout_seconds": 5}},
+    )
+
+
+def _cycle(config_path, db_url, as_of, instance):
+    """One production-like cycle: pipeline job, sensor evaluation, the requested sweep, the checks."""
+    defs = build_definitions(config_path, db_url=db_url, as_of=as_of)
+    assert defs.resolve_job_def(PIPELINE_JOB).execute_in_process(instance=instance).success
+    resources = {"store": defs.resources["store"], "clock": defs.resources["clock"]}
+    tick = deliver_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+    if isinstance(tick, dg.RunRequest):
+        assert defs.resolve_job_def(DELIVER_JOB).execute_in_process(instance=instance).success
+    checks = defs.resolve_job_def(CHECKS_JOB).execute_in_process(instance=instance)
+    evaluations = {e.check_name: e.passed for e in checks.get_asset_check_evaluations()}
+    return tick, evaluations
+
+
+def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, tmp_path):
+    _, smtp = smtp_server
+    _, hooks = webhook_server
+    with dg.instance_for_test() as instance:
+        # 10 Jan: the report (due 15 Jan 11:00Z) has its -P7D reminder already past → sent at once,
+        # once per subscriber and channel: ann by mail, bob by mail and webhook.
+        tick, checks = _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
+        assert isinstance(tick, dg.RunRequest)
+        assert checks == {"alerts_reconciled": True}
+        assert sorted(r for rcpts, _ in smtp.messages for r in rcpts) == ["ann@example.org", "bob@example.org"]
+        subjects = [_subject(raw) for _, raw in smtp.messages]
+        assert all(s.startswith("Reminder: Quarterly report") for s in subjects), subjects
+        assert len(hooks) == 1 and hooks[0]["path"] == "/hooks/bob"
+        assert hooks[0]["headers"]["Idempotency-Key"] == hooks[0]["body"]["id"]
+        assert hooks[0]["body"]["title"] == "Quarterly report"
+
+        # The same instant again: nothing new is sent, and the sensor does not start a sweep.
+        tick, checks = _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
+        assert isinstance(tick, dg.SkipReason)
+        assert (len(smtp.messages), len(hooks)) == (2, 1)
+
+        # 14 Jan 12:00Z: the report's -P1D (14 Jan 11:00Z) and the AoE paper deadline's -P7D
+        # (21 Jan 11:59:59Z - 7 days) are due: 2 reminders x (2 mails + 1 webhook).
+        tick, checks = _cycle(config_path, db_url, "2027-01-14T12:00:00Z", instance)
+        assert isinstance(tick, dg.RunRequest) and checks == {"alerts_reconciled": True}
+        assert (len(smtp.messages), len(hooks)) == (6, 3)
+        titles = sorted(h["body"]["title"] for h in hooks[1:])
+        assert titles == ["Quarterly report", "TESTCONF 2027 — Paper Submission"]
+        assert sorted(h["body"]["due_at"] for h in hooks[1:]) == ["2027-01-15T11:00:00Z", "2027-01-21T11:59:59Z"]
+        tick, _ = _cycle(config_path, db_url, "2027-01-14T12:00:00Z", instance)
+        assert isinstance(tick, dg.SkipReason) and (len(smtp.messages), len(hooks)) == (6, 3)
+
+        # Dagster saw it all: source observations carry the payload sha256 as their data version.
+        obs = instance.fetch_observations(dg.AssetKey(["source", "cal"]), limit=10).records
+        assert obs and all(len(r.asset_observation.tags["dagster/data_version"]) == 64 for r in obs)
+
+
+def test_overdue_alert_turns_the_check_red(config_path, db_url, tmp_path, smtp_server):
+    """With the mail server gone, the due reminders stay undelivered past the grace window: red."""
+    controller, _ = smtp_server
+    controller.stop()
+    with dg.instance_for_test() as instance:
+        _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
+        _, checks = _cycle(config_path, db_url, "2027-01-10T01:00:00Z", instance)
+    assert checks == {"alerts_reconciled": False}
+
+
+def _subject(raw: bytes) -> str:
+    from email import message_from_bytes
+
+    return " ".join(str(message_from_bytes(raw)["Subject"]).split())
