@@ -63,6 +63,9 @@ class Notification:
     url: str | None = None
     note: str | None = None
     previous_due_at: datetime | None = None
+    # When the send is attempted; "time left" is measured from it, because a reminder sent late
+    # (after downtime, or folded at planning) must not claim more time than is left.
+    sent_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,6 +73,8 @@ class Notification:
         object.__setattr__(self, "due_at", _utc(self.due_at, "due_at"))
         if self.previous_due_at is not None:
             object.__setattr__(self, "previous_due_at", _utc(self.previous_due_at, "previous_due_at"))
+        if self.sent_at is not None:
+            object.__setattr__(self, "sent_at", _utc(self.sent_at, "sent_at"))
 
 
 @dataclass(frozen=True)

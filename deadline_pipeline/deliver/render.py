@@ -106,8 +106,8 @@ def _plural(n: int, unit: str) -> str:
 
 def time_left(offset_seconds: int) -> str:
     """The lead time of a reminder in words: ``-604800`` → ``"7 days"``, ``-5400`` → ``"1 hour 30 minutes"``,
-    ``0`` → ``""`` (due now). Derived from the offset, not from the clock, so a retry renders the
-    same text."""
+    ``0`` → ``""`` (due now). The caller passes the offset, or the send time minus the due time
+    when it is known (see ``Notification.sent_at``)."""
     left = max(0, -int(offset_seconds))
     days, rest = divmod(left, 86400)
     hours, rest = divmod(rest, 3600)
@@ -160,7 +160,8 @@ def _context(n: Notification) -> dict:
         "due_utc": _utc_text(n.due_at),
         "previous_local": _local(previous, zone) if previous else None,
         "previous_utc": _utc_text(previous) if previous else None,
-        "left": time_left(n.offset_seconds),
+        "left": time_left(n.offset_seconds if n.sent_at is None
+                          else int((n.sent_at - n.due_at).total_seconds())),
         "url": url,
         "url_is_link": bool(url) and urlparse(url).scheme in ("http", "https"),
         "note": multi_line(n.note).strip() or None,

@@ -50,12 +50,13 @@ class SweepOutcome:
     errors: list[str] = field(default_factory=list)
 
 
-def _notification(row: dict) -> Notification:
+def _notification(row: dict, sent_at: datetime) -> Notification:
+    payload = row.get("payload") or {}
     return Notification(
         dedup_key=row["dedup_key"], kind=row["kind"], subscriber_id=row["subscriber"], email=row["email"],
         webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
         rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
-        url=None, note=None, previous_due_at=None,
+        url=payload.get("url"), note=payload.get("note"), previous_due_at=None, sent_at=sent_at,
     )
 
 
@@ -108,7 +109,7 @@ def _deliver_one(engine: Engine, cfg: DeadlinesConfig, row: dict, owner: str,
                                 outcome="failed")
         if row["channel"] not in channels:
             channels[row["channel"]] = build_channel(row["channel"], cfg.channels[row["channel"]])
-        provider_id = channels[row["channel"]].send(_notification(row)).provider_message_id
+        provider_id = channels[row["channel"]].send(_notification(row, clock())).provider_message_id
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a template or data bug in one alert must not stop the sweep

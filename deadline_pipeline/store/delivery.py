@@ -12,7 +12,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, func, insert, or_, select, update
 
-from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, sources, subscribers
+from deadline_pipeline.store.schema import (
+    alerts,
+    delivery_attempts,
+    obligations,
+    rule_versions,
+    sources,
+    subscribers,
+)
 
 CLAIMABLE_STATES = ("pending", "retry_wait", "claimed")
 FINAL_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped")
@@ -62,8 +69,12 @@ def load_claimed(conn: Connection, ids: list[int]) -> list[dict]:
                alerts.c.attempts, alerts.c.send_at, obligations.c.title, obligations.c.rule_id,
                obligations.c.due_at, subscribers.c.external_id.label("subscriber"), subscribers.c.email,
                subscribers.c.webhook_url, subscribers.c.timezone, sources.c.name.label("source"),
-               obligations.c.rule_version, obligations.c.source_id)
+               obligations.c.rule_version, obligations.c.source_id, rule_versions.c.payload)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        # The rule version the obligation was planned from gives the link and note to show.
+        .outerjoin(rule_versions, and_(rule_versions.c.source_id == obligations.c.source_id,
+                                       rule_versions.c.rule_id == obligations.c.rule_id,
+                                       rule_versions.c.version == obligations.c.rule_version))
         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
         .join(sources, sources.c.id == obligations.c.source_id)
         .where(alerts.c.id.in_(ids))

@@ -1,0 +1,117 @@
+"""The configuration file and the command line: clear errors naming file, key and problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deadline_pipeline.config import ConfigError, load_config, parse_duration
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path, text: str) -> Path:
+    p = tmp_path / "deadlines.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_examples_config_is_valid():
+    cfg, _ = load_config(REPO / "examples" / "deadlines.yaml")
+    assert {s.name for s in cfg.sources} == {"us-federal-tax", "ai-conferences"}
+    assert len(cfg.subscribers) >= 5
+    assert {"-P90D", "-P7D", "-P1D"} <= set(cfg.subscriptions[0].offsets)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("sources: [", "line 1, column"),
+        ("- a\n- b\n", "(top level): expected a mapping"),
+        ("sources:\n  - {name: x, format: pdf, location: a.pdf}\n", "sources[0].format"),
+        ("sources:\n  - {name: x, format: ics, location: a.ics, freshness: soon}\n", "sources[0].freshness"),
+        ("subscribers:\n  - {id: a, timezone: Mars/Olympus}\n", "subscribers[0].timezone: unknown time zone"),
+        ("subscribers:\n  - {id: a, email: 'x@y.org\\r\\nBcc: z@evil.org'}\n", "subscribers[0].email"),
+        ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscriptions:\n"
+         "  - {name: s, sources: [x], offsets: [P7D], channels: []}\n", "subscriptions[0].offsets"),
+        ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscriptions:\n"
+         "  - {name: s, sources: [y], channels: []}\n", "unknown source 'y'"),
+        ("channels:\n  mail: {type: pigeon}\n", "channels.mail"),
+        ("sorces: []\n", "sorces: Extra inputs are not permitted"),
+        ("subscribers_csv: missing.csv\n", "subscribers_csv: file"),
+    ],
+)
+def test_bad_configuration_is_named(tmp_path, text, expected):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_subscribers_csv_bad_row_names_the_csv(tmp_path):
+    (tmp_path / "subs.csv").write_text("id,tenant,email,webhook_url,timezone\na,t,a@example.org,,Nowhere/Land\n")
+    path = _write(tmp_path, "subscribers_csv: subs.csv\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "subs.csv" in str(err.value) and "Nowhere/Land" in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("-P7D", -604800), ("PT0S", 0), ("-PT90M", -5400),
+                                               ("P1DT2H", 93600), ("-P1W", -604800)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["P1M", "P1Y", "7 days", "P", "-PT", ""])
+def test_parse_duration_refuses(text):
+    with pytest.raises(ValueError, match="ISO 8601 duration"):
+        parse_duration(text)
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_bad_config_exits_2_without_traceback(tmp_path):
+    path = _write(tmp_path, "subscribers:\n  - {id: a, timezone: Mars/Olympus}\n")
+    res = _cli("run", "--config", str(path), cwd=tmp_path)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert "subscribers[0].timezone" in res.stderr and str(path) in res.stderr
+
+
+def test_cli_bad_as_of_exits_2(tmp_path):
+    res = _cli("run", "--as-of", "yesterday", cwd=tmp_path)
+    assert res.returncode == 2 and "--as-of" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_run_twice_sends_nothing_new(tmp_path):
+    """`run` on the examples as of a fixed instant: mail lands once, the second run adds none."""
+    env_home = tmp_path / "home"
+    import os
+
+    env = dict(os.environ, DEADLINE_HOME=str(env_home), DAGSTER_HOME="")
+    env.pop("DAGSTER_HOME")
+    cmd = [sys.executable, "-m", "deadline_pipeline.cli", "run", "--config", str(REPO / "examples" / "deadlines.yaml"),
+           "--as-of", "2026-12-01T00:00:00Z"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "alerts_reconciled        PASS" in first.stdout
+    box = env_home / "maildir" / "new"
+    sent = len(list(box.iterdir()))
+    assert sent > 0
+    second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert len(list(box.iterdir())) == sent
+    # The Dagster home persisted both runs' history for `dagster dev`.
+    assert (env_home / "dagster_home" / "history").exists()
