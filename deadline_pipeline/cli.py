@@ -143,5 +143,16 @@ def demo(as_of: str | None) -> None:
     sys.exit(code)
 
 
+def _register_commands() -> None:
+    import importlib
+
+    from deadline_pipeline.commands import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(main)
+
+
+_register_commands()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

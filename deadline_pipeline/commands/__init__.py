@@ -1,0 +1,7 @@
+"""Sub-commands of ``deadline-pipeline``, one module per stage.
+
+Each module listed here defines ``register(main: click.Group) -> None`` that adds its commands.
+"""
+
+COMMAND_MODULES: list[str] = [
+]
