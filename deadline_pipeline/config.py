@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
+from datetime import time, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlparse
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 DEFAULT_CONFIG_NAME = "deadlines.yaml"
-SOURCE_FORMATS = ("ai-deadlines", "ics", "csv")
+SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
 
 _DURATION = re.compile(
     r"^(?P<sign>[+-])?P(?!$)(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
@@ -52,6 +52,21 @@ def parse_duration(text: str) -> timedelta:
     return -delta if m.group("sign") == "-" else delta
 
 
+def parse_quiet_hours(text: str) -> tuple[time, time]:
+    """``"22:00-07:00"`` → ``(time(22, 0), time(7, 0))``; local wall times, start ≠ end.
+    Raises ``ValueError`` naming the text."""
+    m = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*", text or "")
+    try:
+        if not m:
+            raise ValueError
+        start, end = time(int(m[1]), int(m[2])), time(int(m[3]), int(m[4]))
+    except ValueError:
+        raise ValueError(f"quiet hours {text!r}: expected 'HH:MM-HH:MM', e.g. '22:00-07:00'") from None
+    if start == end:
+        raise ValueError(f"quiet hours {text!r}: start and end are equal")
+    return start, end
+
+
 def _check_zone(value: str) -> str:
     try:
         resolve_zone(value)
@@ -67,7 +82,7 @@ class _Model(BaseModel):
 
 class SourceConfig(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
-    format: Literal["ai-deadlines", "ics", "csv"]
+    format: Literal["ai-deadlines", "ics", "csv", "govuk-bank-holidays"]
     location: str
     tenant: str = "default"
     freshness: str = "P1D"
@@ -100,6 +115,15 @@ class SubscriberConfig(_Model):
     email: str | None = None
     webhook_url: str | None = None
     timezone: str = "UTC"
+    # "HH:MM-HH:MM" in the subscriber's zone; a window may wrap midnight ("22:00-07:00").
+    quiet_hours: str | None = None
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _quiet(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_quiet_hours(v)
+        return v
 
     @field_validator("timezone")
     @classmethod
@@ -129,6 +153,8 @@ class SubscriptionConfig(_Model):
     rules: list[str] = ["*"]  # fnmatch patterns on rule ids
     offsets: list[str] = ["-P1D"]
     channels: list[str]
+    # Reminders already past at planning time: send only the most recent at once, or skip them all.
+    late_policy: Literal["send_latest", "skip"] = "send_latest"
 
     @field_validator("offsets")
     @classmethod
@@ -141,13 +167,22 @@ class SubscriptionConfig(_Model):
         return v
 
 
-class MaildirChannel(_Model):
+class _ChannelLimits(_Model):
+    # Per sweep process: at most ``max_concurrency`` sends in flight and ``rate_per_second`` sends
+    # started per second (None = unlimited), so a backlog after downtime cannot flood a provider.
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 8
+    rate_per_second: Annotated[float, Field(gt=0)] | None = None
+
+
+class MaildirChannel(_ChannelLimits):
     type: Literal["maildir"]
     path: str
     sender: str = "deadline-pipeline@localhost"
+    # One local folder: parallel writers gain nothing.
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
 
 
-class SmtpChannel(_Model):
+class SmtpChannel(_ChannelLimits):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
     port: int = 25
@@ -160,13 +195,38 @@ class SmtpChannel(_Model):
     timeout_seconds: float = 30.0
 
 
-class WebhookChannel(_Model):
+class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
     timeout_seconds: float = 10.0
+    # Standard Webhooks signing secret (``whsec_<base64>`` or raw text), read from this variable.
     secret_env: str | None = None
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 64
 
 
-ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel, Field(discriminator="type")]
+class SlackChannel(_ChannelLimits):
+    """A Slack-compatible incoming webhook; the URL is a secret, so only its variable is named here."""
+
+    type: Literal["slack"]
+    url_env: str
+    timeout_seconds: float = 10.0
+    # Slack documents about one message per second per incoming webhook.
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
+    rate_per_second: Annotated[float, Field(gt=0)] | None = 1.0
+
+
+ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel | SlackChannel,
+                          Field(discriminator="type")]
+
+
+class EscalationConfig(_Model):
+    """Where an escalated alert is announced: ``channels`` by name, with the recipient the channel
+    needs (``email`` for smtp/maildir, ``webhook_url`` for webhook; slack needs none)."""
+
+    channels: list[str] = []
+    email: str | None = None
+    webhook_url: str | None = None
+    # The paging sensor and the watchdog remind about an incident still open after this long.
+    reminder_minutes: Annotated[int, Field(gt=0)] = 60
 
 
 class DeliveryConfig(_Model):
@@ -180,6 +240,11 @@ class DeliveryConfig(_Model):
 
 class WatchConfig(_Model):
     grace_minutes: Annotated[int, Field(ge=0)] = 30
+    # How often the delivery sensor ticks / the sweep runs, and how often ingest + plan run; a
+    # heartbeat older than interval + heartbeat_grace_minutes is a stopped stage.
+    sweep_interval_minutes: Annotated[int, Field(gt=0)] = 5
+    plan_interval_minutes: Annotated[int, Field(gt=0)] = 90
+    heartbeat_grace_minutes: Annotated[int, Field(ge=0)] = 10
 
 
 class PlanConfig(_Model):
@@ -193,6 +258,7 @@ class DeadlinesConfig(_Model):
     subscriptions: list[SubscriptionConfig] = []
     channels: dict[str, ChannelConfig] = {}
     delivery: DeliveryConfig = DeliveryConfig()
+    escalation: EscalationConfig = EscalationConfig()
     watch: WatchConfig = WatchConfig()
     plan: PlanConfig = PlanConfig()
 
@@ -211,6 +277,9 @@ class DeadlinesConfig(_Model):
                     raise ValueError(
                         f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
                     )
+        for ch in self.escalation.channels:
+            if ch not in self.channels:
+                raise ValueError(f"escalation: unknown channel {ch!r}; known: {sorted(self.channels)}")
         return self
 
     def source(self, name: str) -> SourceConfig:

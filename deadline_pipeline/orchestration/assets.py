@@ -14,11 +14,14 @@ import dagster as dg
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
-from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import all_sources, get_source, latest_snapshot
 
 RULE_VERSIONS = dg.AssetKey("rule_versions")
+# Obligations and alerts are partitioned by due month; fourteen months ahead of the current one
+# cover the 366-day horizon from any day of the month.
+PLAN_PARTITIONS = dg.MonthlyPartitionsDefinition(start_date="2019-01-01", end_offset=14)
 OBLIGATIONS = dg.AssetKey("obligations")
 ALERTS = dg.AssetKey("alerts")
 
@@ -85,6 +88,7 @@ def build_assets(cfg: DeadlinesConfig) -> list:
         cfg_now = settings.load()
         now = clock.now()
         engine = store.engine()
+        since = max_version_id(engine)
         totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
         lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
         for src in cfg_now.sources:
@@ -101,38 +105,51 @@ def build_assets(cfg: DeadlinesConfig) -> list:
             note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
             lines.append(f"| {src.name} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
                          f"{out.withdrawn} | {note} |")
+        # The months whose obligations these new versions touch: the replan sensor requests exactly those.
+        affected = affected_partitions(engine, cfg_now, since, now)
         return dg.MaterializeResult(metadata={**totals, "dagster/row_count": totals["rules"],
-                                              "changes": dg.MetadataValue.md("\n".join(lines))})
+                                              "changes": dg.MetadataValue.md("\n".join(lines)),
+                                              "affected_partitions": dg.MetadataValue.json(affected)})
 
     @dg.multi_asset(
         specs=[
-            dg.AssetSpec(OBLIGATIONS, deps=[RULE_VERSIONS], group_name="plan", code_version="1", kinds={"sql"},
+            dg.AssetSpec(OBLIGATIONS, deps=[RULE_VERSIONS], group_name="plan", code_version="2", kinds={"sql"},
                          tags={"stage": "plan"},
-                         description="One row per (subscriber, rule, period) with its concrete due instant (UTC)."),
-            dg.AssetSpec(ALERTS, deps=[OBLIGATIONS], group_name="plan", code_version="1", kinds={"sql"},
+                         description="One row per (subscriber, rule, period) with its concrete due instant (UTC), "
+                                     "partitioned by due month."),
+            dg.AssetSpec(ALERTS, deps=[OBLIGATIONS], group_name="plan", code_version="2", kinds={"sql"},
                          tags={"stage": "plan"},
-                         description="The outbox: one reminder per (obligation, offset, channel)."),
+                         description="The outbox: one reminder per (obligation, offset, channel), plus corrections "
+                                     "and cancellation notices."),
         ],
         name="plan_obligations",
+        partitions_def=PLAN_PARTITIONS,
+        # A range of months is planned in one run: one staging pass instead of one per month.
+        backfill_policy=dg.BackfillPolicy.single_run(),
     )
     def plan_obligations(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
         now = clock.now()
         engine = store.engine()
-        out = plan_all(engine, settings.load(), now)
+        window_ = context.partition_time_window
+        out = plan_all(engine, settings.load(), now, after=window_.start, before=window_.end)
         with engine.begin() as conn:
             health.beat(conn, "plan", started_at=now, completed_at=clock.now(),
                         outcome="ok" if not out.problems else "partial",
-                        detail=f"{len(out.problems)} rule(s) skipped" if out.problems else None)
+                        detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
+                                f"{len(out.problems)} problem(s)"))
             states = health.alerts_by_state(conn)
         for p in out.problems[:20]:
             context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")
         yield dg.MaterializeResult(asset_key=OBLIGATIONS, metadata={
             "planned": out.obligations_planned, "inserted": out.obligations_inserted,
-            "updated": out.obligations_updated, "withdrawn": out.obligations_withdrawn,
+            "moved": out.obligations_moved, "updated": out.obligations_updated,
+            "unchanged": out.obligations_unchanged, "withdrawn": out.obligations_withdrawn,
             "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
         })
         yield dg.MaterializeResult(asset_key=ALERTS, metadata={
-            "planned": out.alerts_planned, "written": out.alerts_written, "cancelled": out.alerts_cancelled,
+            "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,
+            "cancelled": out.alerts_cancelled, "corrections": out.corrections,
+            "cancellation_notices": out.cancellation_notices,
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 

@@ -11,16 +11,18 @@ from deadline_pipeline.config import DEFAULT_CONFIG_NAME, load_config
 from deadline_pipeline.orchestration.assets import (
     ALERTS,
     OBLIGATIONS,
+    PLAN_PARTITIONS,
     RULE_VERSIONS,
     build_assets,
     source_key,
 )
 from deadline_pipeline.orchestration.checks import ALL_CHECKS
 from deadline_pipeline.orchestration.deliver import deliver_job, deliver_sensor
+from deadline_pipeline.orchestration.planning import PLAN_JOB, build_planning_automation
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 
 EXAMPLES_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "deadlines.yaml"
-PIPELINE_JOB = "ingest_and_plan_job"
+INGEST_JOB = "ingest_job"
 CHECKS_JOB = "watch_checks_job"
 
 
@@ -46,12 +48,20 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
 
         raise ConfigError(f"{path}: sources: two source names map to the same asset key {sorted(map(str, keys))}")
     assets = build_assets(cfg)
-    pipeline_job = dg.define_asset_job(
-        PIPELINE_JOB,
-        selection=dg.AssetSelection.assets(*keys, RULE_VERSIONS, OBLIGATIONS, ALERTS),
-        description="Observe every source, apply new rule versions, plan obligations and alerts.",
+    ingest_job = dg.define_asset_job(
+        INGEST_JOB,
+        selection=dg.AssetSelection.assets(*keys, RULE_VERSIONS),
+        description="Observe every source and apply new rule versions.",
+        tags={"stage": "ingest"},
+    )
+    plan_job = dg.define_asset_job(
+        PLAN_JOB,
+        selection=dg.AssetSelection.assets(OBLIGATIONS, ALERTS),
+        partitions_def=PLAN_PARTITIONS,
+        description="Plan obligations and alerts of a range of due months (backfill-safe: idempotent).",
         tags={"stage": "plan"},
     )
+    plan_schedules, plan_sensors = build_planning_automation(plan_job)
     checks_job = dg.define_asset_job(
         CHECKS_JOB, selection=dg.AssetSelection.all_asset_checks(),
         description="Evaluate every asset check without materializing anything.",
@@ -59,10 +69,11 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
     return dg.Definitions(
         assets=assets,
         asset_checks=ALL_CHECKS,
-        jobs=[pipeline_job, checks_job, deliver_job],
-        sensors=[deliver_sensor],
+        jobs=[ingest_job, plan_job, checks_job, deliver_job],
+        sensors=[deliver_sensor, *plan_sensors],
         schedules=[
-            dg.ScheduleDefinition(name="ingest_and_plan_hourly", job=pipeline_job, cron_schedule="7 * * * *",
+            *plan_schedules,
+            dg.ScheduleDefinition(name="ingest_hourly", job=ingest_job, cron_schedule="7 * * * *",
                                   default_status=dg.DefaultScheduleStatus.RUNNING),
             dg.ScheduleDefinition(name="watch_checks_every_5_minutes", job=checks_job, cron_schedule="*/5 * * * *",
                                   default_status=dg.DefaultScheduleStatus.RUNNING),

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from deadline_pipeline.orchestration.build import CHECKS_JOB, PIPELINE_JOB, build_definitions
+from deadline_pipeline.config import load_config
+from deadline_pipeline.orchestration.build import CHECKS_JOB, INGEST_JOB, build_definitions
 from deadline_pipeline.orchestration.deliver import DELIVER_JOB
+from deadline_pipeline.orchestration.planning import PLAN_JOB, horizon_range, range_tags
+from deadline_pipeline.orchestration.resources import ClockResource
 
 
 @dataclass
@@ -48,12 +51,16 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
     """
     defs = build_definitions(config_path, db_url=db_url, as_of=as_of)
     summary = RunSummary(success=True)
-    for job_name in (PIPELINE_JOB, DELIVER_JOB, CHECKS_JOB):
+    now = ClockResource(as_of=as_of).now()
+    horizon = load_config(config_path)[0].plan.horizon_days
+    first, last = horizon_range(now, horizon)
+    for job_name in (INGEST_JOB, PLAN_JOB, DELIVER_JOB, CHECKS_JOB):
         job = defs.resolve_job_def(job_name)
         # The console logger repeats every Dagster event at DEBUG; the events stay in the instance.
         result = job.execute_in_process(
             instance=instance, raise_on_error=False,
             run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            tags=range_tags(first, last) if job_name == PLAN_JOB else None,
         )
         summary.run_ids[job_name] = result.run_id
         if not result.success:

@@ -1,23 +1,34 @@
-"""Planning as a pure function: (subscription target, active rules, now) → obligations and alerts.
+"""Planning as pure functions: (subscription target, active rules, now) → obligations and alerts.
 
-No database and no Dagster here, so every rule of planning is testable on its own.
+No database and no Dagster here, so every rule of planning is testable on its own:
+
+* late reminders fold (:func:`fold_late`): of the reminders already past at planning time only the
+  most recent goes out, at once; the others are ``skipped`` with the reason — or all are skipped
+  under the ``skip`` late policy;
+* quiet hours (:func:`apply_quiet_hours`): a reminder inside the subscriber's local quiet window is
+  deferred to the window's end, unless that would put it after the deadline — then it is not
+  deferred. Never dropped.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta, tzinfo
 
+from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.plan.keys import alert_dedup_key, obligation_key
-from deadline_pipeline.plan.occurrences import HORIZON, expand, window
+from deadline_pipeline.plan.occurrences import HORIZON, Occurrence, expand, window
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
 
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
+OPEN_REMINDER_STATES = ("pending", "skipped")
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,8 @@ class Target:
     rule_patterns: tuple[str, ...]
     offsets_seconds: tuple[int, ...]
     channels: tuple[str, ...]
+    quiet_hours: str | None = None
+    late_policy: str = "send_latest"
 
     def wants(self, rule_id: str) -> bool:
         return any(fnmatch.fnmatchcase(rule_id, p) for p in self.rule_patterns)
@@ -61,6 +74,7 @@ class PlannedObligation:
     period: str
     title: str
     due_at: datetime
+    fingerprint: str = ""
     alerts: list[PlannedAlert] = field(default_factory=list)
 
 
@@ -71,42 +85,109 @@ class PlanProblem:
     message: str
 
 
-def fold_late(alerts: list[PlannedAlert], now: datetime) -> None:
-    """Among reminders of one obligation and channel already past at planning time, keep only the
-    most recent (it goes out at once); the others are marked ``skipped`` with the reason.
+def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "send_latest",
+              reason_prefix: str = "late at planning") -> None:
+    """Set the status of reminders already past at ``now`` (aware UTC), per channel.
 
-    Without this a new subscriber would get the 90-, 7- and 1-day reminders of one deadline at once.
+    ``send_latest``: the most recent past reminder stays ``pending`` (it goes out at once); earlier
+    ones become ``skipped`` with the reason. ``skip``: every past reminder is ``skipped``. Future
+    reminders are ``pending``. Without folding, a new subscriber would get the 90-, 7- and 1-day
+    reminders of one deadline in the same minute.
     """
     by_channel: dict[str, list[PlannedAlert]] = {}
     for a in alerts:
-        if a.kind == "reminder" and a.send_at <= now:
+        if a.kind != "reminder":
+            continue
+        if a.send_at > now:
+            a.status = "pending"
+        else:
             by_channel.setdefault(a.channel, []).append(a)
     for late in by_channel.values():
         late.sort(key=lambda a: a.send_at)
-        for a in late[:-1]:
-            a.status = "skipped"
-            a.status_reason = (f"late at planning: the reminder at offset {a.offset_seconds}s was already past "
-                               "and a later one of the same deadline is sent instead")
+        keep = None if late_policy == "skip" else late[-1]
+        for a in late:
+            if a is keep:
+                a.status = "pending"
+                a.status_reason = (f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
+                                   "sent at once because the deadline is still ahead")
+            else:
+                a.status = "skipped"
+                a.status_reason = (f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
+                                   + ("late reminders are skipped by this subscription's policy"
+                                      if late_policy == "skip" else "a later reminder of the same deadline "
+                                      "is sent instead"))
 
 
-def plan_target(target: Target, rules: list[tuple[int, RuleRecord]], now: datetime,
-                horizon: timedelta = HORIZON) -> tuple[list[PlannedObligation], list[PlanProblem]]:
-    """Obligations and alerts of one target for ``rules`` (``(version, record)`` pairs) due inside
-    ``[now - 15 min, now + horizon]``; ``now`` is aware UTC.
+def in_quiet_hours(local: time, window_: tuple[time, time]) -> bool:
+    start, end = window_
+    if start < end:
+        return start <= local < end
+    return local >= start or local < end  # the window wraps midnight
 
-    A rule that cannot be expanded (unknown zone, unreadable RRULE) is reported as a problem and
-    skipped alone — it never stops the other rules.
+
+def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None, zone: tzinfo) -> tuple[datetime, str | None]:
+    """Defer ``send_at`` (aware UTC) to the end of the subscriber's quiet window when it falls inside.
+
+    Returns ``(send_at, reason)``; ``reason`` is None when nothing changed. A deferral that would land
+    after ``due_at`` is not made: the reminder goes out inside the quiet hours rather than too late.
+    """
+    if not quiet:
+        return send_at, None
+    window_ = parse_quiet_hours(quiet)
+    local = send_at.astimezone(zone)
+    if not in_quiet_hours(local.time().replace(tzinfo=None), window_):
+        return send_at, None
+    end = window_[1]
+    day = local.date() if local.time().replace(tzinfo=None) < end else local.date() + timedelta(days=1)
+    deferred = datetime.combine(day, end).replace(tzinfo=zone).astimezone(send_at.tzinfo)
+    if deferred > due_at:
+        return send_at, f"inside quiet hours {quiet}, not deferred: the window ends after the deadline"
+    return deferred, f"deferred from {send_at.isoformat()} by quiet hours {quiet}"
+
+
+def fingerprint(due_at: datetime, target: Target) -> str:
+    """What the alert rows of an obligation derive from; equal fingerprints mean equal alerts."""
+    parts = (due_at.isoformat(), target.offsets_seconds, target.channels, target.quiet_hours,
+             target.subscriber_tz, target.late_policy)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
+    """A floating rule is read in the source's declared zone, else the subscriber's."""
+    return resolve_zone(rule.tz or target.source_tz or target.subscriber_tz)
+
+
+def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
+                horizon: timedelta = HORIZON, *, after: datetime | None = None, before: datetime | None = None,
+                cache: dict | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+    """Obligations and alerts of one target for ``rules`` (``(version, record)`` pairs).
+
+    Occurrences are those due inside ``[now - 15 min, now + horizon]``, further limited to
+    ``[after, before)`` when given (a partition's month); ``now`` is aware UTC. ``cache`` memoises
+    expansions across targets that share a rule and a zone. A rule that cannot be expanded (unknown
+    zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules.
     """
     lo, hi = window(now, horizon)
+    if after is not None:
+        lo = max(lo, after)
+    if before is not None:
+        hi = min(hi, before - timedelta(microseconds=1))
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
+    subscriber_zone = None
     for version, rule in rules:
         if not target.wants(rule.rule_id):
             continue
         try:
-            # A floating rule is read in the source's declared zone, else the subscriber's.
-            zone = resolve_zone(rule.tz or target.source_tz or target.subscriber_tz)
-            occurrences = expand(rule, zone, after=lo, before=hi)
+            zone = zone_for(rule, target)
+            ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi)
+            occurrences: list[Occurrence] | None = cache.get(ckey) if cache is not None else None
+            if occurrences is None:
+                occurrences = expand(rule, zone, after=lo, before=hi)
+                if cache is not None:
+                    cache[ckey] = occurrences
+            if target.quiet_hours and subscriber_zone is None:
+                subscriber_zone = resolve_zone(target.subscriber_tz)
         except (UnknownTimeZone, ValueError) as exc:
             problems.append(PlanProblem(target.source, rule.rule_id, str(exc)))
             continue
@@ -115,13 +196,14 @@ def plan_target(target: Target, rules: list[tuple[int, RuleRecord]], now: dateti
             period = occ.period if recurring else ONCE
             key = obligation_key(target.tenant, target.subscriber, target.source, rule.rule_id, period)
             ob = PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
-                                   version, period, rule.title, occ.due_at)
+                                   version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target))
             for offset in target.offsets_seconds:
+                send_at, reason = apply_quiet_hours(occ.due_at + timedelta(seconds=offset), occ.due_at,
+                                                    target.quiet_hours, subscriber_zone)
                 for channel in target.channels:
-                    ob.alerts.append(PlannedAlert(
-                        offset, channel, "reminder", alert_dedup_key(key, offset, channel, "reminder"),
-                        occ.due_at + timedelta(seconds=offset),
-                    ))
-            fold_late(ob.alerts, now)
+                    ob.alerts.append(PlannedAlert(offset, channel, "reminder",
+                                                  alert_dedup_key(key, offset, channel, "reminder"),
+                                                  send_at, status_reason=reason))
+            fold_late(ob.alerts, now, target.late_policy)
             out.append(ob)
     return out, problems

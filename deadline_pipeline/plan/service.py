@@ -1,4 +1,15 @@
-"""The planning stage without Dagster: configuration + active rules → obligations and alerts."""
+"""The planning stage without Dagster: configuration + active rules → obligations and alerts.
+
+What a re-plan does to alerts (issue "Planning that is safe to recompute"):
+
+* new obligation → its reminders, late ones folded (:func:`planner.fold_late`);
+* moved due instant, reminder not yet sent → the pending row's ``send_at`` moves (no new row);
+  a moved reminder already past is sent at once if the deadline is still ahead, with the reason;
+* moved due instant, reminder already delivered → the delivered row stays as sent and one
+  *correction* per channel goes out ("old → new"), keyed on the obligation's revision;
+* withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
+  *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +20,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig, parse_duration
+from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
-from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
+from deadline_pipeline.plan.planner import PlannedAlert, PlanProblem, Target, fold_late, plan_target
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import sync_source
 
@@ -24,12 +36,21 @@ class PlanOutcome:
     targets: int = 0
     obligations_planned: int = 0
     obligations_inserted: int = 0
+    obligations_moved: int = 0
     obligations_updated: int = 0
+    obligations_unchanged: int = 0
     obligations_withdrawn: int = 0
     alerts_planned: int = 0
-    alerts_written: int = 0
+    alerts_inserted: int = 0
+    alerts_moved: int = 0
     alerts_cancelled: int = 0
+    corrections: int = 0
+    cancellation_notices: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
+
+    @property
+    def alerts_written(self) -> int:
+        return self.alerts_inserted + self.alerts_moved
 
 
 def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
@@ -41,7 +62,8 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
                               freshness_seconds=int(s.freshness_window.total_seconds()))
             src_ids[s.name] = row.id
         sub_ids = sql.sync_subscribers(conn, [
-            dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone)
+            dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone,
+                 quiet_hours=s.quiet_hours)
             for s in cfg.subscribers
         ])
         rows = []
@@ -55,78 +77,172 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
                         name=sub.name, subscriber_id=sub_ids[member.id], source_id=src_ids[src_name],
                         rule_patterns=list(sub.rules),
                         offsets=sorted(int(parse_duration(o).total_seconds()) for o in sub.offsets),
-                        channels=list(sub.channels),
+                        channels=list(sub.channels), late_policy=sub.late_policy,
                     ))
         sql.sync_subscriptions(conn, rows)
 
 
-def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime) -> PlanOutcome:
-    """Plan every active subscription through ``now + horizon``; ``now`` is aware UTC.
+def _targets(cfg: DeadlinesConfig, rows, out: PlanOutcome) -> list[Target]:
+    tz_of_source = {s.name: s.timezone for s in cfg.sources}
+    targets = []
+    for r in rows:
+        usable = []
+        for ch in r["channels"]:
+            missing = _missing_contact(cfg, ch, r)
+            if missing:
+                # Loud, not silent: the subscription asks for a channel this subscriber cannot get.
+                msg = f"subscriber {r['external_id']} has no {missing} for channel {ch!r}"
+                log.error("planning: %s; no alerts planned on that channel", msg)
+                out.problems.append(PlanProblem(r["source"], "*", msg))
+            else:
+                usable.append(ch)
+        targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
+                              r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
+                              tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"]))
+    return targets
 
-    Idempotent: a second run with the same rules writes nothing. Obligations that are no longer
-    wanted (rule withdrawn, subscriber or subscription removed) are withdrawn and their open alerts
-    cancelled; a rule that merely failed to expand keeps its obligations (it is reported instead,
-    because cancelling them would turn a parse problem into a silent miss).
+
+def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: datetime | None = None,
+             before: datetime | None = None) -> PlanOutcome:
+    """Plan every active subscription through ``now + horizon`` (all instants aware UTC), optionally
+    only the obligations due in ``[after, before)`` (one partition's months).
+
+    Idempotent: a second run with the same rules writes nothing. Obligations no longer wanted (rule
+    withdrawn, subscriber or subscription removed) are withdrawn and their open alerts cancelled; a
+    rule that merely failed to expand keeps its obligations (it is reported instead, because
+    cancelling them would turn a parse problem into a silent miss).
     """
     sync_configuration(engine, cfg)
     horizon = timedelta(days=cfg.plan.horizon_days)
-    lo, _ = window(now, horizon)
+    lo, hi = window(now, horizon)
+    if after is not None:
+        lo = max(lo, after)
+    if before is not None:
+        hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome()
-    tz_of_source = {s.name: s.timezone for s in cfg.sources}
     with engine.begin() as conn:
-        rows = sql.active_targets(conn)
+        targets = _targets(cfg, sql.active_targets(conn), out)
         rules_cache: dict[int, tuple] = {}
-        planned = []
-        failed_rules: set[tuple[int, str]] = set()
-        for r in rows:
-            usable = []
-            for ch in r["channels"]:
-                missing = _missing_contact(cfg, ch, r)
-                if missing:
-                    # Loud, not silent: the subscription asks for a channel this subscriber cannot get.
-                    problems_msg = f"subscriber {r['external_id']} has no {missing} for channel {ch!r}"
-                    log.error("planning: %s; no alerts planned on that channel", problems_msg)
-                    out.problems.append(PlanProblem(r["source"], "*", problems_msg))
-                else:
-                    usable.append(ch)
-            target = Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
-                            r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
-                            tuple(r["offsets"]), tuple(usable))
-            if target.source_id not in rules_cache:
-                rules_cache[target.source_id] = sql.active_rules(conn, target.source_id)
-            rules, _withdrawn = rules_cache[target.source_id]
-            obs, problems = plan_target(target, rules, now, horizon)
-            for p in problems:
-                log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
-                failed_rules.add((target.source_id, p.rule_id))
-            out.problems.extend(problems)
-            planned.extend(obs)
-            out.targets += 1
+        for t in targets:
+            if t.source_id not in rules_cache:
+                rules_cache[t.source_id] = sql.active_rules(conn, t.source_id)
+        withdrawn_rules = {(sid, rid) for sid, (_, wd) in rules_cache.items() for rid in wd}
 
-        ob_rows = [dict(obligation_key=o.key, tenant=o.tenant, subscriber_id=o.subscriber_id,
-                        source_id=o.source_id, rule_id=o.rule_id, rule_version=o.rule_version, period=o.period,
-                        title=o.title, due_at=o.due_at, status="active", planned_at=now) for o in planned]
-        ins, upd, ids = sql.upsert_obligations(conn, ob_rows)
-        out.obligations_planned, out.obligations_inserted, out.obligations_updated = len(ob_rows), ins, upd
-        alert_rows = [
-            dict(obligation_id=ids[o.key], offset_seconds=a.offset_seconds, channel=a.channel, kind=a.kind,
-                 dedup_key=a.dedup_key, send_at=a.send_at, status=a.status, status_reason=a.status_reason,
-                 attempts=0, created_at=now, updated_at=now)
-            for o in planned for a in o.alerts
-        ]
-        out.alerts_planned = len(alert_rows)
-        out.alerts_written = sql.upsert_alerts(conn, alert_rows)
-
-        wanted = {o.key for o in planned}
-        stale = [
-            ob_id for ob_id, key, rule_id, source_id in sql.open_obligations(conn, list(rules_cache) or
-                                                                             _all_source_ids(conn), lo)
-            if key not in wanted and (source_id, rule_id) not in failed_rules
-        ]
-        out.obligations_withdrawn = len(stale)
-        out.alerts_cancelled = sql.withdraw_obligations(
-            conn, stale, "the rule, subscription or subscriber no longer asks for this obligation", now)
+        sql.create_stage(conn)
+        try:
+            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out)
+            counts = sql.classify_staged(conn)
+            out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
+            out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
+            moved = sql.moved_obligations(conn)
+            need_alerts = sql.keys_needing_alerts(conn)
+            sql.merge_obligations(conn, now)
+            sql.stage_rows(conn, sql.stage_alerts, (
+                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason)
+                for o in planned if o.key in need_alerts for a in o.alerts
+            ))
+            out.alerts_inserted, out.alerts_moved = sql.merge_alerts(conn, now)
+            _after_moves(conn, moved, planned, now, out)
+            _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
+                      withdrawn_rules, now, out)
+        finally:
+            sql.drop_stage(conn)
     return out
+
+
+def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome):
+    """Expand every target and stream its obligations into the staging table. Returns the planned
+    obligations (kept for their alert rows) and the (source, rule) pairs that failed to expand."""
+    planned = []
+    failed: set[tuple[int, str]] = set()
+    cache: dict = {}
+    seen: set[str] = set()
+    for t in targets:
+        rules, _ = rules_cache[t.source_id]
+        obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
+                                    cache=cache)
+        for p in problems:
+            log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
+            failed.add((t.source_id, p.rule_id))
+        out.problems.extend(problems)
+        for o in obs:
+            # Two subscriptions of one subscriber to the same source plan the same obligation once.
+            if o.key not in seen:
+                seen.add(o.key)
+                planned.append(o)
+        out.targets += 1
+    out.obligations_planned = len(planned)
+    out.alerts_planned = sum(len(o.alerts) for o in planned)
+    sql.stage_rows(conn, sql.stage_obligations, (
+        (o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
+         o.fingerprint) for o in planned
+    ))
+    return planned, failed
+
+
+def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutcome) -> None:
+    """Re-fold the reminders of moved obligations and send corrections where a reminder was delivered."""
+    if not moved:
+        return
+    by_key = {o.key: o for o in planned}
+    ids = [m["id"] for m in moved]
+    reminders = sql.reminders_of(conn, ids)
+    delivered = sql.delivered_channels(conn, ids)
+    by_ob: dict[int, list[dict]] = {}
+    for r in reminders:
+        by_ob.setdefault(r["obligation_id"], []).append(r)
+    notices = []
+    for m in moved:
+        ob = by_key[m["obligation_key"]]
+        rows = [r for r in by_ob.get(m["id"], []) if r["status"] in ("pending", "skipped")]
+        shadow = [PlannedAlert(r["offset_seconds"], r["channel"], "reminder", "", r["send_at"], r["status"],
+                               r["status_reason"]) for r in rows]
+        policy = "send_latest"
+        fold_late(shadow, now, policy, reason_prefix=f"deadline moved from {m['old_due_at'].isoformat()}")
+        for r, s in zip(rows, shadow, strict=True):
+            if (s.status, s.status_reason) != (r["status"], r["status_reason"]) and (
+                    s.status != r["status"] or s.send_at <= now):
+                sql.set_alert_status(conn, r["id"], s.status, s.status_reason, now)
+        revision = _revision(conn, m["id"])
+        for channel in sorted(delivered.get(m["id"], ())):
+            notices.append(dict(
+                obligation_id=m["id"], offset_seconds=0, channel=channel, kind="correction", revision=revision,
+                dedup_key=alert_dedup_key(ob.key, 0, channel, "correction", revision), send_at=now,
+                status="pending", previous_due_at=m["old_due_at"], attempts=0, created_at=now, updated_at=now,
+                status_reason=f"deadline moved from {m['old_due_at'].isoformat()} to {ob.due_at.isoformat()} "
+                              "after a reminder was delivered",
+            ))
+    out.corrections += sql.insert_notices(conn, notices)
+
+
+def _revision(conn, obligation_id: int) -> int:
+    from sqlalchemy import select
+
+    from deadline_pipeline.store.schema import obligations
+
+    return conn.execute(select(obligations.c.revision).where(obligations.c.id == obligation_id)).scalar_one()
+
+
+def _withdraw(conn, source_ids, lo, hi, failed_rules, withdrawn_rules, now, out: PlanOutcome) -> None:
+    stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
+             if (r.source_id, r.rule_id) not in failed_rules]
+    if not stale:
+        return
+    by_rule = [r for r in stale if (r.source_id, r.rule_id) in withdrawn_rules]
+    delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
+    out.obligations_withdrawn = len(stale)
+    out.alerts_cancelled = sql.withdraw_obligations(
+        conn, [r.id for r in stale], "the rule, subscription or subscriber no longer asks for this obligation", now)
+    notices = []
+    for r in by_rule:
+        for channel in sorted(delivered.get(r.id, ())):
+            notices.append(dict(
+                obligation_id=r.id, offset_seconds=0, channel=channel, kind="cancellation", revision=r.revision,
+                dedup_key=alert_dedup_key(r.obligation_key, 0, channel, "cancellation", r.revision), send_at=now,
+                status="pending", attempts=0, created_at=now, updated_at=now,
+                status_reason="the source withdrew this deadline after a reminder was delivered",
+            ))
+    out.cancellation_notices += sql.insert_notices(conn, notices)
 
 
 def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
@@ -141,9 +257,49 @@ def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
     return None
 
 
-def _all_source_ids(conn) -> list[int]:
+def max_version_id(engine: Engine) -> int:
+    """The highest ``rule_versions.id`` so far (0 when empty): versions created after it are "new"."""
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store.schema import rule_versions
+
+    with engine.connect() as conn:
+        return conn.execute(select(func.coalesce(func.max(rule_versions.c.id), 0))).scalar_one()
+
+
+def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime) -> list[str]:
+    """Due months (partition keys ``YYYY-MM-01``) whose obligations the rule versions created after
+    ``since_version_id`` can change: the months of the rules' current obligations (old instants) and
+    of their new occurrences in every subscriber zone (new instants), inside the planning window."""
     from sqlalchemy import select
 
-    from deadline_pipeline.store.schema import sources
+    from deadline_pipeline.plan.occurrences import expand
+    from deadline_pipeline.rules import RuleRecord
+    from deadline_pipeline.store.schema import obligations, rule_versions
+    from deadline_pipeline.timezones import resolve_zone
 
-    return [r[0] for r in conn.execute(select(sources.c.id)).all()]
+    lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
+    months: set[str] = set()
+    with engine.connect() as conn:
+        changed = conn.execute(
+            select(rule_versions.c.source_id, rule_versions.c.rule_id, rule_versions.c.withdrawn,
+                   rule_versions.c.payload).where(rule_versions.c.id > since_version_id)
+        ).all()
+        if not changed:
+            return []
+        zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
+        for source_id, rule_id, withdrawn, payload in changed:
+            for (due,) in conn.execute(select(obligations.c.due_at).where(
+                    obligations.c.source_id == source_id, obligations.c.rule_id == rule_id,
+                    obligations.c.due_at >= lo, obligations.c.due_at <= hi)).all():
+                months.add(f"{due:%Y-%m}-01")
+            if withdrawn:
+                continue
+            rule = RuleRecord.from_payload(payload)
+            for zone_name in ({rule.tz} if rule.tz else zones or {"UTC"}):
+                try:
+                    for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi):
+                        months.add(f"{occ.due_at:%Y-%m}-01")
+                except ValueError as exc:  # reported by planning itself; here it only widens nothing
+                    log.warning("affected partitions: rule %s: %s", rule_id, exc)
+    return sorted(months)

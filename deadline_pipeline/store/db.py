@@ -68,8 +68,8 @@ def alembic_config(url: str):
     return cfg
 
 
-def upgrade(engine_or_url: Engine | str | None = None, revision: str = "head") -> None:
-    """Apply the Alembic migrations up to ``revision`` on the given store (idempotent)."""
+def upgrade(engine_or_url: Engine | str | None = None, revision: str = "heads") -> None:
+    """Apply the Alembic migrations up to ``revision`` (default: every head) on the store (idempotent)."""
     from alembic import command
 
     if isinstance(engine_or_url, Engine):

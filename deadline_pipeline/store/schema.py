@@ -137,6 +137,7 @@ subscribers = Table(
     Column("email", Text),
     Column("webhook_url", Text),
     Column("timezone", String(100), nullable=False),
+    Column("quiet_hours", String(20)),  # "HH:MM-HH:MM" in the subscriber's zone, or NULL
     Column("active", Boolean, nullable=False, default=True),
 )
 
@@ -150,6 +151,7 @@ subscriptions = Table(
     Column("rule_patterns", Json, nullable=False),  # list of fnmatch patterns on rule_id
     Column("offsets", Json, nullable=False),  # list of ISO 8601 durations, e.g. "-P7D"
     Column("channels", Json, nullable=False),  # list of channel names from the configuration
+    Column("late_policy", String(20), nullable=False, default="send_latest"),  # send_latest | skip
     Column("active", Boolean, nullable=False, default=True),
     UniqueConstraint("name", "subscriber_id", "source_id"),
 )
@@ -169,6 +171,13 @@ obligations = Table(
     Column("due_at", UtcDateTime, nullable=False),
     Column("status", String(20), nullable=False, default="active"),  # active | withdrawn
     Column("planned_at", UtcDateTime, nullable=False),
+    # Incremented each time due_at really changes; corrections are keyed on it, so a re-plan never
+    # sends a second correction for the same move.
+    Column("revision", Integer, nullable=False, default=0),
+    Column("previous_due_at", UtcDateTime),
+    # Hash of everything the alert rows derive from (due, offsets, channels, zone, quiet hours): an
+    # unchanged fingerprint lets a re-plan skip the obligation's alerts entirely.
+    Column("fingerprint", String(64)),
     Index(None, "due_at"),
 )
 
@@ -192,9 +201,15 @@ alerts = Table(
     Column("provider_message_id", Text),
     Column("last_error", Text),
     Column("delivered_at", UtcDateTime),
+    # A human's acknowledgement of an escalated alert (``deadline-pipeline acknowledge``); until then
+    # the escalations_acknowledged check stays red.
+    Column("acknowledged_at", UtcDateTime),
+    Column("acknowledged_by", String(200)),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
-    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind"),
+    Column("revision", Integer, nullable=False, default=0),  # the obligation revision a correction reports
+    Column("previous_due_at", UtcDateTime),  # corrections: the due instant before the move
+    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision"),
     # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
     Index(None, "status", "send_at"),
 )

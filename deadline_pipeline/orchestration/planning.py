@@ -1,0 +1,59 @@
+"""Dagster wiring that keeps the horizon planned: the hourly horizon schedule and the sensor that
+re-plans exactly the months a rule revision touched."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+from deadline_pipeline.orchestration.assets import PLAN_PARTITIONS, RULE_VERSIONS
+from deadline_pipeline.plan.occurrences import GRACE
+
+PLAN_JOB = "plan_job"
+
+
+def horizon_range(now: datetime, horizon_days: int = 366) -> tuple[str, str]:
+    """First and last partition keys (``YYYY-MM-01``) covering ``[now - grace, now + horizon]``,
+    clamped to the partitions that exist."""
+    keys = PLAN_PARTITIONS.get_partition_keys()
+    first = f"{(now - GRACE).astimezone(UTC):%Y-%m}-01"
+    last = f"{(now + timedelta(days=horizon_days)).astimezone(UTC):%Y-%m}-01"
+    inside = [k for k in keys if first <= k <= last]
+    if not inside:
+        raise ValueError(f"no plan partition covers {first}..{last}; partitions run {keys[0]}..{keys[-1]}")
+    return inside[0], inside[-1]
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """Run tags that make one run plan a whole range of months (single-run backfill policy)."""
+    return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+
+
+def build_planning_automation(plan_job, settings_key: str = "settings"):
+    @dg.schedule(job=plan_job, cron_schedule="17 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING,
+                 description="Re-plan the whole 366-day horizon every hour (idempotent; a no-op writes nothing).")
+    def plan_horizon_hourly(context: dg.ScheduleEvaluationContext):
+        now = context.scheduled_execution_time or datetime.now(UTC)
+        first, last = horizon_range(now.astimezone(UTC))
+        return dg.RunRequest(run_key=None, tags=range_tags(first, last))
+
+    @dg.asset_sensor(asset_key=RULE_VERSIONS, job=plan_job, default_status=dg.DefaultSensorStatus.RUNNING,
+                     minimum_interval_seconds=30,
+                     description="After new rule versions, re-plan exactly the due months they touch.")
+    def replan_on_revision(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry):
+        mat = asset_event.asset_materialization
+        value = mat.metadata.get("affected_partitions") if mat else None
+        months = list(value.value) if value is not None else []
+        existing = set(PLAN_PARTITIONS.get_partition_keys())
+        missing = [m for m in months if m not in existing]
+        if missing:
+            context.log.error(f"revision touches months without a plan partition: {missing}")
+        wanted = [m for m in months if m in existing]
+        if not wanted:
+            return dg.SkipReason("the latest rule versions change no planned month")
+        # run_key makes a re-evaluation of the same materialization request nothing twice.
+        return [dg.RunRequest(run_key=f"{asset_event.storage_id}:{m}", partition_key=m) for m in wanted]
+
+    return [plan_horizon_hourly], [replan_on_revision]

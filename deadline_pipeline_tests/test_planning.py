@@ -1,0 +1,228 @@
+"""Planning that is safe to recompute, on SQLite and PostgreSQL: moves, corrections, withdrawals,
+late reminders, quiet hours, subscriber changes, partitions and backfills."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select, update
+
+from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.plan.planner import Target, apply_quiet_hours, fold_late, plan_target
+from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.store.schema import alerts, obligations, subscribers
+from deadline_pipeline.timezones import resolve_zone
+from deadline_pipeline_tests.factories import ics, write_config
+
+UTC = timezone.utc
+T0 = datetime(2027, 1, 10, tzinfo=UTC)
+A = {"uid": "a@test", "tzid": "Europe/Berlin", "dtstart": "20270115T120000", "summary": "Report A"}
+B = {"uid": "b@test", "tzid": "UTC", "dtstart": "20270301T090000", "summary": "Report B"}
+C = {"uid": "c@test", "tzid": "UTC", "dtstart": "20270302T090000", "summary": "Report C"}
+D = {"uid": "d@test", "tzid": "UTC", "dtstart": "20270303T090000", "summary": "Report D"}
+
+
+def _configure(tmp_path, events, subscribers_=None, **subscription):
+    (tmp_path / "cal.ics").write_text(ics(*events), newline="")
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=subscribers_ or [
+            {"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P7D", "-P1D"], "channels": ["mail"],
+                        **subscription}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+    return load_config(path)[0]
+
+
+def _ingest_plan(engine, cfg, now):
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, now)
+        apply_latest_snapshot(engine, s, now)
+    return plan_all(engine, cfg, now)
+
+
+def _alerts(engine, rule_id=None):
+    q = (select(alerts.c.kind, alerts.c.offset_seconds, alerts.c.status, alerts.c.send_at, alerts.c.previous_due_at,
+                alerts.c.status_reason, obligations.c.rule_id)
+         .join(obligations, obligations.c.id == alerts.c.obligation_id).order_by(alerts.c.id))
+    if rule_id:
+        q = q.where(obligations.c.rule_id == rule_id)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings().all()]
+
+
+def _deliver_all(engine, now):
+    """Mark every due pending alert delivered (the sweep itself is tested elsewhere)."""
+    with engine.begin() as conn:
+        conn.execute(update(alerts).where(alerts.c.status == "pending", alerts.c.send_at <= now)
+                     .values(status="delivered", delivered_at=now))
+
+
+def test_moved_deadline_moves_pending_and_corrects_delivered(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B, C, D])
+    _ingest_plan(engine, cfg, T0)
+    _deliver_all(engine, T0)  # A's -P7D reminder (8 Jan, folded late) went out
+    moved = dict(A, dtstart="20270122T120000")  # A moves one week later
+    cfg = _configure(tmp_path, [moved, B, C, D])
+    out = _ingest_plan(engine, cfg, T0 + timedelta(hours=1))
+    assert (out.obligations_moved, out.obligations_inserted, out.corrections) == (1, 0, 1)
+    rows = _alerts(engine, "a@test")
+    reminders = {r["offset_seconds"]: r for r in rows if r["kind"] == "reminder"}
+    # The delivered reminder is history: unchanged.
+    assert reminders[-7 * 86400]["status"] == "delivered"
+    assert reminders[-7 * 86400]["send_at"] == datetime(2027, 1, 8, 11, tzinfo=UTC)
+    # The pending one moved with the deadline.
+    assert reminders[-86400]["status"] == "pending"
+    assert reminders[-86400]["send_at"] == datetime(2027, 1, 21, 11, tzinfo=UTC)
+    (corr,) = [r for r in rows if r["kind"] == "correction"]
+    assert corr["previous_due_at"] == datetime(2027, 1, 15, 11, tzinfo=UTC)
+    assert corr["status"] == "pending" and corr["send_at"] == T0 + timedelta(hours=1)
+    # Re-planning the same revision sends no second correction and changes nothing.
+    again = plan_all(engine, cfg, T0 + timedelta(hours=2))
+    assert (again.obligations_moved, again.corrections, again.alerts_written) == (0, 0, 0)
+    assert len(_alerts(engine, "a@test")) == 3
+
+
+def test_moved_deadline_with_reminder_time_past_sends_now_with_reason(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B, C, D])
+    _ingest_plan(engine, cfg, T0)
+    # A moves earlier, to 12 Jan: its -P1D reminder (11 Jan 11:00Z) is still ahead, -P7D (5 Jan) past.
+    now = T0 + timedelta(hours=1)
+    cfg = _configure(tmp_path, [dict(A, dtstart="20270112T120000"), B, C, D])
+    _ingest_plan(engine, cfg, now)
+    rem = {r["offset_seconds"]: r for r in _alerts(engine, "a@test")}
+    assert rem[-7 * 86400]["status"] == "pending" and rem[-7 * 86400]["send_at"] < now
+    assert "deadline moved from" in rem[-7 * 86400]["status_reason"]
+    assert "sent at once" in rem[-7 * 86400]["status_reason"]
+    assert rem[-86400]["status"] == "pending" and rem[-86400]["send_at"] > now
+
+
+def test_withdrawn_rule_cancels_and_notifies_once(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B, C, D])
+    _ingest_plan(engine, cfg, T0)
+    _deliver_all(engine, T0)
+    cfg = _configure(tmp_path, [B, C, D])  # A withdrawn (1 of 4 = 25% < 30%)
+    out = _ingest_plan(engine, cfg, T0 + timedelta(hours=1))
+    assert (out.obligations_withdrawn, out.alerts_cancelled, out.cancellation_notices) == (1, 1, 1)
+    kinds = sorted((r["kind"], r["status"]) for r in _alerts(engine, "a@test"))
+    assert kinds == [("cancellation", "pending"), ("reminder", "cancelled"), ("reminder", "delivered")]
+    again = plan_all(engine, cfg, T0 + timedelta(hours=2))
+    assert (again.obligations_withdrawn, again.cancellation_notices) == (0, 0)
+
+
+def test_removed_subscriber_is_cancelled_silently(engine, tmp_path):
+    two = [{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"},
+           {"id": "bob", "tenant": "t", "email": "bob@example.org", "timezone": "Asia/Tokyo"}]
+    cfg = _configure(tmp_path, [A, B], subscribers_=two)
+    _ingest_plan(engine, cfg, T0)
+    _deliver_all(engine, T0)
+    cfg = _configure(tmp_path, [A, B], subscribers_=two[:1])
+    out = plan_all(engine, cfg, T0 + timedelta(hours=1))
+    assert out.obligations_withdrawn == 2 and out.cancellation_notices == 0
+    with engine.connect() as conn:
+        assert conn.execute(select(subscribers.c.active).where(subscribers.c.external_id == "bob")).scalar_one() \
+            is False
+
+
+FLOATING_ICS = (
+    "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\nBEGIN:VEVENT\r\nUID:rent@test\r\n"
+    "DTSTAMP:20260101T000000Z\r\nDTSTART:20270201T090000\r\nSUMMARY:Pay rent\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+)
+
+
+def _floating_config(tmp_path, zone):
+    (tmp_path / "rent.ics").write_text(FLOATING_ICS, newline="")
+    path = write_config(
+        tmp_path, sources=[{"name": "rent", "format": "ics", "location": "rent.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": zone}],
+        subscriptions=[{"name": "s", "sources": ["rent"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}},
+    )
+    return load_config(path)[0]
+
+
+def test_time_zone_change_replans_floating_rules(engine, tmp_path):
+    """A floating time (no TZID, no X-WR-TIMEZONE) is read in the subscriber's zone."""
+    _ingest_plan(engine, _floating_config(tmp_path, "Europe/Berlin"), T0)
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2027, 2, 1, 8, tzinfo=UTC)
+    out = plan_all(engine, _floating_config(tmp_path, "America/New_York"), T0)
+    assert out.obligations_moved == 1
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2027, 2, 1, 14, tzinfo=UTC)
+        assert conn.execute(select(alerts.c.send_at)).scalar_one() == datetime(2027, 1, 31, 14, tzinfo=UTC)
+
+
+def test_skip_policy_skips_every_late_reminder(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B], late_policy="skip")
+    _ingest_plan(engine, cfg, datetime(2027, 1, 15, 8, tzinfo=UTC))
+    rem = {r["offset_seconds"]: r["status"] for r in _alerts(engine, "a@test")}
+    assert rem == {-7 * 86400: "skipped", -86400: "skipped"}
+
+
+def test_partitions_backfill_is_idempotent(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B, C, D])
+    now = T0
+    # Month by month, then the whole range: the second pass reports nothing inserted or updated.
+    jan = plan_all(engine, cfg, now, after=datetime(2027, 1, 1, tzinfo=UTC), before=datetime(2027, 2, 1, tzinfo=UTC))
+    assert jan.obligations_planned == 0  # nothing ingested yet
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, now)
+        apply_latest_snapshot(engine, s, now)
+    jan = plan_all(engine, cfg, now, after=datetime(2027, 1, 1, tzinfo=UTC), before=datetime(2027, 2, 1, tzinfo=UTC))
+    mar = plan_all(engine, cfg, now, after=datetime(2027, 3, 1, tzinfo=UTC), before=datetime(2027, 4, 1, tzinfo=UTC))
+    assert (jan.obligations_inserted, mar.obligations_inserted) == (1, 3)
+    # Planning January alone must not withdraw March's obligations.
+    assert jan.obligations_withdrawn == 0
+    full = plan_all(engine, cfg, now)
+    assert (full.obligations_inserted, full.obligations_updated, full.obligations_moved, full.alerts_written) == \
+        (0, 0, 0, 0)
+    assert full.obligations_unchanged == 4
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def test_quiet_hours_defer_to_window_end_unless_after_deadline():
+    berlin = resolve_zone("Europe/Berlin")
+    due = datetime(2027, 1, 15, 11, tzinfo=UTC)
+    # 23:30 Berlin is inside 22:00-07:00: deferred to 07:00 Berlin (06:00Z).
+    send, why = apply_quiet_hours(datetime(2027, 1, 13, 22, 30, tzinfo=UTC), due, "22:00-07:00", berlin)
+    assert send == datetime(2027, 1, 14, 6, tzinfo=UTC) and "deferred" in why
+    # Outside the window: untouched.
+    assert apply_quiet_hours(datetime(2027, 1, 13, 12, tzinfo=UTC), due, "22:00-07:00", berlin)[1] is None
+    # Deferring past the deadline is refused: it goes out inside the quiet hours.
+    late_due = datetime(2027, 1, 14, 3, tzinfo=UTC)
+    send, why = apply_quiet_hours(datetime(2027, 1, 13, 22, 30, tzinfo=UTC), late_due, "22:00-07:00", berlin)
+    assert send == datetime(2027, 1, 13, 22, 30, tzinfo=UTC) and "not deferred" in why
+
+
+def test_planner_applies_quiet_hours_and_folds():
+    target = Target(1, "ann", "t", "Europe/Berlin", 1, "cal", None, ("*",), (-7 * 86400, -86400, 0), ("mail",),
+                    quiet_hours="00:00-08:00")
+    rule = RuleRecord("r", "R", "2027-01-15T06:00:00", "Europe/Berlin")
+    (ob,), problems = plan_target(target, [(1, rule)], datetime(2027, 1, 14, 12, tzinfo=UTC))
+    assert not problems
+    by = {a.offset_seconds: a for a in ob.alerts}
+    assert by[-7 * 86400].status == "skipped"  # past, and a later reminder is also past
+    assert by[-86400].status == "pending"  # 14 Jan 06:00 Berlin: inside quiet hours, deferred to 08:00 (past)
+    assert by[-86400].send_at == datetime(2027, 1, 14, 7, tzinfo=UTC)
+    # The due-time reminder at 06:00 would defer to 08:00, after the deadline: not deferred.
+    assert by[0].send_at == datetime(2027, 1, 15, 5, tzinfo=UTC) and "not deferred" in by[0].status_reason
+
+
+@pytest.mark.parametrize("policy", ["send_latest", "skip"])
+def test_fold_late_policies(policy):
+    from deadline_pipeline.plan.planner import PlannedAlert
+
+    now = datetime(2027, 1, 10, tzinfo=UTC)
+    alerts_ = [PlannedAlert(o, "mail", "reminder", "", now + timedelta(days=d))
+               for o, d in ((-90, -80), (-7, -3), (-1, 3))]
+    fold_late(alerts_, now, policy)
+    assert [a.status for a in alerts_] == (["skipped", "pending", "pending"] if policy == "send_latest"
+                                           else ["skipped", "skipped", "pending"])
