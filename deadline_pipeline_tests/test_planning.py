@@ -3,6 +3,7 @@ late reminders, quiet hours, subscriber changes, partitions and backfills."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -226,3 +227,49 @@ def test_fold_late_policies(policy):
     fold_late(alerts_, now, policy)
     assert [a.status for a in alerts_] == (["skipped", "pending", "pending"] if policy == "send_latest"
                                            else ["skipped", "skipped", "pending"])
+
+
+def test_revised_time_of_a_recurring_rule_moves_instead_of_replacing(engine, tmp_path):
+    monthly = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270105T090000", "summary": "Monthly",
+               "rrule": "FREQ=MONTHLY;COUNT=3"}
+    cfg = _configure(tmp_path, [monthly, B, C, D])
+    first = _ingest_plan(engine, cfg, T0)
+    cfg = _configure(tmp_path, [dict(monthly, dtstart="20270105T170000"), B, C, D])
+    out = _ingest_plan(engine, cfg, T0 + timedelta(hours=1))
+    # Feb and Mar occurrences (Jan 5 is past) keep their keys and move by eight hours.
+    assert first.obligations_inserted == 5
+    assert (out.obligations_moved, out.obligations_inserted, out.obligations_withdrawn) == (2, 0, 0)
+
+
+def test_preview_shows_what_fires_and_why_without_writing(tmp_path):
+    from click.testing import CliRunner
+    from sqlalchemy import func
+
+    from deadline_pipeline.cli import main
+    from deadline_pipeline.store.db import make_engine, upgrade
+
+    db = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    engine = make_engine(db)
+    upgrade(engine)
+    cfg = _configure(tmp_path, [A, B], subscribers_=[
+        {"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin",
+         "quiet_hours": "11:00-13:00"}])
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, T0)
+        apply_latest_snapshot(engine, s, T0)
+    res = CliRunner().invoke(main, ["preview", "--subscriber", "ann", "--from", "2027-01-10T00:00:00Z",
+                                    "--to", "2027-01-20T00:00:00Z", "--config", str(tmp_path / "deadlines.yaml"),
+                                    "--db-url", db, "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    # A's -P7D (8 Jan, past at --from: sent at once) and -P1D (14 Jan 12:00 Berlin, inside quiet
+    # hours 11-13: deferred to 13:00 Berlin = 12:00Z).
+    assert [(r["rule"], r["offset"], r["send_at"]) for r in rows] == [
+        ("a@test", -604800, "2027-01-10T00:00:00+00:00"), ("a@test", -86400, "2027-01-14T12:00:00+00:00")]
+    assert "already past" in rows[0]["why"] and "quiet hours" in rows[1]["why"]
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(obligations)).scalar_one() == 0, "preview wrote"
+    bad = CliRunner().invoke(main, ["preview", "--subscriber", "zed", "--from", "2027-01-10T00:00:00Z",
+                                    "--to", "2027-01-20T00:00:00Z", "--config", str(tmp_path / "deadlines.yaml"),
+                                    "--db-url", db])
+    assert bad.exit_code == 2 and "no subscriber 'zed'" in bad.output

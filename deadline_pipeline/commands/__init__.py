@@ -4,4 +4,5 @@ Each module listed here defines ``register(main: click.Group) -> None`` that add
 """
 
 COMMAND_MODULES: list[str] = [
+    "deadline_pipeline.commands.plan_cmds",
 ]

@@ -192,8 +192,12 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
             problems.append(PlanProblem(target.source, rule.rule_id, str(exc)))
             continue
         recurring = bool(rule.rrule or rule.rdates)
+        # A recurring occurrence is identified by its local date when the rule yields at most one per
+        # day: then a revised time of day moves the obligation instead of replacing it (the reminder
+        # moves, a delivered one gets a correction). Several per day fall back to the full local time.
+        by_date = recurring and len({o.period[:10] for o in occurrences}) == len(occurrences)
         for occ in occurrences:
-            period = occ.period if recurring else ONCE
+            period = (occ.period[:10] if by_date else occ.period) if recurring else ONCE
             key = obligation_key(target.tenant, target.subscriber, target.source, rule.rule_id, period)
             ob = PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                    version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target))

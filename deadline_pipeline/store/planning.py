@@ -146,10 +146,14 @@ def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple]) -> int:
     if conn.dialect.name == "postgresql":
         cols = ", ".join(c.name for c in table.c)
         raw = conn.connection.dbapi_connection
-        with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({cols}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-                n += 1
+        with raw.cursor() as cur:
+            with cur.copy(f"COPY {table.name} ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+                    n += 1
+            # Temporary tables are never auto-analysed; without statistics the merge joins below are
+            # planned as nested loops over a "small" table that holds a million rows.
+            cur.execute(f"ANALYZE {table.name}")
         return n
     names = [c.name for c in table.c]
     buf: list[dict] = []
@@ -227,8 +231,8 @@ def merge_obligations(conn: Connection, now: datetime) -> int:
         },
         where=or_(due_moved, o.c.fingerprint.is_distinct_from(ex.fingerprint), o.c.status != ex.status,
                   o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title)),
-    ).returning(o.c.id)
-    return len(conn.execute(stmt).all())
+    )
+    return conn.execute(stmt).rowcount
 
 
 def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
@@ -236,6 +240,8 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     row's ``send_at`` moves only while it is still open (pending, waiting to retry or skipped) — a
     delivered alert is history and is never rewritten. Returns (inserted, moved)."""
     sa, o, a = stage_alerts, obligations, alerts
+    if not conn.execute(select(exists().select_from(sa))).scalar():
+        return 0, 0  # nothing staged: a no-op re-plan never touches the alerts table
     before = conn.execute(select(func.count()).select_from(a)).scalar_one()
     cols = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at", "status",
             "status_reason", "attempts", "created_at", "updated_at"]
@@ -250,8 +256,9 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
         index_elements=["obligation_id", "offset_seconds", "channel", "kind", "revision"],
         set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at},
         where=and_(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(ins.excluded.send_at)),
-    ).returning(a.c.id)
-    touched = len(conn.execute(stmt).all())
+    )
+    # rowcount is exact for one INSERT … SELECT on both engines; RETURNING would ship every id back.
+    touched = conn.execute(stmt).rowcount
     inserted = conn.execute(select(func.count()).select_from(a)).scalar_one() - before
     return inserted, touched - inserted
 
