@@ -211,9 +211,9 @@ def keys_needing_alerts(conn: Connection) -> set[str]:
     ).scalars().all())
 
 
-def merge_obligations(conn: Connection, now: datetime) -> int:
+def merge_obligations(conn: Connection, now: datetime) -> None:
     """Merge staged obligations into ``obligations``. A changed due instant bumps ``revision`` and
-    keeps the old instant in ``previous_due_at``. Returns rows inserted or updated."""
+    keeps the old instant in ``previous_due_at``. (Counts come from :func:`classify_staged`.)"""
     s, o = stage_obligations, obligations
     cols = OB_COLS + ["status", "planned_at", "revision"]
     sel = select(*[s.c[c] for c in OB_COLS], literal("active").label("status"),
@@ -232,7 +232,7 @@ def merge_obligations(conn: Connection, now: datetime) -> int:
         where=or_(due_moved, o.c.fingerprint.is_distinct_from(ex.fingerprint), o.c.status != ex.status,
                   o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title)),
     )
-    return conn.execute(stmt).rowcount
+    conn.execute(stmt)
 
 
 def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
@@ -243,6 +243,14 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     if not conn.execute(select(exists().select_from(sa))).scalar():
         return 0, 0  # nothing staged: a no-op re-plan never touches the alerts table
     before = conn.execute(select(func.count()).select_from(a)).scalar_one()
+    # Counted before the merge: driver rowcounts of INSERT … SELECT … ON CONFLICT are not reliable.
+    moved = conn.execute(
+        select(func.count()).select_from(
+            sa.join(o, o.c.obligation_key == sa.c.obligation_key).join(
+                a, and_(a.c.obligation_id == o.c.id, a.c.offset_seconds == sa.c.offset_seconds,
+                        a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0)))
+        .where(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(sa.c.send_at))
+    ).scalar_one()
     cols = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at", "status",
             "status_reason", "attempts", "created_at", "updated_at"]
     sel = (
@@ -255,12 +263,12 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     stmt = ins.on_conflict_do_update(
         index_elements=["obligation_id", "offset_seconds", "channel", "kind", "revision"],
         set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at},
-        where=and_(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(ins.excluded.send_at)),
+        where=and_(a.c.status.in_(("pending", "retry_wait", "skipped")),
+                   a.c.send_at.is_distinct_from(ins.excluded.send_at)),
     )
-    # rowcount is exact for one INSERT … SELECT on both engines; RETURNING would ship every id back.
-    touched = conn.execute(stmt).rowcount
+    conn.execute(stmt)
     inserted = conn.execute(select(func.count()).select_from(a)).scalar_one() - before
-    return inserted, touched - inserted
+    return inserted, moved
 
 
 def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
