@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import create_engine
@@ -33,7 +33,7 @@ from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapsh
 from deadline_pipeline.plan.service import plan_all  # noqa: E402
 from deadline_pipeline.store.db import make_engine, normalise_url, upgrade  # noqa: E402
 
-NOW = datetime(2026, 12, 20, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 20, tzinfo=UTC)
 RULES = 10
 
 

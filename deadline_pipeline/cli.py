@@ -29,22 +29,18 @@ def _check_as_of(as_of: str | None) -> None:
     from deadline_pipeline.orchestration.resources import parse_instant
 
     try:
-        parse_instant(as_of)
+        value = parse_instant(as_of)
     except ValueError as exc:
-        _fail_input(f"--as-of: {exc}")
+        _fail_input(f"--as-of {as_of!r}: {exc}")
+    # The horizon and the grace window are added to "now"; the calendar must still have room.
+    if not 1900 <= value.year <= 9000:
+        _fail_input(f"--as-of {as_of!r}: out of range (years 1900 to 9000)")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""
-    # Dagster announces beta/preview APIs on every load; operators need the pipeline's own output.
-    import warnings
-
-    import dagster as dg
-
-    for category in (dg.BetaWarning, dg.PreviewWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
 
@@ -58,26 +54,70 @@ def db() -> None:
 @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
 def db_upgrade(db_url: str | None) -> None:
     """Apply the Alembic migrations (idempotent)."""
-    from deadline_pipeline.store.db import default_db_url, normalise_url, upgrade
+    engine = open_store(db_url)  # applies the migrations
+    click.echo(f"store at {engine.url.render_as_string(hide_password=True)} is at the latest migration")
+
+
+def open_store(db_url: str | None):
+    """A migrated engine, or exit 2 with a one-line reason (bad URL, server down, unwritable file)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from deadline_pipeline.store.db import default_db_url, get_engine, normalise_url
 
     url = normalise_url(db_url) if db_url else default_db_url()
-    upgrade(url)
-    from sqlalchemy.engine import make_url
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        _fail_input(f"--db-url / DEADLINE_DB_URL: {url!r} is not a database URL "
+                    "(e.g. postgresql+psycopg://user@host/db or sqlite:///path/store.sqlite3)")
+    try:
+        return get_engine(db_url)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        _fail_input(f"store {shown}: {exc}")
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        _fail_input(f"store {shown}: cannot open: {reason}")
 
-    click.echo(f"store at {make_url(url).render_as_string(hide_password=True)} is at the latest migration")
+
+def quiet_dagster() -> None:
+    """Dagster announces beta/preview APIs on every load; operators need the pipeline's own output.
+    Imported only by the commands that run Dagster, so the others (watchdog, status) start fast and
+    share nothing with it."""
+    import warnings
+
+    import dagster as dg
+
+    for category in (dg.BetaWarning, dg.PreviewWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
 
 
 def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None) -> int:
-    from deadline_pipeline.orchestration.build import default_config_path
+    quiet_dagster()
     from deadline_pipeline.orchestration.runner import dagster_instance, run_chain
-    from deadline_pipeline.store.db import deadline_home, get_engine
+    from deadline_pipeline.store.db import deadline_home
 
     _check_as_of(as_of)
-    config_path = Path(config) if config else default_config_path()
+    if config:
+        config_path = Path(config)
+    elif Path("deadlines.yaml").exists():
+        config_path = Path("deadlines.yaml")
+    else:
+        _fail_input("no configuration: pass --config FILE, set DEADLINE_CONFIG, or create ./deadlines.yaml "
+                    "(examples/deadlines.yaml shows every key; `deadline-pipeline demo` runs the examples)")
     home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or deadline_home() / "dagster_home")
     try:
-        engine = get_engine(db_url)  # applies migrations first
+        from deadline_pipeline.config import load_config
+
+        load_config(config_path)  # refuse a bad file before touching any store
+    except ConfigError as exc:
+        _fail_input(str(exc))
+    engine = open_store(db_url)
+    try:
         instance = dagster_instance(home)
+    except OSError as exc:
+        _fail_input(f"Dagster home {home}: {exc}")
+    try:
         summary = run_chain(config_path, instance=instance, db_url=db_url, as_of=as_of)
     except ConfigError as exc:
         _fail_input(str(exc))
@@ -109,7 +149,7 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
     click.echo("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     click.echo("checks:")
     for name, (ok, desc) in sorted(summary.checks.items()):
-        click.echo(f"  {name:<24} {'PASS' if ok else 'FAIL'}  {desc}")
+        click.echo(f"  {name:<38} {'PASS' if ok else 'FAIL'}  {desc}")
     for f in summary.failures:
         click.echo(f"failed step: {f}", err=True)
 

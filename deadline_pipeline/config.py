@@ -80,6 +80,19 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BusinessDaysConfig(_Model):
+    """Roll each due date of a source off non-business days.
+
+    ``calendar``: a holiday calendar spec of the ``holidays`` library (``US``, ``GB-ENG``, ``US-IRS`` =
+    US federal holidays plus DC legal holidays, the rule of IRC §7503) or ``source:NAME[/DIVISION]``
+    for an ingested holiday source (e.g. ``source:uk-holidays/england-and-wales``).
+    ``convention``: following | modified-following | preceding | none.
+    """
+
+    calendar: str
+    convention: Literal["following", "modified-following", "preceding", "none"] = "following"
+
+
 class SourceConfig(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
     format: Literal["ai-deadlines", "ics", "csv", "govuk-bank-holidays"]
@@ -87,6 +100,16 @@ class SourceConfig(_Model):
     tenant: str = "default"
     freshness: str = "P1D"
     timezone: str | None = None  # zone for floating times in the source, when it names none
+    business_days: BusinessDaysConfig | None = None
+
+    @field_validator("location")
+    @classmethod
+    def _location(cls, v: str) -> str:
+        scheme = urlparse(v).scheme
+        # One letter is a Windows drive ("C:\\…"), not a scheme.
+        if len(scheme) > 1 and scheme not in ("http", "https", "file"):
+            raise ValueError(f"location {v!r}: scheme {scheme!r} is not supported; use a path, file://, http(s)://")
+        return v
 
     @field_validator("freshness")
     @classmethod
@@ -151,8 +174,8 @@ class SubscriptionConfig(_Model):
     subscribers: list[str] = ["*"]  # subscriber ids, or "*" for every subscriber of the source's tenant
     sources: list[str]
     rules: list[str] = ["*"]  # fnmatch patterns on rule ids
-    offsets: list[str] = ["-P1D"]
-    channels: list[str]
+    offsets: Annotated[list[str], Field(min_length=1)] = ["-P1D"]
+    channels: Annotated[list[str], Field(min_length=1)]
     # Reminders already past at planning time: send only the most recent at once, or skip them all.
     late_policy: Literal["send_latest", "skip"] = "send_latest"
 
@@ -272,6 +295,11 @@ class DeadlinesConfig(_Model):
             for src in sub.sources:
                 if src not in names:
                     raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown source {src!r}; known: {names}")
+            known = {s.id for s in self.subscribers}
+            unknown = [x for x in sub.subscribers if x != "*" and x not in known]
+            if unknown:
+                # A typo here would silently leave someone without reminders.
+                raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown subscriber(s) {unknown}")
             for ch in sub.channels:
                 if ch not in self.channels:
                     raise ValueError(
@@ -302,7 +330,7 @@ def _expand(path: str, base: Path) -> str:
     env = dict(os.environ)
     env.setdefault("DEADLINE_HOME", str(deadline_home()))
     expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
-    if urlparse(expanded).scheme in ("http", "https", "file"):
+    if len(urlparse(expanded).scheme) > 1:  # a URL (an unsupported scheme is refused by validation)
         return expanded
     p = Path(expanded).expanduser()
     return str(p if p.is_absolute() else (base / p).resolve())
@@ -367,11 +395,17 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         csv_path = Path(_expand(raw["subscribers_csv"], base))
         raw["subscribers_csv"] = str(csv_path)
         from_csv = _read_subscribers_csv(csv_path, path)
-        try:
-            extra = [SubscriberConfig.model_validate(r) for r in from_csv]
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise ConfigError(f"{csv_path}: row {err['loc']}: {err['msg']}") from None
+        extra, problems = [], []
+        for line, r in enumerate(from_csv, start=2):  # line 1 is the header
+            try:
+                extra.append(SubscriberConfig.model_validate(r))
+            except ValidationError as exc:
+                for err in exc.errors():
+                    col = ".".join(str(x) for x in err["loc"]) or "(row)"
+                    msg = err["msg"].removeprefix("Value error, ")
+                    problems.append(f"{csv_path}: line {line} (id {r.get('id')!r}), column {col}: {msg}")
+        if problems:
+            raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
 
     try:
@@ -379,12 +413,16 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            loc = _format_loc(err["loc"])
+            loc = _format_loc(err["loc"]) if err["loc"] else "configuration"
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
             lines.append(f"{path}: {loc}: {msg}{shown}")
         raise ConfigError("\n".join(lines)) from None
+    if not cfg.sources:
+        # An empty or truncated file is a mistake, never an intent: refuse it before anything runs.
+        raise ConfigError(f"{path}: sources: none configured; a configuration needs at least one source "
+                          "(see examples/deadlines.yaml)")
     ids = [s.id for s in cfg.subscribers]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:

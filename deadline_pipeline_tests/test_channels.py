@@ -9,6 +9,7 @@ records requests and answers by path. Maildir: a folder under ``tmp_path`` read 
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.parser
 import email.policy
 import hashlib
@@ -383,8 +384,11 @@ def test_webhook_connect_error_is_retryable_failed():
     assert (info.value.permanent, info.value.outcome) == (False, "failed")
 
 
-def test_webhook_signs_body_with_named_secret(http_server, monkeypatch):
+def test_webhook_signs_with_standard_webhooks_headers(http_server, monkeypatch):
+    from standardwebhooks.webhooks import Webhook
+
     server, base = http_server
+    secret = "whsec_" + base64.b64encode(b"k3y-bytes-for-the-test").decode()
     ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5, secret_env="DP_TEST_HOOK_SECRET"))
     monkeypatch.delenv("DP_TEST_HOOK_SECRET", raising=False)
     with pytest.raises(DeliveryError) as unset:
@@ -392,12 +396,74 @@ def test_webhook_signs_body_with_named_secret(http_server, monkeypatch):
     assert unset.value.permanent and "DP_TEST_HOOK_SECRET" in str(unset.value)
     assert server.requests == []
 
-    monkeypatch.setenv("DP_TEST_HOOK_SECRET", "k3y")
+    monkeypatch.setenv("DP_TEST_HOOK_SECRET", secret)
     ch.send(make_notification(webhook_url=f"{base}/ok"))
     ch.close()
     req = server.requests[0]
-    expected = hmac.new(b"k3y", req["body"], hashlib.sha256).hexdigest()
-    assert req["headers"]["X-Deadline-Signature"] == f"sha256={expected}"
+    headers = {k.lower(): v for k, v in req["headers"].items()}
+    assert headers["webhook-id"] == KEY and headers["webhook-timestamp"].isdigit()
+    # The reference implementation accepts it (raises WebhookVerificationError otherwise) ...
+    Webhook(secret).verify(req["body"].decode(), headers)
+    # ... and so does the spec's formula written out.
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    to_sign = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + req["body"]
+    expected = base64.b64encode(hmac.new(key, to_sign, hashlib.sha256).digest()).decode()
+    assert headers["webhook-signature"] == f"v1,{expected}"
+
+
+@pytest.mark.parametrize(
+    ("path", "permanent", "outcome", "retry_after"),
+    [
+        ("/limited", False, "failed", 7.0),
+        ("/busy", False, "failed", None),
+        ("/error", False, "unknown", None),
+        ("/bad", True, "failed", None),
+        ("/slow", False, "unknown", None),
+    ],
+)
+def test_webhook_async_transport_classifies_like_the_blocking_one(http_server, path, permanent, outcome,
+                                                                 retry_after):
+    server, base = http_server
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4))
+
+    async def go():
+        try:
+            ok = await ch.send_async(make_notification(webhook_url=f"{base}/ok"))
+            with pytest.raises(DeliveryError) as info:
+                await ch.send_async(make_notification(webhook_url=base + path))
+            return ok, info.value
+        finally:
+            await ch.aclose()
+
+    ok, err = asyncio.run(go())
+    assert ok.provider_message_id == "evt_42"
+    assert (err.permanent, err.outcome, err.retry_after) == (permanent, outcome, retry_after)
+    assert server.requests[1]["headers"]["Idempotency-Key"] == KEY
+
+
+def test_webhook_async_connect_error_is_retryable_failed():
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2))
+
+    async def go():
+        try:
+            await ch.send_async(make_notification(webhook_url=f"http://127.0.0.1:{free_port()}/ok"))
+        finally:
+            await ch.aclose()
+
+    with pytest.raises(DeliveryError) as info:
+        asyncio.run(go())
+    assert (info.value.permanent, info.value.outcome) == (False, "failed")
+
+
+@pytest.mark.parametrize("title", [
+    "Pay rent\n", "Pay rent =?UTF-8?Q?=0A?=Bcc: attacker@example.org", "Pay rent\nBcc: attacker@example.org",
+    "x =?UTF-8?Q?=3D=3FUTF-8=3FQ=3F=3D0A=3F=3D?=Bcc: y",
+])
+def test_c28_encoded_words_cannot_add_a_header(title):
+    """Case C28 (shared cases): one single-line Subject, no Bcc, MIME headers stay in the header block."""
+    msg = parse(build_email(make_notification(title=title), "alerts@example.org").as_bytes())
+    assert msg["Bcc"] is None and len(msg.get_all("Subject")) == 1
+    assert msg["MIME-Version"] == "1.0" and msg.get_content_type() == "multipart/alternative"
 
 
 def test_retry_after_accepts_http_date():

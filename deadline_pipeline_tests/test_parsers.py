@@ -56,8 +56,8 @@ def hf(data: Path) -> dict[str, ParseResult]:
 
 # --- registry --------------------------------------------------------------------------------------
 
-def test_registry_names_the_three_formats():
-    assert set(PARSERS) == {"ai-deadlines", "ics", "csv"}
+def test_registry_names_every_format():
+    assert set(PARSERS) == {"ai-deadlines", "ics", "csv", "govuk-bank-holidays"}
 
 
 def test_unknown_format_and_bad_default_tz_are_configuration_errors():

@@ -4,7 +4,7 @@ late reminders, quiet hours, subscriber changes, partitions and backfills."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -18,7 +18,7 @@ from deadline_pipeline.store.schema import alerts, obligations, subscribers
 from deadline_pipeline.timezones import resolve_zone
 from deadline_pipeline_tests.factories import ics, write_config
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 A = {"uid": "a@test", "tzid": "Europe/Berlin", "dtstart": "20270115T120000", "summary": "Report A"}
 B = {"uid": "b@test", "tzid": "UTC", "dtstart": "20270301T090000", "summary": "Report B"}
@@ -273,3 +273,70 @@ def test_preview_shows_what_fires_and_why_without_writing(tmp_path):
                                     "--to", "2027-01-20T00:00:00Z", "--config", str(tmp_path / "deadlines.yaml"),
                                     "--db-url", db])
     assert bad.exit_code == 2 and "no subscriber 'zed'" in bad.output
+
+
+def test_withdrawn_then_restored_rule_gets_its_reminders_back(engine, tmp_path):
+    cfg = _configure(tmp_path, [A, B, C, D])
+    _ingest_plan(engine, cfg, T0)
+    _ingest_plan(engine, _configure(tmp_path, [A, C, D]), T0 + timedelta(hours=1))
+    assert {r["status"] for r in _alerts(engine, "b@test")} == {"cancelled"}
+    out = _ingest_plan(engine, _configure(tmp_path, [A, B, C, D]), T0 + timedelta(hours=2))
+    assert out.obligations_updated == 1
+    assert {r["status"] for r in _alerts(engine, "b@test")} == {"pending"}
+
+
+def test_sub_hourly_recurrence_is_refused_loudly(engine, tmp_path):
+    flood = {"uid": "f@test", "tzid": "UTC", "dtstart": "20270111T000000", "summary": "Flood",
+             "rrule": "FREQ=SECONDLY"}
+    out = _ingest_plan(engine, _configure(tmp_path, [flood, A]), T0)
+    assert [p.rule_id for p in out.problems] == ["f@test"] and "FREQ=SECONDLY is refused" in out.problems[0].message
+    assert out.obligations_planned == 1
+
+
+def test_moved_bank_holiday_moves_a_rolled_obligation(shared_dir, engine, tmp_path):
+    """GOV.UK moved the Early May 2020 bank holiday from Monday 4 to Friday 8 May (England & Wales):
+    a filing due on Friday 8 May, rolled to the next business day, moves to Monday 11 May."""
+    import shutil
+
+    revs = shared_dir / "data" / "govuk-bank-holidays" / "revisions"
+    (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2020-05-08T12:00:00,Europe/London\n")
+
+    def configure(revision: str):
+        shutil.copy(revs / revision, tmp_path / "holidays.json")
+        return load_config(write_config(
+            tmp_path,
+            sources=[{"name": "uk-holidays", "format": "govuk-bank-holidays", "location": "holidays.json"},
+                     {"name": "filings", "format": "csv", "location": "filings.csv",
+                      "business_days": {"calendar": "source:uk-holidays/england-and-wales",
+                                        "convention": "following"}}],
+            subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
+            subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
+            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+        ))[0]
+
+    now = datetime(2019, 6, 10, tzinfo=UTC)
+    _ingest_plan(engine, configure("bank-holidays.e57b5ce.2018-12-06.json"), now)
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2020, 5, 8, 11, tzinfo=UTC)
+    out = _ingest_plan(engine, configure("bank-holidays.85e1167.2019-06-10.json"), now + timedelta(hours=1))
+    assert out.obligations_moved == 1 and not out.problems
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2020, 5, 11, 11, tzinfo=UTC)
+
+
+def test_us_tax_due_date_rolls_over_emancipation_day(engine, tmp_path):
+    """IRC §7503: 15 April 2028 is a Saturday and DC Emancipation Day is observed Monday 17 April,
+    so the return is due Tuesday 18 April 2028."""
+    (tmp_path / "tax.csv").write_text("id,title,due,timezone\n1040,Form 1040,2028-04-15,America/New_York\n")
+    cfg = load_config(write_config(
+        tmp_path,
+        sources=[{"name": "tax", "format": "csv", "location": "tax.csv",
+                  "business_days": {"calendar": "US-IRS", "convention": "following"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "America/New_York"}],
+        subscriptions=[{"name": "s", "sources": ["tax"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    ))[0]
+    _ingest_plan(engine, cfg, datetime(2027, 6, 1, tzinfo=UTC))
+    with engine.connect() as conn:
+        due = conn.execute(select(obligations.c.due_at)).scalar_one()
+    assert due.astimezone(resolve_zone("America/New_York")).date().isoformat() == "2028-04-18"

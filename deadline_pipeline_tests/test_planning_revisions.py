@@ -5,7 +5,7 @@ reminder gets exactly one correction, and replaying a revision changes nothing."
 from __future__ import annotations
 
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import select, update
 
@@ -15,7 +15,7 @@ from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline_tests.factories import write_config
 
-UTC = timezone.utc
+UTC = UTC
 
 # (rule id, old due instant, new due instant), read off the three published files by hand:
 # e.g. uai20 was 2020-02-20 23:59:59 America/New_York and became 23:59:59 UTC+1 (six hours earlier).

@@ -222,3 +222,17 @@ def test_failed_send_backs_off_then_escalates(engine, tmp_path):
     with engine.begin() as conn:
         conn.execute(update(alerts).values(status="pending"))
     assert not alerts_reconciled(engine, T0 + timedelta(hours=3)).passed
+
+
+def test_reminder_after_its_deadline_is_escalated_not_sent(engine, tmp_path):
+    """Daemon down past a deadline: the reminders are not sent late with a misleading "due now";
+    the miss is escalated (loud, counted by the checks) instead."""
+    cfg, _ = _setup(tmp_path, (EVENT_A,))
+    _ingest(engine, cfg, T0)
+    plan_all(engine, cfg, T0)
+    out = sweep(engine, cfg, datetime(2027, 1, 16, tzinfo=UTC))
+    assert (out.delivered, out.escalated) == (0, 6)
+    assert not (tmp_path / "maildir").exists() or not list(mailbox.Maildir(tmp_path / "maildir", create=False))
+    with engine.connect() as conn:
+        reasons = conn.execute(select(alerts.c.status_reason).where(alerts.c.status == "escalated")).scalars().all()
+    assert len(reasons) == 6 and all(r.startswith("missed: the deadline") for r in reasons)

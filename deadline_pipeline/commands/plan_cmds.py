@@ -28,7 +28,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     from sqlalchemy import select
 
     from deadline_pipeline.plan.planner import Target, plan_target
-    from deadline_pipeline.plan.service import _missing_contact
+    from deadline_pipeline.plan.service import PlanOutcome, _missing_contact, business_calendars
     from deadline_pipeline.store.planning import active_rules
     from deadline_pipeline.store.schema import sources
 
@@ -39,6 +39,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     rows: list[dict] = []
     with engine.connect() as conn:
         source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
+        calendars = business_calendars(conn, cfg, PlanOutcome())
         for subscription in cfg.subscriptions:
             if "*" not in subscription.subscribers and sub.id not in subscription.subscribers:
                 continue
@@ -55,7 +56,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
                 target = Target(0, sub.id, src.tenant, sub.timezone, source_ids[src_name], src_name, src.timezone,
                                 tuple(subscription.rules),
                                 tuple(sorted(int(parse_duration(o).total_seconds()) for o in subscription.offsets)),
-                                channels, sub.quiet_hours, subscription.late_policy)
+                                channels, sub.quiet_hours, subscription.late_policy, calendars.get(src_name))
                 rules, _ = active_rules(conn, source_ids[src_name])
                 versions = {r.rule_id: v for v, r in rules}
                 # Reminders up to the largest offset ahead of a deadline can fire inside the window.
@@ -71,7 +72,9 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
                                 "status": a.status, "title": ob.title, "due_at": ob.due_at.isoformat(),
                                 "source": src_name, "rule": ob.rule_id, "version": versions.get(ob.rule_id),
                                 "offset": a.offset_seconds, "subscription": subscription.name,
-                                "why": a.status_reason or f"{a.offset_seconds // 3600:+d} h before the due instant",
+                                "why": (a.status_reason or f"{a.offset_seconds // 3600:+d} h before the due instant")
+                                + (f"; due dates rolled by {src.business_days.calendar} "
+                                   f"({src.business_days.convention})" if target.business_days else ""),
                             })
     return sorted(rows, key=lambda r: (r.get("send_at", ""), r.get("channel", "")))
 

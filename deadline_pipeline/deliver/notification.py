@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-KINDS = ("reminder", "correction", "cancellation")
+# "escalation": the operator's notice that an alert could not be delivered (sent by the sweep itself).
+KINDS = ("reminder", "correction", "cancellation", "escalation")
 OUTCOMES = ("failed", "unknown")
 
 
@@ -91,6 +92,9 @@ class DeliveryError(Exception):
     ``permanent``: ``True`` = retrying cannot help; escalate at once.
     ``outcome``: ``"failed"`` (known not delivered) or ``"unknown"`` (may have been delivered).
     ``retry_after``: seconds the receiver asked us to wait (HTTP 429/503 ``Retry-After``), else ``None``.
+    ``recorded_attempt``: the id of the attempt row this failure was counted on, set by the sweep
+    once it has consumed its attempt, so that a handler further out that catches the same exception
+    does not count it a second time (``recorded`` is ``True`` from then on).
     """
 
     def __init__(
@@ -102,6 +106,12 @@ class DeliveryError(Exception):
         self.permanent = permanent
         self.outcome = outcome
         self.retry_after = retry_after
+        self.recorded_attempt: int | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether this failure has already consumed an attempt."""
+        return self.recorded_attempt is not None
 
     def __repr__(self) -> str:
         return (

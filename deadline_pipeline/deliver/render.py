@@ -8,6 +8,7 @@ compiled as templates, so a title such as ``{{ 7*7 }}`` prints literally.
 Untrusted text is made safe here:
 
 * the subject is one line: control characters (CR, LF, NUL, U+0085, U+2028/2029 …) become spaces,
+  and RFC 2047 encoded-words are decoded before that and broken up after it (:func:`header_text`),
   so a title can never end the Subject header and start another one;
 * the HTML body is autoescaped, and ``url`` becomes a link only for ``http``/``https`` (a
   ``javascript:`` URL from a feed is shown as text, not made clickable).
@@ -65,6 +66,31 @@ def one_line(value: object) -> str:
     text = "" if value is None else str(value)
     text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
     return _SPACES.sub(" ", text).strip()
+
+
+def header_text(value: object) -> str:
+    """``value`` safe as the value of an unstructured mail header such as Subject.
+
+    Python's ``email`` package parses a header value it is given for RFC 2047 encoded-words and
+    folds the *decoded* text back out: a title ``Pay rent =?UTF-8?Q?=0A?=Bcc: x@example.org`` became
+    a real ``Bcc:`` header (case C28 of the shared cases). So encoded-words are decoded here first
+    (repeatedly, for nested ones; at most 5 rounds), control characters become spaces, and any
+    ``=?`` left is broken up so that nothing can be decoded later.
+    """
+    from email.header import decode_header, make_header
+
+    text = one_line(value)
+    for _ in range(5):
+        if "=?" not in text:
+            break
+        try:
+            decoded = one_line(str(make_header(decode_header(text))))
+        except (UnicodeError, ValueError, LookupError):  # a malformed or unknown charset: keep as text
+            break
+        if decoded == text:
+            break
+        text = decoded
+    return text.replace("=?", "= ?")
 
 
 def multi_line(value: object) -> str:
@@ -186,7 +212,7 @@ def render(n: Notification) -> RenderedMessage:
     except jinja2.TemplateError as exc:
         raise RenderError(n.dedup_key, f"{n.kind} template: {exc.__class__.__name__}: {exc}") from exc
     # Sanitised again after rendering: whatever a template does, the subject stays one header line.
-    subject = _shorten(one_line(subject), SUBJECT_MAX_CHARS)
+    subject = _shorten(header_text(subject), SUBJECT_MAX_CHARS)
     return RenderedMessage(subject=subject, text=text, html=html)
 
 

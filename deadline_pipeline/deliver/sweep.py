@@ -1,33 +1,84 @@
 """The delivery sweep without Dagster: claim a leased batch, send each alert, record the result.
 
 At-least-once with idempotency keys: an alert whose send outcome is unknown is retried with the same
-dedup key (SMTP Message-ID, webhook Idempotency-Key). One bad alert fails alone; the rest go out.
+dedup key (SMTP Message-ID, webhook Idempotency-Key / webhook-id). One bad alert fails alone; the
+rest go out.
+
+One batch, in order:
+
+1. **claim** (one transaction): lease up to ``delivery.batch_size`` claimable alerts, close the
+   unfinished attempts a dead previous holder left (unknown outcome, counted as attempts), and
+   insert a started attempt row for every alert about to be sent — committed before any send;
+2. **decide**: an alert whose unknown outcome came from a crash is resent on a ``notification``
+   channel and escalated (never resent) on a ``booking`` channel; an alert whose attempts are used up
+   is escalated;
+3. **send** concurrently on one event loop: per channel at most ``max_concurrency`` sends in flight
+   and ``rate_per_second`` started per second (per sweep process). Channels with ``send_async``
+   run on the loop; the others in a thread pool. No send starts after the time budget or within a
+   safety margin of the lease's expiry; those alerts are released unsent;
+4. **record** (one transaction, overlapping the next batch's claim and sends): sent → delivered
+   (owner-checked), failed → ``retry_wait`` with jittered exponential backoff (at least the
+   receiver's ``Retry-After``) or ``escalated``; each failure consumes exactly one attempt;
+5. **escalate loudly**: ERROR log, the escalation channels notified, counted in the outcome.
+
+Batches repeat until nothing is claimable or ``delivery.time_budget_seconds`` is spent. A batch that
+fails as a whole (database down) is logged through a :class:`ThrottledLogger` and retried after a
+pause until the budget is spent; then :class:`SweepFailed` is raised.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import os
 import random
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
-from deadline_pipeline.deliver.channels.base import build_channel
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
+from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as sql
 
 log = logging.getLogger(__name__)
 
+# Per-alert failure warnings during a provider outage would be one line per alert per batch.
+_alert_failures = ThrottledLogger(log, every=100, level=logging.WARNING)
+# Whole-batch failures (database down) repeat every pause; keep the first traceback and a count.
+_batch_failures = ThrottledLogger(log, every=10, level=logging.ERROR)
+
+# A send must end before the lease does, or a second sweep may claim and send the same alert while
+# the first is still waiting for its answer. Sends do not start later than this before expiry.
+LEASE_SAFETY_SECONDS = 5.0
+
+
+# A reminder whose deadline passed longer ago than this is escalated instead of sent.
+DEADLINE_PASSED_GRACE = timedelta(minutes=15)
+
+
+class SweepFailed(Exception):
+    """The sweep could not complete a single batch within its time budget (the message has the last
+    error); alerts are untouched or left claimed until their lease expires."""
+
 
 def lease_owner(run_id: str | None = None) -> str:
-    """``hostname#pid#run``: who holds a lease, readable by a human in the alerts table."""
-    return f"{socket.gethostname()}#{os.getpid()}#{run_id or 'cli'}"
+    """``hostname#pid#run``: who holds a lease, readable by a human in the alerts table.
+
+    Without a ``run_id`` the run part is a fresh random incarnation (``cli-<8 hex>``): a restarted
+    process can get the same host name and pid (pid 1 in a container) and must not look like its
+    dead predecessor.
+    """
+    return f"{socket.gethostname()}#{os.getpid()}#{run_id or 'cli-' + uuid.uuid4().hex[:8]}"
 
 
 def backoff_seconds(attempt: int, *, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
@@ -38,16 +89,40 @@ def backoff_seconds(attempt: int, *, base: float, cap: float, rng: Callable[[], 
 
 @dataclass
 class SweepOutcome:
-    """Counts of one sweep run."""
+    """Counts of one sweep run.
+
+    ``lateness_seconds``: per delivered alert, sent time minus ``send_at`` in seconds.
+    ``released``: claimed but given back unsent (budget or lease ran out before their turn).
+    ``recovered_unknown``: alerts found with an unfinished attempt of a dead sender.
+    ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels.
+    ``batch_failures``: batches that failed as a whole (database or bookkeeping error).
+    """
 
     claimed: int = 0
     delivered: int = 0
     failed: int = 0
     escalated: int = 0
     lease_lost: int = 0
+    released: int = 0
+    recovered_unknown: int = 0
     batches: int = 0
+    batch_failures: int = 0
+    escalation_notices: int = 0
+    escalation_notice_failures: int = 0
     lateness_seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Result:
+    row: dict
+    attempt_id: int | None = None
+    attempt_no: int = 0
+    provider_id: str | None = None
+    sent_at: datetime | None = None
+    error: DeliveryError | None = None
+    escalate_reason: str | None = None  # escalate without sending
+    released: bool = False
 
 
 def _notification(row: dict, sent_at: datetime) -> Notification:
@@ -56,97 +131,327 @@ def _notification(row: dict, sent_at: datetime) -> Notification:
         dedup_key=row["dedup_key"], kind=row["kind"], subscriber_id=row["subscriber"], email=row["email"],
         webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
         rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
-        url=payload.get("url"), note=payload.get("note"), previous_due_at=None, sent_at=sent_at,
+        url=payload.get("url"), note=payload.get("note"), previous_due_at=row.get("previous_due_at"),
+        sent_at=sent_at,
     )
 
 
+class _Limiter:
+    """At most ``concurrency`` holders at once and at most ``rate`` acquisitions per second."""
+
+    def __init__(self, concurrency: int, rate: float | None) -> None:
+        self._sem = asyncio.Semaphore(concurrency)
+        self._interval = 1.0 / rate if rate else 0.0
+        self._next = 0.0
+
+    async def __aenter__(self) -> None:
+        await self._sem.acquire()
+        if self._interval:
+            now = time.monotonic()
+            slot = max(now, self._next)
+            self._next = slot + self._interval
+            if slot > now:
+                await asyncio.sleep(slot - now)
+
+    async def __aexit__(self, *exc) -> None:
+        self._sem.release()
+
+
 def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | None = None,
-          clock: Callable[[], datetime] | None = None, max_batches: int | None = None) -> SweepOutcome:
+          clock: Callable[[], datetime] | None = None, max_batches: int | None = None,
+          channels: dict[str, Channel] | None = None) -> SweepOutcome:
     """Deliver every alert claimable at ``now`` (aware UTC), in batches of ``delivery.batch_size``,
     until nothing is claimable or ``delivery.time_budget_seconds`` of wall time is spent.
 
-    ``clock`` gives "now" for each batch (default: ``now`` for a replayed instant, the real clock
-    otherwise is the caller's choice). Never raises for one alert's failure.
+    ``clock`` gives "now" for each batch (default: always ``now``, a replayed instant; pass the real
+    clock for production). ``channels`` overrides channel instances by name (tests, custom channels);
+    the others are built from ``cfg.channels`` and closed at the end. Never raises for one alert's
+    failure; raises :class:`SweepFailed` when every batch attempted failed as a whole.
     """
-    d = cfg.delivery
-    owner = owner or lease_owner()
-    clock = clock or (lambda: now)
-    out = SweepOutcome()
-    channels: dict = {}
-    deadline = time.monotonic() + d.time_budget_seconds
+    runner = _Sweep(engine, cfg, now, owner or lease_owner(), clock or (lambda: now), max_batches,
+                    dict(channels or {}))
     try:
-        while time.monotonic() < deadline and (max_batches is None or out.batches < max_batches):
-            t = clock()
-            with engine.begin() as conn:
-                ids = sql.claim_batch(conn, owner=owner, now=t, lease_seconds=d.lease_seconds, limit=d.batch_size)
-                rows = sql.load_claimed(conn, ids)
-            if not ids:
-                break
-            out.batches += 1
-            out.claimed += len(ids)
-            for row in rows:
-                _deliver_one(engine, cfg, row, owner, clock, channels, out)
-    finally:
-        for ch in channels.values():
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(runner.run())
+    # Called from inside an event loop (a notebook, an async caller): run on a loop of our own.
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("out", asyncio.run(runner.run())), daemon=True)
+    thread.start()
+    thread.join()
+    if "out" not in box:
+        raise SweepFailed("the sweep thread ended without a result (see the log)")
+    return box["out"]
+
+
+class _Sweep:
+    def __init__(self, engine: Engine, cfg: DeadlinesConfig, now: datetime, owner: str,
+                 clock: Callable[[], datetime], max_batches: int | None, given: dict[str, Channel]) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.d = cfg.delivery
+        self.owner = owner
+        self.clock = clock
+        self.max_batches = max_batches
+        self.given = given
+        self.built: dict[str, Channel] = {}
+        self.limiters: dict[str, _Limiter] = {}
+        self.out = SweepOutcome()
+        self.deadline = time.monotonic() + self.d.time_budget_seconds
+        workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
+        self.pool = ThreadPoolExecutor(max_workers=min(64, workers), thread_name_prefix="deliver-send")
+
+    # ------------------------------------------------------------------ channels
+
+    def channel(self, name: str) -> Channel:
+        if name in self.given:
+            return self.given[name]
+        if name not in self.built:
+            if name not in self.cfg.channels:
+                raise DeliveryError(f"channel {name!r} is no longer configured", permanent=True)
+            self.built[name] = build_channel(name, self.cfg.channels[name])
+        return self.built[name]
+
+    def limiter(self, name: str) -> _Limiter:
+        if name not in self.limiters:
+            ch_cfg = self.cfg.channels.get(name)
+            self.limiters[name] = _Limiter(getattr(ch_cfg, "max_concurrency", 8),
+                                           getattr(ch_cfg, "rate_per_second", None))
+        return self.limiters[name]
+
+    def idempotency_class(self, name: str) -> str | None:
+        try:
+            return self.channel(name).idempotency_class
+        except Exception:  # unconfigured or unbuildable: the send step reports it per alert
+            return None
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> SweepOutcome:
+        pending_write: asyncio.Task | None = None
+        last_error: BaseException | None = None
+        pause = 1.0
+        try:
+            while time.monotonic() < self.deadline and (self.max_batches is None
+                                                         or self.out.batches < self.max_batches):
+                try:
+                    t = self.clock()
+                    claimed_at = time.monotonic()
+                    rows, results = await asyncio.to_thread(self._claim, t)
+                    if pending_write is not None:
+                        # The previous batch's bookkeeping overlapped this claim; its failure is this
+                        # batch's failure too (same database).
+                        task, pending_write = pending_write, None
+                        await task
+                    if not rows:
+                        break
+                    self.out.batches += 1
+                    self.out.claimed += len(rows)
+                    send_until = min(self.deadline, claimed_at + self.d.lease_seconds - self._lease_margin())
+                    await asyncio.gather(*(self._send(r, send_until) for r in results
+                                           if r.escalate_reason is None))
+                    pending_write = asyncio.create_task(asyncio.to_thread(self._record, results))
+                    _batch_failures.success("delivery sweep")
+                    last_error = None
+                    pause = 1.0
+                except Exception as exc:  # database down, a bookkeeping bug: the next batch may succeed
+                    pending_write = None
+                    last_error = exc
+                    self.out.batch_failures += 1
+                    _batch_failures.failure("delivery sweep", f"delivery batch failed: {type(exc).__name__}: {exc}",
+                                            exc)
+                    wait = min(pause, max(0.0, self.deadline - time.monotonic()))
+                    pause = min(pause * 2, 30.0)
+                    await asyncio.sleep(wait)
+            if pending_write is not None:
+                try:
+                    await pending_write
+                except Exception as exc:  # the sent alerts stay claimed; lease expiry recovers them
+                    last_error = exc
+                    self.out.batch_failures += 1
+                    _batch_failures.failure("delivery sweep", f"recording a delivery batch failed: "
+                                            f"{type(exc).__name__}: {exc}", exc)
+        finally:
+            await self._close()
+        if last_error is not None:
+            raise SweepFailed(f"delivery sweep gave up after {self.out.batch_failures} failed batch(es): "
+                              f"{type(last_error).__name__}: {last_error}") from last_error
+        return self.out
+
+    def _lease_margin(self) -> float:
+        timeouts = [getattr(c, "timeout_seconds", 30.0) for c in self.cfg.channels.values()]
+        return LEASE_SAFETY_SECONDS + max(timeouts, default=30.0)
+
+    async def _close(self) -> None:
+        for ch in self.built.values():
             try:
+                if hasattr(ch, "aclose"):
+                    await ch.aclose()
                 ch.close()
             except Exception:  # closing must not hide the sweep's own result
-                log.warning("closing channel failed", exc_info=True)
-    return out
+                log.warning("closing channel %s failed", ch.name, exc_info=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
+    # ------------------------------------------------------------------ 1. claim
 
-def _deliver_one(engine: Engine, cfg: DeadlinesConfig, row: dict, owner: str,
-                 clock: Callable[[], datetime], channels: dict, out: SweepOutcome) -> None:
-    d = cfg.delivery
-    attempt_no = row["attempts"] + 1
-    with engine.begin() as conn:
-        attempt_id = sql.start_attempt(conn, alert_id=row["id"], attempt=attempt_no, owner=owner, now=clock())
-    error: DeliveryError | None = None
-    provider_id = None
-    try:
-        if row["channel"] not in cfg.channels:
-            raise DeliveryError(f"channel {row['channel']!r} is no longer configured", permanent=True,
-                                outcome="failed")
-        if row["channel"] not in channels:
-            channels[row["channel"]] = build_channel(row["channel"], cfg.channels[row["channel"]])
-        provider_id = channels[row["channel"]].send(_notification(row, clock())).provider_message_id
-    except DeliveryError as exc:
-        error = exc
-    except Exception as exc:  # a template or data bug in one alert must not stop the sweep
-        log.exception("alert %s: unexpected error while sending", row["id"])
-        error = DeliveryError(f"{exc.__class__.__name__}: {exc}", permanent=False, outcome="failed")
+    def _claim(self, t: datetime) -> tuple[list[dict], list[_Result]]:
+        with self.engine.begin() as conn:
+            ids = sql.claim_batch(conn, owner=self.owner, now=t, lease_seconds=self.d.lease_seconds,
+                                  limit=self.d.batch_size)
+            if not ids:
+                return [], []
+            rows = sql.load_claimed(conn, ids)
+            stale = sql.close_stale_attempts(conn, ids, owner=self.owner, now=t)
+            sql.add_attempts(conn, stale, owner=self.owner, now=t)
+            results, to_start = [], []
+            for row in rows:
+                n_stale = stale.get(row["id"], 0)
+                row["attempts"] += n_stale
+                r = _Result(row=row, attempt_no=row["attempts"] + 1)
+                if n_stale:
+                    self.out.recovered_unknown += 1
+                    r.escalate_reason = self._recovery_decision(row, n_stale)
+                if r.escalate_reason is None and row["attempts"] >= self.d.max_attempts:
+                    r.escalate_reason = (f"attempts exhausted: {row['attempts']} attempt(s) used, "
+                                         f"{n_stale} of them with no recorded outcome")
+                if r.escalate_reason is None and row["kind"] == "reminder" and \
+                        row["due_at"] < t - DEADLINE_PASSED_GRACE:
+                    # A reminder after its deadline tells the subscriber nothing and hides the miss;
+                    # the miss is escalated instead, loudly, for a human to act on.
+                    r.escalate_reason = (f"missed: the deadline {row['due_at'].isoformat()} passed before this "
+                                         f"reminder (due {row['send_at'].isoformat()}) could be sent")
+                if r.escalate_reason is None:
+                    to_start.append((row["id"], r.attempt_no))
+                results.append(r)
+            started = sql.start_attempts(conn, to_start, owner=self.owner, now=t)
+        for r in results:
+            r.attempt_id = started.get(r.row["id"])
+        return rows, results
 
-    t = clock()
-    with engine.begin() as conn:
-        if error is None:
-            sql.finish_attempt(conn, attempt_id, now=t, outcome="sent", provider_message_id=provider_id)
-            if sql.mark_delivered(conn, row["id"], owner=owner, now=t, provider_message_id=provider_id):
+    def _recovery_decision(self, row: dict, n_stale: int) -> str | None:
+        """After an unfinished attempt of a dead sender: ``None`` = resend with the same key, else the
+        escalation reason."""
+        cls = self.idempotency_class(row["channel"])
+        if cls == IDEMPOTENCY_BOOKING:
+            return (f"unknown outcome on booking channel {row['channel']!r}: a previous sender's lease expired "
+                    f"after it started {n_stale} attempt(s) without recording the result; not resent because "
+                    "a second send could repeat a permanent effect - check with the provider")
+        log.warning("alert %s: a previous sender's attempt has no recorded outcome; resending on notification "
+                    "channel %r with the same idempotency key %s", row["id"], row["channel"], row["dedup_key"])
+        return None
+
+    # ------------------------------------------------------------------ 3. send
+
+    async def _send(self, r: _Result, send_until: float) -> None:
+        row = r.row
+        try:
+            ch = self.channel(row["channel"])
+            async with self.limiter(row["channel"]):
+                if time.monotonic() >= send_until:
+                    r.released = True  # its lease or the budget would run out mid-send
+                    return
+                n = _notification(row, self.clock())
+                if hasattr(ch, "send_async"):
+                    res = await ch.send_async(n)
+                else:
+                    res = await asyncio.get_running_loop().run_in_executor(self.pool, ch.send, n)
+            r.provider_id = res.provider_message_id
+            r.sent_at = self.clock()
+        except DeliveryError as exc:
+            r.error = exc
+        except Exception as exc:  # a template or data bug in one alert must not stop the sweep
+            _alert_failures.failure(f"unexpected {type(exc).__name__}",
+                                    f"alert {row['id']}: unexpected error while sending: {exc}", exc)
+            r.error = DeliveryError(f"{exc.__class__.__name__}: {exc}", permanent=False, outcome="failed")
+
+    # ------------------------------------------------------------------ 4. record
+
+    def _record(self, results: list[_Result]) -> None:
+        t = self.clock()
+        escalations: list[tuple[_Result, str]] = []
+        failures: list[tuple[_Result, bool, float]] = []
+        with self.engine.begin() as conn:
+            sent = [r for r in results if r.sent_at is not None]
+            done = sql.record_sent(conn, [(r.row["id"], r.attempt_id, r.provider_id, r.sent_at) for r in sent],
+                                   owner=self.owner, now=t)
+            released = [r.row["id"] for r in results if r.released]
+            n_released = sql.release(conn, released, owner=self.owner, now=t)
+            for r in results:
+                if r.escalate_reason is not None:
+                    if sql.escalate_unsent(conn, r.row["id"], owner=self.owner, now=t, reason=r.escalate_reason,
+                                           attempts_consumed=0):
+                        escalations.append((r, r.escalate_reason))
+                        self.out.errors.append(f"alert {r.row['id']}: escalated without sending: {r.escalate_reason}")
+                    continue
+                err = r.error
+                if err is None or err.recorded_attempt == r.attempt_id:
+                    # Already counted on this very attempt (recorded by a handler nearer the send):
+                    # counting it again would escalate the alert early.
+                    continue
+                sql.finish_attempt(conn, r.attempt_id, now=t, outcome=err.outcome, error=str(err))
+                escalate = err.permanent or r.attempt_no >= self.d.max_attempts
+                delay = backoff_seconds(r.attempt_no, base=self.d.backoff_base_seconds, cap=self.d.backoff_cap_seconds)
+                if err.retry_after:
+                    delay = max(delay, err.retry_after)
+                ok = sql.mark_failed(conn, r.row["id"], owner=self.owner, now=t, error=str(err),
+                                     next_attempt_at=t + timedelta(seconds=delay), escalate=escalate)
+                failures.append((r, ok, delay))
+                if ok and escalate:
+                    why = "permanent error" if err.permanent else f"attempts exhausted ({r.attempt_no})"
+                    escalations.append((r, f"{why}: {err}"))
+        # Committed: only now is each failure's attempt consumed.
+        for r, _ok, _delay in failures:
+            r.error.recorded_attempt = r.attempt_id
+        out = self.out
+        out.released += n_released
+        for r in sent:
+            if r.row["id"] in done:
                 out.delivered += 1
-                out.lateness_seconds.append((t - row["send_at"]).total_seconds())
+                out.lateness_seconds.append((r.sent_at - r.row["send_at"]).total_seconds())
             else:
                 out.lease_lost += 1
-                log.warning("alert %s: sent, but the lease was taken over; the new owner's state stands",
-                            row["id"])
+                log.warning("alert %s: sent, but the lease was taken over; the new owner's state stands", r.row["id"])
+        for r, ok, delay in failures:
+            if not ok:
+                out.lease_lost += 1
+                continue
+            out.failed += 1
+            out.errors.append(f"alert {r.row['id']}: {r.error}")
+            if not (r.error.permanent or r.attempt_no >= self.d.max_attempts):
+                _alert_failures.failure(f"channel {r.row['channel']} {r.error.outcome}",
+                                        f"alert {r.row['id']}: attempt {r.attempt_no} failed ({r.error.outcome}), "
+                                        f"retry in {delay:.0f}s: {r.error}")
+        for r, reason in escalations:
+            self._escalate(r, reason)
+
+    # ------------------------------------------------------------------ 5. escalate
+
+    def _escalate(self, r: _Result, reason: str) -> None:
+        row = r.row
+        self.out.escalated += 1
+        log.error("alert %s escalated (channel %s, subscriber %s, %r due %s): %s", row["id"], row["channel"],
+                  row["subscriber"], row["title"], row["due_at"].isoformat(), reason)
+        esc = self.cfg.escalation
+        if not esc.channels:
             return
-        sql.finish_attempt(conn, attempt_id, now=t, outcome=error.outcome, error=str(error))
-        escalate = error.permanent or attempt_no >= d.max_attempts
-        delay = backoff_seconds(attempt_no, base=d.backoff_base_seconds, cap=d.backoff_cap_seconds)
-        if error.retry_after:
-            delay = max(delay, error.retry_after)
-        ok = sql.mark_failed(conn, row["id"], owner=owner, now=t, error=str(error),
-                             next_attempt_at=t + timedelta(seconds=delay), escalate=escalate)
-    if not ok:
-        out.lease_lost += 1
-        return
-    out.failed += 1
-    out.errors.append(f"alert {row['id']}: {error}")
-    if escalate:
-        out.escalated += 1
-        log.error("alert %s escalated after %d attempt(s) (%s): %s", row["id"], attempt_no,
-                  "permanent error" if error.permanent else "attempts exhausted", error)
-    else:
-        log.warning("alert %s: attempt %d failed (%s), retry in %.0fs: %s", row["id"], attempt_no,
-                    error.outcome, delay, error)
+        notice = Notification(
+            # Its own stable key: a repeated notice for the same alert is recognisable as one.
+            dedup_key=hashlib.sha256(f"escalation:{row['dedup_key']}".encode()).hexdigest()[:32],
+            kind="escalation", subscriber_id=str(row["subscriber"]), email=esc.email, webhook_url=esc.webhook_url,
+            subscriber_tz="UTC", source=row["source"], rule_id=row["rule_id"], title=row["title"],
+            due_at=row["due_at"], offset_seconds=row["offset_seconds"],
+            note=(f"alert {row['id']} (key {row['dedup_key']}) to subscriber {row['subscriber']} over channel "
+                  f"{row['channel']}: {reason}"),
+            sent_at=self.clock(),
+        )
+        for name in esc.channels:
+            try:
+                # Sent synchronously (this runs in the bookkeeping thread): escalations are rare.
+                self.channel(name).send(notice)
+                self.out.escalation_notices += 1
+            except Exception as exc:  # the alert stays escalated and logged; the notice is best effort
+                self.out.escalation_notice_failures += 1
+                log.error("alert %s: escalation notice on channel %r failed: %s", row["id"], name, exc)
 
 
 def utcnow() -> datetime:

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
-from deadline_pipeline.ingest.versions import diff_rules, quarantine_reason
+from deadline_pipeline.ingest.versions import DEFAULT_MAX_WITHDRAW_SHARE, diff_rules, quarantine_reason
+from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import sources as sql
 
 log = logging.getLogger(__name__)
@@ -50,26 +52,47 @@ class ApplyOutcome:
     unchanged: int = 0
     problems: list[str] = field(default_factory=list)
     error: str | None = None
+    # Set when ``source accept`` applied the snapshot over this quarantine reason.
+    forced_over: str | None = None
+
+
+class UnknownSnapshot(LookupError):
+    """A snapshot id that does not exist, or that belongs to another source than the one named."""
 
 
 def ensure_source(engine: Engine, src: SourceConfig) -> sql.SourceRow:
+    """The ``sources`` row of ``src``, created or updated to match the configuration.
+
+    Read first and written only when missing or different: an unchanged re-ingest would otherwise
+    pay a write transaction (an fsync on SQLite) per source and per stage for nothing.
+    """
+    freshness = int(src.freshness_window.total_seconds())
+    with engine.connect() as conn:
+        row = sql.find_source(conn, src.name)
+    if row is not None and (row.tenant, row.format, row.location, row.freshness_seconds) == (
+            src.tenant, src.format, src.location, freshness):
+        return row
     with engine.begin() as conn:
         return sql.sync_source(conn, name=src.name, tenant=src.tenant, fmt=src.format, location=src.location,
-                               freshness_seconds=int(src.freshness_window.total_seconds()))
+                               freshness_seconds=freshness)
 
 
-def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime) -> FetchOutcome:
+def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_options) -> FetchOutcome:
     """Fetch one source and store its bytes as a snapshot before any parsing.
 
-    Identical bytes create no new snapshot but move ``last_fresh_at`` (the source is alive). A 304
-    counts as fresh. A failed fetch stores nothing, keeps every rule version, and records the error.
+    ``now`` is aware UTC. Identical bytes create no new snapshot but move ``last_fresh_at`` (the
+    source is alive). A 304 counts as fresh. A failed fetch stores nothing, keeps every rule version,
+    and records the error. ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
+    (``timeout_seconds``, ``max_bytes``, ``max_redirects``, ``auth_env``…). Never raises for the
+    source's own failures.
     """
     row = ensure_source(engine, src)
     with engine.connect() as conn:
         prev = sql.latest_snapshot(conn, row.id)
     try:
         result = fetch(src.name, src.location, now=now,
-                       etag=prev.etag if prev else None, last_modified=prev.last_modified if prev else None)
+                       etag=prev.etag if prev else None, last_modified=prev.last_modified if prev else None,
+                       **fetch_options)
     except FetchError as exc:
         log.warning("source %s: fetch failed: %s", src.name, exc)
         with engine.begin() as conn:
@@ -103,12 +126,13 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime) -> FetchOut
 
 
 def apply_latest_snapshot(engine: Engine, src: SourceConfig, now: datetime,
-                          max_withdraw_share: float = 0.30) -> ApplyOutcome:
+                          max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE) -> ApplyOutcome:
     """Parse the source's latest snapshot (if not yet applied) into rule versions.
 
-    A broken payload is kept, marked failed, and the source marked stale with an error naming the
-    source, the snapshot and the position. A snapshot that parses to zero rules or withdraws more
-    than ``max_withdraw_share`` of the active rules is quarantined and the source marked suspect.
+    ``now`` is aware UTC. A broken payload is kept, marked failed, and the source marked stale with
+    an error naming the source, the snapshot and the position. A snapshot that parses to zero rules
+    or withdraws more than ``max_withdraw_share`` (a fraction, 0.30 = 30 %) of the active rules is
+    quarantined and the source marked suspect. Never raises for the source's own failures.
     """
     row = ensure_source(engine, src)
     with engine.connect() as conn:
@@ -118,52 +142,119 @@ def apply_latest_snapshot(engine: Engine, src: SourceConfig, now: datetime,
         if snap.parse_status != "pending":
             latest = sql.latest_versions(conn, row.id)
             active = sum(1 for v in latest.values() if not v["withdrawn"])
-            return ApplyOutcome(src.name, "unchanged" if snap.parse_status == "parsed" else snap.parse_status,
-                                snap.id, rules=active, error=row.last_error)
-        content = sql.snapshot_content(conn, snap.id)
+            # A still-broken or still-quarantined latest snapshot keeps reporting as such on every run,
+            # so callers that count failed sources keep counting it.
+            status = {"parsed": "unchanged", "failed": "parse_failed"}.get(snap.parse_status, snap.parse_status)
+            return ApplyOutcome(src.name, status, snap.id, rules=active, error=row.last_error)
+    return apply_snapshot(engine, src, snap.id, now, max_withdraw_share=max_withdraw_share)
+
+
+def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: datetime, force: bool = False,
+                   max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE) -> ApplyOutcome:
+    """Parse one stored snapshot of ``src`` and write the rule versions it implies.
+
+    ``now`` (aware UTC) becomes ``valid_from`` of the new versions and the source's ``last_fresh_at``.
+    ``force=True`` applies a snapshot the quarantine would refuse (``source accept``: a human looked);
+    a payload that does not parse is never applied, forced or not. Returns the outcome; records parse
+    failures and quarantines on the snapshot and source rows instead of raising.
+
+    Raises :class:`UnknownSnapshot` when ``snapshot_id`` does not exist or belongs to another source.
+    """
+    row = ensure_source(engine, src)
+    with engine.connect() as conn:
+        try:
+            meta = sql.snapshot_meta(conn, snapshot_id)
+        except NoResultFound:
+            raise UnknownSnapshot(f"snapshot {snapshot_id} does not exist") from None
+        if meta.source_id != row.id:
+            raise UnknownSnapshot(f"snapshot {snapshot_id} does not belong to source {src.name!r}")
+        content = sql.snapshot_content(conn, snapshot_id)
         latest = sql.latest_versions(conn, row.id)
 
     try:
         parsed = parse_payload(src.format, content, source=src.name, default_tz=src.timezone)
     except ParseError as exc:
-        msg = f"snapshot {snap.id}: {exc}"
-        log.error("source %s: %s", src.name, msg)
-        with engine.begin() as conn:
-            sql.set_snapshot_status(conn, snap.id, "failed", msg)
-            sql.mark_source(conn, row.id, status="stale", last_error=msg)
-        return ApplyOutcome(src.name, "parse_failed", snap.id, error=msg)
+        return _record_parse_failure(engine, src, row.id, snapshot_id, f"snapshot {snapshot_id}: {exc}")
+    except Exception as exc:  # noqa: BLE001 — a parser bug must not stop the loop serving other sources
+        # Loud: logged with its traceback, stored on the source, and the source check turns red.
+        log.exception("source %s: snapshot %s: parser crashed", src.name, snapshot_id)
+        return _record_parse_failure(
+            engine, src, row.id, snapshot_id,
+            f"snapshot {snapshot_id}: source {src.name!r}: position unknown: parser failed unexpectedly: "
+            f"{exc.__class__.__name__}: {exc}")
 
-    problems = [f"{p.position}: {p.message}" for p in parsed.problems]
+    problems = [sql.safe_text(f"{p.position}: {p.message}") for p in parsed.problems]
+    rules = [_without_nul(rec, problems) for rec in parsed.rules]
     for p in problems:
-        log.warning("source %s: snapshot %s: skipped record: %s", src.name, snap.id, p)
-    diff = diff_rules(latest, parsed.rules)
+        log.warning("source %s: snapshot %s: skipped record: %s", src.name, snapshot_id, p)
+    diff = diff_rules(latest, rules)
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
-    reason = quarantine_reason(diff, active_before, len(parsed.rules), max_withdraw_share)
-    if reason:
-        msg = f"snapshot {snap.id} quarantined: {reason}; run 'deadline-pipeline source accept {snap.id}'"
+    reason = quarantine_reason(diff, active_before, len(rules), max_withdraw_share)
+    if reason and not force:
+        msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"
         log.error("source %s: %s", src.name, msg)
         with engine.begin() as conn:
-            sql.set_snapshot_status(conn, snap.id, "quarantined", msg)
+            sql.set_snapshot_status(conn, snapshot_id, "quarantined", msg)
             sql.mark_source(conn, row.id, status="suspect", last_error=msg)
-        return ApplyOutcome(src.name, "quarantined", snap.id, rules=active_before, error=msg,
+        return ApplyOutcome(src.name, "quarantined", snapshot_id, rules=active_before, error=msg,
                             problems=problems)
+    if reason:
+        log.warning("source %s: snapshot %s applied by force despite: %s", src.name, snapshot_id, reason)
 
     rows = []
     for rec in diff.added + diff.changed:
         prev = latest.get(rec.rule_id)
         rows.append(dict(source_id=row.id, rule_id=rec.rule_id, version=(prev["version"] + 1) if prev else 1,
-                         snapshot_id=snap.id, valid_from=now, withdrawn=False,
+                         snapshot_id=snapshot_id, valid_from=now, withdrawn=False,
                          content_hash=rec.content_hash(), payload=rec.to_payload()))
     for rid in diff.withdrawn:
         prev = latest[rid]
-        rows.append(dict(source_id=row.id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snap.id,
+        rows.append(dict(source_id=row.id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snapshot_id,
                          valid_from=now, withdrawn=True, content_hash=prev["content_hash"],
                          payload=prev["payload"]))
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
-        sql.set_snapshot_status(conn, snap.id, "parsed", "\n".join(problems) or None)
-        sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snap.id,
+        sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
+        sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(problems)} record(s) skipped: {problems[0]}" if problems else None))
-    return ApplyOutcome(src.name, "applied", snap.id, rules=len(parsed.rules), added=len(diff.added),
+    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added),
                         changed=len(diff.changed), withdrawn=len(diff.withdrawn), unchanged=diff.unchanged,
-                        problems=problems)
+                        problems=problems, forced_over=reason if force else None)
+
+
+def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,
+                          msg: str) -> ApplyOutcome:
+    """Keep the bytes, mark the snapshot failed and the source stale; the last good versions stay."""
+    msg = sql.safe_text(msg)
+    log.error("source %s: %s", src.name, msg)
+    with engine.begin() as conn:
+        sql.set_snapshot_status(conn, snapshot_id, "failed", msg)
+        sql.mark_source(conn, source_id, status="stale", last_error=msg)
+    return ApplyOutcome(src.name, "parse_failed", snapshot_id, error=msg)
+
+
+def _without_nul(rec: RuleRecord, problems: list[str]) -> RuleRecord:
+    """``rec`` with NUL characters in its text shown as ``\\x00``, the repair noted in ``problems``.
+
+    PostgreSQL refuses NUL in text and JSONB; storing the rule unchanged would fail the whole
+    snapshot on one engine and not the other. The rule is kept (its date is fine) and the repair is
+    reported like a skipped part of a record.
+    """
+    found = False
+
+    def clean(value):
+        nonlocal found
+        if isinstance(value, str) and "\x00" in value:
+            found = True
+            return value.replace("\x00", "\\x00")
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    payload = clean(rec.to_payload())
+    if not found:
+        return rec
+    problems.append(f"rule {sql.safe_text(rec.rule_id)!r}: NUL character(s) replaced by \\x00")
+    return RuleRecord.from_payload(payload)

@@ -13,15 +13,14 @@ import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import all_sources, get_source, latest_snapshot
 
 RULE_VERSIONS = dg.AssetKey("rule_versions")
-# Obligations and alerts are partitioned by due month; fourteen months ahead of the current one
-# cover the 366-day horizon from any day of the month.
-PLAN_PARTITIONS = dg.MonthlyPartitionsDefinition(start_date="2019-01-01", end_offset=14)
+
 OBLIGATIONS = dg.AssetKey("obligations")
 ALERTS = dg.AssetKey("alerts")
 
@@ -132,8 +131,18 @@ def build_assets(cfg: DeadlinesConfig) -> list:
         engine = store.engine()
         window_ = context.partition_time_window
         out = plan_all(engine, settings.load(), now, after=window_.start, before=window_.end)
+        keys = context.partition_key_range
+        cfg_now = settings.load()
+        try:
+            h_first, h_last = horizon_range(now, cfg_now.plan.horizon_days)
+            covers = keys.start <= h_first and keys.end >= h_last
+        except ValueError:
+            covers = False
+        # Only a run covering the whole horizon proves the planner alive; a one-month backfill must not
+        # hide a stopped hourly planner from horizon_planned.
+        component = "plan" if covers else "plan:backfill"
         with engine.begin() as conn:
-            health.beat(conn, "plan", started_at=now, completed_at=clock.now(),
+            health.beat(conn, component, started_at=now, completed_at=clock.now(),
                         outcome="ok" if not out.problems else "partial",
                         detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
                                 f"{len(out.problems)} problem(s)"))

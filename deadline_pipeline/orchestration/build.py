@@ -11,15 +11,17 @@ from deadline_pipeline.config import DEFAULT_CONFIG_NAME, load_config
 from deadline_pipeline.orchestration.assets import (
     ALERTS,
     OBLIGATIONS,
-    PLAN_PARTITIONS,
     RULE_VERSIONS,
     build_assets,
     source_key,
 )
 from deadline_pipeline.orchestration.checks import ALL_CHECKS
 from deadline_pipeline.orchestration.deliver import deliver_job, deliver_sensor
+from deadline_pipeline.orchestration.paging import paging_sensor
+from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS
 from deadline_pipeline.orchestration.planning import PLAN_JOB, build_planning_automation
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
+from deadline_pipeline.orchestration.source_checks import SOURCE_CHECKS_FACTORY
 
 EXAMPLES_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "deadlines.yaml"
 INGEST_JOB = "ingest_job"
@@ -68,9 +70,9 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
     )
     return dg.Definitions(
         assets=assets,
-        asset_checks=ALL_CHECKS,
+        asset_checks=[*ALL_CHECKS, *SOURCE_CHECKS_FACTORY(cfg)],
         jobs=[ingest_job, plan_job, checks_job, deliver_job],
-        sensors=[deliver_sensor, *plan_sensors],
+        sensors=[deliver_sensor, *plan_sensors, paging_sensor],
         schedules=[
             *plan_schedules,
             dg.ScheduleDefinition(name="ingest_hourly", job=ingest_job, cron_schedule="7 * * * *",

@@ -1,4 +1,9 @@
-"""Dagster asset checks, thin wrappers around ``deadline_pipeline.watch.checks``."""
+"""Dagster asset checks, thin wrappers around :mod:`deadline_pipeline.watch.checks`.
+
+They run on their own schedule (the checks-only job ``watch_checks_job``) as well as after
+materializations. Severity ERROR wherever a red check means a reminder may be missed; WARN for
+escalations a human has not yet taken over (the miss itself was already announced).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,12 @@ from datetime import timedelta
 
 import dagster as dg
 
-from deadline_pipeline.orchestration.assets import ALERTS
+from deadline_pipeline.orchestration.assets import ALERTS, OBLIGATIONS
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
-from deadline_pipeline.watch.checks import CheckOutcome, alerts_reconciled
+from deadline_pipeline.watch import checks as w
 
 
-def to_result(out: CheckOutcome, severity=dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+def to_result(out: w.CheckOutcome, severity=dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=out.passed, severity=severity,
         metadata={"count": out.count, "summary": out.summary,
@@ -21,10 +26,43 @@ def to_result(out: CheckOutcome, severity=dg.AssetCheckSeverity.ERROR) -> dg.Ass
 
 
 @dg.asset_check(asset=ALERTS, name="alerts_reconciled",
-                description="Alerts due longer ago than the grace window must be delivered, escalated or cancelled.")
+                description="Alerts due longer ago than the grace window must be delivered, escalated or cancelled, "
+                            "and every delivered alert must have its 'sent' receipt.")
 def alerts_reconciled_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     grace = timedelta(minutes=settings.load().watch.grace_minutes)
-    return to_result(alerts_reconciled(store.engine(), clock.now(), grace))
+    return to_result(w.alerts_reconciled(store.engine(), clock.now(), grace))
 
 
-ALL_CHECKS = [alerts_reconciled_check]
+@dg.asset_check(asset=ALERTS, name="sweep_alive",
+                description="The delivery sweep completed, or found nothing to claim, within its interval plus grace.")
+def sweep_alive_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
+    cfg = settings.load().watch
+    return to_result(w.sweep_alive(store.engine(), clock.now(), timedelta(minutes=cfg.sweep_interval_minutes),
+                                   timedelta(minutes=cfg.heartbeat_grace_minutes)))
+
+
+@dg.asset_check(asset=OBLIGATIONS, name="horizon_planned",
+                description="Planning ran within its interval and every subscription with rules ahead has "
+                            "obligations ahead.")
+def horizon_planned_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
+    cfg = settings.load()
+    return to_result(w.horizon_planned(store.engine(), clock.now(), timedelta(minutes=cfg.watch.plan_interval_minutes),
+                                       timedelta(days=cfg.plan.horizon_days)))
+
+
+@dg.asset_check(asset=ALERTS, name="fanout_complete",
+                description="Every obligation due in the horizon has one reminder per offset and usable channel.")
+def fanout_complete_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
+    cfg = settings.load()
+    types = {name: ch.type for name, ch in cfg.channels.items()}
+    return to_result(w.fanout_complete(store.engine(), clock.now(), timedelta(days=cfg.plan.horizon_days), types))
+
+
+@dg.asset_check(asset=ALERTS, name="escalations_acknowledged",
+                description="Escalated alerts a human has not acknowledged yet (deadline-pipeline acknowledge).")
+def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
+    return to_result(w.escalations_acknowledged(store.engine(), clock.now()), dg.AssetCheckSeverity.WARN)
+
+
+ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, fanout_complete_check,
+              escalations_acknowledged_check]

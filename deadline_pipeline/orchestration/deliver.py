@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+
 import dagster as dg
 
 from deadline_pipeline.deliver.sweep import lease_owner, sweep
+from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.store import health
 from deadline_pipeline.store.delivery import count_claimable
 
 DELIVER_JOB = "deliver_job"
+
+# The sensor runs in the long-lived daemon process, once per interval: during a database outage
+# every evaluation fails the same way. First failure with traceback, then every 20th with a count.
+_sensor_failures = ThrottledLogger(logging.getLogger(__name__), every=20)
 
 
 @dg.op(tags={"stage": "deliver"}, description="Claim due alerts with a lease, send them, record each result.")
@@ -23,14 +30,18 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
     with engine.begin() as conn:
         health.beat(conn, "deliver", started_at=started, completed_at=finished,
                     outcome="ok" if not out.escalated else "escalations",
-                    detail=f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}")
+                    detail=f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
+                           f"released {out.released}, recovered unknown {out.recovered_unknown}")
     late = sorted(out.lateness_seconds)
     p99 = late[min(len(late) - 1, int(len(late) * 0.99))] if late else 0.0
     for err in out.errors[:20]:
         context.log.warning(err)
     yield dg.AssetObservation(asset_key=dg.AssetKey("alerts"), metadata={
         "claimed": out.claimed, "sent": out.delivered, "failed": out.failed, "escalated": out.escalated,
-        "lease_lost": out.lease_lost, "lateness_p99_seconds": float(p99),
+        "lease_lost": out.lease_lost, "released": out.released, "recovered_unknown": out.recovered_unknown,
+        "escalation_notices": out.escalation_notices,
+        "escalation_notice_failures": out.escalation_notice_failures, "batches": out.batches,
+        "batch_failures": out.batch_failures, "lateness_p99_seconds": float(p99),
     })
     yield dg.Output(None)
 
@@ -53,8 +64,19 @@ def deliver_sensor(context: dg.SensorEvaluationContext, store: StoreResource, cl
     )
     if active:
         return dg.SkipReason(f"a delivery run is already waiting to start ({active[0].run_id})")
-    with store.engine().connect() as conn:
-        due = count_claimable(conn, clock.now())
+    try:
+        with store.engine().connect() as conn:
+            due = count_claimable(conn, clock.now())
+    except Exception as exc:  # the store is down: the sensor must keep ticking and say so
+        _sensor_failures.failure("deliver_sensor", f"deliver_sensor cannot ask the store: {exc}", exc)
+        return dg.SkipReason(f"store unavailable ({type(exc).__name__}); "
+                             f"{_sensor_failures.count('deliver_sensor')} failed evaluation(s) in a row")
+    _sensor_failures.success("deliver_sensor")
     if not due:
+        # Proof that the sweep is caught up: without it sweep_alive would go red in every quiet hour.
+        now = clock.now()
+        with store.engine().begin() as conn:
+            health.beat(conn, "deliver:idle", started_at=now, completed_at=now, outcome="idle",
+                        detail="nothing claimable")
         return dg.SkipReason("no alert is claimable now")
     return dg.RunRequest(tags={"claimable_at_request": str(due)})

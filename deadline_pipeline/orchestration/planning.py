@@ -3,32 +3,14 @@ re-plans exactly the months a rule revision touched."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import dagster as dg
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from deadline_pipeline.orchestration.assets import PLAN_PARTITIONS, RULE_VERSIONS
-from deadline_pipeline.plan.occurrences import GRACE
+from deadline_pipeline.orchestration.assets import RULE_VERSIONS
+from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range, range_tags
 
 PLAN_JOB = "plan_job"
-
-
-def horizon_range(now: datetime, horizon_days: int = 366) -> tuple[str, str]:
-    """First and last partition keys (``YYYY-MM-01``) covering ``[now - grace, now + horizon]``,
-    clamped to the partitions that exist."""
-    keys = PLAN_PARTITIONS.get_partition_keys()
-    first = f"{(now - GRACE).astimezone(UTC):%Y-%m}-01"
-    last = f"{(now + timedelta(days=horizon_days)).astimezone(UTC):%Y-%m}-01"
-    inside = [k for k in keys if first <= k <= last]
-    if not inside:
-        raise ValueError(f"no plan partition covers {first}..{last}; partitions run {keys[0]}..{keys[-1]}")
-    return inside[0], inside[-1]
-
-
-def range_tags(first: str, last: str) -> dict[str, str]:
-    """Run tags that make one run plan a whole range of months (single-run backfill policy)."""
-    return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
 
 
 def build_planning_automation(plan_job, settings_key: str = "settings"):
@@ -54,6 +36,6 @@ def build_planning_automation(plan_job, settings_key: str = "settings"):
         if not wanted:
             return dg.SkipReason("the latest rule versions change no planned month")
         # run_key makes a re-evaluation of the same materialization request nothing twice.
-        return [dg.RunRequest(run_key=f"{asset_event.storage_id}:{m}", partition_key=m) for m in wanted]
+        return [dg.RunRequest(run_key=f"{asset_event.run_id}:{m}", partition_key=m) for m in wanted]
 
     return [plan_horizon_hourly], [replan_on_revision]

@@ -71,5 +71,8 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
         for ev in result.all_events:
             if ev.event_type_value == "ASSET_CHECK_EVALUATION":
                 data = ev.event_specific_data
-                summary.checks[data.check_name] = (data.passed, data.description or "")
+                key = data.check_name
+                if data.asset_key.path[0] == "source":  # one check per source: name the source
+                    key = f"{key}[{data.asset_key.path[-1]}]"
+                summary.checks[key] = (data.passed, data.description or "")
     return summary

@@ -1,127 +1,354 @@
 """Expanding a rule into concrete due instants (pure; no I/O).
 
-Expansion runs in the rule's *local wall-clock time* with python-dateutil and converts each
-occurrence to UTC only at the end, so "15 April" stays 15 April across daylight-saving changes.
+The RECUR value is read by :mod:`deadline_pipeline.plan.recurrence` (one parser, strict or lenient)
+and expanded with python-dateutil. Every instant returned is an aware UTC ``datetime``.
 
-DST policy (RFC 5545 §3.3.5 and §3.8.5.3, "DTSTART … that does not exist"):
+DST policy (documented because each alternative is a silent miss somewhere; shared cases C09, C10,
+C16, C17, C18):
 
-* a local time inside a spring-forward gap is shifted forward by the gap's length
-  (02:30 on the night clocks jump 02:00→03:00 becomes 03:30);
-* a local time repeated by a fall-back takes its first occurrence.
+* DAILY and coarser frequencies expand in the rule's *local wall-clock time* and convert each
+  occurrence to UTC only at the end, so "15 April 17:00" stays 17:00 local across DST, and a daily
+  reminder fires exactly once per local day across both transitions (never 24 h after the last one).
+* A local time inside a spring-forward gap is shifted forward by the gap's length (RFC 5545 §3.3.5
+  for DATE-TIME values that do not exist: 02:30 on a 02:00→03:00 night becomes 03:30); the day still
+  counts towards COUNT. A local time repeated by a fall-back takes its *first* occurrence.
+* HOURLY, MINUTELY and SECONDLY rules without BYxxx parts step in *elapsed* time: they expand in UTC
+  from the DTSTART instant, so the repeated hour of a fall-back is not skipped and the gap hour is
+  not doubled. With BYxxx parts (BYHOUR=9,17…) those parts name wall-clock values, so such a rule
+  expands in wall-clock time like the daily ones, and an instant produced twice by a gap shift is
+  kept once.
 
-Python's ``zoneinfo`` with ``fold=0`` implements exactly this, which is why the conversion below is
-a plain ``replace(tzinfo=zone)``.
+Floating rules (``tz`` is ``None``) are expanded in the ``zone`` the caller passes: the source's
+declared zone (ICS ``X-WR-TIMEZONE``) or else the subscriber's (see the planner) — never UTC.
 
-Past occurrences are not replayed: expansion starts at ``now - GRACE`` (15 minutes).
+Windows, horizon and truncation: callers pass ``[after, before]``; the planner's window is
+``[now - GRACE, now + HORIZON]`` (:func:`window`), so the past is never replayed: the first
+occurrence planned is the first at or after ``now - 15 min``. A series that continues past
+``before`` is normal for deadlines (a yearly tax date has no end) and is logged at DEBUG only. It is
+logged at ERROR with the rule id, once per rule and process, and counted in
+``recurrence.COUNTERS["horizon_truncations"]`` every time, when the series is *suspicious*:
+
+* it is unbounded (no COUNT, no UNTIL) at a sub-daily frequency, or
+* at the rate seen in the window it would fire more than :data:`SANE_OCCURRENCES` times in a
+  366-day horizon (about four reminders a day, every day).
+
+Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR, ``COUNTERS["occurrence_cap"]``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import warnings
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
-from dateutil.rrule import rruleset, rrulestr
+from dateutil.rrule import rrule, rruleset
 
-from deadline_pipeline.rules import END_OF_DAY, RuleRecord, format_local, parse_local
+from deadline_pipeline.plan import business_days as bd
+from deadline_pipeline.plan.recurrence import (
+    COUNTERS,
+    FREQS,
+    SHIFT_SECONDS,
+    SPLIT_BEFORE,
+    SPLIT_FROM,
+    Recur,
+    RRuleError,
+    parse_rrule,
+    to_instant,
+    until_bound,
+    validate_rrule,
+)
+from deadline_pipeline.rules import RuleRecord, parse_local
 
 log = logging.getLogger(__name__)
 
 GRACE = timedelta(minutes=15)
 HORIZON = timedelta(days=366)
-# A rule that yields more than this inside the horizon is a data bug (e.g. FREQ=SECONDLY); stop.
+#: Hard stop for one expansion: a rule yielding more is a data bug (FREQ=SECONDLY…), not a schedule.
 MAX_OCCURRENCES = 5000
+#: Occurrences per 366-day horizon above which a truncated series is logged at ERROR (≈ 4 a day).
+SANE_OCCURRENCES = 1500
+# How far a business-day convention may move a date; the expansion window is widened by it so an
+# occurrence rolled into the window (or out of it) is judged by its adjusted instant.
+_ROLL_SLACK = timedelta(days=bd.MAX_ROLL_DAYS + 1)
+_DAY = timedelta(days=1)
+
+# dateutil warns (DeprecationWarning) when COUNT and UNTIL are both given. The rule text never has
+# both (validate_rrule refuses it); the expansion adds an internal UNTIL at the window's end next to a
+# rule's COUNT only so that a rule which never matches (BYMONTH=2;BYMONTHDAY=30) stops at the window
+# instead of scanning to year 9999 — seconds of CPU per planning pass.
+warnings.filterwarnings("ignore", message=".*count.*until.*", category=DeprecationWarning,
+                        module=r"dateutil\.rrule")
+
+_TRUNCATION_LOGGED: set[tuple[str, str]] = set()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Occurrence:
-    """One occurrence: ``period`` is its identity (the original local start, ISO, unadjusted);
-    ``due_at`` the aware UTC instant it is due."""
+    """One occurrence: ``period`` is its identity (the original local start, ISO, before any
+    business-day adjustment or THISANDFUTURE shift; an elapsed-time sub-daily series uses the UTC
+    instant ``…Z``, because a local label repeats in a fall-back hour); ``due_at`` the aware UTC
+    instant it is due."""
 
     period: str
     due_at: datetime
 
 
-def to_instant(local: datetime, zone: tzinfo) -> datetime:
-    """Local wall-clock time in ``zone`` → aware UTC, with the DST policy of this module."""
-    return local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+def normalise_until(rrule_text: str, zone: tzinfo) -> str:
+    """Rewrite UNTIL into the local wall-clock form dateutil accepts next to a naive DTSTART.
 
-
-_UNTIL = re.compile(r"UNTIL=([0-9TZ]+)", re.IGNORECASE)
-
-
-def normalise_until(rrule: str, zone: tzinfo) -> str:
-    """Rewrite UNTIL into the local wall-clock form dateutil needs next to a naive DTSTART.
-
-    Real feeds write UNTIL as a UTC time (RFC 5545), a floating time, or a bare DATE even when
-    DTSTART is timed; dateutil refuses the mix (ValueError) and older versions compared naive with
-    aware values. Rules (from the bug cases of calendar clients):
-
-    * ``…Z`` → converted from UTC to ``zone``'s local time;
-    * a DATE → the end of that day in ``zone`` (inclusive);
-    * floating → read in ``zone`` as it is.
+    Kept for callers of the first version; :func:`deadline_pipeline.plan.recurrence.until_bound`
+    holds the rules (``…Z`` → converted to ``zone``; floating → read in ``zone``; DATE → end of that
+    day in ``zone``, inclusive). Raises ``RRuleError`` for a malformed UNTIL.
     """
 
     def repl(m: re.Match) -> str:
-        value = m.group(1).upper()
-        if value.endswith("Z"):
-            instant = datetime.strptime(value, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-            local = instant.astimezone(zone).replace(tzinfo=None)
-        elif "T" in value:
-            local = datetime.strptime(value, "%Y%m%dT%H%M%S")
-        else:
-            local = datetime.combine(datetime.strptime(value, "%Y%m%d").date(), END_OF_DAY)
+        local, _instant = until_bound(m.group(1), zone, all_day=False)
         return "UNTIL=" + local.strftime("%Y%m%dT%H%M%S")
 
-    return _UNTIL.sub(repl, rrule)
+    return re.sub(r"UNTIL=([0-9TZtz]+)", repl, rrule_text)
 
 
-def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime) -> list[Occurrence]:
-    """Occurrences of ``rule`` whose instant lies in ``[after, before]`` (aware UTC), sorted.
+BusinessDays = tuple  # (calendar spec | HolidayCalendar | iterable of dates, convention)
 
-    ``zone`` is the resolved zone of the rule (or of the subscriber, for a floating rule). A one-off
-    rule yields at most one occurrence. All-day starts expand by date and are due at the end of the
-    local day. Raises ``ValueError`` naming the rule for an RRULE dateutil cannot read.
+
+def _business(spec: BusinessDays | None):
+    if spec is None:
+        return None
+    cal_spec, convention = spec
+    name = bd.check_convention(convention)
+    if name == "none":
+        return None
+    return bd.calendar(cal_spec), name
+
+
+def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None = None,
+           business_days: BusinessDays | None = None, limit: int | None = None,
+           strict: bool = True) -> list[Occurrence]:
+    """Occurrences of ``rule`` whose due instant lies in ``[after, before]``, sorted by instant.
+
+    ``zone``: the resolved zone of the rule (for a floating rule, the zone the caller chose).
+    ``after``/``before``: aware datetimes (any zone; compared as instants). Returns
+    :class:`Occurrence` values with aware UTC ``due_at``. A one-off rule yields at most one.
+    All-day starts expand by date and are due at the end of the local day (23:59:59).
+
+    Keyword options:
+
+    * ``until``: the caller's end date (aware), a *fallback* only: it bounds a rule that has neither
+      UNTIL nor COUNT; a rule's own bound is authoritative and is never replaced or doubled.
+    * ``business_days``: ``(calendar, convention)`` — a calendar spec (``"US-IRS"``, ``"GB-ENG"``), a
+      :class:`~deadline_pipeline.plan.business_days.HolidayCalendar` or a set of dates, and one of
+      ``none``/``following``/``modified-following``/``preceding``. Each occurrence's local *date*
+      is adjusted, its local time of day kept; ``period`` stays the unadjusted one, and the window
+      applies to the adjusted instant.
+    * ``limit``: stop after this many occurrences (in series order).
+    * ``strict``: True (default) raises; False logs and counts an unreadable RRULE
+      (``recurrence.parse_rrule``) and returns ``[]``.
+
+    Raises :class:`~deadline_pipeline.plan.recurrence.RRuleError` (a ``ValueError``) naming the rule
+    and the offending rule part; ``ValueError`` for an unreadable start/EXDATE/RDATE, an unknown
+    business-day convention, or ``UnknownCalendar`` for an unknown holiday calendar.
     """
     start = rule.start_local()
+    business = _business(business_days)
     if not rule.rrule and not rule.rdates:
         due = to_instant(start, zone)
+        if business is not None:
+            due = _adjusted(start, zone, business)
         return [Occurrence(rule.start, due)] if after <= due <= before else []
 
-    lo = after.astimezone(zone).replace(tzinfo=None) - timedelta(days=1)
-    hi = before.astimezone(zone).replace(tzinfo=None) + timedelta(days=1)
-    rs = rruleset()
-    try:
-        if rule.rrule:
-            rs.rrule(rrulestr(normalise_until(rule.rrule, zone), dtstart=start, ignoretz=True))
+    recur: Recur | None = None
+    if rule.rrule:
+        if strict:
+            try:
+                recur = validate_rrule(rule.rrule)
+            except RRuleError as exc:
+                raise RRuleError(f"rule {rule.rule_id!r}: {exc}") from None
         else:
-            rs.rdate(start)
-        for text in rule.rdates:
-            rs.rdate(parse_local(text))
-        for text in rule.exdates:
-            rs.exdate(parse_local(text))
+            recur = parse_rrule(rule.rrule, rule_id=rule.rule_id)
+            if recur is None:
+                return []
+    all_day = rule.all_day
+    # Elapsed-time stepping (see the module docstring): plain sub-daily rules expand in UTC.
+    elapsed = recur is not None and recur.sub_daily and not recur.has_by_parts
+
+    try:
+        until_instant: datetime | None = None
+        if recur is not None and recur.until is not None:
+            until_instant = until_bound(recur.until, zone, all_day=all_day)[1]
+        elif until is not None and (recur is None or recur.count is None):
+            until_instant = until.astimezone(UTC)
+        extra = rule.extra or {}
+        shift = timedelta(seconds=int(extra.get(SHIFT_SECONDS) or 0))
+        split_from = parse_local(extra[SPLIT_FROM]) if extra.get(SPLIT_FROM) else None
+        split_before = parse_local(extra[SPLIT_BEFORE]) if extra.get(SPLIT_BEFORE) else None
+        exdates = [parse_local(x) if ("T" in x or " " in x) else date.fromisoformat(x) for x in rule.exdates]
+        rdates = [parse_local(x) if ("T" in x or " " in x) else date.fromisoformat(x) for x in rule.rdates]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"rule {rule.rule_id!r}: {exc}") from None
+
+    slack = _DAY + abs(shift) + (_ROLL_SLACK if business is not None else timedelta(0))
+    lo_instant, hi_instant = after - slack, before + slack
+
+    if elapsed:
+        # Frame: naive UTC. The start instant follows the gap/fold policy once; steps are elapsed time.
+        def frame(local: datetime) -> datetime:
+            return to_instant(local, zone).replace(tzinfo=None)
+
+        def local_of(item: datetime) -> datetime:
+            return item.replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)
+
+        dtstart = frame(start)
+        lo = lo_instant.astimezone(UTC).replace(tzinfo=None)
+        hi = hi_instant.astimezone(UTC).replace(tzinfo=None)
+        cap = until_instant.replace(tzinfo=None) if until_instant is not None else None
+    else:
+        def frame(local: datetime) -> datetime:
+            return local
+
+        local_of = frame
+        dtstart = start
+        lo = lo_instant.astimezone(zone).replace(tzinfo=None)
+        hi = hi_instant.astimezone(zone).replace(tzinfo=None)
+        # One day of slack: UNTIL is enforced below on instants, where a fold hour is unambiguous.
+        cap = until_instant.astimezone(zone).replace(tzinfo=None) + _DAY if until_instant is not None else None
+    engine_until = hi if cap is None else min(hi, cap)
+
+    # Dates to exclude by local date: a DATE EXDATE against a timed series matches that whole local
+    # day (ical.net #830), and every EXDATE of an all-day series is a date.
+    ex_days: set[date] = set()
+    ex_moments: list[datetime] = []
+    for x in exdates:
+        if isinstance(x, datetime) and not all_day:
+            ex_moments.append(frame(x))
+        else:
+            ex_days.add(x.date() if isinstance(x, datetime) else x)
+    rdate_moments = [frame(x if isinstance(x, datetime) else
+                           datetime.combine(x, time(23, 59, 59) if all_day else start.time())) for x in rdates]
+
+    try:
+        if recur is not None:
+            engine = rrule(FREQS[recur.freq], dtstart=dtstart, count=recur.count, until=engine_until,
+                           **recur.kwargs)
+        else:
+            engine = None
+        if ex_moments or rdate_moments or engine is None:
+            rs = rruleset()
+            if engine is not None:
+                rs.rrule(engine)
+            else:
+                rs.rdate(dtstart)  # DTSTART is the first occurrence of an RDATE-only set (RFC 5545 §3.8.5.2)
+            for m in rdate_moments:
+                rs.rdate(m)
+            for m in ex_moments:
+                rs.exdate(m)
+            engine = rs
     except (ValueError, TypeError, OverflowError) as exc:
         raise ValueError(f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} cannot be expanded: {exc}") from None
 
     out: list[Occurrence] = []
-    for local in rs.xafter(lo, inc=True):
-        if local > hi:
+    append = out.append
+    # Several wall-clock times a day (sub-daily, BYHOUR…, RDATEs) can meet in a spring-forward gap:
+    # 02:00 shifted by the gap is 03:00, which the series has anyway. Keep such an instant once.
+    several_a_day = rdate_moments or (recur is not None and (recur.sub_daily or any(
+        p in recur.parts for p in ("BYHOUR", "BYMINUTE", "BYSECOND"))))
+    seen: set[datetime] | None = set() if (several_a_day and not elapsed) else None
+    unsorted = False
+    last_due: datetime | None = None
+    cap_hit = False
+    max_items = MAX_OCCURRENCES if limit is None else min(limit, MAX_OCCURRENCES)
+    if limit is not None and limit <= 0:
+        return []
+    for item in engine.xafter(lo, inc=True):
+        if item > hi:
             break
-        due = to_instant(local, zone)
-        if after <= due <= before:
-            period = format_local(local.date()) if rule.all_day else format_local(local)
-            out.append(Occurrence(period, due))
-        if len(out) >= MAX_OCCURRENCES:
-            log.error("rule %s: more than %d occurrences inside the horizon; truncated", rule.rule_id,
-                      MAX_OCCURRENCES)
+        local = local_of(item) if elapsed else item
+        if split_before is not None and local >= split_before:
             break
+        if split_from is not None and local < split_from:
+            continue
+        if ex_days and local.date() in ex_days:
+            continue
+        if elapsed:
+            due = item.replace(tzinfo=UTC)
+            period = item.isoformat(timespec="seconds") + "Z"
+        else:
+            due = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+            period = local.date().isoformat() if all_day else local.isoformat(timespec="seconds")
+        # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
+        if until_instant is not None and due > until_instant:
+            continue
+        if shift:
+            due = due + shift if elapsed else (local + shift).replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if business is not None:
+            due = _adjusted(due.astimezone(zone).replace(tzinfo=None) if elapsed else (local + shift), zone,
+                            business)
+        if not (after <= due <= before):
+            continue
+        if seen is not None:
+            if due in seen:  # a gap shift landed on an instant the series already has
+                continue
+            seen.add(due)
+        if last_due is not None and due < last_due:
+            unsorted = True
+        last_due = due
+        append(Occurrence(period, due))
+        if len(out) >= max_items:
+            cap_hit = limit is None or len(out) < limit
+            break
+    if cap_hit:
+        COUNTERS["occurrence_cap"] += 1
+        log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped there", rule.rule_id,
+                  MAX_OCCURRENCES, after.isoformat(), before.isoformat())
+    elif recur is not None and limit is None:
+        _check_truncation(rule, recur, out, after, before, until_instant, dtstart, engine_until, hi)
+    if unsorted:
+        out.sort(key=lambda o: (o.due_at, o.period))
     return out
 
 
+def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
+    cal, convention = business
+    day = bd.adjust(local.date(), convention, cal)
+    if day != local.date():
+        local = datetime.combine(day, local.time())
+    return to_instant(local, zone)
+
+
+def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], after: datetime, before: datetime,
+                      until_instant: datetime | None, dtstart: datetime, engine_until: datetime,
+                      hi: datetime) -> None:
+    """Log (ERROR once per rule, counted every time) a suspicious series cut at ``before``."""
+    window_days = max((before - after).total_seconds() / 86400, 1.0)
+    rate = len(out) * HORIZON.days / window_days
+    unbounded_sub_daily = recur.sub_daily and not recur.bounded
+    if not unbounded_sub_daily and rate <= SANE_OCCURRENCES:
+        return
+    # Does the series go on past the window? Unbounded: yes; UNTIL: compare; COUNT: probe once.
+    if recur.count is None:
+        continues = until_instant is None or until_instant > before
+    else:
+        probe = rrule(FREQS[recur.freq], dtstart=dtstart, count=recur.count, **recur.kwargs)
+        continues = probe.after(hi) is not None
+    if not continues:
+        return
+    COUNTERS["horizon_truncations"] += 1
+    key = (rule.rule_id, rule.rrule or "")
+    if key in _TRUNCATION_LOGGED:
+        return
+    if len(_TRUNCATION_LOGGED) < 10_000:  # bounded: a hostile feed must not grow memory without end
+        _TRUNCATION_LOGGED.add(key)
+    why = ("unbounded sub-daily series" if unbounded_sub_daily
+           else f"about {rate:.0f} occurrences per {HORIZON.days} days (more than {SANE_OCCURRENCES})")
+    log.error("rule %s: RRULE %r truncated at %s (%s); a reminder that fires without end is a data bug",
+              rule.rule_id, rule.rrule, before.isoformat(), why)
+
+
 def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datetime]:
-    """The planning window ``[now - GRACE, now + horizon]`` (aware UTC)."""
+    """The planning window ``[now - GRACE, now + horizon]`` (aware UTC): the past is never replayed."""
     return now - GRACE, now + horizon
 
 
-__all__ = ["GRACE", "HORIZON", "Occurrence", "expand", "normalise_until", "to_instant", "window", "date"]
+__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "SANE_OCCURRENCES", "Occurrence", "expand",
+           "normalise_until", "to_instant", "window"]

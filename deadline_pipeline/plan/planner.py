@@ -27,6 +27,7 @@ from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
 
+REFUSED_FREQUENCIES = ("SECONDLY", "MINUTELY")
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
 OPEN_REMINDER_STATES = ("pending", "skipped")
 
@@ -47,6 +48,8 @@ class Target:
     channels: tuple[str, ...]
     quiet_hours: str | None = None
     late_policy: str = "send_latest"
+    # (holiday calendar, convention) applied to every due date of the source, or None.
+    business_days: tuple | None = field(default=None, compare=False)
 
     def wants(self, rule_id: str) -> bool:
         return any(fnmatch.fnmatchcase(rule_id, p) for p in self.rule_patterns)
@@ -125,7 +128,8 @@ def in_quiet_hours(local: time, window_: tuple[time, time]) -> bool:
     return local >= start or local < end  # the window wraps midnight
 
 
-def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None, zone: tzinfo) -> tuple[datetime, str | None]:
+def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
+                      zone: tzinfo | None) -> tuple[datetime, str | None]:
     """Defer ``send_at`` (aware UTC) to the end of the subscriber's quiet window when it falls inside.
 
     Returns ``(send_at, reason)``; ``reason`` is None when nothing changed. A deferral that would land
@@ -150,6 +154,13 @@ def fingerprint(due_at: datetime, target: Target) -> str:
     parts = (due_at.isoformat(), target.offsets_seconds, target.channels, target.quiet_hours,
              target.subscriber_tz, target.late_policy)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _freq(rrule: str | None) -> str | None:
+    for part in (rrule or "").upper().split(";"):
+        if part.startswith("FREQ="):
+            return part[5:].strip()
+    return None
 
 
 def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
@@ -178,12 +189,19 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     for version, rule in rules:
         if not target.wants(rule.rule_id):
             continue
+        freq = _freq(rule.rrule)
+        if freq in REFUSED_FREQUENCIES:
+            # A reminder every second or minute is a data bug, not a deadline; planning it would flood
+            # every subscriber. The rule is refused loudly (logged, counted in the plan's metadata).
+            problems.append(PlanProblem(target.source, rule.rule_id,
+                                        f"FREQ={freq} is refused: deadlines recur at most hourly"))
+            continue
         try:
             zone = zone_for(rule, target)
-            ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi)
+            ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi, id(target.business_days))
             occurrences: list[Occurrence] | None = cache.get(ckey) if cache is not None else None
             if occurrences is None:
-                occurrences = expand(rule, zone, after=lo, before=hi)
+                occurrences = expand(rule, zone, after=lo, before=hi, business_days=target.business_days)
                 if cache is not None:
                     cache[ckey] = occurrences
             if target.quiet_hours and subscriber_zone is None:

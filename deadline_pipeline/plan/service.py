@@ -23,6 +23,8 @@ from deadline_pipeline.config import DeadlinesConfig, parse_duration
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.planner import PlannedAlert, PlanProblem, Target, fold_late, plan_target
+from deadline_pipeline.plan.recurrence import apply_overrides
+from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import sync_source
 
@@ -53,8 +55,20 @@ class PlanOutcome:
         return self.alerts_inserted + self.alerts_moved
 
 
+class NothingToPlan(ValueError):
+    """A configuration without subscribers or subscriptions: planning it would withdraw every
+    obligation, which is far more often a broken file than an intent."""
+
+
 def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
-    """Mirror the configuration's sources, subscribers and subscriptions into the store."""
+    """Mirror the configuration's sources, subscribers and subscriptions into the store.
+
+    Raises :class:`NothingToPlan` when the configuration has no subscriber or no subscription.
+    """
+    for section in ("subscribers", "subscriptions"):
+        if not getattr(cfg, section):
+            raise NothingToPlan(f"{section}: none configured; refusing to plan, because it would withdraw every "
+                                "planned reminder (remove the subscriptions one by one to do that on purpose)")
     with engine.begin() as conn:
         src_ids = {}
         for s in cfg.sources:
@@ -82,7 +96,21 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
         sql.sync_subscriptions(conn, rows)
 
 
-def _targets(cfg: DeadlinesConfig, rows, out: PlanOutcome) -> list[Target]:
+def fold_overrides(rules: list[tuple[int, RuleRecord]], source: str, out: PlanOutcome) -> list[tuple[int, RuleRecord]]:
+    """Fold RECURRENCE-ID overrides into their masters (each occurrence planned once), keeping each
+    record's version. A source whose overrides cannot be folded is planned unfolded, loudly: a
+    duplicate reminder is allowed, a missing one is not."""
+    versions = {r.rule_id: v for v, r in rules}
+    try:
+        folded = apply_overrides([r for _, r in rules])
+    except ValueError as exc:
+        log.error("planning: source %s: overrides not folded, planned as they are: %s", source, exc)
+        out.problems.append(PlanProblem(source, "*", f"overrides not folded: {exc}"))
+        return rules
+    return [(versions.get(r.rule_id, 0), r) for r in folded]
+
+
+def _targets(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: dict[str, tuple]) -> list[Target]:
     tz_of_source = {s.name: s.timezone for s in cfg.sources}
     targets = []
     for r in rows:
@@ -98,8 +126,52 @@ def _targets(cfg: DeadlinesConfig, rows, out: PlanOutcome) -> list[Target]:
                 usable.append(ch)
         targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
-                              tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"]))
+                              tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"],
+                              calendars.get(r["source"])))
     return targets
+
+
+def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str, tuple]:
+    """source name → (holiday calendar, convention) for sources that roll due dates.
+
+    A ``source:NAME[/DIVISION]`` calendar is built from that holiday source's active rules, so a
+    revised holiday (GOV.UK moving a bank holiday) moves the obligations rolled over it. A calendar
+    that cannot be built leaves the source's dates unrolled and is reported: a due date one business
+    day early is far better than none.
+    """
+    from datetime import date
+
+    from sqlalchemy import select
+
+    from deadline_pipeline.plan.business_days import calendar
+    from deadline_pipeline.store.schema import sources
+
+    out_map: dict[str, tuple] = {}
+    for src in cfg.sources:
+        bd = src.business_days
+        if bd is None or bd.convention == "none":
+            continue
+        try:
+            if bd.calendar.startswith("source:"):
+                name, _, division = bd.calendar[len("source:"):].partition("/")
+                sid = conn.execute(select(sources.c.id).where(sources.c.name == name)).scalar()
+                if sid is None:
+                    raise ValueError(f"holiday source {name!r} was never ingested")
+                rules, _ = sql.active_rules(conn, sid)
+                days = {date.fromisoformat(r.start[:10]) for _, r in rules
+                        if not division or r.rule_id.startswith(division + "/")}
+                if not days:
+                    raise ValueError(f"holiday source {name!r} has no holidays{' for ' + division if division else ''}")
+                cal = calendar(days)
+            else:
+                cal = calendar(bd.calendar)
+        except ValueError as exc:
+            log.error("planning: source %s: business-day calendar %r unusable, dates not rolled: %s",
+                      src.name, bd.calendar, exc)
+            out.problems.append(PlanProblem(src.name, "*", f"business-day calendar {bd.calendar!r}: {exc}"))
+            continue
+        out_map[src.name] = (cal, bd.convention)
+    return out_map
 
 
 def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: datetime | None = None,
@@ -121,11 +193,12 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome()
     with engine.begin() as conn:
-        targets = _targets(cfg, sql.active_targets(conn), out)
+        targets = _targets(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
         for t in targets:
             if t.source_id not in rules_cache:
-                rules_cache[t.source_id] = sql.active_rules(conn, t.source_id)
+                rules, withdrawn = sql.active_rules(conn, t.source_id)
+                rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
         withdrawn_rules = {(sid, rid) for sid, (_, wd) in rules_cache.items() for rid in wd}
 
         sql.create_stage(conn)

@@ -1,13 +1,25 @@
-"""SQL the watchers read: heartbeats and the reconciliation of due alerts."""
+"""SQL the watchers read: heartbeats, the reconciliation of due alerts, escalations, fan-out and
+planning coverage. Every instant is aware UTC; nothing here writes except the heartbeat helpers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Engine, and_, exists, func, or_, select, update
 
-from deadline_pipeline.store.schema import alerts, heartbeats, obligations, subscribers
-from deadline_pipeline.store.upsert import upsert
+from deadline_pipeline.store.schema import (
+    alerts,
+    delivery_attempts,
+    heartbeats,
+    obligations,
+    rule_versions,
+    sources,
+    subscribers,
+    subscriptions,
+)
+from deadline_pipeline.store.upsert import dialect_insert, upsert
 
 HANDLED_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped")
 
@@ -20,8 +32,57 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail"])
 
 
+def beat_started(conn: Connection, component: str, started_at: datetime) -> None:
+    """Record that a run of ``component`` started, leaving ``last_completed_at`` alone, so a run that
+    dies half-way shows as "started at X, last completed long before" instead of leaving no trace."""
+    ins = dialect_insert(conn, heartbeats).values(component=component, last_started_at=started_at,
+                                                  last_outcome="running")
+    conn.execute(ins.on_conflict_do_update(index_elements=["component"],
+                                           set_={"last_started_at": started_at, "last_outcome": "running"}))
+
+
+def beat_failed(conn: Connection, component: str, error: str) -> None:
+    """Record that the run of ``component`` in progress crashed; ``last_completed_at`` stays at the
+    last completed run, so the heartbeat checks keep measuring from real work."""
+    conn.execute(update(heartbeats).where(heartbeats.c.component == component)
+                 .values(last_outcome="crashed", detail=error[:4000]))
+
+
+@contextmanager
+def recorded_run(engine: Engine, component: str, now: Callable[[], datetime]) -> Iterator[dict]:
+    """Wrap one run of ``component``: records the start, then the end with ``outcome``/``detail``
+    taken from the yielded dict (default ``"ok"``), or ``"crashed"`` with the error when the body
+    raises (the exception propagates). ``now`` returns aware UTC."""
+    started = now()
+    with engine.begin() as conn:
+        beat_started(conn, component, started)
+    result: dict = {"outcome": "ok", "detail": None}
+    try:
+        yield result
+    except BaseException as exc:
+        with engine.begin() as conn:
+            beat_failed(conn, component, f"{exc.__class__.__name__}: {exc}")
+        raise
+    with engine.begin() as conn:
+        beat(conn, component, started_at=started, completed_at=now(), outcome=result["outcome"],
+             detail=result["detail"])
+
+
 def read_heartbeats(conn: Connection) -> dict[str, dict]:
+    """component → its heartbeat row (``last_started_at``, ``last_completed_at``, ``last_outcome``, ``detail``)."""
     return {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings().all()}
+
+
+def _alert_rows(conn: Connection, cond, limit: int, order) -> list[dict]:
+    rows = conn.execute(
+        select(alerts.c.id, alerts.c.send_at, alerts.c.status, alerts.c.channel, alerts.c.attempts,
+               alerts.c.last_error, alerts.c.delivered_at, alerts.c.updated_at, obligations.c.title,
+               subscribers.c.external_id.label("subscriber"))
+        .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+        .where(cond).order_by(*order).limit(limit)
+    ).mappings().all()
+    return [dict(r) for r in rows]
 
 
 def overdue_alerts(conn: Connection, cutoff: datetime, limit: int = 10) -> tuple[int, list[dict]]:
@@ -29,15 +90,137 @@ def overdue_alerts(conn: Connection, cutoff: datetime, limit: int = 10) -> tuple
     otherwise handled: (count, the oldest ``limit`` of them)."""
     cond = (alerts.c.send_at < cutoff) & alerts.c.status.not_in(HANDLED_STATES)
     count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    rows = conn.execute(
-        select(alerts.c.id, alerts.c.send_at, alerts.c.status, alerts.c.channel, alerts.c.attempts,
-               alerts.c.last_error, obligations.c.title, subscribers.c.external_id.label("subscriber"))
-        .join(obligations, obligations.c.id == alerts.c.obligation_id)
-        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
-        .where(cond).order_by(alerts.c.send_at, alerts.c.id).limit(limit)
-    ).mappings().all()
-    return count, [dict(r) for r in rows]
+    return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
+
+
+def unreceipted_deliveries(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
+    """Alerts marked ``delivered`` with no ``delivery_attempts`` row of outcome ``sent``: the status
+    claims a send that nothing records (a hand edit, a bug writing the status alone). A real
+    delivery writes its receipt in the same transaction as the status, so this is never transient.
+    Returns (count, the oldest ``limit``)."""
+    receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
+    cond = (alerts.c.status == "delivered") & ~receipt
+    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
+    return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
+
+
+def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
+    """Escalated alerts no human has acknowledged yet: (count, the oldest ``limit``)."""
+    cond = (alerts.c.status == "escalated") & alerts.c.acknowledged_at.is_(None)
+    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
+    return count, _alert_rows(conn, cond, limit, (alerts.c.updated_at, alerts.c.id))
+
+
+def acknowledge(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
+    """Mark escalated alerts as acknowledged by ``by`` at ``now``; returns how many changed
+    (already-acknowledged and non-escalated alerts are left alone)."""
+    if not alert_ids:
+        return 0
+    return conn.execute(
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status == "escalated",
+                             alerts.c.acknowledged_at.is_(None))
+        .values(acknowledged_at=now, acknowledged_by=by)
+    ).rowcount or 0
 
 
 def alerts_by_state(conn: Connection) -> dict[str, int]:
     return dict(conn.execute(select(alerts.c.status, func.count()).group_by(alerts.c.status)).all())
+
+
+def active_subscription_rows(conn: Connection) -> list[dict]:
+    """Active subscriptions of active subscribers with the subscriber's contacts: ``subscriber_id,
+    subscriber, email, webhook_url, source_id, source, rule_patterns, offsets, channels``."""
+    rows = conn.execute(
+        select(subscriptions.c.subscriber_id, subscribers.c.external_id.label("subscriber"), subscribers.c.email,
+               subscribers.c.webhook_url, subscriptions.c.source_id, sources.c.name.label("source"),
+               subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels)
+        .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)
+        .join(sources, sources.c.id == subscriptions.c.source_id)
+        .where(subscriptions.c.active.is_(True), subscribers.c.active.is_(True))
+    ).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def active_rule_payloads(conn: Connection) -> dict[int, dict[str, dict]]:
+    """source_id → rule_id → payload of the latest version of every rule that is not withdrawn."""
+    latest = (select(rule_versions.c.source_id, rule_versions.c.rule_id,
+                     func.max(rule_versions.c.version).label("v"))
+              .group_by(rule_versions.c.source_id, rule_versions.c.rule_id).subquery())
+    rows = conn.execute(
+        select(rule_versions.c.source_id, rule_versions.c.rule_id, rule_versions.c.payload)
+        .join(latest, and_(latest.c.source_id == rule_versions.c.source_id,
+                           latest.c.rule_id == rule_versions.c.rule_id, latest.c.v == rule_versions.c.version))
+        .where(rule_versions.c.withdrawn.is_(False))
+    ).all()
+    out: dict[int, dict[str, dict]] = {}
+    for source_id, rule_id, payload in rows:
+        out.setdefault(source_id, {})[rule_id] = payload
+    return out
+
+
+def upcoming_obligation_counts(conn: Connection, since: datetime) -> dict[tuple[int, int], int]:
+    """(subscriber_id, source_id) → number of active obligations due at or after ``since``."""
+    rows = conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, func.count())
+        .where(obligations.c.status == "active", obligations.c.due_at >= since)
+        .group_by(obligations.c.subscriber_id, obligations.c.source_id)
+    ).all()
+    return {(sub, src): n for sub, src, n in rows}
+
+
+def obligations_with_reminders(conn: Connection, lo: datetime, hi: datetime) -> list[dict]:
+    """Active obligations due in ``[lo, hi]`` with the set of their reminder rows, as dicts with
+    ``id, subscriber_id, source_id, rule_id, due_at, title, reminders`` where ``reminders`` maps
+    (offset_seconds, channel) → status. One query, grouped in Python."""
+    rows = conn.execute(
+        select(obligations.c.id, obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id,
+               obligations.c.due_at, obligations.c.title, alerts.c.offset_seconds, alerts.c.channel,
+               alerts.c.status)
+        .outerjoin(alerts, and_(alerts.c.obligation_id == obligations.c.id, alerts.c.kind == "reminder"))
+        .where(obligations.c.status == "active", obligations.c.due_at >= lo, obligations.c.due_at <= hi)
+        .order_by(obligations.c.due_at, obligations.c.id)
+    ).all()
+    out: dict[int, dict] = {}
+    for r in rows:
+        ob = out.setdefault(r.id, dict(id=r.id, subscriber_id=r.subscriber_id, source_id=r.source_id,
+                                       rule_id=r.rule_id, due_at=r.due_at, title=r.title, reminders={}))
+        if r.offset_seconds is not None:
+            ob["reminders"][(r.offset_seconds, r.channel)] = r.status
+    return list(out.values())
+
+
+def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
+    """The open alert (not handled) with the oldest ``send_at`` at or before ``now``, or None."""
+    rows = _alert_rows(conn, (alerts.c.send_at <= now) & alerts.c.status.not_in(HANDLED_STATES), 1,
+                       (alerts.c.send_at, alerts.c.id))
+    return rows[0] if rows else None
+
+
+__all__ = ["HANDLED_STATES", "beat", "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
+           "overdue_alerts", "unreceipted_deliveries", "escalated_unacknowledged", "acknowledge",
+           "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
+           "obligations_with_reminders", "oldest_open_alert"]
+
+
+def retry_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
+    """Put escalated or cancelled alerts back in the queue, due now (a human decided to try again).
+    The attempt count is kept, so the history stays readable; returns how many changed."""
+    if not alert_ids:
+        return 0
+    return conn.execute(
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("escalated", "cancelled", "skipped")))
+        .values(status="pending", send_at=now, next_attempt_at=None, lease_owner=None, lease_expires_at=None,
+                status_reason=f"retried by {by}", acknowledged_at=None, acknowledged_by=None, updated_at=now)
+    ).rowcount or 0
+
+
+def cancel_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
+    """Cancel open alerts by hand (never delivered ones only: history is not rewritten); returns how many
+    changed. A planning run does not revive them: the reason does not carry the withdrawal prefix."""
+    if not alert_ids:
+        return 0
+    return conn.execute(
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("pending", "retry_wait", "skipped")),
+                             or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
+        .values(status="cancelled", status_reason=f"cancelled by {by}", updated_at=now)
+    ).rowcount or 0

@@ -49,6 +49,8 @@ from deadline_pipeline.store.sources import latest_versions
 from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
 
 OPEN_ALERT_STATES = ("pending", "retry_wait")
+# Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
+WITHDRAWN_REASON_PREFIX = "withdrawn: "
 
 _stage_md = MetaData()
 stage_obligations = Table(
@@ -260,11 +262,16 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
         .where(true())
     )
     ins = dialect_insert(conn, a).from_select(cols, sel)
+    # A reminder cancelled because its obligation was withdrawn comes back with the obligation (a
+    # source that drops a rule and restores it must not leave its reminders cancelled for good).
+    revived = and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%"))
     stmt = ins.on_conflict_do_update(
         index_elements=["obligation_id", "offset_seconds", "channel", "kind", "revision"],
-        set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at},
-        where=and_(a.c.status.in_(("pending", "retry_wait", "skipped")),
-                   a.c.send_at.is_distinct_from(ins.excluded.send_at)),
+        set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at,
+              "status": case((revived, ins.excluded.status), else_=a.c.status),
+              "status_reason": case((revived, ins.excluded.status_reason), else_=a.c.status_reason)},
+        where=or_(and_(a.c.status.in_(("pending", "retry_wait", "skipped")),
+                       a.c.send_at.is_distinct_from(ins.excluded.send_at)), revived),
     )
     conn.execute(stmt)
     inserted = conn.execute(select(func.count()).select_from(a)).scalar_one() - before
@@ -339,7 +346,7 @@ def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: dat
             update(alerts)
             .where(alerts.c.obligation_id.in_(part), alerts.c.status.in_(("pending", "retry_wait", "skipped")),
                    or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
-            .values(status="cancelled", status_reason=reason, updated_at=now)
+            .values(status="cancelled", status_reason=WITHDRAWN_REASON_PREFIX + reason, updated_at=now)
             .returning(alerts.c.id)
         ).all())
     return cancelled

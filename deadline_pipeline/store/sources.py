@@ -1,11 +1,16 @@
-"""SQL of the ingest stage: sources, snapshots and rule versions. Nothing here ever deletes."""
+"""SQL of the ingest stage: sources, snapshots and rule versions.
+
+The pipeline never deletes: a withdrawal is a new rule version and a failed fetch or parse keeps
+everything. The one delete here, :func:`prune_snapshots`, serves the operator's retention command and
+re-checks in the DELETE itself that no rule version references what it removes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, func, select, update
+from sqlalchemy import Connection, and_, delete, exists, func, or_, select, update
 
 from deadline_pipeline.store.schema import rule_versions, snapshots, sources
 from deadline_pipeline.store.upsert import dialect_insert
@@ -53,7 +58,15 @@ def all_sources(conn: Connection) -> list[SourceRow]:
     return [SourceRow(**r) for r in rows]
 
 
+def safe_text(text: str | None) -> str | None:
+    """``text`` without NUL characters (shown as ``\\x00``): PostgreSQL refuses NUL in text columns,
+    and an error message quoting a hostile payload must not make recording the error fail."""
+    return text.replace("\x00", "\\x00") if text is not None else None
+
+
 def mark_source(conn: Connection, source_id: int, **values) -> None:
+    if "last_error" in values:
+        values["last_error"] = safe_text(values["last_error"])
     conn.execute(update(sources).where(sources.c.id == source_id).values(**values))
 
 
@@ -114,7 +127,7 @@ def requeue_snapshot(conn: Connection, snapshot_id: int, now: datetime) -> None:
 
 def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None) -> None:
     conn.execute(
-        update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_status=status, parse_error=error)
+        update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_status=status, parse_error=safe_text(error))
     )
 
 
@@ -138,3 +151,78 @@ def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
 def insert_versions(conn: Connection, rows: list[dict]) -> None:
     if rows:
         conn.execute(rule_versions.insert(), rows)
+
+
+def get_source_by_id(conn: Connection, source_id: int) -> SourceRow:
+    """The source row with this id; raises ``sqlalchemy.exc.NoResultFound`` when there is none."""
+    row = conn.execute(select(*[c for c in sources.c]).where(sources.c.id == source_id)).mappings().one()
+    return SourceRow(**row)
+
+
+def find_source(conn: Connection, name: str) -> SourceRow | None:
+    """The source row named ``name``, or None."""
+    row = conn.execute(select(*[c for c in sources.c]).where(sources.c.name == name)).mappings().first()
+    return SourceRow(**row) if row is not None else None
+
+
+def list_snapshots(conn: Connection, source_id: int, statuses: tuple[str, ...] | None = None) -> list:
+    """Snapshots of a source without their bytes, newest first (by ``fetched_at``, then id).
+
+    ``statuses`` restricts to these parse statuses (``parsed``, ``pending``, ``failed``,
+    ``quarantined``). Each row has id, fetched_at, sha256, size, http_status, etag, parse_status,
+    parse_error.
+    """
+    query = (
+        select(snapshots.c.id, snapshots.c.fetched_at, snapshots.c.sha256, snapshots.c.size,
+               snapshots.c.http_status, snapshots.c.etag, snapshots.c.parse_status, snapshots.c.parse_error)
+        .where(snapshots.c.source_id == source_id)
+        .order_by(snapshots.c.fetched_at.desc(), snapshots.c.id.desc())
+    )
+    if statuses is not None:
+        query = query.where(snapshots.c.parse_status.in_(statuses))
+    return list(conn.execute(query).all())
+
+
+def _newer_snapshot_exists():
+    """SQL: a snapshot of the same source fetched after the outer ``snapshots`` row (ties by id)."""
+    newer = snapshots.alias("newer")
+    return exists().where(
+        newer.c.source_id == snapshots.c.source_id,
+        or_(newer.c.fetched_at > snapshots.c.fetched_at,
+            and_(newer.c.fetched_at == snapshots.c.fetched_at, newer.c.id > snapshots.c.id)),
+    )
+
+
+def _prunable(before: datetime):
+    """SQL condition of a snapshot the retention command may delete (see :func:`prune_snapshots`)."""
+    referenced = exists().where(rule_versions.c.snapshot_id == snapshots.c.id)
+    owner = sources.alias("owner")  # an alias: the listing query joins `sources` itself
+    current = exists().where(owner.c.id == snapshots.c.source_id, owner.c.current_snapshot_id == snapshots.c.id)
+    return and_(snapshots.c.fetched_at < before, ~referenced, ~current, _newer_snapshot_exists())
+
+
+def prunable_snapshots(conn: Connection, before: datetime) -> list:
+    """Snapshots fetched before ``before`` (aware UTC) that no rule version references and that are
+    neither their source's latest nor its current snapshot: rows of id, source name, fetched_at,
+    size (bytes), parse_status; oldest first."""
+    return list(conn.execute(
+        select(snapshots.c.id, sources.c.name.label("source"), snapshots.c.fetched_at, snapshots.c.size,
+               snapshots.c.parse_status)
+        .join(sources, sources.c.id == snapshots.c.source_id)
+        .where(_prunable(before))
+        .order_by(snapshots.c.fetched_at, snapshots.c.id)
+    ).all())
+
+
+def prune_snapshots(conn: Connection, ids: list[int], before: datetime) -> list[int]:
+    """Delete the snapshots among ``ids`` that are still prunable at ``before``; returns the ids
+    deleted. The conditions are repeated in the DELETE so that a snapshot that became referenced
+    (or latest) since it was listed survives."""
+    deleted: list[int] = []
+    for start in range(0, len(ids), 500):
+        part = ids[start:start + 500]
+        res = conn.execute(
+            delete(snapshots).where(snapshots.c.id.in_(part), _prunable(before)).returning(snapshots.c.id)
+        )
+        deleted.extend(r[0] for r in res.all())
+    return sorted(deleted)

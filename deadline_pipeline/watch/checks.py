@@ -1,16 +1,56 @@
 """The invariants the watchers evaluate, as plain functions of the store and a clock.
 
-Both the Dagster asset checks and the ``watchdog`` command call these, so the UI and cron agree.
+The Dagster asset checks (:mod:`deadline_pipeline.orchestration.checks`) call these, and the
+``watchdog`` command may, so the UI and cron agree. Every ``now`` is an aware UTC datetime; every
+interval is a :class:`~datetime.timedelta`. A check never raises for what it finds: it returns a
+:class:`CheckOutcome` with the count of offenders and the worst few (JSON-safe).
+
+Checks and what exactly they promise:
+
+``alerts_reconciled``
+    zero alerts with ``send_at`` older than ``now - grace`` that are neither delivered, escalated,
+    cancelled, superseded nor skipped; and zero ``delivered`` alerts without a ``sent`` receipt in
+    ``delivery_attempts`` (the status alone proves nothing).
+``sweep_alive``
+    the newest of the heartbeats ``deliver`` (a sweep completed) and ``deliver:idle`` (the sensor
+    found nothing claimable, i.e. the sweep is caught up) is within ``interval + grace`` of ``now``.
+``horizon_planned``
+    (1) the ``plan`` heartbeat completed within ``plan_interval`` of ``now`` and its last run did not
+    crash — planning covers ``[P, P + horizon]`` when it last ran at P, so this bounds the uncovered
+    tail to one planning interval; and (2) every active subscription (active subscriber) whose
+    source has at least one active rule matching its patterns with an occurrence inside
+    ``[now + 1 day, now + horizon - 1 day]`` (read with dateutil from the stored rule, not by the
+    planner; the day of slack absorbs time zones) has at least one active obligation due at or
+    after ``now``. (2) catches a target the planner silently skipped.
+``fanout_complete``
+    every active obligation due in ``[now, now + horizon]`` has exactly one reminder row per
+    (offset, usable channel) of the active subscriptions of its subscriber and source whose
+    patterns match its rule — none missing, and no *open* reminder for a pair nobody asks for.
+    A channel is usable when it is configured and the subscriber has its contact (email for smtp
+    and maildir, webhook_url for webhook).
+``escalations_acknowledged``
+    zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
+    that a human took it over).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
 from deadline_pipeline.store import health
+
+log = logging.getLogger(__name__)
+
+# Heartbeat components the sweep writes: a completed sweep, or a sensor tick with nothing to claim.
+SWEEP_COMPONENTS = ("deliver", "deliver:idle")
+PLAN_COMPONENT = "plan"
+# Channel type → the subscriber contact it needs (planning skips a channel whose contact is missing).
+CONTACT_OF_TYPE = {"smtp": "email", "maildir": "email", "webhook": "webhook_url", "slack": None}
 
 
 @dataclass
@@ -24,20 +64,177 @@ class CheckOutcome:
     offenders: list[dict] = field(default_factory=list)
 
 
-def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelta(minutes=30)) -> CheckOutcome:
-    """Alerts due before ``now - grace`` that are neither delivered, escalated, cancelled nor skipped
-    must be zero: each one is a reminder that should have gone out and did not."""
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _alert_offender(r: dict, reason: str) -> dict:
+    return {"alert_id": r["id"], "reason": reason, "send_at": _iso(r["send_at"]), "status": r["status"],
+            "channel": r["channel"], "subscriber": r["subscriber"], "title": r["title"],
+            "attempts": r["attempts"], "last_error": r["last_error"]}
+
+
+def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelta(minutes=30),
+                      limit: int = 10) -> CheckOutcome:
+    """Alerts due before ``now - grace`` that are neither delivered, escalated, cancelled nor skipped,
+    plus ``delivered`` alerts without a ``sent`` receipt, must be zero: each one is a reminder that
+    should have gone out and may not have. A backlog stays counted until it drains (no flapping)."""
     with engine.connect() as conn:
-        count, oldest = health.overdue_alerts(conn, now - grace)
-    offenders = [
-        {"alert_id": r["id"], "send_at": r["send_at"].isoformat(), "status": r["status"],
-         "channel": r["channel"], "subscriber": r["subscriber"], "title": r["title"],
-         "attempts": r["attempts"], "last_error": r["last_error"]}
-        for r in oldest
-    ]
-    if count:
-        summary = (f"{count} alert(s) overdue by more than {grace}; oldest due {oldest[0]['send_at'].isoformat()}"
-                   f" ({oldest[0]['status']})")
-    else:
-        summary = f"every alert due before {(now - grace).isoformat()} is delivered, escalated or cancelled"
+        overdue, oldest = health.overdue_alerts(conn, now - grace, limit)
+        unreceipted, forged = health.unreceipted_deliveries(conn, limit)
+    offenders = ([_alert_offender(r, "overdue") for r in oldest]
+                 + [_alert_offender(r, "delivered_without_receipt") for r in forged])[:limit]
+    count = overdue + unreceipted
+    parts = []
+    if overdue:
+        parts.append(f"{overdue} alert(s) overdue by more than {grace}; oldest due "
+                     f"{oldest[0]['send_at'].isoformat()} ({oldest[0]['status']})")
+    if unreceipted:
+        parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
+                     f"(first: alert {forged[0]['id']})")
+    summary = "; ".join(parts) or (f"every alert due before {(now - grace).isoformat()} is delivered, escalated "
+                                   "or cancelled, and every delivery has its receipt")
     return CheckOutcome("alerts_reconciled", count == 0, count, summary, offenders)
+
+
+def _age_outcome(name: str, what: str, beats: dict[str, dict], components: tuple[str, ...], now: datetime,
+                 allowed: timedelta) -> CheckOutcome:
+    seen = {c: beats[c] for c in components if c in beats and beats[c].get("last_completed_at")}
+    offenders = [{"component": c, "last_completed_at": _iso(b["last_completed_at"]),
+                  "last_started_at": _iso(b.get("last_started_at")), "last_outcome": b.get("last_outcome"),
+                  "detail": b.get("detail")} for c, b in seen.items()]
+    if not seen:
+        return CheckOutcome(name, False, 1, f"{what} has never completed (no heartbeat {' / '.join(components)})",
+                            [{"component": c, "last_completed_at": None} for c in components])
+    newest = max(b["last_completed_at"] for b in seen.values())
+    age = now - newest
+    if age > allowed:
+        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, {age} ago; expected "
+                            f"within {allowed}", offenders)
+    return CheckOutcome(name, True, 0, f"{what} completed {age} ago (allowed {allowed})", offenders)
+
+
+def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(minutes=5),
+                grace: timedelta = timedelta(minutes=10)) -> CheckOutcome:
+    """The sweep completed (or the sensor found it caught up) within ``interval + grace`` of ``now``.
+    Red when the daemon, the sensor or every sweep run has stopped."""
+    with engine.connect() as conn:
+        beats = health.read_heartbeats(conn)
+    return _age_outcome("sweep_alive", "the delivery sweep", beats, SWEEP_COMPONENTS, now, interval + grace)
+
+
+def _occurs_within(payload: dict, lo: datetime, hi: datetime) -> bool | None:
+    """Whether a rule (its stored payload) has an occurrence between ``lo`` and ``hi`` (aware UTC):
+    True, False, or None when the payload cannot be read (planning reports that rule itself).
+
+    Deliberately independent of the planner (dateutil directly, local wall time compared with UTC
+    bounds): callers pass bounds shrunk by a day on each side, which absorbs any zone offset, so a
+    rule at the edge of the window is never *expected* by mistake.
+    """
+    from dateutil.rrule import rrulestr
+
+    try:
+        start = datetime.fromisoformat(str(payload["start"]))
+        lo_n, hi_n = lo.replace(tzinfo=None), hi.replace(tzinfo=None)
+        dates = [datetime.fromisoformat(str(d)) for d in payload.get("rdates") or ()]
+        if payload.get("rrule"):
+            nxt = rrulestr(payload["rrule"], dtstart=start).after(lo_n, inc=True)
+            dates.append(nxt) if nxt is not None else None
+        elif not dates:
+            dates = [start]
+        return any(lo_n <= d.replace(tzinfo=None) <= hi_n for d in dates)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("horizon_planned: cannot read rule payload %s: %s", payload.get("rule_id"), exc)
+        return None
+
+
+def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = timedelta(minutes=90),
+                    horizon: timedelta = timedelta(days=366), limit: int = 10) -> CheckOutcome:
+    """Planning is alive and covers every target through ``now + horizon`` (see the module docstring
+    for the exact definition). Offenders: the stale heartbeat and/or the uncovered targets."""
+    with engine.connect() as conn:
+        beats = health.read_heartbeats(conn)
+        subs = health.active_subscription_rows(conn)
+        rules = health.active_rule_payloads(conn)
+        upcoming = health.upcoming_obligation_counts(conn, now)
+    beat_out = _age_outcome("horizon_planned", "planning", beats, (PLAN_COMPONENT,), now, plan_interval)
+    crashed = beats.get(PLAN_COMPONENT, {}).get("last_outcome") == "crashed"
+    uncovered = []
+    for s in subs:
+        wanted = [rid for rid in rules.get(s["source_id"], {})
+                  if any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"])]
+        lo, hi = now + timedelta(days=1), now + horizon - timedelta(days=1)
+        ahead = [rid for rid in wanted if _occurs_within(rules[s["source_id"]][rid], lo, hi)]
+        if ahead and not upcoming.get((s["subscriber_id"], s["source_id"])):
+            uncovered.append({"subscriber": s["subscriber"], "source": s["source"], "rules_ahead": len(ahead),
+                              "example_rule": ahead[0]})
+    uncovered.sort(key=lambda o: (o["source"], o["subscriber"]))
+    count = (0 if beat_out.passed and not crashed else 1) + len(uncovered)
+    parts = [] if beat_out.passed else [beat_out.summary]
+    if crashed:
+        parts.append(f"the last planning run crashed: {beats[PLAN_COMPONENT].get('detail')}")
+    if uncovered:
+        parts.append(f"{len(uncovered)} subscription(s) with rules ahead have no obligation due after "
+                     f"{now.isoformat()} (first: {uncovered[0]['subscriber']} × {uncovered[0]['source']})")
+    summary = "; ".join(parts) or f"{beat_out.summary}; every subscription with rules ahead has obligations ahead"
+    offenders = ([] if beat_out.passed and not crashed else beat_out.offenders) + uncovered
+    return CheckOutcome("horizon_planned", count == 0, count, summary, offenders[:limit])
+
+
+def expected_reminders(subs: list[dict], rule_id: str, channel_types: dict[str, str]) -> set[tuple[int, str]]:
+    """(offset_seconds, channel) pairs the subscriptions in ``subs`` (one subscriber and source) ask
+    for on ``rule_id``: offsets × usable channels of each subscription whose patterns match. Pure."""
+    out: set[tuple[int, str]] = set()
+    for s in subs:
+        if not any(fnmatch.fnmatchcase(rule_id, p) for p in s["rule_patterns"]):
+            continue
+        for ch in s["channels"]:
+            if ch not in channel_types:
+                continue  # not configured: planning reports it and plans nothing on it
+            contact = CONTACT_OF_TYPE.get(channel_types[ch])
+            if contact and not s.get(contact):
+                continue  # planning skipped it loudly (the subscriber has no such contact)
+            out.update((int(o), ch) for o in s["offsets"])
+    return out
+
+
+def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_types: dict[str, str],
+                    limit: int = 10) -> CheckOutcome:
+    """Every active obligation due in ``[now, now + horizon]`` has exactly its expected reminder rows
+    (``channel_types``: channel name → configured type, e.g. ``{"mail": "smtp"}``)."""
+    with engine.connect() as conn:
+        subs = health.active_subscription_rows(conn)
+        obs = health.obligations_with_reminders(conn, now, now + horizon)
+    by_target: dict[tuple[int, int], list[dict]] = {}
+    for s in subs:
+        by_target.setdefault((s["subscriber_id"], s["source_id"]), []).append(s)
+    offenders = []
+    count = 0
+    for ob in obs:
+        want = expected_reminders(by_target.get((ob["subscriber_id"], ob["source_id"]), []), ob["rule_id"],
+                                  channel_types)
+        have = ob["reminders"]
+        missing = sorted(want - set(have))
+        # A reminder nobody asks for any more is harmless once handled; an open one would still be sent.
+        extra = sorted(k for k, st in have.items() if k not in want and st in ("pending", "retry_wait", "claimed"))
+        if missing or extra:
+            count += 1
+            if len(offenders) < limit:
+                offenders.append({"obligation_id": ob["id"], "rule_id": ob["rule_id"], "title": ob["title"],
+                                  "due_at": _iso(ob["due_at"]), "missing": [list(m) for m in missing[:10]],
+                                  "unexpected": [list(e) for e in extra[:10]]})
+    summary = (f"{count} of {len(obs)} obligation(s) due by {(now + horizon).isoformat()} lack reminder rows or "
+               f"have open ones nobody asks for (first: obligation {offenders[0]['obligation_id']})" if count else
+               f"all {len(obs)} obligation(s) due by {(now + horizon).isoformat()} have exactly their reminder rows")
+    return CheckOutcome("fanout_complete", count == 0, count, summary, offenders)
+
+
+def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> CheckOutcome:
+    """Escalated alerts that no human has acknowledged (``deadline-pipeline acknowledge``)."""
+    with engine.connect() as conn:
+        count, oldest = health.escalated_unacknowledged(conn, limit)
+    offenders = [{**_alert_offender(r, "escalated_unacknowledged"), "escalated_at": _iso(r["updated_at"]),
+                  "waiting_seconds": int((now - r["updated_at"]).total_seconds())} for r in oldest]
+    summary = (f"{count} escalated alert(s) not acknowledged; oldest escalated {oldest[0]['updated_at'].isoformat()}"
+               if count else "every escalated alert is acknowledged")
+    return CheckOutcome("escalations_acknowledged", count == 0, count, summary, offenders)

@@ -3,17 +3,26 @@
 A channel sends one :class:`~deadline_pipeline.deliver.notification.Notification` at a time and
 either returns a :class:`~deadline_pipeline.deliver.notification.SendResult` or raises
 :class:`~deadline_pipeline.deliver.notification.DeliveryError`; it touches no database. Retrying,
-leases and escalation belong to the sweep, which decides from ``idempotency_class``:
+leases and escalation belong to the sweep. A channel may also offer ``async send_async(n)`` and
+``async aclose()`` (the webhook channel does); the sweep then sends on its event loop instead of a
+worker thread.
+
+Idempotency classes: what the sweep may do when it does not know whether a send landed (a timeout
+after the request left, or a crash between the send and recording its result, found later as an
+attempt row with a start and no outcome whose lease has expired):
 
 ``"notification"``
     Receiving the same alert twice is harmless and recognisable: every copy carries the alert's
-    dedup key (SMTP ``Message-ID``, webhook ``Idempotency-Key``). After an ``"unknown"`` outcome the
-    sweep may resend; the receiver can drop the duplicate. Maildir, SMTP and webhook are this class.
+    dedup key (SMTP ``Message-ID``, webhook ``Idempotency-Key`` and ``webhook-id``, the reference
+    line of a chat message). After an unknown outcome the sweep resends with the same key; the
+    receiver can drop the duplicate. Maildir, SMTP, webhook and slack are this class.
 
 ``"booking"``
-    A send has a permanent effect (it books, pays, files something) and a duplicate is a real harm.
-    After an ``"unknown"`` outcome it must never be resent blindly; the sweep escalates to a human
-    (or first asks the provider whether the key was seen). No built-in channel is of this class.
+    A send has a permanent effect (it books, pays, files, creates a calendar event) and a duplicate
+    is a real harm. After an unknown outcome the sweep never resends: the alert becomes ``escalated``
+    with the reason, is logged at ERROR and announced on the escalation channels (terminal and loud;
+    a human decides). A crash mid-batch therefore escalates every booking alert of that batch whose
+    attempt had started, sent or not: the safe side. No built-in channel is of this class.
 """
 
 from __future__ import annotations
@@ -48,11 +57,12 @@ class Channel(Protocol):
 def build_channel(name: str, cfg) -> Channel:
     """The channel for one configuration entry.
 
-    ``cfg``: a :class:`~deadline_pipeline.config.MaildirChannel`, :class:`~deadline_pipeline.config.SmtpChannel`
-    or :class:`~deadline_pipeline.config.WebhookChannel`. Raises ``TypeError`` for anything else.
+    ``cfg``: a :class:`~deadline_pipeline.config.MaildirChannel`, :class:`~deadline_pipeline.config.SmtpChannel`,
+    :class:`~deadline_pipeline.config.WebhookChannel` or :class:`~deadline_pipeline.config.SlackChannel`.
+    Raises ``TypeError`` for anything else.
     Building opens no connection; credentials named in ``cfg`` are read at send time.
     """
-    from deadline_pipeline.config import MaildirChannel, SmtpChannel, WebhookChannel
+    from deadline_pipeline.config import MaildirChannel, SlackChannel, SmtpChannel, WebhookChannel
 
     if isinstance(cfg, MaildirChannel):
         from deadline_pipeline.deliver.channels.maildir import MaildirSender
@@ -66,4 +76,8 @@ def build_channel(name: str, cfg) -> Channel:
         from deadline_pipeline.deliver.channels.webhook import WebhookSender
 
         return WebhookSender(name, cfg)
+    if isinstance(cfg, SlackChannel):
+        from deadline_pipeline.deliver.channels.slack import SlackSender
+
+        return SlackSender(name, cfg)
     raise TypeError(f"channel {name!r}: unsupported configuration {type(cfg).__name__}")

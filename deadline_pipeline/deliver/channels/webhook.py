@@ -1,10 +1,19 @@
-"""Deliver alerts as JSON POSTs to each subscriber's ``webhook_url`` (httpx).
+"""Deliver alerts as JSON POSTs to each subscriber's ``webhook_url``.
+
+Two transports behind one classification: :meth:`WebhookSender.send` (httpx, blocking, one alert at
+a time) and :meth:`WebhookSender.send_async` (aiohttp, what the sweep uses). Measured on the 2-core
+benchmark machine against one loopback receiver at concurrency 64, httpx's client saturated its
+process at ~250 requests/s and aiohttp at ~2,600/s, so the sweep's hot path uses aiohttp
+(``benchmarks/deliver.py`` reports the ceiling of each run).
 
 Request: ``POST`` with ``Content-Type: application/json``, ``Idempotency-Key: <dedup_key>`` and the
 body ``{"id", "kind", "subscriber", "source", "rule_id", "title", "due_at", "previous_due_at",
-"url", "note"}`` (times as ISO 8601 UTC with ``Z``, ``null`` when absent). When the configuration
-names ``secret_env``, the body is signed: ``X-Deadline-Signature: sha256=<hex HMAC-SHA256 of the
-body bytes>``, so the receiver can refuse alerts that did not come from us.
+"url", "note"}`` (times as ISO 8601 UTC with ``Z``, ``null`` when absent). Standard Webhooks headers
+(https://www.standardwebhooks.com) are always sent: ``webhook-id`` (the dedup key, equal on every
+retry of the same alert), ``webhook-timestamp`` (Unix seconds of this attempt) and, when the
+configuration names ``secret_env``, ``webhook-signature: v1,<base64 HMAC-SHA256 of
+"{id}.{timestamp}.{body}">``. The secret in that variable is base64, optionally prefixed
+``whsec_`` (the spec's format); anything else is a permanent configuration error.
 
 Answers and failures:
 
@@ -20,10 +29,14 @@ Answers and failures:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
 import os
+import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -34,7 +47,7 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 
 NOT_PROCESSED_STATUSES = (408, 429, 503)
-SIGNATURE_HEADER = "X-Deadline-Signature"
+SECRET_PREFIX = "whsec_"
 
 
 def iso_z(when: datetime | None) -> str | None:
@@ -79,12 +92,65 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+def decode_secret(text: str) -> bytes:
+    """The signing key bytes of a Standard Webhooks secret (``whsec_<base64>`` or bare base64).
+
+    Raises ``ValueError`` when the text is not base64 or decodes to nothing.
+    """
+    raw = text.strip().removeprefix(SECRET_PREFIX)
+    try:
+        # The spec allows unpadded base64; validate=True refuses stray characters instead of
+        # silently dropping them (which would sign with a different key than the receiver's).
+        key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    if not key or not raw:
+        raise ValueError("empty secret")
+    return key
+
+
+def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")>`` (Standard Webhooks, version 1)."""
+    to_sign = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, to_sign, hashlib.sha256).digest()).decode("ascii")
+
+
+def classify(channel: str, url: str, status: int, reason: str, headers: Mapping[str, str], text: str,
+             response_id: str | None) -> SendResult:
+    """The :class:`SendResult` of a 2xx answer; raises :class:`DeliveryError` for any other status
+    (see the module docstring for which statuses are permanent, ``"failed"`` or ``"unknown"``)."""
+    if 200 <= status < 300:
+        return SendResult(provider_message_id=response_id or f"HTTP {status}")
+    detail = f"HTTP {status} {reason}: {text[:200]!r}"
+    where = f"channel {channel!r} (webhook {url}): "
+    retry_after = parse_retry_after(headers.get("Retry-After"))
+    if status in NOT_PROCESSED_STATUSES:
+        raise DeliveryError(where + detail, permanent=False, retry_after=retry_after)
+    if 500 <= status < 600:
+        raise DeliveryError(where + detail, permanent=False, outcome="unknown", retry_after=retry_after)
+    hint = " (redirects are not followed; configure the final URL)" if 300 <= status < 400 else ""
+    raise DeliveryError(where + detail + hint, permanent=True)
+
+
+def response_id_of(text: str) -> str | None:
+    """The ``"id"`` of a JSON object answer, else ``None`` (not JSON, not an object, no scalar id)."""
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:  # not JSON (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return None
+    value = data.get("id") if isinstance(data, dict) else None
+    if value is None or isinstance(value, dict | list):
+        return None
+    return str(value)
+
+
 class WebhookSender:
-    """Channel POSTing to ``n.webhook_url`` with one :class:`httpx.Client` per instance.
+    """Channel POSTing to ``n.webhook_url``.
 
     ``cfg.timeout_seconds`` bounds connect, write, read and pool waits, each in seconds.
-    ``send`` raises :class:`DeliveryError` as described in the module docstring; a missing
-    ``webhook_url`` or an unset ``secret_env`` variable is permanent.
+    ``send``/``send_async`` raise :class:`DeliveryError` as described in the module docstring; a
+    missing ``webhook_url``, an unset ``secret_env`` variable or a secret that is not base64 is
+    permanent. ``send_async`` must always be awaited on the same event loop until :meth:`aclose`.
     """
 
     idempotency_class = IDEMPOTENCY_NOTIFICATION
@@ -93,15 +159,22 @@ class WebhookSender:
         self.name = name
         self.cfg = cfg
         # follow_redirects=False: a redirected POST could land the alert (and its signature) elsewhere.
-        self._client = httpx.Client(timeout=httpx.Timeout(cfg.timeout_seconds), follow_redirects=False)
+        self._client: httpx.Client | None = None
+        self._session = None  # aiohttp.ClientSession, created on the loop that uses it
 
     def _error(self, url: str, what: str, *, permanent: bool, outcome: str = "failed",
                retry_after: float | None = None) -> DeliveryError:
         return DeliveryError(f"channel {self.name!r} (webhook {url}): {what}", permanent=permanent,
                              outcome=outcome, retry_after=retry_after)
 
-    def _headers(self, n: Notification, body: bytes, url: str) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key}
+    def _prepare(self, n: Notification) -> tuple[str, bytes, dict[str, str]]:
+        url = n.webhook_url or ""
+        if not url:
+            raise self._error("(none)", f"subscriber {n.subscriber_id!r} has no webhook_url", permanent=True)
+        body = json.dumps(payload(n), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        timestamp = int(time.time())
+        headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
+                   "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}
         if self.cfg.secret_env is not None:
             secret = os.environ.get(self.cfg.secret_env)
             if secret is None:
@@ -109,17 +182,21 @@ class WebhookSender:
                 # that should not trust it.
                 raise self._error(url, f"environment variable {self.cfg.secret_env} (named in the "
                                   "configuration as secret_env) is not set", permanent=True)
-            digest = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-            headers[SIGNATURE_HEADER] = f"sha256={digest}"
-        return headers
+            try:
+                key = decode_secret(secret)
+            except ValueError as exc:
+                raise self._error(url, f"environment variable {self.cfg.secret_env} does not hold a "
+                                  f"Standard Webhooks secret ('whsec_<base64>'): {exc}", permanent=True) from None
+            headers["webhook-signature"] = sign(key, n.dedup_key, timestamp, body)
+        return url, body, headers
+
+    # ------------------------------------------------------------------ blocking (httpx)
 
     def send(self, n: Notification) -> SendResult:
         """POST ``n`` to ``n.webhook_url``. Returns the receiver's id; raises :class:`DeliveryError`."""
-        url = n.webhook_url or ""
-        if not url:
-            raise self._error("(none)", f"subscriber {n.subscriber_id!r} has no webhook_url", permanent=True)
-        body = json.dumps(payload(n), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        headers = self._headers(n, body, url)
+        url, body, headers = self._prepare(n)
+        if self._client is None:
+            self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout_seconds), follow_redirects=False)
         try:
             response = self._client.post(url, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:
@@ -134,33 +211,52 @@ class WebhookSender:
                 url, f"no answer after sending, the alert may have been delivered: {type(exc).__name__}: {exc}",
                 permanent=False, outcome="unknown",
             ) from exc
-        return self._result(url, response)
+        text = response.text
+        return classify(self.name, url, response.status_code, response.reason_phrase, response.headers, text,
+                        response_id_of(text))
 
-    def _result(self, url: str, response: httpx.Response) -> SendResult:
-        status = response.status_code
-        if 200 <= status < 300:
-            return SendResult(provider_message_id=_response_id(response) or f"HTTP {status}")
-        detail = f"HTTP {status} {response.reason_phrase}: {response.text[:200]!r}"
-        if status in NOT_PROCESSED_STATUSES:
-            retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            raise self._error(url, detail, permanent=False, retry_after=retry_after)
-        if 500 <= status < 600:
-            raise self._error(url, detail, permanent=False, outcome="unknown",
-                              retry_after=parse_retry_after(response.headers.get("Retry-After")))
-        return_hint = " (redirects are not followed; configure the final URL)" if 300 <= status < 400 else ""
-        raise self._error(url, detail + return_hint, permanent=True)
+    # ------------------------------------------------------------------ asyncio (aiohttp)
+
+    async def send_async(self, n: Notification) -> SendResult:
+        """The same POST as :meth:`send` on the running event loop (aiohttp)."""
+        import aiohttp
+
+        url, body, headers = self._prepare(n)
+        if self._session is None:
+            t = self.cfg.timeout_seconds
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t),
+                connector=aiohttp.TCPConnector(limit=self.cfg.max_concurrency),
+            )
+        try:
+            async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
+                raw = await response.read()
+                text = raw.decode("utf-8", "replace")
+                return classify(self.name, url, response.status, response.reason or "", response.headers, text,
+                                response_id_of(text))
+        except DeliveryError:
+            raise
+        except aiohttp.InvalidURL as exc:
+            raise self._error(url, f"unusable URL: {exc}", permanent=True) from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # No connection, so no request reached the receiver.
+            raise self._error(url, f"{type(exc).__name__}: {exc}", permanent=False) from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            # SocketTimeoutError, ServerDisconnectedError, ClientPayloadError, ClientOSError after the
+            # connection was made: the request (or part of it) left.
+            raise self._error(
+                url, f"no answer after sending, the alert may have been delivered: {type(exc).__name__}: {exc}",
+                permanent=False, outcome="unknown",
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Close the aiohttp session (on the loop that created it)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def close(self) -> None:
-        """Close the HTTP client and its pooled connections."""
-        self._client.close()
-
-
-def _response_id(response: httpx.Response) -> str | None:
-    try:
-        data = response.json()
-    except ValueError:  # not JSON (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
-        return None
-    value = data.get("id") if isinstance(data, dict) else None
-    if value is None or isinstance(value, dict | list):
-        return None
-    return str(value)
+        """Close the httpx client and its pooled connections (see :meth:`aclose` for the async side)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None

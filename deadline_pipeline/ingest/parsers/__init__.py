@@ -12,6 +12,7 @@ from collections.abc import Callable
 from deadline_pipeline.ingest.parsers.aideadlines import parse_ai_deadlines
 from deadline_pipeline.ingest.parsers.base import ParseError, ParseProblem, ParseResult
 from deadline_pipeline.ingest.parsers.csv_format import parse_csv
+from deadline_pipeline.ingest.parsers.govuk import parse_govuk_bank_holidays
 from deadline_pipeline.ingest.parsers.ics import parse_ics
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -21,6 +22,7 @@ PARSERS: dict[str, Callable[..., ParseResult]] = {
     "ai-deadlines": parse_ai_deadlines,
     "ics": parse_ics,
     "csv": parse_csv,
+    "govuk-bank-holidays": parse_govuk_bank_holidays,
 }
 
 

@@ -309,6 +309,11 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         rid_text = _utc_iso(rid, rule_zone)
         rule_id = f"{rule_id}#{rid_text}"
         extra["recurrence_id"] = rid_text
+        # RANGE=THISANDFUTURE (§3.2.13) makes the override apply to every later occurrence too;
+        # planning splits the series on it (plan.recurrence.apply_overrides).
+        rng = recurrence_id.params.get("RANGE") if hasattr(recurrence_id, "params") else None
+        if rng:
+            extra["range"] = str(rng).upper()
 
     return RuleRecord(
         rule_id=rule_id,

@@ -1,14 +1,14 @@
 """planning: obligation revisions and fingerprints, corrections, quiet hours, late policy
 
 Revision ID: 0005
-Revises: 0001
+Revises: 0004
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
-down_revision = "0001"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

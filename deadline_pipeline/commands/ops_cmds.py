@@ -1,0 +1,201 @@
+"""Operations commands: ``watchdog`` (cron / Kubernetes CronJob beside Dagster), ``status`` (a human
+summary); a human takes over escalated alerts with ``alerts acknowledge`` (alert_cmds).
+
+``watchdog`` imports neither dagster nor the orchestration package: it must still work, and say
+what is wrong, when the Dagster daemon or the pipeline's code is what broke. It reads the store
+without applying migrations (a watcher does not write schema).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+
+EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _now(as_of: str | None) -> datetime:
+    """``--as-of`` as aware UTC (an instant without an offset is refused), else the real clock."""
+    if not as_of:
+        return datetime.now(UTC)
+    try:
+        value = datetime.fromisoformat(as_of.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError as exc:
+        _fail_input(f"--as-of: {exc}")
+    if value.tzinfo is None:
+        _fail_input(f"--as-of: instant {as_of!r} has no offset; write e.g. 2026-05-01T12:00:00Z")
+    return value.astimezone(UTC)
+
+
+def _config(path: str | None, required: bool):
+    """The configuration at ``path`` (or ``./deadlines.yaml`` when present); None when there is none
+    and it is optional. A broken file is always bad input."""
+    from deadline_pipeline.config import DEFAULT_CONFIG_NAME, ConfigError, load_config
+
+    if path is None and Path(DEFAULT_CONFIG_NAME).exists():
+        path = DEFAULT_CONFIG_NAME
+    if path is None:
+        if required:
+            _fail_input("--notify needs the configuration (--config or DEADLINE_CONFIG) for escalation.channels")
+        click.echo("note: no configuration given; default intervals, every source in the store", err=True)
+        return None
+    try:
+        return load_config(path)[0]
+    except ConfigError as exc:
+        _fail_input(str(exc))
+
+
+def _engine(db_url: str | None):
+    from deadline_pipeline.store.db import make_engine
+
+    return make_engine(db_url)
+
+
+def _ping(url: str, ok: bool) -> str | None:
+    """A healthchecks-style GET: ``url`` on success, ``url/fail`` on failure. Returns the error or None."""
+    import httpx
+
+    target = url if ok else url.rstrip("/") + "/fail"
+    try:
+        resp = httpx.get(target, timeout=10.0)
+        if resp.status_code >= 400:
+            return f"ping {target}: HTTP {resp.status_code}"
+    except httpx.HTTPError as exc:
+        return f"ping {target}: {exc.__class__.__name__}: {exc}"
+    return None
+
+
+def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
+    """Page the escalation channels about the report's red rows. With ``state_path`` (a JSON file)
+    once per incident, reminders and a resolved notice; without it, one page per red run."""
+    from deadline_pipeline.watch.watchdog import incident_notices, record_notice, send_notice
+
+    state: dict = {}
+    if state_path and Path(state_path).exists():
+        try:
+            state = json.loads(Path(state_path).read_text())["incidents"]
+        except (ValueError, KeyError) as exc:
+            click.echo(f"warning: state file {state_path} unreadable ({exc}); starting afresh", err=True)
+    failing = {f"watchdog {r.key}": r.detail for r in report.failing}
+    if not state_path:
+        state = {}
+    notices = incident_notices(state, failing, now, timedelta(minutes=cfg.escalation.reminder_minutes))
+    errors = []
+    for notice in notices:
+        problems = send_notice(cfg, notice, now)
+        if problems:
+            errors.extend(problems)
+        else:
+            record_notice(state, notice, now)
+    if state_path:
+        Path(state_path).write_text(json.dumps({"incidents": state}, sort_keys=True, indent=1))
+    return errors
+
+
+def register(main: click.Group) -> None:
+    @main.command()
+    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
+                  help="Configuration file (intervals, sources, escalation channels).")
+    @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
+    @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
+    @click.option("--notify", is_flag=True, help="Page the escalation channels when something is red.")
+    @click.option("--state", "state_path", type=click.Path(dir_okay=False),
+                  help="JSON file remembering open incidents, so --notify pages once per incident.")
+    @click.option("--ping-url", help="Dead man's switch: GET this URL when healthy, URL/fail when not.")
+    def watchdog(config, db_url, as_of, notify, state_path, ping_url) -> None:
+        """Check the pipeline's invariants straight from the store; exit 0 healthy, 1 with reasons.
+
+        Shares nothing with the Dagster daemon: run it from cron or a Kubernetes CronJob.
+        """
+        from deadline_pipeline.watch.watchdog import evaluate
+
+        now = _now(as_of)
+        cfg = _config(config, required=notify)
+        report = evaluate(_engine(db_url), now, cfg)
+        click.echo(f"watchdog as of {now.isoformat()}")
+        click.echo(report.table())
+        problems = []
+        if notify:
+            problems += _notify(cfg, report, now, state_path)
+        if ping_url:
+            err = _ping(ping_url, report.healthy)
+            if err:
+                problems.append(err)
+        for p in problems:
+            click.echo(f"warning: {p}", err=True)
+        if report.healthy:
+            click.echo("healthy")
+            sys.exit(EXIT_OK)
+        click.echo(f"\nNOT HEALTHY: {len(report.failing)} problem(s):", err=True)
+        for r in report.failing:
+            click.echo(f"  {r.check} {r.target}: {r.detail}", err=True)
+        sys.exit(EXIT_RED)
+
+    @main.command()
+    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
+                  help="Configuration file (for the planning horizon and grace window).")
+    @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
+    @click.option("--as-of", help="Summarise as if now were this ISO 8601 instant.")
+    def status(config, db_url, as_of) -> None:
+        """A human summary: sources, rule versions, obligations in the horizon, alerts, heartbeats."""
+        now = _now(as_of)
+        cfg = _config(config, required=False)
+        click.echo(status_text(_engine(db_url), now, cfg))
+
+
+def status_text(engine, now: datetime, cfg=None) -> str:
+    """The ``status`` summary at ``now`` (aware UTC) as text."""
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store import health
+    from deadline_pipeline.store.schema import obligations, rule_versions, sources
+    from deadline_pipeline.store.sources import all_sources
+
+    horizon = timedelta(days=cfg.plan.horizon_days if cfg else 366)
+    grace = timedelta(minutes=cfg.watch.grace_minutes if cfg else 30)
+    with engine.connect() as conn:
+        srcs = all_sources(conn)
+        versions = dict(((sid, bool(w)), n) for sid, w, n in conn.execute(
+            select(rule_versions.c.source_id, rule_versions.c.withdrawn, func.count())
+            .group_by(rule_versions.c.source_id, rule_versions.c.withdrawn)).all())
+        rules = health.active_rule_payloads(conn)
+        in_horizon = conn.execute(select(func.count()).select_from(obligations).where(
+            obligations.c.status == "active", obligations.c.due_at >= now,
+            obligations.c.due_at <= now + horizon)).scalar_one()
+        states = health.alerts_by_state(conn)
+        overdue, oldest = health.overdue_alerts(conn, now - grace, 1)
+        beats = health.read_heartbeats(conn)
+        names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
+    lines = [f"status as of {now.isoformat()}", "sources:"]
+    for s in srcs:
+        age = f"{now - s.last_fresh_at} ago" if s.last_fresh_at else "never"
+        err = f"  last error: {s.last_error}" if s.last_error else ""
+        lines.append(f"  {s.name:<24} {s.status:<8} last fresh {age}{err}")
+    lines.append("rule versions (active rules / versions / withdrawals):")
+    for sid, name in sorted(names.items(), key=lambda kv: kv[1]):
+        lines.append(f"  {name:<24} {len(rules.get(sid, {}))} / {versions.get((sid, False), 0)} / "
+                     f"{versions.get((sid, True), 0)}")
+    lines.append(f"obligations due in the horizon ({horizon.days} days): {in_horizon}")
+    lines.append("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
+    if overdue:
+        o = oldest[0]
+        lines.append(f"overdue (past {grace} grace): {overdue}; oldest alert {o['id']} due {o['send_at'].isoformat()} "
+                     f"({o['status']}, {o['channel']}, {o['subscriber']}: {o['title']})")
+    else:
+        lines.append("overdue: none")
+    lines.append("heartbeats:")
+    for comp, b in sorted(beats.items()):
+        done = b["last_completed_at"]
+        lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed "
+                     f"{(str(now - done) + ' ago') if done else 'never'}"
+                     f"{'  ' + b['detail'] if b['detail'] else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,268 @@
+"""``deadline-pipeline occurrences``: preview the due instants of a rule before it goes live.
+
+It runs the scheduler's own code path (strict RRULE parsing, UNTIL normalisation, DST policy,
+business-day conventions, ICS override folding), so what it prints is what planning will produce.
+Exit codes: 0 printed; 2 bad input (the strict error names the offending part).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from pathlib import Path
+
+import click
+
+EXIT_BAD_INPUT = 2  # the CLI's documented code for bad input (see deadline_pipeline.cli)
+
+_BASIC = re.compile(r"^(\d{8})(?:T(\d{6})(Z)?)?$", re.IGNORECASE)
+
+
+class InputError(ValueError):
+    """Bad command-line input; the message names the option and the value."""
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A date or date-time as written: naive ``value`` plus the zone name it carries (``None`` = floating)."""
+
+    value: date | datetime
+    tz: str | None
+
+
+def _parse_one(text: str, tz: str | None, value_type: str | None, what: str) -> _Value:
+    raw = text.strip()
+    m = _BASIC.match(raw)
+    if m:
+        day, clock, zulu = m.groups()
+        try:
+            if clock is None or value_type == "DATE":
+                return _Value(datetime.strptime(day, "%Y%m%d").date(), None)
+            moment = datetime.strptime(day + clock, "%Y%m%d%H%M%S")
+        except ValueError:
+            raise InputError(f"{what}: {text!r} is not a real date or time") from None
+        return _Value(moment, "UTC" if zulu else tz)
+    try:
+        if len(raw) == 10:
+            return _Value(date.fromisoformat(raw), None)
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InputError(f"{what}: {text!r} is neither an ICS value (20250307T023000[Z]) nor ISO 8601") from None
+    if moment.tzinfo is not None:
+        if tz is not None:
+            raise InputError(f"{what}: {text!r} carries an offset and a TZID; give one")
+        offset = moment.utcoffset() or timedelta(0)
+        # A bare offset is a fixed zone: explicit, but it knows no DST — say so by its name.
+        name = "UTC" if not offset else _offset_name(offset)
+        return _Value(moment.replace(tzinfo=None), name)
+    return _Value(moment, tz)
+
+
+def _offset_name(offset: timedelta) -> str:
+    minutes = int(offset.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def parse_values(text: str, what: str) -> list[_Value]:
+    """Parse ``NAME;TZID=…:v1,v2`` (ICS content line), ``NAME:v`` or a bare value / ISO 8601 string.
+
+    Raises :class:`InputError` naming ``what`` for anything else.
+    """
+    raw = text.strip()
+    tz = value_type = None
+    if raw[:1].isalpha():  # an ICS property line: DTSTART;TZID=…:…  (ISO values start with a digit)
+        head, sep, raw = raw.partition(":")
+        if not sep:
+            raise InputError(f"{what}: {text!r} is a property name without ':' and value")
+        for param in head.split(";")[1:]:
+            key, _, val = param.partition("=")
+            key = key.strip().upper()
+            if key == "TZID":
+                tz = val.strip().strip('"')
+            elif key == "VALUE":
+                value_type = val.strip().upper()
+    if not raw.strip():
+        raise InputError(f"{what}: {text!r} has no value")
+    return [_parse_one(part, tz, value_type, what) for part in raw.split(",")]
+
+
+def _instant(text: str, what: str) -> datetime:
+    values = parse_values(text, what)
+    if len(values) != 1 or not isinstance(values[0].value, datetime) or values[0].tz is None:
+        raise InputError(f"{what}: {text!r} must be one instant with Z or an offset (e.g. 2026-01-01T00:00:00Z)")
+    from deadline_pipeline.plan.recurrence import to_instant
+    from deadline_pipeline.timezones import resolve_zone
+
+    return to_instant(values[0].value, resolve_zone(values[0].tz))
+
+
+def _in_zone(v: _Value, zone: tzinfo, rule_tz: str) -> str:
+    """A value as local wall-clock ISO in the rule's zone: each EXDATE/RDATE keeps its own TZID (case C12)."""
+    from deadline_pipeline.plan.recurrence import to_instant
+    from deadline_pipeline.rules import format_local
+    from deadline_pipeline.timezones import resolve_zone
+
+    if isinstance(v.value, datetime) and v.tz is not None and v.tz != rule_tz:
+        local = to_instant(v.value, resolve_zone(v.tz)).astimezone(zone).replace(tzinfo=None)
+        return format_local(local)
+    return format_local(v.value)
+
+
+def build_rule(dtstart: str, rrule: str | None, exdates: tuple[str, ...], rdates: tuple[str, ...],
+               tz: str | None):
+    """The :class:`~deadline_pipeline.rules.RuleRecord` and zone the options describe.
+
+    Raises :class:`InputError`, ``RRuleError`` or ``UnknownTimeZone`` (all ``ValueError``) naming the
+    option at fault. A floating DTSTART needs ``--tz``: it is never read as UTC.
+    """
+    from deadline_pipeline.plan.recurrence import to_instant, validate_rrule
+    from deadline_pipeline.rules import RuleRecord, format_local
+    from deadline_pipeline.timezones import resolve_zone
+
+    values = parse_values(dtstart, "--dtstart")
+    if len(values) != 1:
+        raise InputError(f"--dtstart: {dtstart!r} holds {len(values)} values; give one")
+    start = values[0]
+    if tz is not None:
+        zone = resolve_zone(tz)
+        if start.tz is not None and start.tz != tz and isinstance(start.value, datetime):
+            if start.tz.startswith("UTC"):
+                # An instant given with Z/offset: keep the instant, read it in --tz's wall clock.
+                start = _Value(to_instant(start.value, resolve_zone(start.tz)).astimezone(zone).replace(tzinfo=None),
+                               tz)
+            else:
+                raise InputError(f"--dtstart has TZID {start.tz!r} but --tz is {tz!r}; give one zone")
+        rule_tz = tz
+    elif start.tz is not None:
+        rule_tz = start.tz
+    else:
+        raise InputError(f"--dtstart {dtstart!r} is floating (no TZID, Z or offset): give --tz; "
+                         "a floating time is never read as UTC")
+    zone = resolve_zone(rule_tz)
+    text = None
+    if rrule:
+        text = rrule.strip()
+        if text[:6].upper() == "RRULE:":
+            text = text[6:]
+        validate_rrule(text)  # strict: raise naming the part
+    ex = tuple(_in_zone(v, zone, rule_tz) for x in exdates for v in parse_values(x, "--exdate"))
+    rd = tuple(_in_zone(v, zone, rule_tz) for x in rdates for v in parse_values(x, "--rdate"))
+    return RuleRecord("cli", "(preview)", format_local(start.value), rule_tz, text, ex, rd), zone
+
+
+def _fmt(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def register(main: click.Group) -> None:
+    """Add the ``occurrences`` command to the ``deadline-pipeline`` group."""
+
+    @main.command("occurrences")
+    @click.option("--dtstart", help="DTSTART;TZID=Europe/Berlin:20260105T090000, 20260105T090000Z, "
+                  "DTSTART;VALUE=DATE:20260105 or ISO 8601 (2026-01-05T09:00:00, with --tz).")
+    @click.option("--rrule", help="RFC 5545 RECUR value, e.g. FREQ=MONTHLY;BYMONTHDAY=15 (RRULE: prefix optional).")
+    @click.option("--exdate", multiple=True, help="Excluded date(s), same forms as --dtstart, each with its own TZID.")
+    @click.option("--rdate", multiple=True, help="Extra date(s), same forms as --dtstart.")
+    @click.option("--tz", help="Zone of a floating DTSTART (IANA, AoE, UTC+2, PDT, Windows name); for --ics, "
+                  "the zone of floating times when the calendar declares no X-WR-TIMEZONE.")
+    @click.option("--business-days", "calendar_spec", help="Holiday calendar: US, US-DC, GB-ENG, NYSE, US-IRS…")
+    @click.option("--convention", help="none | following (default with --business-days) | modified-following | "
+                  "preceding.")
+    @click.option("--after", help="Window start, an instant with Z or offset (default: now - 15 min).")
+    @click.option("--before", help="Window end (default: --after + 366 days).")
+    @click.option("--count", type=int, help="Print at most this many occurrences from --after on.")
+    @click.option("--ics", "ics_file", type=click.Path(dir_okay=False),
+                  help="Expand every VEVENT/VTODO of this iCalendar file instead (lines: instant TAB rule id).")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of lines.")
+    def occurrences(dtstart, rrule, exdate, rdate, tz, calendar_spec, convention, after, before, count, ics_file,
+                    as_json) -> None:
+        """Print a rule's due instants, one ISO 8601 UTC instant (…Z) per line."""
+        from deadline_pipeline.plan.business_days import UnknownCalendar, calendar, check_convention
+        from deadline_pipeline.plan.occurrences import GRACE, HORIZON, expand
+        from deadline_pipeline.plan.recurrence import RRuleError
+        from deadline_pipeline.timezones import UnknownTimeZone
+
+        try:
+            if (dtstart is None) == (ics_file is None):
+                raise InputError("give either --dtstart (with --rrule/--rdate) or --ics FILE")
+            if count is not None and count < 1:
+                raise InputError(f"--count {count}: must be at least 1")
+            business = None
+            if calendar_spec:
+                name = check_convention(convention or "following")
+                business = (calendar(calendar_spec), name)
+            elif convention and check_convention(convention) != "none":
+                raise InputError("--convention needs --business-days CALENDAR")
+            lo = _instant(after, "--after") if after else datetime.now(UTC) - GRACE
+            if before:
+                hi = _instant(before, "--before")
+            elif count is not None:
+                hi = lo + timedelta(days=366 * 100)  # --count bounds the output; the window must not
+            else:
+                hi = lo + HORIZON
+            if hi < lo:
+                raise InputError("--before is earlier than --after")
+            if ics_file is None:
+                rule, zone = build_rule(dtstart, rrule, exdate, rdate, tz)
+                found = [(rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
+                                                          limit=count)]
+            else:
+                if rrule or exdate or rdate:
+                    raise InputError("--rrule/--exdate/--rdate describe one rule; they cannot be combined with --ics")
+                found = _expand_file(Path(ics_file), tz, lo, hi, business, count)
+        except (InputError, RRuleError, UnknownTimeZone, UnknownCalendar, ValueError) as exc:
+            _fail(str(exc))
+            return
+        if ics_file is None:
+            lines = [_fmt(o.due_at) for _rid, o in found]
+            click.echo(json.dumps(lines) if as_json else "\n".join(lines))
+        elif as_json:
+            click.echo(json.dumps([{"due_at": _fmt(o.due_at), "rule_id": rid, "period": o.period}
+                                   for rid, o in found], indent=1))
+        else:
+            click.echo("\n".join(f"{_fmt(o.due_at)}\t{rid}" for rid, o in found))
+
+    return None
+
+
+def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, business, count: int | None):
+    """Parse an iCalendar file as ingest does, fold its overrides, and expand every rule.
+
+    Parse problems are printed to stderr as warnings (the good components still count, as in
+    ingest). Raises :class:`InputError` for an unreadable file or a floating rule without a zone.
+    """
+    from deadline_pipeline.ingest.parsers.base import ParseError
+    from deadline_pipeline.ingest.parsers.ics import parse_ics
+    from deadline_pipeline.plan.occurrences import expand
+    from deadline_pipeline.plan.recurrence import apply_overrides
+    from deadline_pipeline.timezones import resolve_zone
+
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"--ics {path}: {exc.strerror or exc}") from None
+    try:
+        result = parse_ics(content, source=str(path), default_tz=tz)
+    except ParseError as exc:
+        raise InputError(str(exc)) from None
+    for problem in result.problems:
+        click.echo(f"warning: {path}: {problem}", err=True)
+    found = []
+    for rule in apply_overrides(result.rules):
+        if rule.tz is None:
+            raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar declares no "
+                             "X-WR-TIMEZONE; give --tz")
+        zone = resolve_zone(rule.tz)
+        found.extend((rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
+                                                       limit=count))
+    found.sort(key=lambda pair: (pair[1].due_at, pair[0]))
+    return found[:count] if count is not None else found

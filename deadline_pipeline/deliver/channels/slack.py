@@ -1,0 +1,93 @@
+"""Deliver alerts to a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat …).
+
+One URL per channel configuration, read from the environment variable ``cfg.url_env`` at send time
+(the URL is the credential: whoever knows it can post). Request: ``POST`` JSON ``{"text": …}`` with
+the rendered subject as the first line and the plain-text body after it.
+
+Untrusted text: ``&``, ``<`` and ``>`` are escaped as Slack's message formatting requires, so a title
+from a feed can neither mention ``<!channel>`` nor turn into a link of its own.
+
+Idempotency class ``"notification"``: incoming webhooks take no idempotency key, so a resend after an
+unknown outcome can post a visible duplicate message; it carries the same reference (the dedup key)
+so a reader can tell it is the same alert. Answers are classified like the webhook channel's
+(2xx sent; 408/429/503 retryable with ``Retry-After``; other 5xx unknown; other 4xx permanent, e.g.
+Slack's 403 ``invalid_token`` or 404 ``no_service``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+
+from deadline_pipeline.config import SlackChannel
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
+from deadline_pipeline.deliver.channels.webhook import classify
+from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
+from deadline_pipeline.deliver.render import RenderError, render
+
+
+def slack_escape(text: str) -> str:
+    """Escape the three characters Slack's message formatting gives meaning to."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_text(n: Notification) -> str:
+    """The message text for ``n``: subject, blank line, plain body, escaped. Raises :class:`RenderError`."""
+    rendered = render(n)
+    return slack_escape(f"{rendered.subject}\n\n{rendered.text.strip()}")
+
+
+class SlackSender:
+    """Channel posting to the incoming-webhook URL held in ``$cfg.url_env``.
+
+    ``send`` returns ``"HTTP <status>"`` as ``provider_message_id`` (incoming webhooks answer a bare
+    ``ok``). Raises :class:`DeliveryError`: permanent for an unset variable, a non-http(s) URL or an
+    unrenderable alert; otherwise as described in the module docstring.
+    """
+
+    idempotency_class = IDEMPOTENCY_NOTIFICATION
+
+    def __init__(self, name: str, cfg: SlackChannel) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._client: httpx.Client | None = None
+
+    def _url(self) -> str:
+        url = os.environ.get(self.cfg.url_env)
+        if not url:
+            raise DeliveryError(f"channel {self.name!r}: environment variable {self.cfg.url_env} (named in the "
+                                "configuration as url_env) is not set", permanent=True)
+        if not url.startswith(("https://", "http://")):
+            raise DeliveryError(f"channel {self.name!r}: {self.cfg.url_env} is not an http(s) URL", permanent=True)
+        return url
+
+    def send(self, n: Notification) -> SendResult:
+        """Post ``n`` to the configured incoming webhook. Raises :class:`DeliveryError`."""
+        url = self._url()
+        try:
+            text = slack_text(n)
+        except RenderError as exc:
+            raise DeliveryError(str(exc), permanent=True) from exc
+        body = json.dumps({"text": text}, ensure_ascii=False).encode("utf-8")
+        if self._client is None:
+            self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout_seconds), follow_redirects=False)
+        # The URL itself is a secret: errors name the variable, never the URL.
+        shown = f"${self.cfg.url_env}"
+        try:
+            response = self._client.post(url, content=body, headers={"Content-Type": "application/json"})
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:
+            raise DeliveryError(f"channel {self.name!r} (slack {shown}): {type(exc).__name__}",
+                                permanent=False) from exc
+        except httpx.TransportError as exc:
+            raise DeliveryError(f"channel {self.name!r} (slack {shown}): no answer after sending, the message may "
+                                f"have been posted: {type(exc).__name__}", permanent=False, outcome="unknown") from exc
+        return classify(self.name, shown, response.status_code, response.reason_phrase, response.headers,
+                        response.text, None)
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None

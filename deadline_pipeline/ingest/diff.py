@@ -1,0 +1,203 @@
+"""What changed between two snapshots of one source, in the words an operator checks (pure, no I/O).
+
+:func:`diff_snapshots` compares two lists of :class:`~deadline_pipeline.rules.RuleRecord` by rule
+identity (``rule_id``) and sorts every rule into exactly one bucket:
+
+* **added**: only in the new list;
+* **withdrawn**: only in the old list (a renamed edition id is a withdrawal plus an addition: the
+  identity is the id, nothing else);
+* **moved**: in both, and *when* it is due differs;
+* **reworded**: in both, due at the same time, but some other field differs (title, link, note, or
+  the zone's *spelling*: ``UTC-12`` → ``AoE`` is the same instant, so it is reworded, not moved);
+* **unchanged**: identical (only counted).
+
+"When it is due" is compared as follows:
+
+* a one-off rule with a zone: its UTC instant, computed exactly as planning does
+  (:func:`~deadline_pipeline.plan.occurrences.to_instant` in the zone from
+  :func:`~deadline_pipeline.timezones.resolve_zone`; a date-only rule is due at the end of that day);
+* a floating one-off rule (no zone; planning reads it in each subscriber's zone): its local start;
+* a recurring rule: its rule fields (start, RRULE, EXDATEs, RDATEs) and the zone it resolves to —
+  its occurrences are many, so the series itself is compared, and two spellings of one zone are one
+  zone.
+
+A rule whose zone cannot be resolved (a snapshot written before a zone was known, or a bad record
+that slipped in) is compared by its spelling instead, so the diff never raises on odd data; the
+change then carries no instants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+
+from deadline_pipeline.plan.occurrences import to_instant
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+# Fields that say *what* a rule is called or links to; changing only these rewords a rule.
+DESCRIPTIVE_FIELDS = ("title", "kind", "url", "note", "tz")
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    """One rule that differs between the two snapshots.
+
+    ``change``: ``added`` | ``moved`` | ``withdrawn`` | ``reworded``. ``old``/``new``: the record on
+    each side (``None`` on the side where the rule is absent). ``old_when``/``new_when``: when it is
+    due, as shown to an operator (``2020-02-15T11:59:00Z`` for an instant, ``2020-02-15T23:59:00
+    (floating)`` for a floating time, ``FREQ=… from … in …`` for a series). ``old_instant`` /
+    ``new_instant``: the aware UTC instant of a one-off rule with a known zone, else ``None``.
+    ``fields``: names of the record fields that differ (empty for added and withdrawn rules).
+    """
+
+    rule_id: str
+    change: str
+    old: RuleRecord | None = None
+    new: RuleRecord | None = None
+    old_when: str | None = None
+    new_when: str | None = None
+    old_instant: datetime | None = None
+    new_instant: datetime | None = None
+    fields: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        """A JSON-safe dict (instants as ISO 8601 UTC with a ``Z``)."""
+        return {
+            "rule_id": self.rule_id,
+            "change": self.change,
+            "old_when": self.old_when,
+            "new_when": self.new_when,
+            "old_instant": _z(self.old_instant),
+            "new_instant": _z(self.new_instant),
+            "fields": list(self.fields),
+            "old_title": self.old.title if self.old else None,
+            "new_title": self.new.title if self.new else None,
+        }
+
+
+@dataclass
+class SnapshotDiff:
+    """The changes between two snapshots, each list sorted by ``rule_id``; ``unchanged`` is a count."""
+
+    added: list[RuleChange] = field(default_factory=list)
+    moved: list[RuleChange] = field(default_factory=list)
+    withdrawn: list[RuleChange] = field(default_factory=list)
+    reworded: list[RuleChange] = field(default_factory=list)
+    unchanged: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.added or self.moved or self.withdrawn or self.reworded)
+
+    def to_json(self) -> dict:
+        return {
+            "added": [c.to_json() for c in self.added],
+            "moved": [c.to_json() for c in self.moved],
+            "withdrawn": [c.to_json() for c in self.withdrawn],
+            "reworded": [c.to_json() for c in self.reworded],
+            "unchanged": self.unchanged,
+        }
+
+
+def _z(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else None
+
+
+def _zone(rule: RuleRecord) -> tzinfo | None:
+    if rule.tz is None:
+        return None
+    try:
+        return resolve_zone(rule.tz)
+    except UnknownTimeZone:
+        return None
+
+
+def instant_of(rule: RuleRecord) -> datetime | None:
+    """The aware UTC instant a one-off rule is due, or ``None`` for a recurring rule, a floating rule
+    or a rule whose zone is unknown. Raises ``ValueError`` for an unreadable ``start``."""
+    if rule.rrule or rule.rdates:
+        return None
+    zone = _zone(rule)
+    if zone is None:
+        return None
+    return to_instant(rule.start_local(), zone)
+
+
+def _when(rule: RuleRecord) -> tuple[object, str, datetime | None]:
+    """(comparison key, text for operators, instant or None) of when ``rule`` is due."""
+    zone = _zone(rule)
+    # An unknown zone compares by spelling: two different unknown spellings are a change we show.
+    zone_key: object = zone if zone is not None else ("unresolved", rule.tz)
+    if rule.rrule or rule.rdates:
+        key = ("series", rule.start, zone_key, rule.rrule, tuple(sorted(rule.exdates)), tuple(sorted(rule.rdates)))
+        text = f"{rule.rrule or 'RDATE'} from {rule.start} in {rule.tz or 'floating time'}"
+        return key, text, None
+    try:
+        instant = instant_of(rule)
+    except ValueError:
+        instant = None
+    if instant is not None:
+        return ("instant", instant), _z(instant), instant
+    if rule.tz is None:
+        return ("floating", rule.start), f"{rule.start} (floating)", None
+    return ("local", rule.start, zone_key), f"{rule.start} in {rule.tz} (unknown zone)", None
+
+
+def _differing_fields(old: RuleRecord, new: RuleRecord) -> tuple[str, ...]:
+    names = ("title", "start", "tz", "rrule", "exdates", "rdates", "kind", "url", "note", "extra")
+    return tuple(n for n in names if getattr(old, n) != getattr(new, n))
+
+
+def _by_id(rules: list[RuleRecord]) -> dict[str, RuleRecord]:
+    # The first record of a repeated id wins, as in rule versioning (the parser reports the repeat).
+    out: dict[str, RuleRecord] = {}
+    for r in rules:
+        out.setdefault(r.rule_id, r)
+    return out
+
+
+def diff_snapshots(old: list[RuleRecord], new: list[RuleRecord]) -> SnapshotDiff:
+    """Sort every rule of ``old`` and ``new`` into added / moved / withdrawn / reworded / unchanged
+    (see the module docstring). Order of the input lists does not matter. Never raises."""
+    before, after = _by_id(old), _by_id(new)
+    out = SnapshotDiff()
+    for rid in sorted(before.keys() | after.keys()):
+        o, n = before.get(rid), after.get(rid)
+        if o is None:
+            _k, text, inst = _when(n)
+            out.added.append(RuleChange(rid, "added", None, n, None, text, None, inst))
+            continue
+        if n is None:
+            _k, text, inst = _when(o)
+            out.withdrawn.append(RuleChange(rid, "withdrawn", o, None, text, None, inst, None))
+            continue
+        fields = _differing_fields(o, n)
+        if not fields:
+            out.unchanged += 1
+            continue
+        ok, otext, oinst = _when(o)
+        nk, ntext, ninst = _when(n)
+        kind = "moved" if ok != nk else "reworded"
+        (out.moved if kind == "moved" else out.reworded).append(
+            RuleChange(rid, kind, o, n, otext, ntext, oinst, ninst, fields))
+    return out
+
+
+def format_diff(diff: SnapshotDiff, *, header: str = "") -> str:
+    """The diff as plain text for a terminal: one section per kind of change, one line per rule."""
+    lines = [header] if header else []
+    lines.append(f"added {len(diff.added)}, moved {len(diff.moved)}, withdrawn {len(diff.withdrawn)}, "
+                 f"reworded {len(diff.reworded)}, unchanged {diff.unchanged}")
+    for c in diff.added:
+        lines.append(f"  + added      {c.rule_id}  {c.new_when}  {c.new.title!r}")
+    for c in diff.moved:
+        lines.append(f"  ~ moved      {c.rule_id}  {c.old_when} -> {c.new_when}")
+    for c in diff.withdrawn:
+        lines.append(f"  - withdrawn  {c.rule_id}  {c.old_when}  {c.old.title!r}")
+    for c in diff.reworded:
+        shown = ", ".join(
+            f"{f}: {getattr(c.old, f)!r} -> {getattr(c.new, f)!r}" for f in c.fields if f in DESCRIPTIVE_FIELDS
+        ) or ", ".join(c.fields)
+        lines.append(f"  = reworded   {c.rule_id}  {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""Dagster asset checks on each observed source: ``source_fresh`` and ``source_not_quarantined``.
+
+Thin wrappers around :mod:`deadline_pipeline.watch.sources`. Add them to the Definitions with
+``asset_checks=[*ALL_CHECKS, *SOURCE_CHECKS_FACTORY(cfg)]``.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from deadline_pipeline.config import DeadlinesConfig, SourceConfig
+from deadline_pipeline.orchestration.assets import source_key
+from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
+from deadline_pipeline.watch.sources import SourceCheckOutcome, source_fresh, source_not_quarantined
+
+
+def _result(out: SourceCheckOutcome) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=out.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=out.summary,
+        metadata={**{k: v for k, v in out.metadata.items() if v is not None}, "summary": out.summary},
+    )
+
+
+def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
+    key = source_key(src.name)
+    window = src.freshness_window
+
+    @dg.asset_check(asset=key, name="source_fresh", blocking=False,
+                    description=f"Source '{src.name}' was fresh within {window} and its last fetch/parse worked.")
+    def fresh(store: StoreResource, clock: ClockResource) -> dg.AssetCheckResult:
+        return _result(source_fresh(store.engine(), src.name, clock.now(), window))
+
+    @dg.asset_check(asset=key, name="source_not_quarantined", blocking=False,
+                    description=f"Source '{src.name}' has no quarantined snapshot waiting for a human.")
+    def not_quarantined(store: StoreResource) -> dg.AssetCheckResult:
+        return _result(source_not_quarantined(store.engine(), src.name))
+
+    return [fresh, not_quarantined]
+
+
+def SOURCE_CHECKS_FACTORY(cfg: DeadlinesConfig) -> list[dg.AssetChecksDefinition]:  # noqa: N802 — named by the lead
+    """Two ERROR-severity checks per configured source, evaluated against the store at the clock's now."""
+    return [check for src in cfg.sources for check in _checks_for(src)]

@@ -1,0 +1,162 @@
+"""Business-day conventions: moving a due date that falls on a weekend or a public holiday.
+
+Pure domain logic. Holiday data comes from the maintained ``holidays`` library (country and
+subdivision calendars, updated with each release) or from an ingested holiday source — anything
+that answers ``day in calendar`` is a :class:`HolidayCalendar`, so a plain ``set`` of dates is one.
+
+Conventions (the ISDA names used for payment and filing dates):
+
+* ``none`` — the date stays as it is;
+* ``following`` — the next business day on or after the date;
+* ``modified-following`` — ``following``, unless that lands in the next calendar month, then
+  ``preceding`` (a month-end deadline never moves into the next month);
+* ``preceding`` — the last business day on or before the date.
+
+Calendar specs (:func:`calendar`): ``"US"``, ``"US-DC"``, ``"GB-ENG"`` (ISO 3166 country, optional
+subdivision, as ``holidays.country_holidays`` takes them), a financial market (``"NYSE"``), and
+``"US-IRS"`` — the calendar of US federal tax due dates: IRC §7503 moves a due date that falls on a
+Saturday, Sunday or "legal holiday" to the next business day, and legal holiday includes those of
+the District of Columbia. So ``US-IRS`` = US federal holidays ∪ DC legal holidays (DC Emancipation
+Day, 16 April, observed on Friday 15 April when the 16th is a Saturday and on Monday 17 April when
+it is a Sunday; Inauguration Day). Example: 15 April 2028 is a Saturday, Monday 17 April is the
+observed Emancipation Day, so the return is due Tuesday 18 April 2028.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
+
+CONVENTIONS = ("none", "following", "modified-following", "preceding")
+WEEKEND = frozenset({5, 6})  # Saturday, Sunday (date.weekday())
+# A calendar in which no business day lies within this many days is broken data, not a long holiday.
+MAX_ROLL_DAYS = 31
+
+
+class UnknownCalendar(ValueError):
+    """A calendar spec that names no holiday calendar; the message names the spec."""
+
+
+@runtime_checkable
+class HolidayCalendar(Protocol):
+    """Anything that says whether a date is a holiday: ``day in calendar``.
+
+    A ``holidays.HolidayBase``, a ``set``/``frozenset`` of dates (an ingested holiday source) and
+    :class:`DateSetCalendar` all qualify. An optional ``weekend`` attribute (weekday numbers,
+    Monday = 0) overrides the Saturday/Sunday weekend, e.g. for Friday/Saturday countries.
+    """
+
+    def __contains__(self, day: object) -> bool: ...
+
+
+@dataclass(frozen=True)
+class DateSetCalendar:
+    """A holiday calendar from explicit dates (e.g. an ingested holiday source)."""
+
+    dates: frozenset[date]
+    weekend: frozenset[int] = WEEKEND
+    name: str = "dates"
+
+    def __contains__(self, day: object) -> bool:
+        return day in self.dates
+
+
+@dataclass(frozen=True)
+class UnionCalendar:
+    """A date is a holiday when any member calendar says so."""
+
+    members: tuple = field(default_factory=tuple)
+    weekend: frozenset[int] = WEEKEND
+    name: str = "union"
+
+    def __contains__(self, day: object) -> bool:
+        return any(day in m for m in self.members)
+
+
+def _library_calendar(country: str, subdiv: str | None, spec: str):
+    import holidays
+
+    try:
+        if subdiv is None and country in holidays.list_supported_financial():
+            return holidays.financial_holidays(country)
+        return holidays.country_holidays(country, subdiv=subdiv)
+    except (NotImplementedError, KeyError, ValueError) as exc:
+        raise UnknownCalendar(
+            f"holiday calendar {spec!r}: {exc} (expected e.g. 'US', 'US-DC', 'GB-ENG', 'NYSE' or 'US-IRS')"
+        ) from None
+
+
+@lru_cache(maxsize=64)
+def _from_spec(spec: str) -> HolidayCalendar:
+    text = spec.strip().upper()
+    if not text:
+        raise UnknownCalendar("holiday calendar spec is empty")
+    if text == "US-IRS":
+        # IRC §7503: weekends, federal legal holidays and DC legal holidays (see the module docstring).
+        return UnionCalendar((_library_calendar("US", None, spec), _library_calendar("US", "DC", spec)),
+                             name="US-IRS")
+    country, _, subdiv = text.partition("-")
+    return _library_calendar(country, subdiv or None, spec)
+
+
+def calendar(spec: str | HolidayCalendar | Iterable[date]) -> HolidayCalendar:
+    """Resolve a calendar spec to a :class:`HolidayCalendar`.
+
+    ``spec``: a string (``"US"``, ``"US-DC"``, ``"GB-ENG"``, ``"NYSE"``, ``"US-IRS"``), an object that
+    already answers ``day in calendar``, or an iterable of dates. Library calendars are cached per
+    spec and fill in years lazily. Raises :class:`UnknownCalendar` naming the spec when the library
+    does not know the country or subdivision.
+    """
+    if isinstance(spec, str):
+        return _from_spec(spec)
+    if isinstance(spec, HolidayCalendar):
+        return spec
+    return DateSetCalendar(frozenset(spec))
+
+
+def is_business_day(day: date, cal: HolidayCalendar) -> bool:
+    """Not a weekend day of ``cal`` (Saturday/Sunday unless it says otherwise) and not a holiday."""
+    return day.weekday() not in getattr(cal, "weekend", WEEKEND) and day not in cal
+
+
+def _roll(day: date, cal: HolidayCalendar, step: int) -> date:
+    current = day
+    for _ in range(MAX_ROLL_DAYS + 1):
+        if is_business_day(current, cal):
+            return current
+        current += timedelta(days=step)
+    raise ValueError(f"no business day within {MAX_ROLL_DAYS} days of {day.isoformat()}: the holiday calendar "
+                     "marks every day as a holiday or weekend")
+
+
+def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # noqa: A002 — the documented name
+    """Move ``day`` to a business day by ``convention`` (one of :data:`CONVENTIONS`).
+
+    ``calendar``: a :class:`HolidayCalendar` (resolve a spec with :func:`calendar`). Returns a date.
+    Raises ``ValueError`` for an unknown convention, or when no business day lies within
+    :data:`MAX_ROLL_DAYS` days (a calendar that marks everything as a holiday is a data error).
+    """
+    name = check_convention(convention)
+    if name == "none":
+        return day
+    if name == "following":
+        return _roll(day, calendar, 1)
+    if name == "preceding":
+        return _roll(day, calendar, -1)
+    following = _roll(day, calendar, 1)
+    return following if following.month == day.month else _roll(day, calendar, -1)
+
+
+def check_convention(convention: str) -> str:
+    """The canonical convention name (``modified_following`` is accepted); ``ValueError`` names the input."""
+    name = str(convention).strip().lower().replace("_", "-")
+    if name not in CONVENTIONS:
+        raise ValueError(f"business-day convention {convention!r} is not one of {', '.join(CONVENTIONS)}")
+    return name
+
+
+__all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
+           "calendar", "check_convention", "is_business_day"]

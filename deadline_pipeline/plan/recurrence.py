@@ -1,0 +1,422 @@
+"""RFC 5545 recurrence rules: one parser with two postures, UNTIL normalisation, and ICS override folding.
+
+Pure domain logic (no I/O, no database, no Dagster). Expansion itself lives in
+:mod:`deadline_pipeline.plan.occurrences`; this module decides what a RECUR value *means*.
+
+Two postures, one parser (RFC 5545 §3.3.10):
+
+* :func:`validate_rrule` is **strict**: it raises :class:`RRuleError` naming the offending rule part.
+  For user-facing input (``deadline-pipeline occurrences``, validation of a source before it goes
+  live), where a clear refusal is the point.
+* :func:`parse_rrule` is **lenient**: it returns ``None``, logs the same message at ERROR with the
+  rule id, and counts it in :data:`COUNTERS` (``"rrule_rejected"``) and :data:`REJECTED`. For the
+  scheduler: one bad rule stops that rule alone, never the loop, and a check can read the counter.
+
+Both refuse what the expansion library would silently "fix": dateutil keeps the *last* of a
+repeated part (``UNTIL=…;UNTIL=…`` → the later bound, ``BYMONTH=2;BYMONTH=3`` → March only) and only
+warns on COUNT together with UNTIL, so two readers of one stored string could disagree about which
+dates are due (shared case C03).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter, deque
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from functools import lru_cache
+
+from dateutil.rrule import DAILY, HOURLY, MINUTELY, MONTHLY, SECONDLY, WEEKLY, YEARLY, weekdays
+
+from deadline_pipeline.rules import END_OF_DAY, RuleRecord, format_local, parse_local
+
+log = logging.getLogger(__name__)
+
+#: Counters a check (or a test) reads: ``rrule_rejected`` (lenient parse failures),
+#: ``horizon_truncations`` (series cut at the window's end and suspicious, see occurrences),
+#: ``occurrence_cap`` (expansions stopped at the hard cap), ``orphan_overrides`` (a RECURRENCE-ID
+#: component whose master is absent from the snapshot).
+COUNTERS: Counter[str] = Counter()
+#: The most recent lenient rejections as ``(rule_id, message)``, newest last (bounded).
+REJECTED: deque[tuple[str | None, str]] = deque(maxlen=100)
+
+
+class RRuleError(ValueError):
+    """A RECUR value that is not valid RFC 5545. The message names the offending rule part."""
+
+
+FREQS = {"YEARLY": YEARLY, "MONTHLY": MONTHLY, "WEEKLY": WEEKLY, "DAILY": DAILY,
+         "HOURLY": HOURLY, "MINUTELY": MINUTELY, "SECONDLY": SECONDLY}
+#: Frequencies stepped in elapsed (UTC) time, not in wall-clock time (see occurrences' DST policy).
+SUB_DAILY = frozenset({"HOURLY", "MINUTELY", "SECONDLY"})
+PARTS = ("FREQ", "UNTIL", "COUNT", "INTERVAL", "BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY", "BYMONTHDAY",
+         "BYYEARDAY", "BYWEEKNO", "BYMONTH", "BYSETPOS", "WKST")
+_WEEKDAY = {name: i for i, name in enumerate(("MO", "TU", "WE", "TH", "FR", "SA", "SU"))}
+_BYDAY = re.compile(r"^([+-]?)(\d{1,2})?(MO|TU|WE|TH|FR|SA|SU)$")
+_INT = re.compile(r"^[+-]?\d+$")
+_UNTIL = re.compile(r"^(\d{8})(?:T(\d{6})(Z?))?$")
+# (lowest, highest, may be negative) per numeric list part (RFC 5545 §3.3.10 grammar).
+_RANGES = {"BYSECOND": (0, 60, False), "BYMINUTE": (0, 59, False), "BYHOUR": (0, 23, False),
+           "BYMONTHDAY": (1, 31, True), "BYYEARDAY": (1, 366, True), "BYWEEKNO": (1, 53, True),
+           "BYMONTH": (1, 12, False), "BYSETPOS": (1, 366, True)}
+# Which frequencies a part may be used with (RFC 5545 §3.3.10, the table after the grammar).
+_NOT_WITH = {"BYMONTHDAY": {"WEEKLY"}, "BYYEARDAY": {"DAILY", "WEEKLY", "MONTHLY"},
+             "BYWEEKNO": set(FREQS) - {"YEARLY"}}
+_DATEUTIL_NAME = {"BYSECOND": "bysecond", "BYMINUTE": "byminute", "BYHOUR": "byhour",
+                  "BYMONTHDAY": "bymonthday", "BYYEARDAY": "byyearday", "BYWEEKNO": "byweekno",
+                  "BYMONTH": "bymonth", "BYSETPOS": "bysetpos"}
+
+
+@dataclass(frozen=True)
+class Recur:
+    """A validated RECUR value.
+
+    ``parts`` maps upper-case part names to their raw values (each part once); ``kwargs`` are the
+    matching keyword arguments of :class:`dateutil.rrule.rrule` *without* ``dtstart``, ``count`` and
+    ``until``, which the expansion supplies (it normalises UNTIL first).
+    """
+
+    text: str
+    freq: str
+    parts: dict
+    kwargs: dict
+    count: int | None
+    until: str | None
+
+    @property
+    def sub_daily(self) -> bool:
+        return self.freq in SUB_DAILY
+
+    @property
+    def bounded(self) -> bool:
+        """True when the rule carries its own end (COUNT or UNTIL)."""
+        return self.count is not None or self.until is not None
+
+    @property
+    def has_by_parts(self) -> bool:
+        return any(name.startswith("BY") for name in self.parts)
+
+
+def _int_list(name: str, value: str) -> list[int]:
+    low, high, signed = _RANGES[name]
+    out: list[int] = []
+    for item in value.split(","):
+        item = item.strip()
+        if not _INT.match(item):
+            raise RRuleError(f"RRULE part {name}={value!r}: {item!r} is not an integer (RFC 5545 §3.3.10)")
+        n = int(item)
+        if not (low <= abs(n) <= high) or (n < 0 and not signed):
+            allowed = f"±{low}..{high}" if signed else f"{low}..{high}"
+            raise RRuleError(f"RRULE part {name}={value!r}: {n} is outside {allowed} (RFC 5545 §3.3.10)")
+        out.append(n)
+    return out
+
+
+def validate_rrule(text: str) -> Recur:
+    """Strictly parse an RFC 5545 RECUR value (§3.3.10); an ``RRULE:`` prefix is accepted.
+
+    Returns a :class:`Recur`. Raises :class:`RRuleError` (a ``ValueError``) whose message names the
+    offending part for: an empty value; a piece that is not ``NAME=VALUE``; an unknown part; a part
+    repeated; a missing FREQ; COUNT together with UNTIL; a malformed value (non-integer, out of range,
+    an UNTIL that is not ``YYYYMMDD[THHMMSS[Z]]`` or not a real date, an unknown weekday); and the
+    combinations §3.3.10 forbids (an ordinal BYDAY outside MONTHLY/YEARLY, BYWEEKNO outside YEARLY,
+    BYYEARDAY with DAILY/WEEKLY/MONTHLY, BYMONTHDAY with WEEKLY, BYSETPOS alone).
+    """
+    if not isinstance(text, str):
+        raise RRuleError(f"RRULE {text!r} is not text")
+    # Feeds repeat a handful of rule texts across thousands of rules; parse each text once. A Recur
+    # is frozen and its dicts are only read (copied into dateutil's keyword arguments).
+    return _validate_cached(text)
+
+
+@lru_cache(maxsize=4096)
+def _validate_cached(text: str) -> Recur:
+    if not isinstance(text, str) or not text.strip():
+        raise RRuleError("empty RRULE")
+    body = text.strip()
+    if body[:6].upper() == "RRULE:":
+        body = body[6:]
+    parts: dict[str, str] = {}
+    for piece in body.rstrip(";").split(";"):
+        name, sep, value = piece.partition("=")
+        name, value = name.strip().upper(), value.strip().upper()
+        if not sep or not name or not value:
+            raise RRuleError(f"RRULE part {piece!r} is not NAME=VALUE (RFC 5545 §3.3.10)")
+        if name not in PARTS:
+            if name.startswith("X-"):  # §3.3.10 allows x-name parts; they carry no meaning for us
+                continue
+            raise RRuleError(f"RRULE part {name} is unknown (RFC 5545 §3.3.10 defines {', '.join(PARTS)})")
+        if name in parts:
+            # dateutil would keep the last one silently; two readers could then disagree (case C03).
+            raise RRuleError(f"RRULE part {name} appears more than once (RFC 5545 §3.3.10 allows it once)")
+        parts[name] = value
+    if "FREQ" not in parts:
+        raise RRuleError("RRULE has no FREQ part (required by RFC 5545 §3.3.10)")
+    freq = parts["FREQ"]
+    if freq not in FREQS:
+        raise RRuleError(f"RRULE part FREQ={freq!r} is not one of {', '.join(FREQS)}")
+    if "COUNT" in parts and "UNTIL" in parts:
+        raise RRuleError("RRULE has both COUNT and UNTIL (RFC 5545 §3.3.10 forbids it)")
+
+    kwargs: dict = {}
+    count = None
+    if "COUNT" in parts:
+        if not parts["COUNT"].isdigit() or int(parts["COUNT"]) < 1:
+            raise RRuleError(f"RRULE part COUNT={parts['COUNT']!r} is not a positive integer")
+        count = int(parts["COUNT"])
+    if "INTERVAL" in parts:
+        if not parts["INTERVAL"].isdigit() or int(parts["INTERVAL"]) < 1:
+            raise RRuleError(f"RRULE part INTERVAL={parts['INTERVAL']!r} is not a positive integer")
+        kwargs["interval"] = int(parts["INTERVAL"])
+    if "UNTIL" in parts:
+        parse_until(parts["UNTIL"])  # raises naming UNTIL
+    if "WKST" in parts:
+        if parts["WKST"] not in _WEEKDAY:
+            raise RRuleError(f"RRULE part WKST={parts['WKST']!r} is not a weekday (MO..SU)")
+        kwargs["wkst"] = _WEEKDAY[parts["WKST"]]
+    for name, (_lo, _hi, _signed) in _RANGES.items():
+        if name in parts:
+            if freq in _NOT_WITH.get(name, ()):
+                raise RRuleError(f"RRULE part {name} cannot be used with FREQ={freq} (RFC 5545 §3.3.10)")
+            kwargs[_DATEUTIL_NAME[name]] = _int_list(name, parts[name])
+    if "BYSETPOS" in parts and not any(n.startswith("BY") and n != "BYSETPOS" for n in parts):
+        raise RRuleError("RRULE part BYSETPOS needs another BYxxx part to select from (RFC 5545 §3.3.10)")
+    if "BYDAY" in parts:
+        days = []
+        for item in parts["BYDAY"].split(","):
+            m = _BYDAY.match(item.strip())
+            if not m:
+                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: {item!r} is not [±n]MO..SU")
+            sign, number, day = m.groups()
+            if number is None:
+                days.append(weekdays[_WEEKDAY[day]])
+                continue
+            n = int(number)
+            if not 1 <= n <= 53:
+                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: ordinal {n} is outside 1..53")
+            if freq not in ("MONTHLY", "YEARLY") or (freq == "YEARLY" and "BYWEEKNO" in parts):
+                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: an ordinal weekday needs FREQ=MONTHLY or "
+                                 "YEARLY without BYWEEKNO (RFC 5545 §3.3.10)")
+            days.append(weekdays[_WEEKDAY[day]](-n if sign == "-" else n))
+        kwargs["byweekday"] = days
+    _check_month_days(kwargs.get("bymonth"), kwargs.get("bymonthday"))
+    canonical = ";".join(f"{k}={v}" for k, v in parts.items())
+    return Recur(canonical, freq, parts, kwargs, count, parts.get("UNTIL"))
+
+
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February counted in a leap year
+
+
+def _check_month_days(months: list[int] | None, days: list[int] | None) -> None:
+    """Refuse BYMONTH/BYMONTHDAY pairs that never meet (``BYMONTH=2;BYMONTHDAY=30``).
+
+    Such a rule has no occurrence, and dateutil does not notice: it scans every period up to the
+    year 9999 looking for one (seconds of CPU per expansion, every planning pass).
+    """
+    if not days:
+        return
+    for month in months or range(1, 13):
+        if any(abs(d) <= _MONTH_DAYS[month - 1] for d in days):
+            return
+    raise RRuleError(f"RRULE parts BYMONTH={','.join(map(str, months or []))} and "
+                     f"BYMONTHDAY={','.join(map(str, days))} never meet: the rule has no occurrence")
+
+
+def parse_rrule(text: str, *, rule_id: str | None = None) -> Recur | None:
+    """Leniently parse a RECUR value: the :class:`Recur`, or ``None`` after logging and counting.
+
+    Same checks as :func:`validate_rrule`. On failure it logs at ERROR naming ``rule_id`` and the
+    offending part, increments ``COUNTERS["rrule_rejected"]`` and appends to :data:`REJECTED`, so the
+    scheduler skips this rule alone and a check can still see that something was dropped.
+    """
+    try:
+        return validate_rrule(text)
+    except RRuleError as exc:
+        COUNTERS["rrule_rejected"] += 1
+        REJECTED.append((rule_id, str(exc)))
+        log.error("rule %s: RRULE %r rejected, the rule is not expanded: %s", rule_id, text, exc)
+        return None
+
+
+def parse_until(value: str) -> date | datetime:
+    """An UNTIL value as written: a ``date``, a naive ``datetime`` (floating) or an aware UTC one (``…Z``).
+
+    Raises :class:`RRuleError` naming UNTIL when the value is not ``YYYYMMDD[THHMMSS[Z]]`` or names a
+    date or time that does not exist.
+    """
+    m = _UNTIL.match(value.strip().upper())
+    if not m:
+        raise RRuleError(f"RRULE part UNTIL={value!r} is not YYYYMMDD or YYYYMMDDTHHMMSS[Z] (RFC 5545 §3.3.10)")
+    day, clock, zulu = m.groups()
+    try:
+        if clock is None:
+            return datetime.strptime(day, "%Y%m%d").date()
+        moment = datetime.strptime(day + clock, "%Y%m%d%H%M%S")
+    except ValueError:
+        raise RRuleError(f"RRULE part UNTIL={value!r} is not a real date or time") from None
+    return moment.replace(tzinfo=UTC) if zulu else moment
+
+
+def to_instant(local: datetime, zone: tzinfo) -> datetime:
+    """Local wall-clock time in ``zone`` → aware UTC instant.
+
+    DST policy (RFC 5545 §3.3.5, "DATE-TIME … that does not exist"): ``fold=0`` with ``zoneinfo``
+    reads a time inside a spring-forward gap with the offset *before* the transition, which is the
+    same as shifting it forward by the gap's length (02:30 → 03:30 on a 02:00→03:00 night), and a
+    time repeated by a fall-back as its *first* occurrence.
+    """
+    return local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+
+
+def until_bound(value: str, zone: tzinfo, *, all_day: bool) -> tuple[datetime, datetime]:
+    """Normalise an UNTIL value into ``(local wall-clock bound, aware UTC instant)`` for a DTSTART in ``zone``.
+
+    Real feeds write UNTIL as RFC 5545 asks (UTC ``…Z`` next to a zoned DTSTART), but also as a bare
+    DATE next to a timed DTSTART (Google-generated feeds) or a floating time (an iOS client); dateutil
+    refuses those mixes, and reading a floating UNTIL as UTC silently drops the last occurrence west
+    of Greenwich (shared case C02). Rules, all inclusive:
+
+    * timed DTSTART: ``…Z`` is that instant; a floating time is read in ``zone``; a DATE means the
+      end of that day in ``zone`` (23:59:59);
+    * all-day DTSTART: compared by date — the date as written (for ``…Z`` its UTC date, the date the
+      producer meant, as in Google birthday feeds), up to the end of that local day.
+
+    Raises :class:`RRuleError` for a malformed value.
+    """
+    parsed = parse_until(value)
+    if all_day:
+        day = parsed if not isinstance(parsed, datetime) else parsed.date()
+        local = datetime.combine(day, END_OF_DAY)
+        return local, to_instant(local, zone)
+    if isinstance(parsed, datetime) and parsed.tzinfo is not None:
+        return parsed.astimezone(zone).replace(tzinfo=None), parsed
+    local = parsed if isinstance(parsed, datetime) else datetime.combine(parsed, END_OF_DAY)
+    return local, to_instant(local, zone)
+
+
+def merge_until(rrule: str, end: datetime, zone: tzinfo, *, all_day: bool = False) -> str:
+    """Apply a caller's end date (aware ``end``) to a RECUR value, keeping at most one UNTIL.
+
+    The rule's own bound is authoritative and the caller's end is only a fallback: a rule with its
+    own UNTIL or COUNT is returned unchanged (a caller's date neither truncates a longer series nor
+    loosens a shorter one), and an unbounded rule gets ``UNTIL=<end in UTC>``. Never appends a
+    second UNTIL — dateutil would silently keep the last one. Raises :class:`RRuleError` for an
+    invalid ``rrule``; ``zone`` and ``all_day`` are validated against the rule's UNTIL if present.
+    """
+    recur = validate_rrule(rrule)
+    if recur.until is not None:
+        until_bound(recur.until, zone, all_day=all_day)  # still refuse a malformed UNTIL loudly
+        return recur.text
+    if recur.count is not None:
+        return recur.text
+    stamp = end.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ") if not all_day else end.strftime("%Y%m%d")
+    return f"{recur.text};UNTIL={stamp}"
+
+
+# --- RECURRENCE-ID overrides (RFC 5545 §3.8.4.4) -----------------------------------------------
+
+#: Keys of ``RuleRecord.extra`` that expansion honours for split series (set by apply_overrides).
+SPLIT_FROM = "series_from"        # local ISO: occurrences before it belong to another piece
+SPLIT_BEFORE = "series_before"    # local ISO: occurrences at or after it belong to another piece
+SHIFT_SECONDS = "shift_seconds"   # wall-clock shift of each occurrence of a THISANDFUTURE piece
+
+
+def _rid_local(rid: str, zone: tzinfo | None) -> str:
+    """A RECURRENCE-ID as the parser stores it (UTC ``…Z``, a date, or local ISO) → local ISO in ``zone``."""
+    if rid.endswith("Z"):
+        instant = datetime.strptime(rid, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        if zone is None:
+            raise ValueError(f"RECURRENCE-ID {rid} is an instant but its master is floating")
+        return format_local(instant.astimezone(zone).replace(tzinfo=None))
+    return rid
+
+
+def _range(rule: RuleRecord) -> str:
+    return str(rule.extra.get("range") or rule.extra.get("recurrence_range") or "").upper()
+
+
+def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord]:
+    """Fold RECURRENCE-ID override components into their master so each occurrence is planned once.
+
+    ``rules``: records of one snapshot as the ICS parser yields them — a master with ``rule_id`` UID,
+    and overrides with ``rule_id`` ``UID#<RECURRENCE-ID>`` and ``extra["recurrence_id"]``.
+    ``zone_of``: optional callable ``RuleRecord -> tzinfo | None`` for masters whose zone is not in
+    ``rule.tz`` (floating masters); by default ``rule.tz`` is resolved.
+
+    * A plain override replaces the occurrence it names (RFC 5545 §3.8.4.4): that occurrence becomes
+      an EXDATE of the master, and the override stays a one-off at its own DTSTART. Without this the
+      master still yields the original occurrence and the subscriber gets two reminders.
+    * ``RANGE=THISANDFUTURE`` (read from ``extra["range"]``) splits the series: the master keeps the
+      occurrences before the RECURRENCE-ID (``extra["series_before"]``), and the override becomes the
+      tail — the master's rule (COUNT still counted from the master's DTSTART) from the
+      RECURRENCE-ID on (``extra["series_from"]``), each occurrence shifted by the override's
+      DTSTART − RECURRENCE-ID (``extra["shift_seconds"]``), or the override's own RRULE if it has one.
+    * An override whose master is absent is kept as it is, logged and counted (``orphan_overrides``).
+
+    Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
+    override in place).
+    """
+    from deadline_pipeline.timezones import resolve_zone
+
+    def zone(rule: RuleRecord) -> tzinfo | None:
+        if zone_of is not None:
+            return zone_of(rule)
+        return resolve_zone(rule.tz) if rule.tz else None
+
+    masters = {r.rule_id: r for r in rules if "recurrence_id" not in r.extra}
+    exdates: dict[str, list[str]] = {}
+    splits: dict[str, list[tuple[str, RuleRecord]]] = {}
+    for r in rules:
+        rid = r.extra.get("recurrence_id")
+        if rid is None:
+            continue
+        master_id = r.rule_id[: -len(rid) - 1] if r.rule_id.endswith("#" + str(rid)) else r.extra.get("uid")
+        master = masters.get(master_id)
+        if master is None:
+            COUNTERS["orphan_overrides"] += 1
+            log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
+            continue
+        local = _rid_local(str(rid), zone(master))
+        if _range(r) == "THISANDFUTURE":
+            splits.setdefault(master.rule_id, []).append((local, r))
+        else:
+            exdates.setdefault(master.rule_id, []).append(local)
+
+    # Two passes: an override may come before its master in the snapshot.
+    replaced: dict[str, RuleRecord] = {}
+    for master_id in set(exdates) | set(splits):
+        r = masters[master_id]
+        master = replace(r, exdates=tuple(dict.fromkeys((*r.exdates, *exdates.get(master_id, ())))),
+                         extra=dict(r.extra))
+        pieces = sorted(splits.get(master_id, ()), key=lambda p: parse_local(p[0]))
+        if pieces:
+            master.extra[SPLIT_BEFORE] = pieces[0][0]
+        replaced[master_id] = master
+        for i, (local, override) in enumerate(pieces):
+            extra = {**master.extra, **override.extra, SPLIT_FROM: local}
+            extra.pop(SPLIT_BEFORE, None)
+            if i + 1 < len(pieces):
+                extra[SPLIT_BEFORE] = pieces[i + 1][0]
+            if override.rrule:
+                # The override states its own series: it starts at its DTSTART, no shift.
+                replaced[override.rule_id] = replace(
+                    override, exdates=tuple(dict.fromkeys((*override.exdates, *master.exdates))), extra=extra)
+            else:
+                shift = override.start_local() - parse_local(local)
+                extra[SHIFT_SECONDS] = int(shift.total_seconds())
+                replaced[override.rule_id] = replace(
+                    master, rule_id=override.rule_id, title=override.title, url=override.url or master.url,
+                    note=override.note or master.note, kind=override.kind, extra=extra)
+    return [replaced.get(r.rule_id, r) for r in rules]
+
+
+def shift_local(local: datetime, seconds: int) -> datetime:
+    """Wall-clock shift of a THISANDFUTURE tail occurrence (whole days stay on the same local time)."""
+    return local + timedelta(seconds=seconds)
+
+
+__all__ = [
+    "COUNTERS", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
+    "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
+]

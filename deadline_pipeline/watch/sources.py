@@ -1,0 +1,123 @@
+"""Source health as plain functions of the store and a clock: is each source fresh, is it quarantined?
+
+"Nothing is due" and "the source has been dead for three days" look the same downstream; these
+checks tell them apart. The Dagster asset checks (:mod:`deadline_pipeline.orchestration.source_checks`)
+and any command-line watcher call these, so the UI and cron agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine
+
+from deadline_pipeline.store import sources as sql
+
+
+@dataclass
+class SourceCheckOutcome:
+    """One check of one source. ``metadata`` is JSON-safe: ``last_fresh_at`` (ISO UTC or None),
+    ``last_error``, ``window`` (ISO-like text and ``window_seconds``), ``snapshot_id`` (the latest
+    snapshot, or None), ``status`` (the source row's status)."""
+
+    name: str
+    source: str
+    passed: bool
+    summary: str
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """What the store knows about one source's health (``None`` fields: never happened)."""
+
+    name: str
+    status: str
+    freshness_seconds: int
+    last_fresh_at: datetime | None
+    last_attempt_at: datetime | None
+    last_error: str | None
+    latest_snapshot_id: int | None
+    latest_snapshot_status: str | None
+
+
+def read_source_state(engine: Engine, name: str) -> SourceState | None:
+    """The health facts of the source ``name`` from the store, or None when it was never synced."""
+    with engine.connect() as conn:
+        row = sql.find_source(conn, name)
+        if row is None:
+            return None
+        latest = sql.latest_snapshot(conn, row.id)
+    return SourceState(row.name, row.status, row.freshness_seconds, row.last_fresh_at, row.last_attempt_at,
+                       row.last_error, latest.id if latest else None, latest.parse_status if latest else None)
+
+
+def _metadata(state: SourceState | None, window: timedelta) -> dict:
+    return {
+        "last_fresh_at": state.last_fresh_at.isoformat() if state and state.last_fresh_at else None,
+        "last_attempt_at": state.last_attempt_at.isoformat() if state and state.last_attempt_at else None,
+        "last_error": state.last_error if state else None,
+        "window": str(window),
+        "window_seconds": int(window.total_seconds()),
+        "snapshot_id": state.latest_snapshot_id if state else None,
+        "status": state.status if state else "unknown",
+    }
+
+
+def evaluate_fresh(name: str, state: SourceState | None, now: datetime, window: timedelta) -> SourceCheckOutcome:
+    """``source_fresh``: passes when the source was fresh within ``window`` before ``now`` (aware UTC)
+    and its last attempt did not fail. Pure.
+
+    Fails (each with its reason in ``summary``) when the source was never ingested, never fresh,
+    last fresh longer ago than ``window``, or is ``stale`` (its last fetch or parse failed: the last
+    good versions are still in force, but the source itself is broken now).
+    """
+    meta = _metadata(state, window)
+    if state is None:
+        return SourceCheckOutcome("source_fresh", name, False,
+                                  f"source {name!r} has never been ingested into this store", meta)
+    if state.last_fresh_at is None:
+        why = f": {state.last_error}" if state.last_error else ""
+        return SourceCheckOutcome("source_fresh", name, False, f"source {name!r} has never been fresh{why}", meta)
+    age = now - state.last_fresh_at
+    meta["age_seconds"] = int(age.total_seconds())
+    if age > window:
+        why = f"; last error: {state.last_error}" if state.last_error else ""
+        return SourceCheckOutcome(
+            "source_fresh", name, False,
+            f"source {name!r} last fresh {state.last_fresh_at.isoformat()}, {age} ago, longer than its "
+            f"window of {window}{why}", meta)
+    if state.status == "stale":
+        return SourceCheckOutcome(
+            "source_fresh", name, False,
+            f"source {name!r} is stale: {state.last_error} (last good data from "
+            f"{state.last_fresh_at.isoformat()} stays in force)", meta)
+    return SourceCheckOutcome("source_fresh", name, True,
+                              f"source {name!r} fresh {age} ago (window {window})", meta)
+
+
+def evaluate_not_quarantined(name: str, state: SourceState | None) -> SourceCheckOutcome:
+    """``source_not_quarantined``: fails when the source's latest snapshot is quarantined (stored,
+    not applied, waiting for ``deadline-pipeline source accept``), naming the snapshot. Pure."""
+    meta = _metadata(state, timedelta(seconds=state.freshness_seconds if state else 0))
+    if state is not None and state.latest_snapshot_status == "quarantined":
+        meta["quarantined_snapshot_id"] = state.latest_snapshot_id
+        return SourceCheckOutcome(
+            "source_not_quarantined", name, False,
+            f"source {name!r}: snapshot {state.latest_snapshot_id} is quarantined: {state.last_error}", meta)
+    return SourceCheckOutcome("source_not_quarantined", name, True,
+                              f"source {name!r} has no quarantined snapshot waiting", meta)
+
+
+def source_fresh(engine: Engine, name: str, now: datetime, window: timedelta | None = None) -> SourceCheckOutcome:
+    """:func:`evaluate_fresh` on the store. ``window`` defaults to the source row's freshness window."""
+    state = read_source_state(engine, name)
+    if window is None:
+        window = timedelta(seconds=state.freshness_seconds if state else 0)
+    return evaluate_fresh(name, state, now, window)
+
+
+def source_not_quarantined(engine: Engine, name: str) -> SourceCheckOutcome:
+    """:func:`evaluate_not_quarantined` on the store."""
+    return evaluate_not_quarantined(name, read_source_state(engine, name))

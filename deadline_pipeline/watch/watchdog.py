@@ -1,0 +1,259 @@
+"""The watchdog: the pipeline's invariants evaluated straight from the store, sharing nothing with the
+Dagster daemon or the stages' code path (no dagster, no orchestration, no stage services), so it
+still speaks when the daemon, the sensor or the pipeline's own code is what broke.
+
+It reads the store with its own small queries over the schema's tables and evaluates:
+
+* reconciliation — alerts overdue past the grace window, and ``delivered`` alerts without a
+  ``sent`` receipt;
+* heartbeats — the sweep (``deliver`` or ``deliver:idle``) within ``sweep_interval + grace``,
+  planning (``plan``) and each source's ingest (``ingest:<name>``) within ``plan_interval + grace``;
+  a heartbeat whose last run ``crashed`` is red too;
+* freshness and quarantine of each source, with the pure rules of
+  :mod:`deadline_pipeline.watch.sources` (``evaluate_fresh`` / ``evaluate_not_quarantined``).
+
+It also holds what the paging sensor and ``watchdog --notify`` share: the incident bookkeeping
+(:func:`incident_notices` / :func:`record_notice`, state as JSON-safe dicts) and
+:func:`send_notice`, which announces one notice on the escalation channels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, and_, exists, func, select
+
+from deadline_pipeline.config import DeadlinesConfig, WatchConfig
+from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
+from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined
+
+log = logging.getLogger(__name__)
+
+HANDLED = ("delivered", "escalated", "cancelled", "superseded", "skipped")
+SWEEP_COMPONENTS = ("deliver", "deliver:idle")
+
+
+@dataclass
+class WatchRow:
+    """One line of the watchdog's table: ``check`` (e.g. ``source_fresh``), ``target`` (e.g. the
+    source name, or ``-``), ``ok``, ``detail`` (one line, the reason when red)."""
+
+    check: str
+    target: str
+    ok: bool
+    detail: str
+
+    @property
+    def key(self) -> str:
+        """The incident identity: stable while the same thing stays broken."""
+        return f"{self.check}:{self.target}"
+
+
+@dataclass
+class WatchReport:
+    now: datetime
+    rows: list[WatchRow] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    @property
+    def failing(self) -> list[WatchRow]:
+        return [r for r in self.rows if not r.ok]
+
+    def table(self) -> str:
+        """The rows as a fixed-width text table (status, check, target, detail)."""
+        width_c = max([len("CHECK")] + [len(r.check) for r in self.rows])
+        width_t = max([len("TARGET")] + [len(r.target) for r in self.rows])
+        lines = [f"{'STATE':<5}  {'CHECK':<{width_c}}  {'TARGET':<{width_t}}  DETAIL"]
+        for r in self.rows:
+            lines.append(f"{'ok' if r.ok else 'FAIL':<5}  {r.check:<{width_c}}  {r.target:<{width_t}}  {r.detail}")
+        return "\n".join(lines)
+
+
+def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
+    overdue_cond = and_(alerts.c.send_at < now - grace, alerts.c.status.not_in(HANDLED))
+    overdue = conn.execute(select(func.count()).select_from(alerts).where(overdue_cond)).scalar_one()
+    oldest = conn.execute(select(func.min(alerts.c.send_at)).where(overdue_cond)).scalar_one()
+    receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
+    forged = conn.execute(select(func.count()).select_from(alerts)
+                          .where(alerts.c.status == "delivered", ~receipt)).scalar_one()
+    rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
+                     f"{overdue} alert(s) due before {(now - grace).isoformat()} not delivered/escalated/cancelled; "
+                     f"oldest due {oldest.isoformat() if oldest else '-'}" if overdue else
+                     f"nothing overdue past the {grace} grace window"),
+            WatchRow("alerts_reconciled", "receipts", forged == 0,
+                     f"{forged} alert(s) marked delivered without a 'sent' delivery attempt" if forged else
+                     "every delivered alert has its 'sent' receipt")]
+    return rows
+
+
+def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, ...], now: datetime,
+                   allowed: timedelta) -> WatchRow:
+    seen = [beats[c] for c in components if c in beats and beats[c]["last_completed_at"]]
+    if not seen:
+        return WatchRow(check, target, False, f"never completed (no heartbeat {' / '.join(components)})")
+    newest = max(seen, key=lambda b: b["last_completed_at"])
+    age = now - newest["last_completed_at"]
+    crashed = [b for b in (beats.get(c) for c in components) if b and b["last_outcome"] == "crashed"]
+    if age > allowed:
+        return WatchRow(check, target, False, f"stopped: last completed {newest['last_completed_at'].isoformat()}, "
+                        f"{age} ago (allowed {allowed}); last outcome {newest['last_outcome']}")
+    if crashed:
+        return WatchRow(check, target, False, f"last run crashed: {crashed[0]['detail']}")
+    return WatchRow(check, target, True, f"completed {age} ago ({newest['last_outcome']})")
+
+
+def _source_states(conn, names: list[str] | None) -> dict[str, SourceState]:
+    latest = (select(snapshots.c.source_id, snapshots.c.id, snapshots.c.parse_status,
+                     func.row_number().over(partition_by=snapshots.c.source_id,
+                                            order_by=(snapshots.c.fetched_at.desc(), snapshots.c.id.desc()))
+                     .label("n")).subquery())
+    q = (select(sources.c.name, sources.c.status, sources.c.freshness_seconds, sources.c.last_fresh_at,
+                sources.c.last_attempt_at, sources.c.last_error, latest.c.id, latest.c.parse_status)
+         .outerjoin(latest, and_(latest.c.source_id == sources.c.id, latest.c.n == 1)))
+    if names is not None:
+        q = q.where(sources.c.name.in_(names))
+    return {r[0]: SourceState(*r) for r in conn.execute(q).all()}
+
+
+def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) -> WatchReport:
+    """Every invariant at ``now`` (aware UTC). ``cfg`` gives the intervals and the list of sources
+    (a configured source missing from the store is red); without it the defaults apply and every
+    source in the store is watched. A store that cannot be read is one red row, never an exception."""
+    watch = cfg.watch if cfg else WatchConfig()
+    grace = timedelta(minutes=watch.grace_minutes)
+    hb_grace = timedelta(minutes=watch.heartbeat_grace_minutes)
+    plan_allowed = timedelta(minutes=watch.plan_interval_minutes) + hb_grace
+    report = WatchReport(now)
+    names = [s.name for s in cfg.sources] if cfg else None
+    try:
+        with engine.connect() as conn:
+            report.rows += _reconciliation(conn, now, grace)
+            beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
+            states = _source_states(conn, names)
+    except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron
+        log.error("watchdog: cannot read the store: %s", exc)
+        report.rows.append(WatchRow("store", "-", False, f"cannot read the store: {exc.__class__.__name__}: {exc}"))
+        return report
+    report.rows.append(_heartbeat_row("sweep_alive", "deliver", beats, SWEEP_COMPONENTS, now,
+                                      timedelta(minutes=watch.sweep_interval_minutes) + hb_grace))
+    report.rows.append(_heartbeat_row("plan_alive", "plan", beats, ("plan",), now, plan_allowed))
+    windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
+    for name in names if names is not None else sorted(states):
+        state = states.get(name)
+        report.rows.append(_heartbeat_row("ingest_alive", name, beats, (f"ingest:{name}",), now, plan_allowed))
+        window = windows.get(name) or timedelta(seconds=state.freshness_seconds if state else 0)
+        fresh = evaluate_fresh(name, state, now, window)
+        report.rows.append(WatchRow("source_fresh", name, fresh.passed, fresh.summary))
+        quarantine = evaluate_not_quarantined(name, state)
+        report.rows.append(WatchRow("source_not_quarantined", name, quarantine.passed, quarantine.summary))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------
+# Incidents: once per incident, a reminder while it stays open, a resolved notice when it clears.
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One message to the escalation channels. ``phase``: ``opened`` | ``reminder`` | ``resolved``."""
+
+    key: str
+    phase: str
+    title: str
+    detail: str
+    opened_at: datetime
+    number: int = 0
+
+    @property
+    def dedup_key(self) -> str:
+        """Stable for this notice (a resend after an unknown outcome is recognisable), distinct per notice."""
+        raw = f"{self.key}|{self.opened_at.isoformat()}|{self.phase}|{self.number}"
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def incident_notices(state: dict, failing: dict[str, str], now: datetime, reminder: timedelta) -> list[Notice]:
+    """Update ``state`` (incident key → ``{"opened_at", "summary", "notified_at", "reminders"}``,
+    JSON-safe, mutated in place) from ``failing`` (incident key → one-line summary of what is red
+    now) and return the notices due at ``now`` (aware UTC).
+
+    An incident stays the *same* incident, whatever its summary says, until its key stops failing:
+    a backlog that drains partially changes the count in the summary and pages nobody again. A new
+    incident's notice stays due until :func:`record_notice` confirms it was sent.
+    """
+    out: list[Notice] = []
+    for key, summary in failing.items():
+        inc = state.get(key)
+        if inc is None:
+            inc = state[key] = {"opened_at": now.isoformat(), "summary": summary, "notified_at": None,
+                                "reminders": 0}
+        inc["summary"] = summary
+        opened = datetime.fromisoformat(inc["opened_at"])
+        if inc["notified_at"] is None:
+            out.append(Notice(key, "opened", f"[deadline-pipeline] {key} failed: {summary}", summary, opened))
+        elif now - datetime.fromisoformat(inc["notified_at"]) >= reminder:
+            out.append(Notice(key, "reminder", f"[deadline-pipeline] still failing since {inc['opened_at']}: {key}: "
+                              f"{summary}", summary, opened, inc["reminders"] + 1))
+    for key in [k for k in state if k not in failing]:
+        inc = state[key]
+        if inc["notified_at"] is None:
+            del state[key]  # it healed before anyone was told: nothing to resolve
+            continue
+        out.append(Notice(key, "resolved", f"[deadline-pipeline] resolved: {key} passes again "
+                          f"(failing since {inc['opened_at']})", f"was: {inc['summary']}",
+                          datetime.fromisoformat(inc["opened_at"])))
+    return out
+
+
+def record_notice(state: dict, notice: Notice, now: datetime) -> None:
+    """Record in ``state`` that ``notice`` was sent at ``now``; a resolved incident is forgotten."""
+    if notice.phase == "resolved":
+        state.pop(notice.key, None)
+        return
+    inc = state.get(notice.key)
+    if inc is not None:
+        inc["notified_at"] = now.isoformat()
+        if notice.phase == "reminder":
+            inc["reminders"] = notice.number
+
+
+def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str]:
+    """Send ``notice`` on every channel of ``cfg.escalation.channels``; returns the errors (empty =
+    every channel took it). Raises nothing: a failed page is returned for the caller to log and retry.
+
+    Uses the channels of the delivery stage (one message per channel, kind ``reminder`` for an open
+    incident and ``cancellation`` for a resolved one; the recipient is ``escalation.email`` or
+    ``escalation.webhook_url``). No escalation channel configured is an error, never a silent no-op.
+    """
+    from deadline_pipeline.deliver.channels.base import build_channel
+    from deadline_pipeline.deliver.notification import Notification
+
+    esc = cfg.escalation
+    if not esc.channels:
+        return ["no escalation channel is configured (escalation.channels is empty)"]
+    errors = []
+    for name in esc.channels:
+        note = Notification(
+            dedup_key=notice.dedup_key, kind="cancellation" if notice.phase == "resolved" else "reminder",
+            subscriber_id="on-call", email=esc.email, webhook_url=esc.webhook_url, subscriber_tz="UTC",
+            source="deadline-pipeline", rule_id=notice.key, title=notice.title, due_at=notice.opened_at,
+            offset_seconds=0, note=notice.detail, sent_at=now,
+        )
+        channel = None
+        try:
+            channel = build_channel(name, cfg.channels[name])
+            channel.send(note)
+        except Exception as exc:  # one broken channel must not stop the page on the others
+            errors.append(f"escalation channel {name!r}: {exc.__class__.__name__}: {exc}")
+        finally:
+            if channel is not None:
+                try:
+                    channel.close()
+                except Exception as exc:  # closing must not hide whether the page went out
+                    log.warning("escalation channel %s: close failed: %s", name, exc)
+    return errors

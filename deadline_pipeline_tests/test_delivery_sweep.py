@@ -1,0 +1,557 @@
+"""The delivery sweep against the real store (SQLite and PostgreSQL) and real loopback receivers:
+admission, attempts counted once, escalation, unknown outcomes after a crash, Retry-After, limits,
+one bad alert failing alone, header injection, Standard Webhooks signatures, and the delivery-side
+cases of ``../shared/cases/recurrence_and_delivery_cases.json`` (C23, C24, C25, C27, C28).
+
+Alerts are seeded with direct inserts (:func:`seed`), so each test states exactly the rows it needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.parser
+import email.policy
+import hashlib
+import json
+import logging
+import mailbox
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from sqlalchemy import func, insert, select, update
+
+from deadline_pipeline.config import (
+    DeadlinesConfig,
+    EscalationConfig,
+    MaildirChannel,
+    SlackChannel,
+    WebhookChannel,
+)
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, IDEMPOTENCY_NOTIFICATION
+from deadline_pipeline.deliver.channels.slack import SlackSender
+from deadline_pipeline.deliver.notification import DeliveryError, SendResult
+from deadline_pipeline.deliver.sweep import lease_owner, sweep
+from deadline_pipeline.deliver.throttle import ThrottledLogger
+from deadline_pipeline.store import delivery as dsql
+from deadline_pipeline.store.schema import (
+    alerts,
+    delivery_attempts,
+    obligations,
+    rule_versions,
+    snapshots,
+    sources,
+    subscribers,
+)
+
+T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
+SECRET = "whsec_" + base64.b64encode(b"a test signing key of 24b").decode()
+
+
+# --------------------------------------------------------------------------- seeding
+
+
+def seed(engine, n: int, *, channel: str = "hook", webhook_url: str | None = None, email: str | None = "a@example.org",
+         tz: str = "UTC", send_at: datetime = T0, title: str = "Deadline {i}", note: str | None = None,
+         kind: str = "reminder") -> list[int]:
+    """Insert ``n`` due alerts (one obligation each) for one new subscriber; returns the alert ids."""
+    tag = uuid.uuid4().hex[:8]
+    with engine.begin() as conn:
+        src = conn.execute(insert(sources).values(name=f"src-{tag}", tenant="t", format="ics", location="x",
+                                                  freshness_seconds=86400)).inserted_primary_key[0]
+        snap = conn.execute(insert(snapshots).values(source_id=src, fetched_at=T0, sha256=tag, size=1,
+                                                     content=b"x")).inserted_primary_key[0]
+        conn.execute(insert(rule_versions).values(source_id=src, rule_id="r1", version=1, snapshot_id=snap,
+                                                  valid_from=T0, withdrawn=False, content_hash=tag,
+                                                  payload={"note": note, "url": "https://example.org/x"}))
+        sub = conn.execute(insert(subscribers).values(external_id=f"sub-{tag}", tenant="t", email=email,
+                                                      webhook_url=webhook_url, timezone=tz)).inserted_primary_key[0]
+        conn.execute(insert(obligations), [
+            {"obligation_key": f"{tag}-{i}", "tenant": "t", "subscriber_id": sub, "source_id": src, "rule_id": "r1",
+             "rule_version": 1, "period": str(i), "title": title.format(i=i), "due_at": send_at + timedelta(days=1),
+             "status": "active", "planned_at": T0} for i in range(n)])
+        obl = conn.execute(select(obligations.c.id).where(obligations.c.source_id == src)
+                           .order_by(obligations.c.id)).scalars().all()
+        conn.execute(insert(alerts), [
+            {"obligation_id": o, "offset_seconds": -86400, "channel": channel, "kind": kind,
+             "dedup_key": hashlib.sha256(f"{tag}-{o}".encode()).hexdigest(), "send_at": send_at,
+             "status": "pending", "attempts": 0, "created_at": T0, "updated_at": T0} for o in obl])
+        return conn.execute(select(alerts.c.id).where(alerts.c.obligation_id.in_(obl))
+                            .order_by(alerts.c.id)).scalars().all()
+
+
+def config(channels: dict, **delivery) -> DeadlinesConfig:
+    return DeadlinesConfig(channels=channels, delivery={"backoff_base_seconds": 30, **delivery})
+
+
+def states(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return dict(conn.execute(select(alerts.c.status, func.count()).group_by(alerts.c.status)).all())
+
+
+def attempts_of(engine, alert_id: int) -> list[tuple]:
+    with engine.connect() as conn:
+        return conn.execute(select(delivery_attempts.c.attempt, delivery_attempts.c.outcome,
+                                   delivery_attempts.c.lease_owner)
+                            .where(delivery_attempts.c.alert_id == alert_id)
+                            .order_by(delivery_attempts.c.id)).all()
+
+
+# --------------------------------------------------------------------------- receivers
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """Records every POST; answers by path: /ok 200, /slow (sleeps ``delay`` s, then 200), /limited 429
+    with Retry-After 7200, /error 500, /bad 400, /hang (reads the body, then sleeps past the client
+    timeout). Tracks the most requests in flight at once."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        srv = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with srv.lock:
+            srv.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body,
+                                 "at": time.monotonic()})
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        if self.path == "/slow":
+            time.sleep(srv.delay)
+        if self.path == "/hang":
+            time.sleep(2.0)
+        # Counted out before answering: the client may send its next request as soon as it reads this.
+        with srv.lock:
+            srv.in_flight -= 1
+        try:
+            status, headers = {"/ok": (200, {}), "/slow": (200, {}), "/limited": (429, {"Retry-After": "7200"}),
+                               "/error": (500, {}), "/bad": (400, {}), "/hang": (200, {})}[self.path]
+            payload = b'{"id": "evt"}' if status == 200 else b"no"
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+@pytest.fixture
+def receiver():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server.daemon_threads = True
+    server.requests, server.lock, server.in_flight, server.max_in_flight, server.delay = [], threading.Lock(), 0, 0, 0.0
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class FakeChannel:
+    """A channel under the test's control: ``plan`` maps a dedup key to an exception to raise."""
+
+    def __init__(self, name: str = "fake", idempotency_class: str = IDEMPOTENCY_NOTIFICATION) -> None:
+        self.name = name
+        self.idempotency_class = idempotency_class
+        self.sent: list[str] = []
+        self.errors: dict[str, BaseException] = {}
+        self.default_error: BaseException | None = None
+
+    def send(self, n):
+        self.sent.append(n.dedup_key)
+        err = self.errors.get(n.dedup_key, self.default_error)
+        if err is not None:
+            raise err
+        return SendResult(provider_message_id=f"fake-{n.dedup_key[:8]}")
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def test_admission_is_null_safe_with_both_nullable_sides_null(engine):
+    [due] = seed(engine, 1)
+    [future] = seed(engine, 1, send_at=T0 + timedelta(hours=1))
+    with engine.begin() as conn:
+        row = conn.execute(select(alerts.c.lease_owner, alerts.c.lease_expires_at, alerts.c.next_attempt_at)
+                           .where(alerts.c.id == due)).one()
+        assert row == (None, None, None)
+        assert dsql.count_claimable(conn, T0) == 1
+        # An attempt row by an owner compared null-safely: a fresh claim sees no stale attempt of its own.
+        assert dsql.claim_batch(conn, owner="me#1#r", now=T0, lease_seconds=60, limit=10) == [due]
+        assert dsql.close_stale_attempts(conn, [due], owner="me#1#r", now=T0) == {}
+        with pytest.raises(ValueError):
+            dsql.claim_batch(conn, owner="", now=T0, lease_seconds=60, limit=10)
+    assert future not in (due,)
+
+
+def test_claim_honours_the_batch_limit(engine):
+    seed(engine, 120)
+    with engine.begin() as conn:
+        first = dsql.claim_batch(conn, owner="a#1#r", now=T0, lease_seconds=60, limit=50)
+        second = dsql.claim_batch(conn, owner="b#1#r", now=T0, lease_seconds=60, limit=50)
+        third = dsql.claim_batch(conn, owner="c#1#r", now=T0, lease_seconds=60, limit=50)
+    assert (len(first), len(second), len(third)) == (50, 50, 20)
+    assert not set(first) & set(second)
+
+
+# --------------------------------------------------------------------------- attempts and escalation
+
+
+def test_a_failure_consumes_exactly_one_attempt(engine):
+    [a] = seed(engine, 1, channel="fake")
+    fake = FakeChannel()
+    err = DeliveryError("provider said no", permanent=False)
+    fake.default_error = err
+    cfg = config({"fake": MaildirChannel(type="maildir", path="/nonexistent")})
+    out = sweep(engine, cfg, T0, channels={"fake": fake})
+    assert (out.failed, out.escalated) == (1, 0)
+    assert err.recorded, "the sweep marks the failure as counted"
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.attempts, alerts.c.status).where(alerts.c.id == a)).one() == (
+            1, "retry_wait")
+    assert [o for _, o, _ in attempts_of(engine, a)] == ["failed"]
+    # A handler further out that records the same failure of the same attempt again does not count it.
+    from deadline_pipeline.deliver.sweep import _Result, _Sweep
+
+    with engine.begin() as conn:
+        conn.execute(update(alerts).where(alerts.c.id == a).values(status="claimed", lease_owner="o#1#r"))
+        row = dsql.load_claimed(conn, [a])[0]
+    runner = _Sweep(engine, cfg, T0, "o#1#r", lambda: T0, None, {"fake": fake})
+    [(attempt_id,)] = [(i,) for i in [err.recorded_attempt]]
+    runner._record([_Result(row=row, attempt_id=attempt_id, attempt_no=1, error=err)])
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.attempts).where(alerts.c.id == a)).scalar_one() == 1
+
+
+def test_permanent_error_escalates_loudly_and_notifies_escalation_channel(engine, tmp_path, caplog):
+    [a] = seed(engine, 1, channel="fake", title="Tax return")
+    fake = FakeChannel()
+    fake.default_error = DeliveryError("550 no such user", permanent=True)
+    cfg = DeadlinesConfig(
+        channels={"fake": MaildirChannel(type="maildir", path="/nonexistent"),
+                  "ops": MaildirChannel(type="maildir", path=str(tmp_path / "ops"))},
+        escalation=EscalationConfig(channels=["ops"], email="ops@example.org"),
+    )
+    with caplog.at_level(logging.ERROR, logger="deadline_pipeline.deliver.sweep"):
+        out = sweep(engine, cfg, T0, channels={"fake": fake})
+    assert (out.escalated, out.escalation_notices, out.escalation_notice_failures) == (1, 1, 0)
+    assert any(r.levelno == logging.ERROR and f"alert {a} escalated" in r.getMessage() for r in caplog.records)
+    with engine.connect() as conn:
+        status, reason = conn.execute(select(alerts.c.status, alerts.c.status_reason).where(alerts.c.id == a)).one()
+    assert status == "escalated" and "550" in reason
+    [msg] = list(mailbox.Maildir(tmp_path / "ops", create=False))
+    assert msg["To"] == "ops@example.org" and msg["Subject"] == "NOT DELIVERED: Tax return"
+    assert "550 no such user" in msg.get_payload()[0].get_payload(decode=True).decode()
+
+
+def test_attempts_exhausted_escalate_after_max_attempts(engine):
+    [a] = seed(engine, 1, channel="fake")
+    fake = FakeChannel()
+    fake.default_error = DeliveryError("busy", permanent=False)
+    cfg = config({"fake": MaildirChannel(type="maildir", path="/x")}, max_attempts=3)
+    t = T0
+    for _ in range(3):
+        sweep(engine, cfg, t, channels={"fake": fake})
+        t += timedelta(hours=2)
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.status, alerts.c.attempts).where(alerts.c.id == a)).one() == (
+            "escalated", 3)
+    assert len(fake.sent) == 3
+
+
+# --------------------------------------------------------------------------- unknown outcome after a crash
+
+
+def _crash_after_claim(engine, alert_ids, owner="dead#7#r"):
+    """A sender that claimed, started its attempts, maybe sent, and died before recording."""
+    with engine.begin() as conn:
+        ids = dsql.claim_batch(conn, owner=owner, now=T0, lease_seconds=300, limit=100)
+        assert sorted(ids) == sorted(alert_ids)
+        dsql.start_attempts(conn, [(i, 1) for i in ids], owner=owner, now=T0)
+
+
+def test_unknown_outcome_resends_notification_with_same_key(engine):
+    [a] = seed(engine, 1, channel="fake")
+    _crash_after_claim(engine, [a])
+    fake = FakeChannel()
+    cfg = config({"fake": MaildirChannel(type="maildir", path="/x")})
+    assert sweep(engine, cfg, T0 + timedelta(seconds=299), channels={"fake": fake}).claimed == 0, "lease holds"
+    out = sweep(engine, cfg, T0 + timedelta(seconds=301), channels={"fake": fake})
+    assert (out.delivered, out.recovered_unknown) == (1, 1)
+    with engine.connect() as conn:
+        key = conn.execute(select(alerts.c.dedup_key).where(alerts.c.id == a)).scalar_one()
+    assert fake.sent == [key]
+    assert [(n, o) for n, o, _ in attempts_of(engine, a)] == [(1, "unknown"), (2, "sent")]
+
+
+def test_unknown_outcome_on_booking_channel_escalates_without_resending(engine, caplog):
+    [a] = seed(engine, 1, channel="book")
+    _crash_after_claim(engine, [a])
+    booking = FakeChannel("book", IDEMPOTENCY_BOOKING)
+    cfg = config({"book": MaildirChannel(type="maildir", path="/x")})
+    with caplog.at_level(logging.ERROR):
+        out = sweep(engine, cfg, T0 + timedelta(seconds=301), channels={"book": booking})
+    assert booking.sent == [], "a permanent side effect is never repeated blindly"
+    assert out.escalated == 1
+    with engine.connect() as conn:
+        status, reason = conn.execute(select(alerts.c.status, alerts.c.status_reason).where(alerts.c.id == a)).one()
+    assert status == "escalated" and "unknown outcome on booking channel" in reason
+    assert any("escalated" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+def test_c25_job_stuck_after_worker_loss_is_reclaimed_by_a_new_incarnation(engine):
+    """Case C25: the lease lives on the alert row; expiry alone frees it, whatever happened to the worker."""
+    ids = seed(engine, 3, channel="fake")
+    _crash_after_claim(engine, ids, owner="host#1#cli-deadbeef")
+    a, b = lease_owner(), lease_owner()
+    assert a != b and a.split("#")[:2] == b.split("#")[:2], "same host and pid, new incarnation"
+    fake = FakeChannel()
+    out = sweep(engine, config({"fake": MaildirChannel(type="maildir", path="/x")}), T0 + timedelta(seconds=301),
+                owner=a, channels={"fake": fake})
+    assert out.delivered == 3 and states(engine) == {"delivered": 3}
+
+
+# --------------------------------------------------------------------------- leases (C23, C24, C27)
+
+
+def test_c24_claim_race_takes_disjoint_rows(pg_url):
+    """Case C24: two claimers at the same instant; each row is started by exactly one of them."""
+    from deadline_pipeline.store.db import make_engine, upgrade
+
+    eng = make_engine(pg_url)
+    upgrade(eng)
+    seed(eng, 200)
+    got: dict[str, list[int]] = {}
+    barrier = threading.Barrier(4)
+
+    def claim(owner):
+        barrier.wait()
+        with eng.begin() as conn:
+            got[owner] = dsql.claim_batch(conn, owner=owner, now=T0, lease_seconds=300, limit=80)
+
+    threads = [threading.Thread(target=claim, args=(f"w#{i}#r",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    claimed = [i for ids in got.values() for i in ids]
+    assert len(claimed) == len(set(claimed)) == 200
+    eng.dispose()
+
+
+def test_c23_no_send_starts_after_the_lease_margin(engine, receiver):
+    """Case C23: work longer than the lease must not run on an expired lease; unsent alerts are given back."""
+    server, base = receiver
+    seed(engine, 40, webhook_url=f"{base}/ok")
+    hook = WebhookChannel(type="webhook", timeout_seconds=0.5, rate_per_second=20)
+    # lease 6 s - (5 s safety + 0.5 s timeout) = sends may start for 0.5 s after the claim.
+    cfg = config({"hook": hook}, lease_seconds=6)
+    out = sweep(engine, cfg, T0, max_batches=1)
+    assert 5 <= out.delivered <= 15 and out.released == 40 - out.delivered
+    assert states(engine) == {"delivered": out.delivered, "pending": out.released}
+    with engine.connect() as conn:
+        # Released alerts keep no attempt row: no attempt was consumed.
+        assert conn.execute(select(func.count()).select_from(delivery_attempts)).scalar_one() == out.delivered
+
+
+def test_c27_backlog_drains_over_consecutive_runs_within_limits(engine, receiver):
+    """Case C27 / requirement 7: bounded batches and a time budget; every alert handled exactly once."""
+    server, base = receiver
+    server.delay = 0.02
+    seed(engine, 300, webhook_url=f"{base}/slow")
+    hook = WebhookChannel(type="webhook", timeout_seconds=2, max_concurrency=4, rate_per_second=400)
+    cfg = config({"hook": hook}, batch_size=50, time_budget_seconds=0.6)
+    runs = []
+    while states(engine).get("delivered", 0) < 300:
+        out = sweep(engine, cfg, T0)
+        runs.append(out.delivered)
+        assert len(runs) < 20, runs
+    assert len(runs) >= 2, "the budget split the backlog over several runs"
+    ids = [json.loads(r["body"])["id"] for r in server.requests]
+    assert len(ids) == len(set(ids)) == 300
+    assert server.max_in_flight <= 4
+
+
+def test_rate_limit_spaces_sends(engine, receiver):
+    server, base = receiver
+    seed(engine, 10, webhook_url=f"{base}/ok")
+    sweep(engine, config({"hook": WebhookChannel(type="webhook", rate_per_second=20)}), T0)
+    at = sorted(r["at"] for r in server.requests)
+    assert len(at) == 10 and at[-1] - at[0] >= 9 / 20 * 0.9
+
+
+# --------------------------------------------------------------------------- HTTP outcomes through the sweep
+
+
+@pytest.mark.parametrize(("path", "status", "outcome"), [
+    ("/limited", "retry_wait", "failed"), ("/error", "retry_wait", "unknown"), ("/bad", "escalated", "failed"),
+    ("/hang", "retry_wait", "unknown"),
+])
+def test_http_outcomes_through_the_sweep(engine, receiver, path, status, outcome):
+    server, base = receiver
+    [a] = seed(engine, 1, webhook_url=base + path)
+    out = sweep(engine, config({"hook": WebhookChannel(type="webhook", timeout_seconds=0.5)}), T0)
+    assert out.failed == 1
+    with engine.connect() as conn:
+        st, nxt = conn.execute(select(alerts.c.status, alerts.c.next_attempt_at).where(alerts.c.id == a)).one()
+    assert st == status
+    assert [o for _, o, _ in attempts_of(engine, a)] == [outcome]
+    if path == "/limited":
+        assert nxt >= T0 + timedelta(seconds=7200), "429 Retry-After is honoured end to end"
+    if path in ("/error", "/hang"):
+        # Retried with the same idempotency key.
+        sweep(engine, config({"hook": WebhookChannel(type="webhook", timeout_seconds=0.5)}), T0 + timedelta(hours=2))
+        keys = {r["headers"]["Idempotency-Key"] for r in server.requests}
+        ids = {r["headers"]["webhook-id"] for r in server.requests}
+        assert len(server.requests) == 2 and len(keys) == 1 and keys == ids
+
+
+def test_standard_webhooks_signature_verifies_with_reference_package(engine, receiver, monkeypatch):
+    from standardwebhooks.webhooks import Webhook
+
+    server, base = receiver
+    monkeypatch.setenv("DP_TEST_WH_SECRET", SECRET)
+    seed(engine, 2, webhook_url=f"{base}/ok")
+    out = sweep(engine, config({"hook": WebhookChannel(type="webhook", secret_env="DP_TEST_WH_SECRET")}), T0)
+    assert out.delivered == 2
+    for req in server.requests:
+        headers = {k.lower(): v for k, v in req["headers"].items()}
+        assert headers["webhook-signature"].startswith("v1,")
+        assert headers["webhook-id"] == headers["idempotency-key"] == json.loads(req["body"])["id"]
+        Webhook(SECRET).verify(req["body"].decode(), headers)  # raises WebhookVerificationError on mismatch
+        # Bare base64 (without whsec_) is the same key.
+        Webhook(SECRET.removeprefix("whsec_")).verify(req["body"].decode(), headers)
+        with pytest.raises(Exception, match="signature"):
+            Webhook("whsec_" + base64.b64encode(b"another key").decode()).verify(req["body"].decode(), headers)
+
+
+def test_secret_that_is_not_base64_is_a_permanent_configuration_error(engine, receiver, monkeypatch):
+    server, base = receiver
+    monkeypatch.setenv("DP_TEST_WH_SECRET", "not base64!")
+    seed(engine, 1, webhook_url=f"{base}/ok")
+    out = sweep(engine, config({"hook": WebhookChannel(type="webhook", secret_env="DP_TEST_WH_SECRET")}), T0)
+    assert out.escalated == 1 and server.requests == []
+    assert "DP_TEST_WH_SECRET" in out.errors[0]
+
+
+# --------------------------------------------------------------------------- one bad alert; untrusted text
+
+
+def test_one_bad_alert_fails_alone(engine, tmp_path):
+    good = seed(engine, 3, channel="box")
+    [bad_zone] = seed(engine, 1, channel="box", tz="Mars/Olympus_Mons")
+    [bad_address] = seed(engine, 1, channel="box", email="not-an-address")
+    fake_bug = FakeChannel("box")
+    out = sweep(engine, config({"box": MaildirChannel(type="maildir", path=str(tmp_path / "box"))}), T0)
+    assert out.delivered == 3 and out.escalated == 2
+    assert len(list(mailbox.Maildir(tmp_path / "box", create=False))) == 3
+    with engine.connect() as conn:
+        st = dict(conn.execute(select(alerts.c.id, alerts.c.status)).all())
+    assert [st[i] for i in good] == ["delivered"] * 3
+    assert st[bad_zone] == st[bad_address] == "escalated"
+    # An unexpected exception (a bug) in one alert is a retryable failure of that alert only.
+    ids = seed(engine, 2, channel="box2")
+    fake_bug.errors = {}
+    fake_bug.default_error = None
+    with engine.connect() as conn:
+        keys = conn.execute(select(alerts.c.dedup_key).where(alerts.c.id.in_(ids))
+                            .order_by(alerts.c.id)).scalars().all()
+    fake_bug.errors[keys[0]] = KeyError("payload")
+    out = sweep(engine, config({"box2": MaildirChannel(type="maildir", path="/x")}), T0, channels={"box2": fake_bug})
+    assert (out.delivered, out.failed, out.escalated) == (1, 1, 0)
+
+
+C28_TITLES = ["Pay rent\n", "Pay rent =?UTF-8?Q?=0A?=Bcc: attacker@example.org", "Pay rent\nBcc: attacker@example.org",
+              "Pay rent\r\nBcc: attacker@example.org\r\n\r\nbody"]
+
+
+def test_c28_header_injection_and_html_escaping_through_the_sweep(engine, tmp_path):
+    """Case C28: titles from a feed can never add a header; HTML in a note is escaped."""
+    for t in C28_TITLES:
+        seed(engine, 1, channel="box", title=t, note='<script>alert("x")</script> <b>b</b>')
+    out = sweep(engine, config({"box": MaildirChannel(type="maildir", path=str(tmp_path / "box"))}), T0)
+    assert out.delivered == len(C28_TITLES)
+    box = mailbox.Maildir(tmp_path / "box", create=False)
+    for key in box.iterkeys():
+        msg = email.parser.BytesParser(policy=email.policy.default).parsebytes(box.get_bytes(key))
+        assert msg["Bcc"] is None
+        assert len(msg.get_all("Subject")) == 1 and "\n" not in str(msg["Subject"])
+        assert msg["Subject"].startswith("Reminder: Pay rent")
+        assert msg.get_content_type() == "multipart/alternative" and msg["MIME-Version"] == "1.0"
+        html = msg.get_body(("html",)).get_content()
+        assert "<script>" not in html and "&lt;script&gt;" in html and "<b>b</b>" not in html
+
+
+# --------------------------------------------------------------------------- slack, throttled logging
+
+
+def test_slack_channel_posts_escaped_text(receiver, monkeypatch):
+    from deadline_pipeline_tests.test_channels import make_notification
+
+    server, base = receiver
+    monkeypatch.setenv("DP_TEST_SLACK_URL", f"{base}/ok")
+    ch = SlackSender("chat", SlackChannel(type="slack", url_env="DP_TEST_SLACK_URL"))
+    assert ch.idempotency_class == "notification"
+    assert ch.send(make_notification(title="<!channel> & <https://evil|click>")).provider_message_id == "HTTP 200"
+    text = json.loads(server.requests[0]["body"])["text"]
+    assert "<!channel>" not in text and "&lt;!channel&gt; &amp; &lt;https://evil|click&gt;" in text
+    monkeypatch.delenv("DP_TEST_SLACK_URL")
+    with pytest.raises(DeliveryError) as info:
+        ch.send(make_notification())
+    assert info.value.permanent and "DP_TEST_SLACK_URL" in str(info.value)
+    monkeypatch.setenv("DP_TEST_SLACK_URL", f"{base}/limited")
+    with pytest.raises(DeliveryError) as limited:
+        ch.send(make_notification())
+    assert limited.value.retry_after == 7200 and base not in str(limited.value), "the URL is a secret"
+    ch.close()
+
+
+def test_throttled_logger_logs_first_with_traceback_then_every_nth(caplog):
+    logger = logging.getLogger("dp.test.throttle")
+    t = ThrottledLogger(logger, every=5)
+    with caplog.at_level(logging.ERROR, logger="dp.test.throttle"):
+        for _ in range(12):
+            try:
+                raise ConnectionError("database down")
+            except ConnectionError as exc:
+                t.failure("db", "sweep failed", exc)
+    lines = [r for r in caplog.records if r.name == "dp.test.throttle"]
+    assert len(lines) == 3  # failures 1, 6, 11
+    assert lines[0].exc_info is not None and lines[1].exc_info is None
+    assert "failed 6 times" in lines[1].getMessage() and "failed 11 times" in lines[2].getMessage()
+    with caplog.at_level(logging.WARNING, logger="dp.test.throttle"):
+        t.success("db")
+    assert "recovered after 12" in caplog.records[-1].getMessage() and t.count("db") == 0
+
+
+def test_sweep_with_database_down_fails_loudly_without_flooding(tmp_path, caplog):
+    from deadline_pipeline.deliver.sweep import SweepFailed
+    from deadline_pipeline.store.db import make_engine
+
+    dead = make_engine(f"sqlite:///{tmp_path / 'missing' / 'x.sqlite3'}")
+    cfg = config({}, time_budget_seconds=3.5)
+    with caplog.at_level(logging.ERROR, logger="deadline_pipeline.deliver.sweep"):
+        with pytest.raises(SweepFailed, match="failed batch"):
+            sweep(dead, cfg, T0)
+    lines = [r for r in caplog.records if "delivery batch failed" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is not None, "the first failure with traceback, repeats counted"
+
+
+def test_update_guard_late_writer_cannot_overwrite(engine):
+    [a] = seed(engine, 1)
+    with engine.begin() as conn:
+        dsql.claim_batch(conn, owner="old#1#r", now=T0, lease_seconds=10, limit=5)
+        dsql.claim_batch(conn, owner="new#2#r", now=T0 + timedelta(seconds=11), lease_seconds=10, limit=5)
+        att = dsql.start_attempts(conn, [(a, 1)], owner="old#1#r", now=T0)
+        assert dsql.record_sent(conn, [(a, att[a], "x", T0)], owner="old#1#r", now=T0) == set()
+        conn.execute(update(alerts).where(alerts.c.id == a).values(updated_at=T0))
+        assert conn.execute(select(alerts.c.lease_owner).where(alerts.c.id == a)).scalar_one() == "new#2#r"
+    assert [o for _, o, _ in attempts_of(engine, a)] == ["sent"], "the late writer records its attempt"

@@ -1,0 +1,459 @@
+"""Rule identity and versions across real revisions of real sources, on SQLite and PostgreSQL.
+
+The expected moves below were computed by the diff and then checked by hand against the files:
+e.g. eccv20 was '2020-03-05 07:00:00' Europe/London (GMT in March, so 07:00Z) and became
+'2020-03-05 23:59:00' UTC; miccai2020 moved from 3 March 23:59:59 in Los Angeles (PST, -8) to 17 March
+23:59:59 (PDT since 8 March, -7); icml20 went from 03:59 PST to 23:59 UTC-12 the day before, the same
+instant 11:59Z — a re-expression, hence *reworded*, not moved.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest.diff import diff_snapshots, instant_of
+from deadline_pipeline.ingest.parsers import parse_payload
+from deadline_pipeline.ingest.service import apply_latest_snapshot, apply_snapshot, fetch_snapshot
+from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.store import sources as ssql
+from deadline_pipeline.store.schema import alerts, obligations, rule_versions, snapshots, sources
+from deadline_pipeline.watch.sources import (
+    evaluate_fresh,
+    read_source_state,
+    source_fresh,
+    source_not_quarantined,
+)
+from deadline_pipeline_tests.factories import ai_deadlines, write_config
+
+T0 = datetime(2027, 1, 10, tzinfo=UTC)
+
+
+def _revisions(folder: Path, pattern: str) -> list[Path]:
+    """Revision files in the order of the date in their name (not the commit hash)."""
+    files = list(folder.glob(pattern))
+    return sorted(files, key=lambda p: re.search(r"\d{4}-\d{2}-\d{2}", p.name).group(0))
+
+
+def _source_config(tmp_path: Path, fmt: str, name: str = "src", file: str = "source.dat", **extra):
+    path = write_config(
+        tmp_path, sources=[{"name": name, "format": fmt, "location": file, "tenant": "t1", "freshness": "P1D",
+                            **extra}],
+        subscribers=[], subscriptions=[], channels={},
+    )
+    cfg, _ = load_config(path)
+    return cfg, tmp_path / file
+
+
+def _ingest(engine, src, now):
+    fetched = fetch_snapshot(engine, src, now)
+    return fetched, apply_latest_snapshot(engine, src, now)
+
+
+def _versions_of_snapshot(engine, snapshot_id: int) -> dict[str, tuple[int, bool, dict]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
+                                   rule_versions.c.payload).where(rule_versions.c.snapshot_id == snapshot_id)).all()
+    return {r.rule_id: (r.version, r.withdrawn, r.payload) for r in rows}
+
+
+def _count(engine, table, *where) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+
+
+def _z(rule: RuleRecord) -> str:
+    return instant_of(rule).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the pure diff ----------------------------------------------------------------------------------
+
+def _rule(rule_id="c/submission/deadline", start="2027-03-01T23:59:00", tz="UTC-12", title="C — Paper", **kw):
+    return RuleRecord(rule_id=rule_id, title=title, start=start, tz=tz, **kw)
+
+
+def test_diff_zone_respelling_and_reexpression_are_reworded_not_moved():
+    old = [_rule(tz="UTC-12")]
+    assert diff_snapshots(old, [_rule(tz="AoE")]).reworded[0].fields == ("tz",)
+    # The same instant written in UTC: start and zone both differ, the instant does not.
+    same = diff_snapshots(old, [_rule(start="2027-03-02T11:59:00", tz="UTC")])
+    assert not same.moved and [c.fields for c in same.reworded] == [("start", "tz")]
+    moved = diff_snapshots(old, [_rule(start="2027-03-02T11:59:00", tz="UTC+1")])
+    assert [(c.old_when, c.new_when) for c in moved.moved] == [("2027-03-02T11:59:00Z", "2027-03-02T10:59:00Z")]
+
+
+def test_diff_reorder_title_rename_and_series():
+    a, b = _rule("a/x/y"), _rule("b/x/y", title="B")
+    assert diff_snapshots([a, b], [b, a]).unchanged == 2 and diff_snapshots([a, b], [b, a]).is_empty
+    reworded = diff_snapshots([a], [_rule("a/x/y", title="C — Paper (extended title)")])
+    assert [c.fields for c in reworded.reworded] == [("title",)]
+    renamed = diff_snapshots([a], [_rule("a2/x/y")])
+    assert [c.rule_id for c in renamed.withdrawn] == ["a/x/y"] and [c.rule_id for c in renamed.added] == ["a2/x/y"]
+    series = _rule("s", start="2027-01-15T09:00:00", tz="Europe/Berlin", rrule="FREQ=MONTHLY")
+    assert diff_snapshots([series], [_rule("s", start="2027-01-15T09:00:00", tz="Europe/Berlin",
+                                           rrule="FREQ=MONTHLY;COUNT=3")]).moved
+    # Two spellings of one fixed offset are one zone for a series too.
+    fixed = _rule("s", start="2027-01-15T09:00:00", tz="UTC-12", rrule="FREQ=MONTHLY")
+    assert diff_snapshots([fixed], [_rule("s", start="2027-01-15T09:00:00", tz="AoE", rrule="FREQ=MONTHLY")]).reworded
+    floating = diff_snapshots([_rule("f", start="2027-01-15", tz=None)], [_rule("f", start="2027-01-16", tz=None)])
+    assert [(c.old_when, c.new_when) for c in floating.moved] == [("2027-01-15 (floating)", "2027-01-16 (floating)")]
+
+
+# --- the real ai-deadlines revisions ----------------------------------------------------------------
+
+PWC_MOVED = {
+    # 2020-01-28 -> 2020-02-19
+    1: {
+        "eccv20/submission/deadline": ("2020-03-05T07:00:00Z", "2020-03-05T23:59:00Z"),
+        "miccai2020/submission/deadline": ("2020-03-04T07:59:59Z", "2020-03-18T06:59:59Z"),
+        "uai20/submission/deadline": ("2020-02-21T04:59:59Z", "2020-02-20T22:59:59Z"),
+    },
+    # 2020-02-19 -> 2020-04-17 (the 2020 extensions)
+    2: {
+        "coling20/submission/deadline": ("2020-04-09T11:59:59Z", "2020-07-02T11:59:59Z"),
+        "ecmlpkdd2020/submission/deadline": ("2020-03-27T11:59:59Z", "2020-04-03T11:59:59Z"),
+        "emnlp20/submission/deadline": ("2020-05-12T11:59:00Z", "2020-06-02T11:59:00Z"),
+        "iccc20/submission/deadline": ("2020-03-01T23:59:59Z", "2020-03-09T11:59:59Z"),
+        "icpr20/submission/deadline": ("2020-03-02T22:59:59Z", "2020-03-18T22:59:59Z"),
+        "interspeech20/submission/deadline": ("2020-03-30T11:59:59Z", "2020-05-09T11:59:59Z"),
+        "mm20/submission/deadline": ("2020-03-29T11:59:00Z", "2020-04-26T11:59:00Z"),
+        "neurips20/abstract/abstract_deadline": ("2020-05-05T20:00:00Z", "2020-05-27T20:00:00Z"),
+        "neurips20/submission/deadline": ("2020-05-12T20:00:00Z", "2020-06-03T20:00:00Z"),
+    },
+}
+PWC_REWORDED = {1: {"icml20/abstract/abstract_deadline", "icml20/submission/deadline"}, 2: set()}
+PWC_ADDED = {
+    1: {"ecmlpkdd2020/abstract/abstract_deadline", "ecmlpkdd2020/submission/deadline", "icdm20/submission/deadline",
+        "mm20/abstract/abstract_deadline", "mm20/submission/deadline", "neurips20/abstract/abstract_deadline",
+        "neurips20/submission/deadline"},
+    2: {"bmvc20/abstract/abstract_deadline", "bmvc20/submission/deadline", "cikm20/abstract/abstract_deadline",
+        "cikm20/submission/deadline", "conll2020/submission/deadline", "corl20/submission/deadline",
+        "ismir20/abstract/abstract_deadline", "ismir20/submission/deadline", "recsys20/abstract/abstract_deadline",
+        "recsys20/submission/deadline", "threedv20/submission/deadline"},
+}
+PWC_WITHDRAWN = {
+    # ACMMultimedia -> mm20 is a renamed edition id: withdrawn here, added above.
+    1: {"ACMMultimedia/abstract/abstract_deadline", "ACMMultimedia/submission/deadline",
+        "icdm19/submission/deadline", "neurips19/abstract/abstract_deadline", "neurips19/submission/deadline"},
+    2: {"conll2019/submission/deadline", "corl2019/submission/deadline", "ismir19/submission/deadline",
+        "mm20/abstract/abstract_deadline", "threedv19/submission/deadline"},
+}
+
+
+def test_pwc_revisions_in_order_give_exact_versions(engine, tmp_path, shared_dir):
+    files = _revisions(shared_dir / "data" / "ai-deadlines-pwc" / "revisions", "conferences.*.yml")
+    assert [f.name[-14:-4] for f in files] == ["2020-01-28", "2020-02-19", "2020-04-17"]
+    cfg, target = _source_config(tmp_path, "ai-deadlines", name="pwc")
+    src = cfg.sources[0]
+    snaps = []
+    for n, f in enumerate(files):
+        target.write_bytes(f.read_bytes())
+        fetched, applied = _ingest(engine, src, T0 + timedelta(days=n))
+        assert fetched.status == "new_snapshot" and applied.status == "applied", applied.error
+        snaps.append(applied.snapshot_id)
+    assert _versions_of_snapshot(engine, snaps[0]) and len(_versions_of_snapshot(engine, snaps[0])) == 55
+
+    with engine.connect() as conn:
+        for k in (1, 2):
+            written = _versions_of_snapshot(engine, snaps[k])
+            withdrawn = {rid for rid, (_v, w, _p) in written.items() if w}
+            added = {rid for rid, (v, w, _p) in written.items() if not w and v == 1}
+            changed = {rid for rid, (v, w, _p) in written.items() if not w and v > 1}
+            assert withdrawn == PWC_WITHDRAWN[k]
+            assert added == PWC_ADDED[k]
+            assert changed == set(PWC_MOVED[k]) | PWC_REWORDED[k]
+            # Old and new instants, from the stored payloads of the two versions.
+            moved = {}
+            for rid in changed:
+                version = written[rid][0]
+                old_payload = conn.execute(select(rule_versions.c.payload).where(
+                    rule_versions.c.rule_id == rid, rule_versions.c.version == version - 1)).scalar_one()
+                old, new = RuleRecord.from_payload(old_payload), RuleRecord.from_payload(written[rid][2])
+                if _z(old) != _z(new):
+                    moved[rid] = (_z(old), _z(new))
+            assert moved == PWC_MOVED[k]
+
+    # The same through the pure diff of the two files (what `rules diff` shows).
+    parsed = [parse_payload("ai-deadlines", f.read_bytes(), source="pwc").rules for f in files]
+    for k in (1, 2):
+        d = diff_snapshots(parsed[k - 1], parsed[k])
+        assert {c.rule_id: (c.old_when, c.new_when) for c in d.moved} == PWC_MOVED[k]
+        assert {c.rule_id for c in d.reworded} == PWC_REWORDED[k]
+        assert {c.rule_id for c in d.added} == PWC_ADDED[k]
+        assert {c.rule_id for c in d.withdrawn} == PWC_WITHDRAWN[k]
+
+    # Replaying the last revision changes nothing: no snapshot, no version; the source is fresh again.
+    before = (_count(engine, snapshots), _count(engine, rule_versions))
+    fetched, applied = _ingest(engine, src, T0 + timedelta(days=9))
+    assert (fetched.status, applied.status) == ("unchanged", "unchanged")
+    assert (_count(engine, snapshots), _count(engine, rule_versions)) == before
+    assert read_source_state(engine, "pwc").last_fresh_at == T0 + timedelta(days=9)
+
+
+def test_hf_files_one_source_each(engine, tmp_path, shared_dir):
+    files = sorted((shared_dir / "data" / "ai-deadlines-hf" / "conferences").glob("*.yml"))
+    assert len(files) >= 10
+    srcs = [{"name": f"hf-{f.stem}", "format": "ai-deadlines", "location": str(f), "tenant": "t1"} for f in files]
+    cfg, _ = load_config(write_config(tmp_path, sources=srcs, subscribers=[], subscriptions=[], channels={}))
+    total = 0
+    for s in cfg.sources:
+        _f, out = _ingest(engine, s, T0)
+        assert out.status == "applied" and out.rules > 0, (s.name, out.error)
+        total += out.rules
+    assert _count(engine, rule_versions) == total
+    for s in cfg.sources:
+        f, out = _ingest(engine, s, T0 + timedelta(hours=1))
+        assert (f.status, out.status) == ("unchanged", "unchanged")
+    assert _count(engine, rule_versions) == total
+
+
+def test_govuk_revision_moves_early_may_2020_only(engine, tmp_path, shared_dir):
+    folder = shared_dir / "data" / "govuk-bank-holidays"
+    files = _revisions(folder / "revisions", "bank-holidays.*.json")
+    cfg, target = _source_config(tmp_path, "govuk-bank-holidays", name="uk-holidays")
+    src = cfg.sources[0]
+    snaps = []
+    for n, f in enumerate(files):
+        target.write_bytes(f.read_bytes())
+        _f, out = _ingest(engine, src, T0 + timedelta(days=n))
+        assert out.status == "applied", out.error
+        snaps.append(out.snapshot_id)
+    assert _count(engine, rule_versions, rule_versions.c.snapshot_id == snaps[0]) == 246
+    written = _versions_of_snapshot(engine, snaps[1])
+    assert {rid: (v, w, p["start"]) for rid, (v, w, p) in written.items()} == {
+        "england-and-wales/2020/early_may": (2, False, "2020-05-08"),
+        "northern-ireland/2020/early_may": (2, False, "2020-05-08"),
+    }
+    # The current schema of the same publisher parses into the same kind of rules.
+    current = parse_payload("govuk-bank-holidays", (folder / "bank-holidays.json").read_bytes(), source="uk")
+    assert not current.problems and len(current.rules) == 108
+    assert {r.kind for r in current.rules} == {"holiday"}
+    assert "scotland/2024/st_andrews_day" in {r.rule_id for r in current.rules}
+
+
+def test_icalendar_corpus_through_the_service_never_crashes(engine, tmp_path, shared_dir):
+    files = sorted((shared_dir / "data" / "icalendar-tests").rglob("*.ics"))
+    assert len(files) > 150
+    srcs = [{"name": f"ics{n}", "format": "ics", "location": str(f)} for n, f in enumerate(files)]
+    cfg, _ = load_config(write_config(tmp_path, sources=srcs, subscribers=[], subscriptions=[], channels={}))
+    statuses: dict[str, int] = {}
+    for s, f in zip(cfg.sources, files, strict=True):
+        fetched, out = _ingest(engine, s, T0)
+        assert fetched.status == "new_snapshot", (f, fetched.error)
+        assert out.status in ("applied", "parse_failed"), (f, out.status, out.error)
+        if out.status == "parse_failed":
+            assert f"snapshot {out.snapshot_id}: source {s.name!r}" in out.error, out.error
+            assert re.search(r"line \d+|position unknown", out.error), out.error
+        statuses[out.status] = statuses.get(out.status, 0) + 1
+    assert statuses.get("applied", 0) > 100 and statuses.get("parse_failed", 0) > 5, statuses
+    assert _count(engine, snapshots) == len(files), "every payload is stored, broken or not"
+
+
+# --- broken payloads --------------------------------------------------------------------------------
+
+GOOD_YAML = ai_deadlines(*[
+    {"title": f"C{i}", "year": 2027, "id": f"c{i}27", "deadline": f"2027-03-0{i} 23:59", "timezone": "UTC-12"}
+    for i in range(1, 5)
+])
+BROKEN = {
+    "invalid_yaml": ("ai-deadlines", b"- title: X\n  id: x\n  deadline: '2027-01-01\n- [unclosed\n",
+                     r"line \d+, column \d+: invalid YAML"),
+    "truncated_ics": ("ics", b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:a\r\nDTSTART:20270101T0000",
+                      r"line 5: payload ends inside BEGIN:VEVENT"),
+    "wrong_encoding": ("ai-deadlines", "- title: Zürich\n  id: z\n".encode("latin-1"),
+                       r"line 1, column 11: payload is not valid UTF-8 \(byte 0xfc"),
+    "html_page": ("ai-deadlines", b"<!DOCTYPE html><html><body>Service Unavailable</body></html>",
+                  r"line 1: payload looks like an HTML page"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_payload_keeps_last_good_and_the_loop_goes_on(engine, tmp_path, case):
+    fmt, payload, where = BROKEN[case]
+    good_ics = ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\nBEGIN:VEVENT\r\nUID:a\r\n"
+                "DTSTART:20270201T090000Z\r\nSUMMARY:A\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n")
+    (tmp_path / "broken.dat").write_text(good_ics if fmt == "ics" else GOOD_YAML)
+    (tmp_path / "other.yml").write_text(GOOD_YAML)
+    cfg, _ = load_config(write_config(tmp_path, sources=[
+        {"name": "broken", "format": fmt, "location": "broken.dat"},
+        {"name": "other", "format": "ai-deadlines", "location": "other.yml"},
+    ], subscribers=[], subscriptions=[], channels={}))
+    for s in cfg.sources:
+        assert _ingest(engine, s, T0)[1].status == "applied"
+    good_versions = _count(engine, rule_versions)
+
+    (tmp_path / "broken.dat").write_bytes(payload)
+    (tmp_path / "other.yml").write_text(GOOD_YAML.replace("2027-03-01 23:59", "2027-03-08 23:59"))
+    outcomes = {s.name: _ingest(engine, s, T0 + timedelta(hours=1))[1] for s in cfg.sources}
+    bad = outcomes["broken"]
+    assert bad.status == "parse_failed"
+    assert bad.error.startswith(f"snapshot {bad.snapshot_id}: source 'broken': "), bad.error
+    assert re.search(where, bad.error), bad.error
+    assert outcomes["other"].status == "applied" and outcomes["other"].changed == 1, "the loop went on"
+    assert _count(engine, rule_versions) == good_versions + 1, "the broken source's versions stay in force"
+    with engine.connect() as conn:
+        row = ssql.get_source(conn, "broken")
+        stored = conn.execute(select(snapshots.c.content, snapshots.c.parse_status)
+                              .where(snapshots.c.id == bad.snapshot_id)).one()
+    assert row.status == "stale" and row.last_error == bad.error
+    assert stored == (payload, "failed"), "the broken bytes are kept for a human to read"
+    check = source_fresh(engine, "broken", T0 + timedelta(hours=1))
+    assert not check.passed and "stale" in check.summary and check.metadata["snapshot_id"] == bad.snapshot_id
+
+
+def test_parser_crash_is_recorded_not_raised(engine, tmp_path, monkeypatch):
+    from deadline_pipeline.ingest import service
+
+    cfg, target = _source_config(tmp_path, "ai-deadlines")
+    target.write_text(GOOD_YAML)
+
+    def boom(*_a, **_k):
+        raise RuntimeError("bug in a parser")
+
+    monkeypatch.setattr(service, "parse_payload", boom)
+    _f, out = _ingest(engine, cfg.sources[0], T0)
+    assert out.status == "parse_failed" and "parser failed unexpectedly: RuntimeError: bug in a parser" in out.error
+
+
+# --- no-op revisions downstream ---------------------------------------------------------------------
+
+def _planned_world(tmp_path, yaml_text: str):
+    (tmp_path / "conf.yml").write_text(yaml_text)
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "conf", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["conf"], "offsets": ["-P7D", "-P1D", "PT0S"],
+                        "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+    return load_config(path)[0]
+
+
+def _alerts(engine) -> dict:
+    with engine.connect() as conn:
+        rows = conn.execute(select(alerts.c.id, alerts.c.dedup_key, alerts.c.send_at, alerts.c.status,
+                                   alerts.c.kind)).all()
+    return {r.id: (r.dedup_key, r.send_at, r.status, r.kind) for r in rows}
+
+
+def _edition(i: int, **over) -> dict:
+    e = {"title": f"C{i}", "year": 2027, "id": f"c{i}27", "deadline": f"2027-03-0{i} 23:59", "timezone": "UTC-12"}
+    e.update(over)
+    return e
+
+
+def test_noop_revisions_change_no_alert(engine, tmp_path):
+    editions = [_edition(i) for i in range(1, 5)]
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    src = cfg.sources[0]
+    _ingest(engine, src, T0)
+    plan_all(engine, cfg, T0)
+    before = _alerts(engine)
+    assert len(before) == 4 * 3
+
+    same_instant = [_edition(1, deadline="2027-03-02 11:59", timezone="UTC")] + editions[1:]
+    revisions = {
+        "title only": [_edition(1, title="C1 (renamed conference)")] + editions[1:],
+        "UTC-12 -> AoE": [_edition(i, timezone="AoE") for i in range(1, 5)],
+        "same instant in UTC": same_instant,
+        "reordered": list(reversed(same_instant)),
+    }
+    for n, (what, revision) in enumerate(revisions.items(), start=1):
+        now = T0 + timedelta(minutes=n)
+        (tmp_path / "conf.yml").write_text(ai_deadlines(*revision))
+        versions = _count(engine, rule_versions)
+        _f, applied = _ingest(engine, src, now)
+        assert applied.status == "applied", (what, applied.error)
+        plan_all(engine, cfg, now)
+        assert _alerts(engine) == before, f"{what}: an alert changed"
+        with engine.connect() as conn:
+            dues = conn.execute(select(func.count(func.distinct(obligations.c.due_at)))).scalar_one()
+        assert dues == 4, f"{what}: a new due instant appeared"
+    # Reordering alone does not even create a version.
+    assert applied.changed == 0 and _count(engine, rule_versions) == versions
+
+
+def test_renamed_edition_is_withdrawal_plus_addition(engine, tmp_path):
+    editions = [_edition(i) for i in range(1, 5)]
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    src = cfg.sources[0]
+    _ingest(engine, src, T0)
+    plan_all(engine, cfg, T0)
+    (tmp_path / "conf.yml").write_text(ai_deadlines(_edition(1, id="conf1-2027"), *editions[1:]))
+    _f, out = _ingest(engine, src, T0 + timedelta(minutes=1))
+    assert (out.added, out.changed, out.withdrawn) == (1, 0, 1)
+    plan = plan_all(engine, cfg, T0 + timedelta(minutes=1))
+    assert plan.obligations_withdrawn == 1 and plan.alerts_cancelled == 3
+
+
+# --- quarantine, accept and prune --------------------------------------------------------------------
+
+def test_quarantined_snapshot_is_accepted_by_force(engine, tmp_path):
+    editions = [_edition(i) for i in range(1, 5)]
+    cfg, target = _source_config(tmp_path, "ai-deadlines")
+    src = cfg.sources[0]
+    target.write_text(ai_deadlines(*editions))
+    _ingest(engine, src, T0)
+    target.write_text(ai_deadlines(editions[0]))
+    _f, out = _ingest(engine, src, T0 + timedelta(hours=1))
+    assert out.status == "quarantined" and "withdraw 3 of 4" in out.error
+    check = source_not_quarantined(engine, "src")
+    assert not check.passed and check.metadata["quarantined_snapshot_id"] == out.snapshot_id
+    assert f"snapshot {out.snapshot_id}" in check.summary
+
+    accepted = apply_snapshot(engine, src, out.snapshot_id, T0 + timedelta(hours=2), force=True)
+    assert accepted.status == "applied" and accepted.withdrawn == 3 and "withdraw 3 of 4" in accepted.forced_over
+    assert source_not_quarantined(engine, "src").passed
+    state = read_source_state(engine, "src")
+    assert state.status == "fresh" and state.last_fresh_at == T0 + timedelta(hours=2)
+    assert _count(engine, rule_versions, rule_versions.c.withdrawn.is_(True)) == 3
+
+
+def test_prune_keeps_referenced_latest_and_current_snapshots(engine, tmp_path):
+    editions = [_edition(i) for i in range(1, 5)]
+    cfg, target = _source_config(tmp_path, "ai-deadlines")
+    src = cfg.sources[0]
+    ids = {}
+    steps = [
+        ("v1", ai_deadlines(*editions)),              # applied: referenced by versions
+        ("broken", "<html><body>oops</body></html>"),  # failed: prunable once old
+        ("v1-reordered", ai_deadlines(*reversed(editions))),  # applied, no new version: current
+    ]
+    for n, (name, text) in enumerate(steps):
+        target.write_text(text)
+        ids[name] = _ingest(engine, src, T0 + timedelta(days=n))[1].snapshot_id
+    now = T0 + timedelta(days=30)
+    with engine.connect() as conn:
+        prunable = [r.id for r in ssql.prunable_snapshots(conn, now)]
+    assert prunable == [ids["broken"]]
+    with engine.begin() as conn:
+        assert ssql.prune_snapshots(conn, prunable, now) == [ids["broken"]]
+    with engine.connect() as conn:
+        left = {r.id for r in conn.execute(select(snapshots.c.id)).all()}
+        current = conn.execute(select(sources.c.current_snapshot_id)).scalar_one()
+    assert left == {ids["v1"], ids["v1-reordered"]} and current == ids["v1-reordered"]
+    # Within the keep window nothing goes.
+    with engine.connect() as conn:
+        assert ssql.prunable_snapshots(conn, T0) == []
+
+
+# --- freshness, pure ----------------------------------------------------------------------------------
+
+def test_freshness_window_is_judged_at_now(engine, tmp_path):
+    cfg, target = _source_config(tmp_path, "ai-deadlines")
+    target.write_text(GOOD_YAML)
+    assert not source_fresh(engine, "src", T0).passed  # never ingested
+    _ingest(engine, cfg.sources[0], T0)
+    state = read_source_state(engine, "src")
+    window = timedelta(days=1)
+    assert evaluate_fresh("src", state, T0 + timedelta(hours=23), window).passed
+    late = evaluate_fresh("src", state, T0 + timedelta(days=3), window)
+    assert not late.passed and "longer than its window" in late.summary
+    assert late.metadata["last_fresh_at"] == T0.isoformat() and late.metadata["window_seconds"] == 86400

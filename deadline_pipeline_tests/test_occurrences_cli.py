@@ -1,0 +1,126 @@
+"""``deadline-pipeline occurrences`` through a real subprocess: output format, strict errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", "occurrences", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def utc_lines(values: list[str]) -> list[str]:
+    return [datetime.fromisoformat(v).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") for v in values]
+
+
+@pytest.fixture(scope="module")
+def cases(shared_dir) -> dict[str, dict]:
+    data = json.loads((shared_dir / "cases" / "recurrence_and_delivery_cases.json").read_text())
+    return {c["id"]: c for c in data}
+
+
+def test_c09_dst_gap_one_instant_per_line(cases):
+    case = cases["C09"]
+    out = run("--dtstart", case["input"]["DTSTART"], "--rrule", case["input"]["RRULE"],
+              "--after", "2025-01-01T00:00:00Z")
+    assert out.returncode == 0, out.stderr
+    policy = next(k for k in case["expected"] if k.startswith("policy_shift"))
+    assert out.stdout.split() == utc_lines(case["expected"][policy])
+
+
+def test_c02_json_list_with_iso_dtstart_and_tz(cases):
+    case = cases["C02"]["input"]["variant_b"]
+    out = run("--dtstart", "2026-01-05T09:00:00", "--tz", "America/New_York", "--rrule", "RRULE:" + case["RRULE"],
+              "--after", "2026-01-01T00:00:00Z", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == utc_lines(cases["C02"]["expected"]["variant_b"])
+
+
+def test_c12_exdates_each_with_its_own_tzid(cases):
+    case = cases["C12"]
+    lines = case["input"]["ics"]
+    args = ["--dtstart", lines[0], "--rrule", lines[1].split(":", 1)[1], "--after", "2022-01-01T00:00:00Z"]
+    for line in lines[2:]:
+        args += ["--exdate", line]
+    out = run(*args)
+    assert out.returncode == 0, out.stderr
+    got = out.stdout.split()
+    assert len(got) == case["expected"]["count"]
+    assert got[-3:] == utc_lines(case["expected"]["last_week"])
+
+
+@pytest.mark.parametrize("rule, part", [
+    ("FREQ=DAILY;COUNT=3;UNTIL=20240105T000000", "COUNT and UNTIL"),
+    ("FREQ=DAILY;UNTIL=20240103T000000;UNTIL=20240110T000000", "UNTIL appears more than once"),
+    ("FREQ=DAILY;BYFOO=1", "BYFOO is unknown"),
+    ("FREQ=DAILY;INTERVAL=zero", "INTERVAL"),
+])
+def test_strict_errors_exit_2_naming_the_part(rule, part):
+    out = run("--dtstart", "20240101T000000Z", "--rrule", rule)
+    assert out.returncode == 2
+    assert part in out.stderr and out.stdout == ""
+
+
+def test_floating_dtstart_without_tz_is_refused_never_utc():
+    out = run("--dtstart", "2026-01-05T09:00:00", "--rrule", "FREQ=DAILY")
+    assert out.returncode == 2 and "--tz" in out.stderr
+
+
+def test_unknown_zone_and_calendar_are_bad_input():
+    assert run("--dtstart", "2026-01-05T09:00:00", "--tz", "Mars/Base", "--rrule", "FREQ=DAILY").returncode == 2
+    out = run("--dtstart", "20260105T090000Z", "--business-days", "XX")
+    assert out.returncode == 2 and "XX" in out.stderr
+
+
+def test_business_days_us_irs_and_count():
+    out = run("--dtstart", "DTSTART;TZID=America/New_York:20280415T235959", "--rrule", "FREQ=YEARLY",
+              "--business-days", "US-IRS", "--convention", "following", "--after", "2028-01-01T00:00:00Z",
+              "--count", "2")
+    assert out.returncode == 0, out.stderr
+    # 15 April 2028 (Saturday) → Tuesday 18 April; 15 April 2029 (Sunday) → Tuesday 17 April.
+    assert out.stdout.split() == ["2028-04-19T03:59:59Z", "2029-04-18T03:59:59Z"]
+
+
+def test_rdate_and_before_window():
+    out = run("--dtstart", "DTSTART;VALUE=DATE:20260301", "--tz", "UTC", "--rdate", "20260310",
+              "--after", "2026-01-01T00:00:00Z", "--before", "2026-12-31T00:00:00Z")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2026-03-01T23:59:59Z", "2026-03-10T23:59:59Z"]
+
+
+def test_ics_file_with_floating_times_and_an_override(tmp_path: Path, cases):
+    c14 = cases["C14"]["input"]["ics"]
+    ics = "\r\n".join([
+        "BEGIN:VCALENDAR", "VERSION:2.0", *[x for x in c14 if x.startswith("X-WR")],
+        "BEGIN:VEVENT", "UID:f", "SUMMARY:floating", *[x for x in c14 if not x.startswith("X-WR")], "END:VEVENT",
+        "BEGIN:VEVENT", "UID:m", "SUMMARY:weekly", "DTSTART;TZID=Europe/Berlin:20150302T090000",
+        "RRULE:FREQ=WEEKLY;COUNT=3", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:m", "SUMMARY:moved", "RECURRENCE-ID;TZID=Europe/Berlin:20150309T090000",
+        "DTSTART;TZID=Europe/Berlin:20150310T090000", "END:VEVENT",
+        "END:VCALENDAR", ""])
+    path = tmp_path / "cal.ics"
+    path.write_text(ics)
+    out = run("--ics", str(path), "--after", "2015-01-01T00:00:00Z", "--json")
+    assert out.returncode == 0, out.stderr
+    got = [(x["due_at"], x["rule_id"]) for x in json.loads(out.stdout)]
+    assert got == [
+        ("2015-03-02T08:00:00Z", "m"),
+        ("2015-03-10T08:00:00Z", "m#2015-03-09T08:00:00Z"),  # replaces 9 March, which is not repeated
+        ("2015-03-14T00:00:00Z", "f"),  # 10:00 in X-WR-TIMEZONE Australia/Brisbane (case C14)
+        ("2015-03-16T08:00:00Z", "m"),
+    ]
+    lines = run("--ics", str(path), "--after", "2015-01-01T00:00:00Z", "--count", "1")
+    assert lines.stdout.strip() == "2015-03-02T08:00:00Z\tm"
+
+
+def test_ics_and_dtstart_are_exclusive(tmp_path: Path):
+    out = run("--ics", str(tmp_path / "missing.ics"), "--dtstart", "20260101T000000Z")
+    assert out.returncode == 2
+    assert run("--ics", str(tmp_path / "missing.ics")).returncode == 2

@@ -1,0 +1,70 @@
+"""Zone names as sources write them: IANA, AoE, offsets, abbreviations, Windows names — never silently UTC."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, available_timezones
+
+import pytest
+
+from deadline_pipeline.timezones import ABBREVIATIONS, WINDOWS_ZONES, UnknownTimeZone, resolve_zone
+
+
+def offset(name: str, when: datetime = datetime(2026, 1, 15, 12)) -> timedelta:
+    return resolve_zone(name).utcoffset(when)
+
+
+@pytest.mark.parametrize("name, hours", [
+    ("AoE", -12), ("aoe", -12), ("UTC-12", -12), ("UTC+5:30", 5.5), ("UTC+0530", 5.5), ("GMT+8", 8),
+    ("GMT-5", -5), ("+02:00", 2), ("-03:30", -3.5), ("UTC", 0), ("Z", 0), ("PDT", -7), ("PST", -8),
+    ("CET", 1), ("CEST", 2), ("IST", 5.5), ("NZDT", 13),
+])
+def test_fixed_offsets_and_abbreviations(name, hours):
+    assert offset(name) == timedelta(hours=hours)
+
+
+def test_gmt_plus_means_ahead_of_utc_not_posix_inverted():
+    assert offset("GMT+8") == timedelta(hours=8)
+    assert ZoneInfo("Etc/GMT+8").utcoffset(datetime(2026, 1, 1)) == timedelta(hours=-8)
+
+
+def test_daylight_abbreviation_is_that_fixed_offset_even_in_winter():
+    assert offset("PDT", datetime(2026, 1, 15)) == timedelta(hours=-7)
+
+
+def test_iana_zone_observes_dst():
+    zone = resolve_zone("America/Los_Angeles")
+    assert zone.utcoffset(datetime(2026, 1, 15)) == timedelta(hours=-8)
+    assert zone.utcoffset(datetime(2026, 7, 15)) == timedelta(hours=-7)
+
+
+@pytest.mark.parametrize("windows, iana", [
+    ("W. Europe Standard Time", "Europe/Berlin"), ("Eastern Standard Time", "America/New_York"),
+    ("AUS Eastern Standard Time", "Australia/Sydney"), ("India Standard Time", "Asia/Kolkata"),
+    ("Pacific SA Standard Time", "America/Santiago"), ("Iran Standard Time", "Asia/Tehran"),
+    ("w. europe standard time", "Europe/Berlin"),
+])
+def test_windows_zone_names(windows, iana):
+    assert resolve_zone(windows) == ZoneInfo(iana)
+
+
+def test_every_windows_table_entry_is_a_real_iana_zone():
+    known = available_timezones()
+    assert {v for v in WINDOWS_ZONES.values() if v not in known} == set()
+    assert len(WINDOWS_ZONES) > 130
+
+
+def test_every_abbreviation_is_inside_utc_minus_14_plus_14():
+    assert all(-14 <= h <= 14 for h in ABBREVIATIONS.values())
+
+
+@pytest.mark.parametrize("name", ["", "   ", "Mars/Olympus", "XYZ", "Europe/Berln", "UTC+15", "Central Time"])
+def test_unknown_names_are_refused_never_utc(name):
+    with pytest.raises(UnknownTimeZone) as info:
+        resolve_zone(name)
+    assert repr(name.strip() if name.strip() else name)[1:-1] in str(info.value) or name.strip() == ""
+
+
+def test_unknown_time_zone_is_a_value_error():
+    assert issubclass(UnknownTimeZone, ValueError)
+    assert resolve_zone("UTC") is UTC

@@ -1,0 +1,266 @@
+"""The watch checks, the watchdog and the status command against the real store (SQLite and
+PostgreSQL), with the stages run through their services and heartbeats recorded as the wiring does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from click.testing import CliRunner
+from sqlalchemy import delete, insert, select, update
+
+from deadline_pipeline.cli import main
+from deadline_pipeline.config import load_config
+from deadline_pipeline.deliver.sweep import sweep
+from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.store import health
+from deadline_pipeline.store.schema import alerts, obligations, subscribers
+from deadline_pipeline.watch import checks as w
+from deadline_pipeline.watch.watchdog import Notice, evaluate, incident_notices, record_notice
+from deadline_pipeline_tests.factories import ics, write_config
+
+T0 = datetime(2027, 1, 10, tzinfo=UTC)
+EVENT_A = dict(uid="a@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="File report A")
+EVENT_B = dict(uid="b@test", tzid="America/New_York", dtstart="20270201T090000", summary="File report B",
+               rrule="FREQ=MONTHLY")
+TYPES = {"mail": "maildir"}
+
+
+def setup_config(tmp_path, events=(EVENT_A, EVENT_B), location="cal.ics", **extra):
+    """A one-source configuration (ann and bob, offsets -P7D/-P1D/PT0S, a maildir channel)."""
+    if location == "cal.ics":
+        (tmp_path / "cal.ics").write_text(ics(*events), newline="")
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": location, "tenant": "t1", "freshness": "P1D"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"},
+                     {"id": "bob", "tenant": "t1", "email": "bob@example.org", "timezone": "Asia/Tokyo"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P7D", "-P1D", "PT0S"],
+                        "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}, **extra,
+    )
+    return load_config(path)[0], path
+
+
+def ingest(engine, cfg, now):
+    """Observe + apply every source, recording the ``ingest:<name>`` heartbeat like the observer asset."""
+    for s in cfg.sources:
+        with health.recorded_run(engine, f"ingest:{s.name}", lambda: now) as beat:
+            out = fetch_snapshot(engine, s, now)
+            if out.error:
+                beat.update(outcome="failed", detail=out.error)
+        apply_latest_snapshot(engine, s, now)
+
+
+def plan(engine, cfg, now):
+    with health.recorded_run(engine, "plan", lambda: now):
+        return plan_all(engine, cfg, now)
+
+
+def deliver(engine, cfg, now, **kw):
+    with health.recorded_run(engine, "deliver", lambda: now):
+        return sweep(engine, cfg, now, **kw)
+
+
+def cycle(engine, cfg, now):
+    ingest(engine, cfg, now)
+    plan(engine, cfg, now)
+    return deliver(engine, cfg, now)
+
+
+def all_checks(engine, cfg, now) -> dict[str, w.CheckOutcome]:
+    types = {n: c.type for n, c in cfg.channels.items()}
+    outs = [w.alerts_reconciled(engine, now, timedelta(minutes=cfg.watch.grace_minutes)),
+            w.sweep_alive(engine, now, timedelta(minutes=cfg.watch.sweep_interval_minutes),
+                          timedelta(minutes=cfg.watch.heartbeat_grace_minutes)),
+            w.horizon_planned(engine, now, timedelta(minutes=cfg.watch.plan_interval_minutes),
+                              timedelta(days=cfg.plan.horizon_days)),
+            w.fanout_complete(engine, now, timedelta(days=cfg.plan.horizon_days), types),
+            w.escalations_acknowledged(engine, now)]
+    return {o.name: o for o in outs}
+
+
+def test_a_clean_cycle_is_all_green(engine, tmp_path):
+    cfg, _ = setup_config(tmp_path)
+    cycle(engine, cfg, T0)
+    outs = all_checks(engine, cfg, T0)
+    assert {n: o.passed for n, o in outs.items()} == dict.fromkeys(outs, True), {n: o.summary for n, o in outs.items()}
+    assert evaluate(engine, T0, cfg).healthy
+
+
+def test_delivered_without_receipt_is_not_reconciled(engine, tmp_path):
+    cfg, _ = setup_config(tmp_path)
+    cycle(engine, cfg, T0)
+    with engine.begin() as conn:
+        forged = conn.execute(select(alerts.c.id).where(alerts.c.status == "pending").limit(1)).scalar_one()
+        conn.execute(update(alerts).where(alerts.c.id == forged).values(status="delivered", delivered_at=T0))
+    out = w.alerts_reconciled(engine, T0)
+    assert not out.passed and out.count == 1
+    assert out.offenders[0]["alert_id"] == forged and out.offenders[0]["reason"] == "delivered_without_receipt"
+    assert "without a 'sent' delivery attempt" in out.summary
+    row = {r.target: r for r in evaluate(engine, T0, cfg).rows if r.check == "alerts_reconciled"}
+    assert not row["receipts"].ok and row["overdue"].ok
+
+
+def test_sweep_alive_measures_the_newest_sweep_or_idle_tick(engine):
+    assert not w.sweep_alive(engine, T0).passed
+    with engine.begin() as conn:
+        health.beat(conn, "deliver", started_at=T0, completed_at=T0, outcome="ok")
+    assert w.sweep_alive(engine, T0 + timedelta(minutes=15)).passed
+    late = w.sweep_alive(engine, T0 + timedelta(minutes=16))
+    assert not late.passed and "ago; expected within 0:15:00" in late.summary
+    with engine.begin() as conn:
+        health.beat(conn, "deliver:idle", started_at=T0 + timedelta(minutes=16),
+                    completed_at=T0 + timedelta(minutes=16), outcome="idle")
+    assert w.sweep_alive(engine, T0 + timedelta(minutes=20)).passed
+
+
+def test_a_crashed_run_keeps_its_last_completion(engine):
+    with engine.begin() as conn:
+        health.beat(conn, "plan", started_at=T0, completed_at=T0, outcome="ok")
+    try:
+        with health.recorded_run(engine, "plan", lambda: T0 + timedelta(hours=1)):
+            raise RuntimeError("planner exploded")
+    except RuntimeError:
+        pass
+    with engine.connect() as conn:
+        beat = health.read_heartbeats(conn)["plan"]
+    assert beat["last_completed_at"] == T0 and beat["last_outcome"] == "crashed"
+    assert beat["last_started_at"] == T0 + timedelta(hours=1) and "planner exploded" in beat["detail"]
+    out = w.horizon_planned(engine, T0 + timedelta(hours=1))
+    assert not out.passed and "crashed" in out.summary
+
+
+def test_horizon_planned_names_stale_planning_and_uncovered_targets(engine, tmp_path):
+    cfg, _ = setup_config(tmp_path)
+    assert not w.horizon_planned(engine, T0).passed, "never planned"
+    ingest(engine, cfg, T0)
+    plan(engine, cfg, T0)
+    assert w.horizon_planned(engine, T0 + timedelta(minutes=90)).passed
+    stale = w.horizon_planned(engine, T0 + timedelta(minutes=91))
+    assert not stale.passed and "planning last completed" in stale.summary
+    # bob's obligations vanish (a planner that silently skips a target): red, naming bob.
+    with engine.begin() as conn:
+        bob = conn.execute(select(subscribers.c.id).where(subscribers.c.external_id == "bob")).scalar_one()
+        conn.execute(update(obligations).where(obligations.c.subscriber_id == bob).values(status="withdrawn"))
+    out = w.horizon_planned(engine, T0)
+    assert not out.passed and out.offenders[0]["subscriber"] == "bob" and out.offenders[0]["source"] == "cal"
+
+
+def test_fanout_complete_finds_missing_and_unwanted_reminders(engine, tmp_path):
+    cfg, _ = setup_config(tmp_path)
+    ingest(engine, cfg, T0)
+    plan(engine, cfg, T0)
+    assert w.fanout_complete(engine, T0, timedelta(days=366), TYPES).passed
+    with engine.begin() as conn:
+        victim = conn.execute(select(alerts.c.id, alerts.c.obligation_id, alerts.c.offset_seconds)
+                              .where(alerts.c.send_at > T0).order_by(alerts.c.id).limit(1)).one()
+        conn.execute(delete(alerts).where(alerts.c.id == victim.id))
+    out = w.fanout_complete(engine, T0, timedelta(days=366), TYPES)
+    assert not out.passed and out.count == 1
+    assert out.offenders[0]["obligation_id"] == victim.obligation_id
+    assert out.offenders[0]["missing"] == [[victim.offset_seconds, "mail"]]
+    with engine.begin() as conn:
+        ob = conn.execute(select(obligations.c.id).where(obligations.c.due_at > T0,
+                                                         obligations.c.id != victim.obligation_id)
+                          .limit(1)).scalar_one()
+        conn.execute(insert(alerts).values(obligation_id=ob, offset_seconds=-3600, channel="mail", kind="reminder",
+                                           dedup_key="x" * 64, send_at=T0 + timedelta(days=1), status="pending",
+                                           attempts=0, created_at=T0, updated_at=T0))
+    out = w.fanout_complete(engine, T0, timedelta(days=366), TYPES)
+    assert not out.passed and out.count == 2
+    assert [[-3600, "mail"]] in [o["unexpected"] for o in out.offenders]
+
+
+def test_escalations_stay_red_until_acknowledged(engine, tmp_path, db_url):
+    cfg, _ = setup_config(tmp_path)
+    ingest(engine, cfg, T0)
+    plan(engine, cfg, T0)
+    assert w.escalations_acknowledged(engine, T0).passed
+    with engine.begin() as conn:
+        ids = conn.execute(select(alerts.c.id).order_by(alerts.c.id).limit(2)).scalars().all()
+        conn.execute(update(alerts).where(alerts.c.id.in_(ids)).values(status="escalated", updated_at=T0))
+    out = w.escalations_acknowledged(engine, T0 + timedelta(hours=1))
+    assert not out.passed and out.count == 2 and out.offenders[0]["waiting_seconds"] == 3600
+    res = CliRunner().invoke(main, ["alerts", "acknowledge", str(ids[0]), "--by", "oncall", "--db-url", db_url,
+                                    "--as-of", "2027-01-10T01:00:00Z"])
+    assert res.exit_code == 0 and "acknowledged 1 of 1" in res.output
+    assert w.escalations_acknowledged(engine, T0).count == 1
+    with engine.connect() as conn:
+        row = conn.execute(select(alerts.c.acknowledged_by, alerts.c.acknowledged_at)
+                           .where(alerts.c.id == ids[0])).one()
+    assert row == ("oncall", T0 + timedelta(hours=1))
+    # Retry puts the escalated one back in the queue, due now; cancel refuses it (no longer open).
+    res = CliRunner().invoke(main, ["alerts", "retry", str(ids[1]), "--by", "oncall", "--db-url", db_url,
+                                    "--as-of", "2027-01-10T02:00:00Z"])
+    assert res.exit_code == 0 and "queued 1 of 1" in res.output
+    with engine.connect() as conn:
+        row = conn.execute(select(alerts.c.status, alerts.c.send_at, alerts.c.status_reason)
+                           .where(alerts.c.id == ids[1])).one()
+    assert row == ("pending", T0 + timedelta(hours=2), "retried by oncall")
+    res = CliRunner().invoke(main, ["alerts", "cancel", str(ids[1]), str(ids[0]), "--by", "oncall",
+                                    "--db-url", db_url, "--as-of", "2027-01-10T02:00:00Z"])
+    assert res.exit_code == 1 and "cancelled 1 of 2" in res.output
+
+
+def test_incidents_page_once_remind_and_resolve():
+    state: dict = {}
+    reminder = timedelta(minutes=60)
+    first = incident_notices(state, {"check alerts": "12 overdue"}, T0, reminder)
+    assert [n.phase for n in first] == ["opened"] and "12 overdue" in first[0].title
+    # Not sent (channel down): still due on the next tick, same incident, same opening time.
+    again = incident_notices(state, {"check alerts": "12 overdue"}, T0 + timedelta(minutes=1), reminder)
+    assert [n.phase for n in again] == ["opened"] and again[0].dedup_key == first[0].dedup_key
+    record_notice(state, again[0], T0 + timedelta(minutes=1))
+    # A draining backlog changes the summary, never re-opens the incident.
+    for minutes, left in ((2, 9), (10, 5), (30, 1)):
+        assert incident_notices(state, {"check alerts": f"{left} overdue"}, T0 + timedelta(minutes=minutes),
+                                reminder) == []
+    rem = incident_notices(state, {"check alerts": "1 overdue"}, T0 + timedelta(minutes=61), reminder)
+    assert [n.phase for n in rem] == ["reminder"] and rem[0].number == 1
+    record_notice(state, rem[0], T0 + timedelta(minutes=61))
+    done = incident_notices(state, {}, T0 + timedelta(minutes=70), reminder)
+    assert [n.phase for n in done] == ["resolved"] and "was: 1 overdue" in done[0].detail
+    record_notice(state, done[0], T0 + timedelta(minutes=70))
+    assert state == {}
+    # Healed before anyone was told: forgotten without a resolved notice.
+    incident_notices(state, {"run x": "failed"}, T0, reminder)
+    assert incident_notices(state, {}, T0, reminder) == [] and state == {}
+    assert isinstance(first[0], Notice)
+
+
+def _run_cli(args, tmp_path):
+    env = {"DEADLINE_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+
+
+def test_watchdog_after_a_run_and_two_silent_days(tmp_path):
+    """`run` at T, then `watchdog --as-of` T + 2 days with nothing in between: exit 1 naming the
+    stopped sweep and the stale source; at T itself: exit 0."""
+    _, path = setup_config(tmp_path)
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    res = _run_cli(["run", "--config", str(path), "--db-url", url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path)
+    assert res.exit_code == 0, res.output
+    ok = _run_cli(["watchdog", "--config", str(path), "--db-url", url, "--as-of", "2027-01-10T00:05:00Z"], tmp_path)
+    assert ok.exit_code == 0, ok.output
+    assert "healthy" in ok.output
+    red = _run_cli(["watchdog", "--config", str(path), "--db-url", url, "--as-of", "2027-01-12T00:00:00Z"], tmp_path)
+    assert red.exit_code == 1, red.output
+    failing = [line for line in red.output.splitlines() if line.startswith("FAIL")]
+    assert any("sweep_alive" in line and "stopped" in line for line in failing), red.output
+    assert any("source_fresh" in line and "cal" in line for line in failing), red.output
+    assert any("plan_alive" in line for line in failing) and any("ingest_alive" in line for line in failing)
+    status = _run_cli(["status", "--config", str(path), "--db-url", url, "--as-of", "2027-01-12T00:00:00Z"],
+                      tmp_path)
+    assert status.exit_code == 0, status.output
+    for needle in ("sources:", "cal", "rule versions", "obligations due in the horizon", "alerts:", "overdue",
+                   "heartbeats:", "deliver"):
+        assert needle in status.output, status.output
+
+
+def test_watchdog_reports_an_unreachable_store(tmp_path):
+    res = _run_cli(["watchdog", "--db-url", "postgresql://nobody@127.0.0.1:1/none", "--as-of",
+                    "2027-01-10T00:00:00Z"], tmp_path)
+    assert res.exit_code == 1 and "cannot read the store" in res.output
+    bad = _run_cli(["watchdog", "--as-of", "2027-01-10T00:00:00"], tmp_path)
+    assert bad.exit_code == 2 and "no offset" in bad.output
