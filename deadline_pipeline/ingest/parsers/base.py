@@ -94,30 +94,22 @@ def drop_duplicate_ids(result: ParseResult) -> ParseResult:
     return result
 
 
-_RECUR_PART = re.compile(r"^[A-Z][A-Z0-9-]*$")
 
 
 def check_recur(text: str) -> str | None:
-    """Validate the *shape* of an RFC 5545 RECUR value (§3.3.10); return a message, or ``None`` if fine.
+    """Validate an RFC 5545 RECUR value (§3.3.10); return the strict parser's message, or ``None``.
 
-    Checked here because the libraries downstream are silently lenient: each rule part may appear
-    at most once (a repeated ``UNTIL`` otherwise becomes "last one wins"), ``FREQ`` is required, and
-    ``COUNT`` and ``UNTIL`` must not both appear. Semantics (valid BYDAY values…) are left to the
-    expansion engine.
+    The same parser as planning's (``plan.recurrence.validate_rrule``), in its strict posture, so the
+    ingest and the scheduler can never disagree on a stored rule: a part repeated (``UNTIL`` twice
+    would otherwise become "last one wins"), a missing ``FREQ``, ``COUNT`` with ``UNTIL``, an unknown
+    part or a malformed value are refused here, per record.
     """
+    from deadline_pipeline.plan.recurrence import RRuleError, validate_rrule
+
     if not text or not text.strip():
         return "empty RRULE"
-    seen: set[str] = set()
-    for piece in text.strip().rstrip(";").split(";"):
-        name, sep, value = piece.partition("=")
-        name = name.strip().upper()
-        if not sep or not _RECUR_PART.match(name) or not value.strip():
-            return f"RRULE part {piece!r} is not NAME=VALUE (RFC 5545 §3.3.10)"
-        if name in seen:
-            return f"RRULE part {name} appears more than once (RFC 5545 §3.3.10 allows it once)"
-        seen.add(name)
-    if "FREQ" not in seen:
-        return "RRULE has no FREQ part (required by RFC 5545 §3.3.10)"
-    if {"COUNT", "UNTIL"} <= seen:
-        return "RRULE has both COUNT and UNTIL (RFC 5545 §3.3.10 forbids it)"
+    try:
+        validate_rrule(text.strip())
+    except RRuleError as exc:
+        return str(exc)
     return None
