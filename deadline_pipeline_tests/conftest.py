@@ -94,3 +94,36 @@ def engine(db_url):
     upgrade(eng)
     yield eng
     eng.dispose()
+
+
+class SmtpRecorder:
+    """An aiosmtpd handler that accepts every message and keeps (recipients, raw bytes)."""
+
+    def __init__(self):
+        self.messages: list[tuple[list[str], bytes]] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append((list(envelope.rcpt_tos), envelope.content))
+        return "250 OK"
+
+    @property
+    def subjects(self) -> list[str]:
+        """Subjects unfolded (long ones are folded, RFC 5322 §2.2.3)."""
+        from email import message_from_bytes
+
+        return [" ".join(str(message_from_bytes(raw)["Subject"]).split()) for _, raw in self.messages]
+
+
+@pytest.fixture
+def smtp_server():
+    """A real SMTP server on loopback: ``(controller, recorder)``. A test may stop it (an outage)."""
+    from aiosmtpd.controller import Controller
+
+    from deadline_pipeline_tests.factories import free_port
+
+    handler = SmtpRecorder()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    yield controller, handler
+    if controller._thread is not None:
+        controller.stop()

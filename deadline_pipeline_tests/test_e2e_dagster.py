@@ -9,32 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
 import pytest
-from aiosmtpd.controller import Controller
 
 from deadline_pipeline.orchestration.build import CHECKS_JOB, INGEST_JOB, build_definitions
 from deadline_pipeline.orchestration.deliver import DELIVER_JOB, deliver_sensor
 from deadline_pipeline.orchestration.planning import PLAN_JOB, horizon_range, range_tags
 from deadline_pipeline.orchestration.resources import parse_instant
-from deadline_pipeline_tests.factories import ai_deadlines, free_port, ics, write_config
-
-
-class _SmtpRecorder:
-    def __init__(self):
-        self.messages: list[tuple[list[str], bytes]] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((list(envelope.rcpt_tos), envelope.content))
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp_server():
-    handler = _SmtpRecorder()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield controller, handler
-    if controller._thread is not None:  # a test may have stopped it to simulate an outage
-        controller.stop()
+from deadline_pipeline_tests.factories import ai_deadlines, ics, write_config
 
 
 @pytest.fixture
@@ -118,7 +98,7 @@ def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, t
         assert isinstance(tick, dg.RunRequest)
         assert checks["alerts_reconciled"] and all(checks.values()), checks
         assert sorted(r for rcpts, _ in smtp.messages for r in rcpts) == ["ann@example.org", "bob@example.org"]
-        subjects = [_subject(raw) for _, raw in smtp.messages]
+        subjects = smtp.subjects
         assert all(s.startswith("Reminder: Quarterly report") for s in subjects), subjects
         assert len(hooks) == 1 and hooks[0]["path"] == "/hooks/bob"
         assert hooks[0]["headers"]["Idempotency-Key"] == hooks[0]["body"]["id"]
@@ -153,9 +133,3 @@ def test_overdue_alert_turns_the_check_red(config_path, db_url, tmp_path, smtp_s
         _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
         _, checks = _cycle(config_path, db_url, "2027-01-10T01:00:00Z", instance)
     assert checks["alerts_reconciled"] is False
-
-
-def _subject(raw: bytes) -> str:
-    from email import message_from_bytes
-
-    return " ".join(str(message_from_bytes(raw)["Subject"]).split())

@@ -26,7 +26,7 @@ from deadline_pipeline.store.schema import alerts, delivery_attempts, obligation
 from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.sources import source_fresh, source_not_quarantined
 from deadline_pipeline.watch.watchdog import evaluate
-from deadline_pipeline_tests.factories import free_port, ics, write_config
+from deadline_pipeline_tests.factories import ics, write_config
 from deadline_pipeline_tests.test_watch_checks import all_checks, cycle, deliver, ingest, plan
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
@@ -69,15 +69,6 @@ class Feed:
         self.server.server_close()
 
 
-class _Recorder:
-    def __init__(self):
-        self.messages = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append(envelope.content)
-        return "250 OK"
-
-
 @pytest.fixture
 def engine(pg_url):
     eng = make_engine(pg_url)
@@ -94,13 +85,8 @@ def feed():
 
 
 @pytest.fixture
-def smtp():
-    handler = _Recorder()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield controller, handler
-    if controller._thread is not None:  # the test may have stopped it to simulate an outage
-        controller.stop()
+def smtp(smtp_server):
+    return smtp_server
 
 
 def _config(tmp_path, feed: Feed, channel: dict | None = None, subscribers: int = 2,

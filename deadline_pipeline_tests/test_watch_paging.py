@@ -4,12 +4,10 @@ receiver on loopback for the escalation channel, and build_sensor_context with t
 from __future__ import annotations
 
 import json
-from email import message_from_bytes
 
 import dagster as dg
 import pytest
 import yaml
-from aiosmtpd.controller import Controller
 
 from deadline_pipeline.orchestration.build import CHECKS_JOB, build_definitions
 from deadline_pipeline.orchestration.deliver import DELIVER_JOB
@@ -18,26 +16,10 @@ from deadline_pipeline.orchestration.runner import run_chain
 from deadline_pipeline_tests.factories import free_port, ics, write_config
 
 
-class _Recorder:
-    def __init__(self):
-        self.messages: list[tuple[list[str], bytes]] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((list(envelope.rcpt_tos), envelope.content))
-        return "250 OK"
-
-    @property
-    def subjects(self) -> list[str]:
-        return [" ".join(str(message_from_bytes(raw)["Subject"]).split()) for _, raw in self.messages]
-
-
 @pytest.fixture
-def oncall_smtp():
-    handler = _Recorder()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield controller.port, handler
-    controller.stop()
+def oncall_smtp(smtp_server):
+    controller, handler = smtp_server
+    return controller.port, handler
 
 
 def _write(tmp_path, oncall_port: int, mail_port: int):
