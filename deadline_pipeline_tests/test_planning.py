@@ -340,3 +340,19 @@ def test_us_tax_due_date_rolls_over_emancipation_day(engine, tmp_path):
     with engine.connect() as conn:
         due = conn.execute(select(obligations.c.due_at)).scalar_one()
     assert due.astimezone(resolve_zone("America/New_York")).date().isoformat() == "2028-04-18"
+
+
+def test_titles_with_copy_special_characters_round_trip(engine, tmp_path):
+    """Tabs, newlines and backslashes in source text survive the COPY path unchanged."""
+    title = 'Pay\\tax\tnow\nplease \\N'
+    (tmp_path / "s.csv").write_text('id,title,due,timezone\nx,"' + title + '",2027-02-01T09:00:00,UTC\n')
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "s", "format": "csv", "location": "s.csv"}],
+        subscribers=[{"id": "ann", "email": "ann@example.org"}],
+        subscriptions=[{"name": "s", "sources": ["s"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}},
+    ))[0]
+    _ingest_plan(engine, cfg, T0)
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.title)).scalar_one() == title
+        assert conn.execute(select(alerts.c.send_at)).scalar_one() == datetime(2027, 1, 31, 9, tzinfo=UTC)

@@ -209,12 +209,21 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
             moved = sql.moved_obligations(conn)
             need_alerts = sql.keys_needing_alerts(conn)
+            new_keys = sql.new_staged_keys(conn)
             sql.merge_obligations(conn, now)
+            # New obligations' alerts go straight in; only existing obligations need the merge.
+            ids = sql.staged_ids(conn, new_keys)
+            direct = sql.insert_new_alerts(conn, (
+                (ids[o.key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status,
+                 a.status_reason, 0, now, now)
+                for o in planned if o.key in new_keys for a in o.alerts
+            ))
             sql.stage_rows(conn, sql.stage_alerts, (
                 (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason)
-                for o in planned if o.key in need_alerts for a in o.alerts
+                for o in planned if o.key in need_alerts and o.key not in new_keys for a in o.alerts
             ))
-            out.alerts_inserted, out.alerts_moved = sql.merge_alerts(conn, now)
+            merged, out.alerts_moved = sql.merge_alerts(conn, now)
+            out.alerts_inserted = direct + merged
             _after_moves(conn, moved, planned, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       withdrawn_rules, now, out)

@@ -141,23 +141,24 @@ def drop_stage(conn: Connection) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {t.name}")
 
 
-def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple]) -> int:
-    """Load tuples (in the table's column order) into a staging table; returns the row count.
+def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple], columns: list[str] | None = None,
+               analyze: bool = True) -> int:
+    """Load tuples (in ``columns`` order, default the table's) into a table; returns the row count.
     PostgreSQL streams them with ``COPY`` (the fastest path in, about 90k rows/s here)."""
+    names = columns or [c.name for c in table.c]
     n = 0
     if conn.dialect.name == "postgresql":
-        cols = ", ".join(c.name for c in table.c)
         raw = conn.connection.dbapi_connection
         with raw.cursor() as cur:
-            with cur.copy(f"COPY {table.name} ({cols}) FROM STDIN") as copy:
+            with cur.copy(f"COPY {table.name} ({', '.join(names)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
                     n += 1
-            # Temporary tables are never auto-analysed; without statistics the merge joins below are
-            # planned as nested loops over a "small" table that holds a million rows.
-            cur.execute(f"ANALYZE {table.name}")
+            if analyze:
+                # Temporary tables are never auto-analysed; without statistics the merge joins below
+                # are planned as nested loops over a "small" table that holds a million rows.
+                cur.execute(f"ANALYZE {table.name}")
         return n
-    names = [c.name for c in table.c]
     buf: list[dict] = []
     for row in rows:
         buf.append(dict(zip(names, row, strict=True)))
@@ -168,6 +169,33 @@ def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple]) -> int:
     if buf:
         conn.execute(table.insert(), buf)
     return n
+
+
+NEW_ALERT_COLUMNS = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at",
+                     "status", "status_reason", "attempts", "created_at", "updated_at"]
+
+
+def new_staged_keys(conn: Connection) -> set[str]:
+    """Staged obligation keys not stored yet (call before the merge)."""
+    s, o = stage_obligations, obligations
+    return set(conn.execute(
+        select(s.c.obligation_key).select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
+        .where(o.c.id.is_(None))
+    ).scalars().all())
+
+
+def staged_ids(conn: Connection, keys: set[str]) -> dict[str, int]:
+    """obligation_key → id for these staged keys (call after the merge)."""
+    s, o = stage_obligations, obligations
+    rows = conn.execute(select(o.c.obligation_key, o.c.id).join(s, s.c.obligation_key == o.c.obligation_key))
+    return {k: i for k, i in rows if k in keys}
+
+
+def insert_new_alerts(conn: Connection, rows: Iterable[tuple]) -> int:
+    """Write the alerts of obligations created in this run straight into ``alerts`` (``COPY`` on
+    PostgreSQL), in :data:`NEW_ALERT_COLUMNS` order: a new obligation has no alert rows yet, so no
+    conflict is possible and the staging pass would only double the work."""
+    return stage_rows(conn, alerts, rows, NEW_ALERT_COLUMNS, analyze=False)
 
 
 def classify_staged(conn: Connection) -> dict[str, int]:
