@@ -37,7 +37,30 @@ def _check_as_of(as_of: str | None) -> None:
         _fail_input(f"--as-of {as_of!r}: out of range (years 1900 to 9000)")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The command group, with the last line of defence against tracebacks: an error that escapes a
+    command is printed as one line naming its kind (the traceback only with ``-v``)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported, never swallowed: exit code says it failed
+            from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+            bad_input = isinstance(exc, (OverflowError, RecursionError, ValueError, OSError, ImportError,
+                                         ArgumentError, DBAPIError, NoSuchModuleError))
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            click.echo(f"error: {exc.__class__.__name__}: {first}", err=True)
+            if logging.getLogger().isEnabledFor(logging.INFO):
+                logging.getLogger(__name__).exception("details")
+            else:
+                click.echo("(run with -v for the details)", err=True)
+            sys.exit(EXIT_BAD_INPUT if bad_input else EXIT_RED)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""

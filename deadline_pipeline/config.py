@@ -92,6 +92,19 @@ class BusinessDaysConfig(_Model):
     calendar: str
     convention: Literal["following", "modified-following", "preceding", "none"] = "following"
 
+    @field_validator("calendar")
+    @classmethod
+    def _calendar(cls, v: str) -> str:
+        # A misspelt calendar would silently leave due dates unrolled: refuse it here.
+        if not v.startswith("source:"):
+            from deadline_pipeline.plan.business_days import calendar
+
+            try:
+                calendar(v)
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
 
 class SourceConfig(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
@@ -305,6 +318,11 @@ class DeadlinesConfig(_Model):
                     raise ValueError(
                         f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
                     )
+        for s in self.sources:
+            if s.business_days and s.business_days.calendar.startswith("source:"):
+                ref = s.business_days.calendar[len("source:"):].partition("/")[0]
+                if ref not in names:
+                    raise ValueError(f"sources ({s.name}): business_days.calendar refers to unknown source {ref!r}")
         for ch in self.escalation.channels:
             if ch not in self.channels:
                 raise ValueError(f"escalation: unknown channel {ch!r}; known: {sorted(self.channels)}")

@@ -139,3 +139,12 @@ def test_planning_refuses_a_configuration_without_subscribers(tmp_path):
 
     with pytest.raises(NothingToPlan, match="would withdraw every planned reminder"):
         plan_all(engine, cfg, datetime(2027, 1, 1, tzinfo=UTC))
+
+
+@pytest.mark.parametrize(("calendar", "expected"), [("XX-BOGUS", "Country XX not available"),
+                                                    ("source:nosuch/x", "unknown source 'nosuch'")])
+def test_business_day_calendar_is_checked_at_load(tmp_path, calendar, expected):
+    path = _write(tmp_path, "sources:\n  - {name: x, format: csv, location: a.csv, business_days: {calendar: '"
+                  + calendar + "'}}\n")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path)

@@ -356,3 +356,47 @@ def test_titles_with_copy_special_characters_round_trip(engine, tmp_path):
     with engine.connect() as conn:
         assert conn.execute(select(obligations.c.title)).scalar_one() == title
         assert conn.execute(select(alerts.c.send_at)).scalar_one() == datetime(2027, 1, 31, 9, tzinfo=UTC)
+
+
+def test_two_subscriptions_of_one_subscriber_to_one_source_both_plan(engine, tmp_path):
+    (tmp_path / "cal.ics").write_text(ics(A), newline="")
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "webhook_url": "http://127.0.0.1:9/h"}],
+        subscriptions=[{"name": "mail", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]},
+                       {"name": "hook", "sources": ["cal"], "offsets": ["-P2D"], "channels": ["hook"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}, "hook": {"type": "webhook"}},
+    ))[0]
+    out = _ingest_plan(engine, cfg, T0)
+    assert out.obligations_planned == 1 and out.alerts_planned == 2
+    assert sorted((r["offset_seconds"], r["status"]) for r in _alerts(engine)) == [(-172800, "pending"),
+                                                                                  (-86400, "pending")]
+    again = plan_all(engine, cfg, T0 + timedelta(minutes=5))
+    assert (again.obligations_updated, again.alerts_written) == (0, 0)
+
+
+def test_recurring_occurrence_moved_to_another_day_sends_a_cancellation_notice(engine, tmp_path):
+    """BYMONTHDAY 15 → 20: the delivered reminder of the 15th gets one cancellation notice; the 20th
+    gets its own reminders."""
+    monthly = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270115T120000", "summary": "Monthly",
+               "rrule": "FREQ=MONTHLY;COUNT=2"}
+    cfg = _configure(tmp_path, [monthly, B, C, D])
+    _ingest_plan(engine, cfg, T0)
+    _deliver_all(engine, T0)  # the -P7D reminder of 15 Jan, late at planning, went out
+    out = _ingest_plan(engine, _configure(tmp_path, [dict(monthly, dtstart="20270120T120000"), B, C, D]),
+                       T0 + timedelta(hours=1))
+    assert out.cancellation_notices == 1 and out.obligations_inserted == 2
+    assert ("cancellation", "pending") in {(r["kind"], r["status"]) for r in _alerts(engine, "m@test")}
+    assert plan_all(engine, _configure(tmp_path, [dict(monthly, dtstart="20270120T120000"), B, C, D]),
+                    T0 + timedelta(hours=2)).cancellation_notices == 0
+
+
+def test_late_reminder_waits_for_the_end_of_quiet_hours():
+    target = Target(1, "ann", "t", "America/New_York", 1, "cal", None, ("*",), (-7 * 86400,), ("mail",),
+                    quiet_hours="20:00-08:00")
+    rule = RuleRecord("r", "R", "2027-01-15T12:00:00", "America/New_York")
+    now = datetime(2027, 1, 10, 4, tzinfo=UTC)  # 23:00 in New York: inside the quiet hours
+    (ob,), _ = plan_target(target, [(1, rule)], now)
+    (a,) = ob.alerts
+    assert a.status == "pending" and a.send_at == datetime(2027, 1, 10, 13, tzinfo=UTC)  # 08:00 local
+    assert "quiet hours" in a.status_reason

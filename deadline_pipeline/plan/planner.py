@@ -227,5 +227,13 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
                                                   alert_dedup_key(key, offset, channel, "reminder"),
                                                   send_at, status_reason=reason))
             fold_late(ob.alerts, now, target.late_policy)
+            if target.quiet_hours:
+                for a in ob.alerts:
+                    if a.status == "pending" and a.send_at <= now:
+                        # A late reminder goes out now — unless now is inside the subscriber's quiet
+                        # hours, where it waits for the window's end like any other reminder.
+                        later, why = apply_quiet_hours(now, occ.due_at, target.quiet_hours, subscriber_zone)
+                        if later != now:
+                            a.send_at, a.status_reason = later, f"{a.status_reason}; {why}"
             out.append(ob)
     return out, problems

@@ -13,6 +13,7 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -199,7 +200,6 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             if t.source_id not in rules_cache:
                 rules, withdrawn = sql.active_rules(conn, t.source_id)
                 rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
-        withdrawn_rules = {(sid, rid) for sid, (_, wd) in rules_cache.items() for rid in wd}
 
         sql.create_stage(conn)
         try:
@@ -226,7 +226,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.alerts_inserted = direct + merged
             _after_moves(conn, moved, planned, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
-                      withdrawn_rules, now, out)
+                      {(t.subscriber_id, t.source_id) for t in targets}, now, out)
         finally:
             sql.drop_stage(conn)
     return out
@@ -238,7 +238,7 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
     planned = []
     failed: set[tuple[int, str]] = set()
     cache: dict = {}
-    seen: set[str] = set()
+    seen: dict[str, object] = {}
     for t in targets:
         rules, _ = rules_cache[t.source_id]
         obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
@@ -248,10 +248,16 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
             failed.add((t.source_id, p.rule_id))
         out.problems.extend(problems)
         for o in obs:
-            # Two subscriptions of one subscriber to the same source plan the same obligation once.
-            if o.key not in seen:
-                seen.add(o.key)
+            # Two subscriptions of one subscriber to the same source plan the same obligation once,
+            # with the reminders of both (a second subscription must never be silently dropped).
+            first = seen.get(o.key)
+            if first is None:
+                seen[o.key] = o
                 planned.append(o)
+                continue
+            have = {(a.offset_seconds, a.channel) for a in first.alerts}
+            first.alerts.extend(a for a in o.alerts if (a.offset_seconds, a.channel) not in have)
+            first.fingerprint = hashlib.sha256((first.fingerprint + o.fingerprint).encode()).hexdigest()
         out.targets += 1
     out.obligations_planned = len(planned)
     out.alerts_planned = sum(len(o.alerts) for o in planned)
@@ -305,12 +311,16 @@ def _revision(conn, obligation_id: int) -> int:
     return conn.execute(select(obligations.c.revision).where(obligations.c.id == obligation_id)).scalar_one()
 
 
-def _withdraw(conn, source_ids, lo, hi, failed_rules, withdrawn_rules, now, out: PlanOutcome) -> None:
+def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome) -> None:
+    """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
+    an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
+    everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
+    as its own reminder. A removed subscriber or subscription is cancelled silently."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
-    by_rule = [r for r in stale if (r.source_id, r.rule_id) in withdrawn_rules]
+    by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
     out.obligations_withdrawn = len(stale)
     out.alerts_cancelled = sql.withdraw_obligations(
@@ -322,7 +332,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, withdrawn_rules, now, out:
                 obligation_id=r.id, offset_seconds=0, channel=channel, kind="cancellation", revision=r.revision,
                 dedup_key=alert_dedup_key(r.obligation_key, 0, channel, "cancellation", r.revision), send_at=now,
                 status="pending", attempts=0, created_at=now, updated_at=now,
-                status_reason="the source withdrew this deadline after a reminder was delivered",
+                status_reason="the source withdrew or moved this occurrence after a reminder was delivered",
             ))
     out.cancellation_notices += sql.insert_notices(conn, notices)
 

@@ -115,7 +115,9 @@ def active_targets(conn: Connection):
         .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)
         .join(sources, sources.c.id == subscriptions.c.source_id)
         .where(subscriptions.c.active.is_(True), subscribers.c.active.is_(True))
-        .order_by(subscribers.c.external_id, sources.c.name)
+        # Deterministic order: a subscriber's several subscriptions to one source merge the same way
+        # on every run, so the merged fingerprint is stable.
+        .order_by(subscribers.c.external_id, sources.c.name, subscriptions.c.id)
     ).mappings().all()
 
 
