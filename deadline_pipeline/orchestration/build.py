@@ -67,6 +67,7 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
     checks_job = dg.define_asset_job(
         CHECKS_JOB, selection=dg.AssetSelection.all_asset_checks(),
         description="Evaluate every asset check without materializing anything.",
+        tags={"stage": "watch"},
     )
     return dg.Definitions(
         assets=assets,

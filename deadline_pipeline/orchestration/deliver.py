@@ -46,7 +46,9 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
     yield dg.Output(None)
 
 
-@dg.job(name=DELIVER_JOB, tags={"stage": "deliver"},
+# max_runtime: with run monitoring on, a hung sweep (its budget is 240 s) is failed and retried
+# instead of holding a delivery slot forever.
+@dg.job(name=DELIVER_JOB, tags={"stage": "deliver", "dagster/max_runtime": "900"},
         description="One delivery sweep: every claimable alert, in leased batches, within a time budget.")
 def deliver_job():
     deliver_sweep()
