@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import click
 
-from deadline_pipeline.config import ConfigError, load_config, parse_duration
+from deadline_pipeline.config import ConfigError, load_config
 
 
 def _instant(text: str, option: str) -> datetime:
@@ -27,8 +27,15 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     unknown subscriber."""
     from sqlalchemy import select
 
-    from deadline_pipeline.plan.planner import Target, plan_target
-    from deadline_pipeline.plan.service import PlanOutcome, _missing_contact, business_calendars
+    from deadline_pipeline.plan.planner import plan_target
+    from deadline_pipeline.plan.service import (
+        PlanOutcome,
+        business_calendars,
+        fold_overrides,
+        offsets_seconds,
+        subscribes,
+        targets_from_rows,
+    )
     from deadline_pipeline.store.planning import active_rules
     from deadline_pipeline.store.schema import sources
 
@@ -41,23 +48,26 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
         source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
         calendars = business_calendars(conn, cfg, PlanOutcome())
         for subscription in cfg.subscriptions:
-            if "*" not in subscription.subscribers and sub.id not in subscription.subscribers:
-                continue
             for src_name in subscription.sources:
                 src = cfg.source(src_name)
-                if "*" in subscription.subscribers and src.tenant != sub.tenant and \
-                        sub.id not in subscription.subscribers:
+                if not subscribes(subscription, sub, src):
                     continue
                 if src_name not in source_ids:
                     rows.append({"source": src_name, "problem": "never ingested: run `deadline-pipeline run` first"})
                     continue
-                contact = {"email": sub.email, "webhook_url": sub.webhook_url}
-                channels = tuple(c for c in subscription.channels if not _missing_contact(cfg, c, contact))
-                target = Target(0, sub.id, src.tenant, sub.timezone, source_ids[src_name], src_name, src.timezone,
-                                tuple(subscription.rules),
-                                tuple(sorted(int(parse_duration(o).total_seconds()) for o in subscription.offsets)),
-                                channels, sub.quiet_hours, subscription.late_policy, calendars.get(src_name))
+                # The same target-building as planning (usable channels, zones, calendars), from the
+                # configuration instead of the store's mirror of it.
+                plan_out = PlanOutcome()
+                (target,) = targets_from_rows(cfg, [dict(
+                    subscriber_id=0, external_id=sub.id, tenant=sub.tenant, timezone=sub.timezone,
+                    email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
+                    source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
+                    offsets=offsets_seconds(subscription), channels=list(subscription.channels),
+                    late_policy=subscription.late_policy)], plan_out, calendars)
                 rules, _ = active_rules(conn, source_ids[src_name])
+                rules = fold_overrides(rules, src_name, plan_out)
+                for p in plan_out.problems:
+                    rows.append({"source": src_name, "rule": p.rule_id, "problem": p.message})
                 versions = {r.rule_id: v for v, r in rules}
                 # Reminders up to the largest offset ahead of a deadline can fire inside the window.
                 lead = max((-o for o in target.offsets_seconds), default=0)

@@ -17,7 +17,7 @@ from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
 from deadline_pipeline.store import health
-from deadline_pipeline.store.sources import all_sources, get_source, latest_snapshot
+from deadline_pipeline.store.sources import get_source, latest_snapshot
 
 RULE_VERSIONS = dg.AssetKey("rule_versions")
 
@@ -163,8 +163,3 @@ def build_assets(cfg: DeadlinesConfig) -> list:
         })
 
     return [*observers, rule_versions, plan_obligations]
-
-
-def source_status_table(engine) -> list[dict]:
-    with engine.connect() as conn:
-        return [s.__dict__ for s in all_sources(conn)]

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 REFUSED_FREQUENCIES = ("SECONDLY", "MINUTELY")
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
-OPEN_REMINDER_STATES = ("pending", "skipped")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
-from deadline_pipeline.config import DeadlinesConfig, parse_duration
+from deadline_pipeline.config import (
+    DeadlinesConfig,
+    SourceConfig,
+    SubscriberConfig,
+    SubscriptionConfig,
+    parse_duration,
+)
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.planner import PlannedAlert, PlanProblem, Target, fold_late, plan_target
@@ -56,6 +62,18 @@ class PlanOutcome:
         return self.alerts_inserted + self.alerts_moved
 
 
+def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, source: SourceConfig) -> bool:
+    """Whether ``subscription`` applies to ``subscriber`` for ``source``: listed by id, or ``"*"`` for
+    every subscriber of the source's tenant."""
+    return subscriber.id in subscription.subscribers or (
+        "*" in subscription.subscribers and subscriber.tenant == source.tenant)
+
+
+def offsets_seconds(subscription: SubscriptionConfig) -> list[int]:
+    """The subscription's reminder offsets in seconds (negative: before the due instant), sorted."""
+    return sorted(int(parse_duration(o).total_seconds()) for o in subscription.offsets)
+
+
 class NothingToPlan(ValueError):
     """A configuration without subscribers or subscriptions: planning it would withdraw every
     obligation, which is far more often a broken file than an intent."""
@@ -85,15 +103,13 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
         for sub in cfg.subscriptions:
             for src_name in sub.sources:
                 src = cfg.source(src_name)
-                members = [s for s in cfg.subscribers
-                           if ("*" in sub.subscribers and s.tenant == src.tenant) or s.id in sub.subscribers]
-                for member in members:
-                    rows.append(dict(
-                        name=sub.name, subscriber_id=sub_ids[member.id], source_id=src_ids[src_name],
-                        rule_patterns=list(sub.rules),
-                        offsets=sorted(int(parse_duration(o).total_seconds()) for o in sub.offsets),
-                        channels=list(sub.channels), late_policy=sub.late_policy,
-                    ))
+                for member in cfg.subscribers:
+                    if subscribes(sub, member, src):
+                        rows.append(dict(
+                            name=sub.name, subscriber_id=sub_ids[member.id], source_id=src_ids[src_name],
+                            rule_patterns=list(sub.rules), offsets=offsets_seconds(sub),
+                            channels=list(sub.channels), late_policy=sub.late_policy,
+                        ))
         sql.sync_subscriptions(conn, rows)
 
 
@@ -111,7 +127,9 @@ def fold_overrides(rules: list[tuple[int, RuleRecord]], source: str, out: PlanOu
     return [(versions.get(r.rule_id, 0), r) for r in folded]
 
 
-def _targets(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: dict[str, tuple]) -> list[Target]:
+def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: dict[str, tuple]) -> list[Target]:
+    """Planning targets from subscription rows (store rows, or built from the configuration by
+    `preview`); a channel the subscriber has no contact for is left out and reported as a problem."""
     tz_of_source = {s.name: s.timezone for s in cfg.sources}
     targets = []
     for r in rows:
@@ -194,7 +212,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome()
     with engine.begin() as conn:
-        targets = _targets(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
+        targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
         for t in targets:
             if t.source_id not in rules_cache:
@@ -208,8 +226,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
             out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
             moved = sql.moved_obligations(conn)
-            need_alerts = sql.keys_needing_alerts(conn)
-            new_keys = sql.new_staged_keys(conn)
+            new_keys, need_alerts = sql.keys_needing_alerts(conn)
             sql.merge_obligations(conn, now)
             # New obligations' alerts go straight in; only existing obligations need the merge.
             ids = sql.staged_ids(conn, new_keys)
@@ -291,7 +308,7 @@ def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutco
             if (s.status, s.status_reason) != (r["status"], r["status_reason"]) and (
                     s.status != r["status"] or s.send_at <= now):
                 sql.set_alert_status(conn, r["id"], s.status, s.status_reason, now)
-        revision = _revision(conn, m["id"])
+        revision = m["revision"] + 1  # the merge bumped it once for this move
         for channel in sorted(delivered.get(m["id"], ())):
             notices.append(dict(
                 obligation_id=m["id"], offset_seconds=0, channel=channel, kind="correction", revision=revision,
@@ -301,14 +318,6 @@ def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutco
                               "after a reminder was delivered",
             ))
     out.corrections += sql.insert_notices(conn, notices)
-
-
-def _revision(conn, obligation_id: int) -> int:
-    from sqlalchemy import select
-
-    from deadline_pipeline.store.schema import obligations
-
-    return conn.execute(select(obligations.c.revision).where(obligations.c.id == obligation_id)).scalar_one()
 
 
 def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome) -> None:
@@ -380,11 +389,15 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         if not changed:
             return []
         zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
-        for source_id, rule_id, withdrawn, payload in changed:
-            for (due,) in conn.execute(select(obligations.c.due_at).where(
-                    obligations.c.source_id == source_id, obligations.c.rule_id == rule_id,
-                    obligations.c.due_at >= lo, obligations.c.due_at <= hi)).all():
+        pairs = {(source_id, rule_id) for source_id, rule_id, _, _ in changed}
+        # One query for the old instants: only obligations of the changed rules' sources are read.
+        for source_id, rule_id, due in conn.execute(
+                select(obligations.c.source_id, obligations.c.rule_id, obligations.c.due_at).where(
+                    obligations.c.source_id.in_({p[0] for p in pairs}),
+                    obligations.c.due_at >= lo, obligations.c.due_at <= hi)):
+            if (source_id, rule_id) in pairs:
                 months.add(f"{due:%Y-%m}-01")
+        for _source_id, rule_id, withdrawn, payload in changed:
             if withdrawn:
                 continue
             rule = RuleRecord.from_payload(payload)

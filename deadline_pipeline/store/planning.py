@@ -13,7 +13,7 @@ Shape of a plan write (the statement shape matters more than anything else at sc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import (
@@ -48,7 +48,6 @@ from deadline_pipeline.store.schema import (
 from deadline_pipeline.store.sources import latest_versions
 from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
 
-OPEN_ALERT_STATES = ("pending", "retry_wait")
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
 
@@ -177,15 +176,6 @@ NEW_ALERT_COLUMNS = ["obligation_id", "offset_seconds", "channel", "kind", "revi
                      "status", "status_reason", "attempts", "created_at", "updated_at"]
 
 
-def new_staged_keys(conn: Connection) -> set[str]:
-    """Staged obligation keys not stored yet (call before the merge)."""
-    s, o = stage_obligations, obligations
-    return set(conn.execute(
-        select(s.c.obligation_key).select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
-        .where(o.c.id.is_(None))
-    ).scalars().all())
-
-
 def staged_ids(conn: Connection, keys: set[str]) -> dict[str, int]:
     """obligation_key → id for these staged keys (call after the merge)."""
     s, o = stage_obligations, obligations
@@ -225,22 +215,31 @@ def classify_staged(conn: Connection) -> dict[str, int]:
 
 
 def moved_obligations(conn: Connection) -> list[dict]:
-    """Stored obligations whose staged due instant differs: id, key, old and new due instants."""
+    """Stored obligations whose staged due instant differs: id, key, revision (before the merge), old
+    and new due instants."""
     s, o = stage_obligations, obligations
     return [dict(r) for r in conn.execute(
-        select(o.c.id, o.c.obligation_key, o.c.due_at.label("old_due_at"), s.c.due_at.label("new_due_at"))
+        select(o.c.id, o.c.obligation_key, o.c.revision, o.c.due_at.label("old_due_at"),
+               s.c.due_at.label("new_due_at"))
         .join(s, s.c.obligation_key == o.c.obligation_key)
         .where(o.c.due_at.is_distinct_from(s.c.due_at))
     ).mappings().all()]
 
 
-def keys_needing_alerts(conn: Connection) -> set[str]:
-    """Staged obligation keys that are new or whose fingerprint changed (their alerts must be staged)."""
+def keys_needing_alerts(conn: Connection) -> tuple[set[str], set[str]]:
+    """Before the merge, in one pass: staged obligation keys not stored yet, and keys whose alerts must
+    be written (new, fingerprint changed, or coming back from withdrawn)."""
     s, o = stage_obligations, obligations
-    return set(conn.execute(
-        select(s.c.obligation_key).select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
+    new, need = set(), set()
+    for key, missing in conn.execute(
+        select(s.c.obligation_key, o.c.id.is_(None))
+        .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active"))
-    ).scalars().all())
+    ):
+        need.add(key)
+        if missing:
+            new.add(key)
+    return new, need
 
 
 def merge_obligations(conn: Connection, now: datetime) -> None:
@@ -380,8 +379,3 @@ def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: dat
             .returning(alerts.c.id)
         ).all())
     return cancelled
-
-
-def iter_tuples(rows: Iterable[dict], cols: list[str]) -> Iterator[tuple]:
-    for r in rows:
-        yield tuple(r[c] for c in cols)
