@@ -64,8 +64,13 @@ class _Main(click.Group):
 @click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""
+    from deadline_pipeline.security.redact import install
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # Every line redacted, and httpx & co. quiet even at -v: their INFO line prints the request URL,
+    # which for an incoming webhook is the credential itself.
+    install()
 
 
 @main.group()

@@ -114,15 +114,38 @@ class SourceConfig(_Model):
     freshness: str = "P1D"
     timezone: str | None = None  # zone for floating times in the source, when it names none
     business_days: BusinessDaysConfig | None = None
+    # Credentials live in the environment, named here; the location itself carries none (it is
+    # stored and shown). username_env + password_env: HTTP Basic; token_env: a bearer token;
+    # headers_env: header name -> variable holding its value (e.g. X-Api-Key).
+    username_env: str | None = None
+    password_env: str | None = None
+    token_env: str | None = None
+    headers_env: dict[str, str] = {}
 
     @field_validator("location")
     @classmethod
     def _location(cls, v: str) -> str:
-        scheme = urlparse(v).scheme
+        parts = urlparse(v)
+        scheme = parts.scheme
         # One letter is a Windows drive ("C:\\…"), not a scheme.
         if len(scheme) > 1 and scheme not in ("http", "https", "file"):
-            raise ValueError(f"location {v!r}: scheme {scheme!r} is not supported; use a path, file://, http(s)://")
+            from deadline_pipeline.security.redact import redact_url
+
+            raise ValueError(f"location {redact_url(v)!r}: scheme {scheme!r} is not supported; use a path, "
+                             "file://, http(s)://")
+        if len(scheme) > 1 and "@" in parts.netloc:
+            # A password in the location would be stored in the sources table and shown in the UI.
+            raise ValueError("location: a user name or password in the URL is not accepted; name the "
+                             "environment variables holding them in username_env / password_env")
         return v
+
+    @model_validator(mode="after")
+    def _credentials(self) -> SourceConfig:
+        if (self.username_env is None) != (self.password_env is None):
+            raise ValueError("username_env and password_env go together (HTTP Basic needs both)")
+        if self.token_env and self.username_env:
+            raise ValueError("token_env and username_env/password_env exclude each other")
+        return self
 
     @field_validator("freshness")
     @classmethod
@@ -283,6 +306,32 @@ class WatchConfig(_Model):
     heartbeat_grace_minutes: Annotated[int, Field(ge=0)] = 10
 
 
+class NetworkConfig(_Model):
+    """Where outbound requests may go (see deadline_pipeline.security.outbound).
+
+    By default only globally routable addresses; ``allow`` lists networks admitted anyway
+    (``127.0.0.1/32`` for a local receiver, ``10.0.0.0/8``); ``allow_private`` admits private and
+    shared unicast ranges (never loopback, link-local, multicast: those only through ``allow``).
+    """
+
+    allow: list[str] = []
+    allow_private: bool = False
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, v: list[str]) -> list[str]:
+        from deadline_pipeline.security.outbound import NetworkPolicy
+
+        NetworkPolicy.from_strings(v)  # raises ValueError naming the bad entry
+        return v
+
+    def policy(self):
+        """The :class:`~deadline_pipeline.security.outbound.NetworkPolicy` of this section."""
+        from deadline_pipeline.security.outbound import NetworkPolicy
+
+        return NetworkPolicy.from_strings(self.allow, self.allow_private)
+
+
 class PlanConfig(_Model):
     horizon_days: Annotated[int, Field(gt=0, le=3660)] = 366
 
@@ -297,6 +346,7 @@ class DeadlinesConfig(_Model):
     escalation: EscalationConfig = EscalationConfig()
     watch: WatchConfig = WatchConfig()
     plan: PlanConfig = PlanConfig()
+    network: NetworkConfig = NetworkConfig()
 
     @model_validator(mode="after")
     def _references(self) -> DeadlinesConfig:
@@ -347,8 +397,20 @@ def _expand(path: str, base: Path) -> str:
 
     env = dict(os.environ)
     env.setdefault("DEADLINE_HOME", str(deadline_home()))
-    expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+    used: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        value = env.get(m.group(1) or m.group(2), m.group(0))
+        used.append(value)
+        return value
+
+    expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, path)
     if len(urlparse(expanded).scheme) > 1:  # a URL (an unsupported scheme is refused by validation)
+        from deadline_pipeline.security.redact import register_secret
+
+        # A variable inside a URL is how a private feed's token stays out of the file: never print it.
+        for value in used:
+            register_secret(value)
         return expanded
     p = Path(expanded).expanduser()
     return str(p if p.is_absolute() else (base / p).resolve())

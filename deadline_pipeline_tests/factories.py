@@ -52,3 +52,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def loopback_policy():
+    """The outbound policy admitting this machine's IPv4 loopback receivers the tests start."""
+    from deadline_pipeline.security.outbound import NetworkPolicy
+
+    return NetworkPolicy.from_strings(["127.0.0.1/32"])
+
+
+#: The ``network`` section of a test configuration whose receivers listen on 127.0.0.1.
+LOOPBACK_NETWORK = {"allow": ["127.0.0.1/32"]}

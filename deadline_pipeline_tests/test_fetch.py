@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from deadline_pipeline.ingest.fetch import USER_AGENT, FetchError, FetchResult, fetch
+from deadline_pipeline.ingest.fetch import USER_AGENT, FetchError, FetchResult
+from deadline_pipeline.ingest.fetch import fetch as guarded_fetch
+from deadline_pipeline_tests.factories import loopback_policy
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 LIMIT = 256 * 1024
@@ -31,6 +33,12 @@ LIMIT = 256 * 1024
 # would be caught by the byte count.
 FLOOD = 64 * 1024 * 1024
 TOKEN = "tok-7f3e9c1d2b"
+
+
+def fetch(*args, **kwargs) -> FetchResult:
+    """The fetch under test, with the loopback receivers of these tests admitted by the outbound guard."""
+    kwargs.setdefault("network", loopback_policy())
+    return guarded_fetch(*args, **kwargs)
 
 
 class Handler(BaseHTTPRequestHandler):

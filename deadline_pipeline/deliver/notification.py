@@ -102,7 +102,11 @@ class DeliveryError(Exception):
     ) -> None:
         if outcome not in OUTCOMES:
             raise ValueError(f"DeliveryError outcome {outcome!r} is not one of {OUTCOMES}")
-        super().__init__(message)
+        from deadline_pipeline.security.redact import redact
+
+        # Redacted once, here, for every channel: the message becomes alerts.last_error, a log line
+        # and Dagster event text, and a webhook URL in it may carry a token.
+        super().__init__(redact(message))
         self.permanent = permanent
         self.outcome = outcome
         self.retry_after = retry_after

@@ -209,7 +209,7 @@ class _Sweep:
         if name not in self.built:
             if name not in self.cfg.channels:
                 raise DeliveryError(f"channel {name!r} is no longer configured", permanent=True)
-            self.built[name] = build_channel(name, self.cfg.channels[name])
+            self.built[name] = build_channel(name, self.cfg.channels[name], network=self.cfg.network.policy())
         return self.built[name]
 
     def limiter(self, name: str) -> _Limiter:

@@ -14,11 +14,15 @@ be slow, huge, redirect in circles, answer with an error page, or be misconfigur
   target is checked against ``allowed_schemes`` before it is contacted.
 * **Schemes refused before any I/O.** A location whose scheme is not allowed (``ftp://``, or local
   files when ``file`` is not allowed) is refused without touching the network or disk.
-* **Credentials stay secret and stay home.** Tokens come from environment variables named in the
-  configuration, never from the configuration itself. They are sent only to the origin (scheme, host,
-  port) of the configured location, only over https or to a loopback address, and never appear in
-  :class:`FetchError` messages, :attr:`FetchResult.final_url` or log lines; user names and passwords in
-  URLs are stripped wherever a URL is shown.
+* **Only reachable targets.** Every connection, the first and each redirect's, passes the outbound
+  guard (:mod:`deadline_pipeline.security.outbound`): the host is resolved, its addresses checked
+  against ``network`` (loopback, private, link-local … refused unless allowed) and the connection
+  made to the checked address. A refusal is a :class:`FetchError` that is not retryable.
+* **Credentials stay secret and stay home.** Tokens, user names and passwords come from environment
+  variables named in the configuration, never from the configuration itself. They are sent only to
+  the origin (scheme, host, port) of the configured location, only over https or to a loopback
+  address, and never appear in :class:`FetchError` messages, :attr:`FetchResult.final_url` or log
+  lines; user names and passwords in URLs are stripped wherever a URL is shown.
 * **Exactly what happened.** A success returns the bytes as served (an HTML error page answered with
   200 is returned like any other body: recognising it is the parser's job) with their SHA-256, size
   and validators, so the caller can store a snapshot before parsing. A ``304 Not Modified`` answer to
@@ -44,6 +48,9 @@ from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import httpx
+
+from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, check_url
+from deadline_pipeline.security.redact import redact, register_secret, secret_from_env
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +102,9 @@ class FetchError(Exception):
     """
 
     def __init__(self, source: str, message: str, *, retryable: bool) -> None:
-        super().__init__(f"source {source!r}: {message}")
+        # Redacted once, here: the message is logged, stored as the source's last_error and shown in
+        # Dagster metadata, and a URL in it may carry a token in its query.
+        super().__init__(redact(f"source {source!r}: {message}"))
         self.source = source
         self.retryable = retryable
 
@@ -113,6 +122,9 @@ def fetch(
     allowed_schemes: frozenset[str] = frozenset({"http", "https", "file"}),
     auth_env: str | None = None,
     headers_env: dict[str, str] | None = None,
+    username_env: str | None = None,
+    password_env: str | None = None,
+    network: NetworkPolicy = DEFAULT_POLICY,
     client: httpx.Client | None = None,
 ) -> FetchResult:
     """Fetch the bytes of ``source`` from ``location`` (an http(s) URL, a ``file://`` URL or a path).
@@ -124,13 +136,18 @@ def fetch(
     at :data:`TOTAL_TIME_FACTOR` times it. ``max_bytes`` (bytes) is the largest body accepted.
     ``max_redirects`` is the number of redirects followed. ``auth_env`` names an environment variable
     holding a bearer token; ``headers_env`` maps header names to environment variable names holding
-    their values. Both are used for http(s) only. ``client`` lets the caller share connections; its
-    own default headers and authentication are not sent, so credentials follow this module's rules.
+    their values. ``username_env`` and ``password_env`` name the variables of an HTTP Basic user
+    name and password. All are used for http(s) only and their values are registered as secrets
+    (:func:`~deadline_pipeline.security.redact.register_secret`). ``network`` is the outbound policy
+    every connection must pass. ``client`` lets the caller share connections; its own default headers
+    and authentication are not sent, so credentials follow this module's rules, and since its
+    transport is the caller's, each hop's host is checked (resolved) before the request instead of
+    at connect time; without ``client`` a guarded client pins the checked address.
 
     Raises :class:`FetchError` for every failure of the source or of its configuration (scheme not
     allowed, unset credential variable, network error, timeout, non-2xx status, too many redirects,
-    body too large, missing file), and :class:`ValueError` for a naive ``now``, a timeout <= 0 or a
-    negative limit.
+    body too large, missing file, a target the outbound guard refuses), and :class:`ValueError` for a
+    naive ``now``, a timeout <= 0 or a negative limit.
     """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("fetch: `now` must be an aware datetime")
@@ -154,6 +171,8 @@ def fetch(
 
     secrets: list[str] = []
     headers = _credential_headers(source, auth_env, headers_env, secrets)
+    if username_env or password_env:
+        headers["Authorization"] = _basic_auth_from_env(source, username_env, password_env, secrets)
     try:
         url = httpx.URL(location)
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
@@ -169,15 +188,20 @@ def fetch(
         raise failure
     if url.userinfo:
         secrets.extend(s for s in (url.username, url.password) if s)
+    for value in secrets:
+        register_secret(value)
 
     owns_client = client is None
     if client is None:
-        client = httpx.Client(follow_redirects=False)
+        client = guarded_client = _guarded_client(network)
+    else:
+        guarded_client = None
     try:
         return _fetch_http(
             source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
             timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
             allowed=allowed, credential_headers=headers, secrets=secrets,
+            precheck=None if guarded_client is not None else network,
         )
     finally:
         if owns_client:
@@ -248,6 +272,28 @@ def _local_path(source: str, location: str) -> Path:
 # --- http(s) -----------------------------------------------------------------------------------------
 
 
+def _guarded_client(network: NetworkPolicy) -> httpx.Client:
+    from deadline_pipeline.security.outbound import guarded_httpx_client
+
+    return guarded_httpx_client(network, follow_redirects=False)
+
+
+def _basic_auth_from_env(source: str, username_env: str | None, password_env: str | None,
+                         secrets: list[str]) -> str:
+    """The Basic ``Authorization`` value from the two variables; a missing one is a FetchError."""
+    values = []
+    for variable in (username_env, password_env):
+        value = secret_from_env(variable) if variable else None
+        if not value:
+            raise FetchError(source, f"environment variable {variable} (for HTTP Basic authentication) is "
+                             f"{'not set' if value is None else 'empty'}", retryable=False)
+        values.append(value)
+    token = base64.b64encode(f"{values[0]}:{values[1]}".encode()).decode("ascii")
+    secrets.extend((values[1], token, f"Basic {token}"))
+    register_secret(token)
+    return f"Basic {token}"
+
+
 def _credential_headers(
     source: str, auth_env: str | None, headers_env: dict[str, str] | None, secrets: list[str]
 ) -> dict[str, str]:
@@ -294,6 +340,7 @@ def _fetch_http(
     allowed: frozenset[str],
     credential_headers: dict[str, str],
     secrets: list[str],
+    precheck: NetworkPolicy | None = None,
 ) -> FetchResult:
     origin = _origin(url)
     if (credential_headers or url.userinfo) and not _may_carry_credentials(url, origin):
@@ -328,6 +375,9 @@ def _fetch_http(
             extensions={"timeout": timeout.as_dict()},
         )
         try:
+            if precheck is not None:
+                # A caller's client has no guarded transport: decide on this hop's host before sending.
+                check_url(str(url), precheck)
             # auth=None and a hand-built request: the client's own default headers or auth must not
             # ride along to a redirect target on another host.
             response = client.send(request, stream=True, auth=None, follow_redirects=False)
@@ -387,6 +437,12 @@ def _fetch_http(
                 response.close()
         except FetchError:
             raise
+        except OutboundRefused as exc:
+            # Permanent: the same address is refused again on every run until someone allows it.
+            hop = f" (reached through {redirects} redirect(s))" if redirects else ""
+            failure = FetchError(source, f"cannot fetch {_safe_url(url)}{hop}: {exc}", retryable=False)
+        except OSError as exc:  # the pre-check's name resolution failed: maybe better later
+            failure = FetchError(source, f"cannot resolve the host of {_safe_url(url)}: {exc}", retryable=True)
         except httpx.TimeoutException as exc:
             failure = FetchError(
                 source, f"{_safe_url(url)} did not answer within {timeout_seconds} s "

@@ -19,6 +19,7 @@ from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
 from deadline_pipeline.ingest.versions import DEFAULT_MAX_WITHDRAW_SHARE, diff_rules, quarantine_reason
 from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import sources as sql
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,16 @@ def ensure_source(engine: Engine, src: SourceConfig) -> sql.SourceRow:
     pay a write transaction (an fsync on SQLite) per source and per stage for nothing.
     """
     freshness = int(src.freshness_window.total_seconds())
+    # The row keeps the location as shown, never a token in its query (credentials live in the
+    # environment only): the sources table is read by the UI, the watchdog and backups.
+    location = redact(src.location)
     with engine.connect() as conn:
         row = sql.find_source(conn, src.name)
     if row is not None and (row.tenant, row.format, row.location, row.freshness_seconds) == (
-            src.tenant, src.format, src.location, freshness):
+            src.tenant, src.format, location, freshness):
         return row
     with engine.begin() as conn:
-        return sql.sync_source(conn, name=src.name, tenant=src.tenant, fmt=src.format, location=src.location,
+        return sql.sync_source(conn, name=src.name, tenant=src.tenant, fmt=src.format, location=location,
                                freshness_seconds=freshness)
 
 
@@ -83,10 +87,14 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
     ``now`` is aware UTC. Identical bytes create no new snapshot but move ``last_fresh_at`` (the
     source is alive). A 304 counts as fresh. A failed fetch stores nothing, keeps every rule version,
     and records the error. ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
-    (``timeout_seconds``, ``max_bytes``, ``max_redirects``, ``auth_env``…). Never raises for the
-    source's own failures.
+    (``timeout_seconds``, ``max_bytes``, ``max_redirects``, ``network``…); the source's own
+    credential variables (``token_env``, ``username_env``/``password_env``, ``headers_env``) are
+    passed from ``src``. Never raises for the source's own failures.
     """
     row = ensure_source(engine, src)
+    credentials = {"auth_env": src.token_env, "headers_env": dict(src.headers_env) or None,
+                   "username_env": src.username_env, "password_env": src.password_env}
+    fetch_options = {**credentials, **fetch_options}
     with engine.connect() as conn:
         prev = sql.latest_snapshot(conn, row.id)
     try:

@@ -16,6 +16,7 @@ from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapsh
 from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
+from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import get_source, latest_snapshot
 
@@ -30,10 +31,10 @@ def source_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["source", re.sub(r"[^A-Za-z0-9_]", "_", name)])
 
 
-def _observer(src: SourceConfig) -> dg.AssetsDefinition:
+def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
     spec = dg.AssetSpec(
         source_key(src.name),
-        description=f"External source '{src.name}' ({src.format}) at {src.location}",
+        description=f"External source '{src.name}' ({src.format}) at {redact(src.location)}",
         group_name="ingest",
         kinds={src.format.replace("-", "_")},
         tags={"stage": "ingest", "tenant": src.tenant},
@@ -47,7 +48,7 @@ def _observer(src: SourceConfig) -> dg.AssetsDefinition:
         now = clock.now()
         engine = store.engine()
         started = now
-        outcome = fetch_snapshot(engine, src, now)
+        outcome = fetch_snapshot(engine, src, now, network=network)
         with engine.begin() as conn:
             health.beat(conn, f"ingest:{src.name}", started_at=started, completed_at=clock.now(),
                         outcome="ok" if outcome.error is None else "failed", detail=outcome.error)
@@ -71,7 +72,8 @@ def _observer(src: SourceConfig) -> dg.AssetsDefinition:
 
 def build_assets(cfg: DeadlinesConfig) -> list:
     """The pipeline's assets for a configuration (one observed source asset per source)."""
-    observers = [_observer(s) for s in cfg.sources]
+    network = cfg.network.policy()
+    observers = [_observer(s, network) for s in cfg.sources]
     source_keys = [source_key(s.name) for s in cfg.sources]
 
     @dg.asset(

@@ -42,7 +42,11 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
     """Definitions for the configuration at ``config_path``.
 
     Raises :class:`deadline_pipeline.config.ConfigError` (naming file, key and problem) for a bad file.
+    Installs log redaction in this process (code servers, run workers and the daemon load this).
     """
+    from deadline_pipeline.security.redact import install
+
+    install()
     cfg, path = load_config(config_path)
     keys = [source_key(s.name) for s in cfg.sources]
     if len(set(keys)) != len(keys):

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, or_, select, text, update
 
+from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -211,9 +212,9 @@ def escalate_unsent(conn: Connection, alert_id: int, *, owner: str, now: datetim
     res = conn.execute(
         update(alerts)
         .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status="escalated", attempts=alerts.c.attempts + attempts_consumed, last_error=reason[:4000],
-                status_reason=reason[:4000], next_attempt_at=None, lease_owner=None, lease_expires_at=None,
-                updated_at=now)
+        .values(status="escalated", attempts=alerts.c.attempts + attempts_consumed,
+                last_error=redact(reason)[:4000], status_reason=redact(reason)[:4000], next_attempt_at=None,
+                lease_owner=None, lease_expires_at=None, updated_at=now)
     )
     return res.rowcount == 1
 
@@ -240,7 +241,7 @@ def start_attempt(conn: Connection, *, alert_id: int, attempt: int, owner: str, 
 def finish_attempt(conn: Connection, attempt_id: int, *, now: datetime, outcome: str,
                    provider_message_id: str | None = None, error: str | None = None) -> None:
     conn.execute(update(delivery_attempts).where(delivery_attempts.c.id == attempt_id).values(
-        finished_at=now, outcome=outcome, provider_message_id=provider_message_id, error=error))
+        finished_at=now, outcome=outcome, provider_message_id=provider_message_id, error=redact_optional(error)))
 
 
 def mark_delivered(conn: Connection, alert_id: int, *, owner: str, now: datetime, provider_message_id: str) -> bool:
@@ -261,6 +262,9 @@ def mark_failed(conn: Connection, alert_id: int, *, owner: str, now: datetime, e
     """Record one consumed attempt: back to ``retry_wait`` until ``next_attempt_at``, or ``escalated``.
     Only while ``owner`` holds the lease; returns False when it was lost."""
     _check_owner(owner)
+    # Stored errors are shown in the UI, the watchdog and checks: never a URL's token (redacted here
+    # too, whatever channel built the message).
+    error = redact(error)
     res = conn.execute(
         update(alerts)
         .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")

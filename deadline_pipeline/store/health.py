@@ -9,6 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine, and_, exists, func, or_, select, update
 
+from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -28,7 +29,8 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
          detail: str | None = None) -> None:
     """Record the end of one run of ``component`` (also when it found nothing to do)."""
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
-                                   last_completed_at=completed_at, last_outcome=outcome, detail=detail)],
+                                   last_completed_at=completed_at, last_outcome=outcome,
+                                   detail=redact_optional(detail))],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail"])
 
 
@@ -45,7 +47,7 @@ def beat_failed(conn: Connection, component: str, error: str) -> None:
     """Record that the run of ``component`` in progress crashed; ``last_completed_at`` stays at the
     last completed run, so the heartbeat checks keep measuring from real work."""
     conn.execute(update(heartbeats).where(heartbeats.c.component == component)
-                 .values(last_outcome="crashed", detail=error[:4000]))
+                 .values(last_outcome="crashed", detail=redact(error)[:4000]))
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, and_, delete, exists, func, or_, select, update
 
+from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store.schema import rule_versions, snapshots, sources
 from deadline_pipeline.store.upsert import dialect_insert
 
@@ -33,7 +34,11 @@ class SourceRow:
 
 def sync_source(conn: Connection, *, name: str, tenant: str, fmt: str, location: str,
                 freshness_seconds: int) -> SourceRow:
-    """Create or update the ``sources`` row of a configured source; returns it."""
+    """Create or update the ``sources`` row of a configured source; returns it.
+
+    ``location`` is stored redacted (:func:`~deadline_pipeline.security.redact.redact`): query values,
+    user info and registered secrets never reach the row, whoever calls this."""
+    location = redact(location)
     ins = dialect_insert(conn, sources).values(
         name=name, tenant=tenant, format=fmt, location=location, freshness_seconds=freshness_seconds,
         status="new",
@@ -60,8 +65,9 @@ def all_sources(conn: Connection) -> list[SourceRow]:
 
 def safe_text(text: str | None) -> str | None:
     """``text`` without NUL characters (shown as ``\\x00``): PostgreSQL refuses NUL in text columns,
-    and an error message quoting a hostile payload must not make recording the error fail."""
-    return text.replace("\x00", "\\x00") if text is not None else None
+    and an error message quoting a hostile payload must not make recording the error fail. Also
+    redacted (:func:`~deadline_pipeline.security.redact.redact`): stored errors are shown everywhere."""
+    return redact(text).replace("\x00", "\\x00") if text is not None else None
 
 
 def mark_source(conn: Connection, source_id: int, **values) -> None:

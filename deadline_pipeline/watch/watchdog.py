@@ -246,10 +246,12 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
         )
         channel = None
         try:
-            channel = build_channel(name, cfg.channels[name])
+            channel = build_channel(name, cfg.channels[name], network=cfg.network.policy())
             channel.send(note)
         except Exception as exc:  # one broken channel must not stop the page on the others
-            errors.append(f"escalation channel {name!r}: {exc.__class__.__name__}: {exc}")
+            from deadline_pipeline.security.redact import redact
+
+            errors.append(redact(f"escalation channel {name!r}: {exc.__class__.__name__}: {exc}"))
         finally:
             if channel is not None:
                 try:

@@ -54,8 +54,11 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
-def build_channel(name: str, cfg) -> Channel:
+def build_channel(name: str, cfg, network=None) -> Channel:
     """The channel for one configuration entry.
+
+    ``network``: the :class:`~deadline_pipeline.security.outbound.NetworkPolicy` every request of a
+    network channel must pass (``None``: the default, globally routable addresses only).
 
     ``cfg``: a :class:`~deadline_pipeline.config.MaildirChannel`, :class:`~deadline_pipeline.config.SmtpChannel`,
     :class:`~deadline_pipeline.config.WebhookChannel` or :class:`~deadline_pipeline.config.SlackChannel`.
@@ -75,9 +78,9 @@ def build_channel(name: str, cfg) -> Channel:
     if isinstance(cfg, WebhookChannel):
         from deadline_pipeline.deliver.channels.webhook import WebhookSender
 
-        return WebhookSender(name, cfg)
+        return WebhookSender(name, cfg, network=network)
     if isinstance(cfg, SlackChannel):
         from deadline_pipeline.deliver.channels.slack import SlackSender
 
-        return SlackSender(name, cfg)
+        return SlackSender(name, cfg, network=network)
     raise TypeError(f"channel {name!r}: unsupported configuration {type(cfg).__name__}")

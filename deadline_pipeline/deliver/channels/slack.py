@@ -11,13 +11,14 @@ Idempotency class ``"notification"``: incoming webhooks take no idempotency key,
 unknown outcome can post a visible duplicate message; it carries the same reference (the dedup key)
 so a reader can tell it is the same alert. Answers are classified like the webhook channel's
 (2xx sent; 408/429/503 retryable with ``Retry-After``; other 5xx unknown; other 4xx permanent, e.g.
-Slack's 403 ``invalid_token`` or 404 ``no_service``).
+Slack's 403 ``invalid_token`` or 404 ``no_service``). The URL is registered as a secret when read,
+so no log line or error can print it, and every connection passes the outbound guard (``network``);
+a refused target is permanent.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 
@@ -26,6 +27,8 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.channels.webhook import classify
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, render
+from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, guarded_httpx_client
+from deadline_pipeline.security.redact import secret_from_env
 
 
 def slack_escape(text: str) -> str:
@@ -49,13 +52,14 @@ class SlackSender:
 
     idempotency_class = IDEMPOTENCY_NOTIFICATION
 
-    def __init__(self, name: str, cfg: SlackChannel) -> None:
+    def __init__(self, name: str, cfg: SlackChannel, network: NetworkPolicy | None = None) -> None:
         self.name = name
         self.cfg = cfg
+        self.network = network or DEFAULT_POLICY
         self._client: httpx.Client | None = None
 
     def _url(self) -> str:
-        url = os.environ.get(self.cfg.url_env)
+        url = secret_from_env(self.cfg.url_env)
         if not url:
             raise DeliveryError(f"channel {self.name!r}: environment variable {self.cfg.url_env} (named in the "
                                 "configuration as url_env) is not set", permanent=True)
@@ -72,11 +76,14 @@ class SlackSender:
             raise DeliveryError(str(exc), permanent=True) from exc
         body = json.dumps({"text": text}, ensure_ascii=False).encode("utf-8")
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout_seconds), follow_redirects=False)
+            self._client = guarded_httpx_client(self.network, timeout=httpx.Timeout(self.cfg.timeout_seconds),
+                                                follow_redirects=False)
         # The URL itself is a secret: errors name the variable, never the URL.
         shown = f"${self.cfg.url_env}"
         try:
             response = self._client.post(url, content=body, headers={"Content-Type": "application/json"})
+        except OutboundRefused as exc:
+            raise DeliveryError(f"channel {self.name!r} (slack {shown}): {exc}", permanent=True) from None
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:
             raise DeliveryError(f"channel {self.name!r} (slack {shown}): {type(exc).__name__}",
                                 permanent=False) from exc

@@ -23,8 +23,16 @@ Answers and failures:
 * other 5xx: retryable ``"unknown"`` (the receiver may have acted before failing, e.g. 500, or a
   gateway timed out waiting for it, 504).
 * 3xx and other 4xx: permanent ``"failed"`` (redirects are not followed: the configured URL is wrong).
+* a target the outbound guard refuses (loopback, private, link-local … not in ``network.allow``,
+  see :mod:`deadline_pipeline.security.outbound`): permanent ``"failed"``, never retried; no
+  connection is made.
 * connect errors and timeouts before a connection: retryable ``"failed"``; a timeout or dropped
   connection after the request was (partly) sent: retryable ``"unknown"``.
+
+Secrets in the URL: ``webhook_url`` may carry ``${VAR}`` references (``https://h/hook?token=${HOOK_TOKEN}``),
+expanded from the environment at send time, so the token lives neither in the configuration nor in
+the store; an unset variable is a permanent error naming it. Every error names the URL redacted
+(user info, query values and fragment masked; see :mod:`deadline_pipeline.security.redact`).
 """
 
 from __future__ import annotations
@@ -34,7 +42,6 @@ import binascii
 import hashlib
 import hmac
 import json
-import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -45,6 +52,14 @@ import httpx
 from deadline_pipeline.config import WebhookChannel
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
+from deadline_pipeline.security.outbound import (
+    DEFAULT_POLICY,
+    NetworkPolicy,
+    OutboundRefused,
+    guarded_aiohttp_connector,
+    guarded_httpx_client,
+)
+from deadline_pipeline.security.redact import expand_secret_refs, redact_url, register_secret, secret_from_env
 
 NOT_PROCESSED_STATUSES = (408, 429, 503)
 SECRET_PREFIX = "whsec_"
@@ -122,7 +137,7 @@ def classify(channel: str, url: str, status: int, reason: str, headers: Mapping[
     if 200 <= status < 300:
         return SendResult(provider_message_id=response_id or f"HTTP {status}")
     detail = f"HTTP {status} {reason}: {text[:200]!r}"
-    where = f"channel {channel!r} (webhook {url}): "
+    where = f"channel {channel!r} (webhook {redact_url(url)}): "
     retry_after = parse_retry_after(headers.get("Retry-After"))
     if status in NOT_PROCESSED_STATUSES:
         raise DeliveryError(where + detail, permanent=False, retry_after=retry_after)
@@ -149,34 +164,47 @@ class WebhookSender:
 
     ``cfg.timeout_seconds`` bounds connect, write, read and pool waits, each in seconds.
     ``send``/``send_async`` raise :class:`DeliveryError` as described in the module docstring; a
-    missing ``webhook_url``, an unset ``secret_env`` variable or a secret that is not base64 is
-    permanent. ``send_async`` must always be awaited on the same event loop until :meth:`aclose`.
+    missing ``webhook_url``, an unset ``secret_env`` or ``${VAR}`` variable, a secret that is not base64
+    or a target refused by ``network`` (the outbound policy) is permanent. ``send_async`` must always
+    be awaited on the same event loop until :meth:`aclose`.
     """
 
     idempotency_class = IDEMPOTENCY_NOTIFICATION
 
-    def __init__(self, name: str, cfg: WebhookChannel) -> None:
+    def __init__(self, name: str, cfg: WebhookChannel, network: NetworkPolicy | None = None) -> None:
         self.name = name
         self.cfg = cfg
+        self.network = network or DEFAULT_POLICY
         # follow_redirects=False: a redirected POST could land the alert (and its signature) elsewhere.
         self._client: httpx.Client | None = None
         self._session = None  # aiohttp.ClientSession, created on the loop that uses it
 
     def _error(self, url: str, what: str, *, permanent: bool, outcome: str = "failed",
                retry_after: float | None = None) -> DeliveryError:
-        return DeliveryError(f"channel {self.name!r} (webhook {url}): {what}", permanent=permanent,
+        return DeliveryError(f"channel {self.name!r} (webhook {redact_url(url)}): {what}", permanent=permanent,
                              outcome=outcome, retry_after=retry_after)
 
     def _prepare(self, n: Notification) -> tuple[str, bytes, dict[str, str]]:
-        url = n.webhook_url or ""
-        if not url:
+        template = n.webhook_url or ""
+        if not template:
             raise self._error("(none)", f"subscriber {n.subscriber_id!r} has no webhook_url", permanent=True)
+        try:
+            url = expand_secret_refs(template)
+        except KeyError as exc:
+            raise self._error(template, f"environment variable {exc.args[0]} (referenced in webhook_url) is not "
+                              "set", permanent=True) from None
+        # The URL's own credentials (user info, query values) are masked wherever it is shown.
+        parts = httpx.URL(url) if "://" in url else None
+        if parts is not None:
+            register_secret(parts.password or None)
+            for _key, value in parts.params.multi_items():
+                register_secret(value)
         body = json.dumps(payload(n), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
                    "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}
         if self.cfg.secret_env is not None:
-            secret = os.environ.get(self.cfg.secret_env)
+            secret = secret_from_env(self.cfg.secret_env)
             if secret is None:
                 # Sending unsigned would be refused by a receiver that checks, or accepted by one
                 # that should not trust it.
@@ -196,9 +224,13 @@ class WebhookSender:
         """POST ``n`` to ``n.webhook_url``. Returns the receiver's id; raises :class:`DeliveryError`."""
         url, body, headers = self._prepare(n)
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout_seconds), follow_redirects=False)
+            self._client = guarded_httpx_client(self.network, timeout=httpx.Timeout(self.cfg.timeout_seconds),
+                                                follow_redirects=False)
         try:
             response = self._client.post(url, content=body, headers=headers)
+        except OutboundRefused as exc:
+            # Before any connection: permanent, a retry would be refused the same way.
+            raise self._error(url, str(exc), permanent=True) from None
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:
             # No request reached the receiver.
             raise self._error(url, f"{type(exc).__name__}: {exc}", permanent=False) from exc
@@ -226,7 +258,7 @@ class WebhookSender:
             t = self.cfg.timeout_seconds
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t),
-                connector=aiohttp.TCPConnector(limit=self.cfg.max_concurrency),
+                connector=guarded_aiohttp_connector(self.network, limit=self.cfg.max_concurrency),
             )
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
@@ -236,6 +268,8 @@ class WebhookSender:
                                 response_id_of(text))
         except DeliveryError:
             raise
+        except OutboundRefused as exc:
+            raise self._error(url, str(exc), permanent=True) from None
         except aiohttp.InvalidURL as exc:
             raise self._error(url, f"unusable URL: {exc}", permanent=True) from exc
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
