@@ -174,7 +174,8 @@ def db_only(url: str, n: int, hook: str) -> float:
 
 def sweep_run(url: str, n: int, hook: str) -> tuple[float, list[float], int]:
     engine = make_engine(url)
-    cfg = DeadlinesConfig(channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
+    cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
+                          channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
                           delivery={"batch_size": 500})
     send_at = datetime.now(UTC)
     seed(engine, n, hook, send_at)

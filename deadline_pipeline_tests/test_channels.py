@@ -30,7 +30,7 @@ from deadline_pipeline.deliver.channels.base import Channel, build_channel
 from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
-from deadline_pipeline_tests.factories import free_port
+from deadline_pipeline_tests.factories import free_port, loopback_policy
 
 DUE = datetime(2024, 6, 15, 21, 59, tzinfo=UTC)  # 23:59 CEST in Berlin
 KEY = "3f2a9c0de1b4"
@@ -330,7 +330,7 @@ def http_server():
 
 def test_webhook_posts_json_with_idempotency_key(http_server):
     server, base = http_server
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5), network=loopback_policy())
     assert ch.idempotency_class == "notification"
     n = make_notification(kind="correction", webhook_url=f"{base}/ok", previous_due_at=DUE - timedelta(days=1))
     assert ch.send(n).provider_message_id == "evt_42"
@@ -357,7 +357,7 @@ def test_webhook_posts_json_with_idempotency_key(http_server):
 )
 def test_webhook_error_classification(http_server, path, permanent, outcome, retry_after):
     server, base = http_server
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5), network=loopback_policy())
     with pytest.raises(DeliveryError) as info:
         ch.send(make_notification(webhook_url=base + path))
     ch.close()
@@ -368,7 +368,7 @@ def test_webhook_error_classification(http_server, path, permanent, outcome, ret
 
 def test_webhook_timeout_after_request_is_unknown(http_server):
     server, base = http_server
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4), network=loopback_policy())
     with pytest.raises(DeliveryError) as info:
         ch.send(make_notification(webhook_url=f"{base}/slow"))
     ch.close()
@@ -377,7 +377,7 @@ def test_webhook_timeout_after_request_is_unknown(http_server):
 
 
 def test_webhook_connect_error_is_retryable_failed():
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2), network=loopback_policy())
     with pytest.raises(DeliveryError) as info:
         ch.send(make_notification(webhook_url=f"http://127.0.0.1:{free_port()}/ok"))
     ch.close()
@@ -389,7 +389,8 @@ def test_webhook_signs_with_standard_webhooks_headers(http_server, monkeypatch):
 
     server, base = http_server
     secret = "whsec_" + base64.b64encode(b"k3y-bytes-for-the-test").decode()
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5, secret_env="DP_TEST_HOOK_SECRET"))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5, secret_env="DP_TEST_HOOK_SECRET"),
+                       network=loopback_policy())
     monkeypatch.delenv("DP_TEST_HOOK_SECRET", raising=False)
     with pytest.raises(DeliveryError) as unset:
         ch.send(make_notification(webhook_url=f"{base}/ok"))
@@ -424,7 +425,7 @@ def test_webhook_signs_with_standard_webhooks_headers(http_server, monkeypatch):
 def test_webhook_async_transport_classifies_like_the_blocking_one(http_server, path, permanent, outcome,
                                                                  retry_after):
     server, base = http_server
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=0.4), network=loopback_policy())
 
     async def go():
         try:
@@ -442,7 +443,7 @@ def test_webhook_async_transport_classifies_like_the_blocking_one(http_server, p
 
 
 def test_webhook_async_connect_error_is_retryable_failed():
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2), network=loopback_policy())
 
     async def go():
         try:

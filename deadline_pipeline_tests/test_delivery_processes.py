@@ -22,6 +22,7 @@ from deadline_pipeline.config import DeadlinesConfig, WebhookChannel
 from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK
 from deadline_pipeline_tests.test_delivery_sweep import T0, seed
 
 
@@ -65,7 +66,8 @@ def recorder():
 
 
 def _config(**delivery) -> DeadlinesConfig:
-    return DeadlinesConfig(channels={"hook": WebhookChannel(type="webhook", timeout_seconds=30, max_concurrency=16)},
+    return DeadlinesConfig(network=LOOPBACK_NETWORK,
+                           channels={"hook": WebhookChannel(type="webhook", timeout_seconds=30, max_concurrency=16)},
                            delivery=delivery)
 
 

@@ -46,6 +46,7 @@ from deadline_pipeline.store.schema import (
     sources,
     subscribers,
 )
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, loopback_policy
 
 T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
 SECRET = "whsec_" + base64.b64encode(b"a test signing key of 24b").decode()
@@ -84,7 +85,9 @@ def seed(engine, n: int, *, channel: str = "hook", webhook_url: str | None = Non
 
 
 def config(channels: dict, **delivery) -> DeadlinesConfig:
-    return DeadlinesConfig(channels=channels, delivery={"backoff_base_seconds": 30, **delivery})
+    # The receivers of these tests listen on loopback, which the outbound guard admits only when allowed.
+    return DeadlinesConfig(channels=channels, delivery={"backoff_base_seconds": 30, **delivery},
+                           network=LOOPBACK_NETWORK)
 
 
 def states(engine) -> dict[str, int]:
@@ -500,7 +503,7 @@ def test_slack_channel_posts_escaped_text(receiver, monkeypatch):
 
     server, base = receiver
     monkeypatch.setenv("DP_TEST_SLACK_URL", f"{base}/ok")
-    ch = SlackSender("chat", SlackChannel(type="slack", url_env="DP_TEST_SLACK_URL"))
+    ch = SlackSender("chat", SlackChannel(type="slack", url_env="DP_TEST_SLACK_URL"), network=loopback_policy())
     assert ch.idempotency_class == "notification"
     assert ch.send(make_notification(title="<!channel> & <https://evil|click>")).provider_message_id == "HTTP 200"
     text = json.loads(server.requests[0]["body"])["text"]

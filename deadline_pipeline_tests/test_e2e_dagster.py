@@ -14,7 +14,7 @@ from deadline_pipeline.orchestration.build import CHECKS_JOB, INGEST_JOB, build_
 from deadline_pipeline.orchestration.deliver import DELIVER_JOB, deliver_sensor
 from deadline_pipeline.orchestration.planning import PLAN_JOB, horizon_range, range_tags
 from deadline_pipeline.orchestration.resources import parse_instant
-from deadline_pipeline_tests.factories import ai_deadlines, ics, write_config
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ai_deadlines, ics, write_config
 
 
 @pytest.fixture
@@ -69,6 +69,7 @@ def config_path(tmp_path, smtp_server, webhook_server):
         channels={"email": {"type": "smtp", "host": "127.0.0.1", "port": controller.port,
                             "sender": "reminders@example.org"},
                   "hook": {"type": "webhook", "timeout_seconds": 5}},
+        network=LOOPBACK_NETWORK,
     )
 
 

@@ -26,7 +26,7 @@ from deadline_pipeline.store.schema import alerts, delivery_attempts, obligation
 from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.sources import source_fresh, source_not_quarantined
 from deadline_pipeline.watch.watchdog import evaluate
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ics, write_config
 from deadline_pipeline_tests.test_watch_checks import all_checks, cycle, deliver, ingest, plan
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
@@ -99,7 +99,8 @@ def _config(tmp_path, feed: Feed, channel: dict | None = None, subscribers: int 
         subscribers=[{"id": f"s{i}", "tenant": "t1", "email": f"s{i}@example.org", "timezone": "UTC"}
                      for i in range(subscribers)],
         subscriptions=[{"name": "all", "sources": ["cal"], "offsets": list(offsets), "channels": ["mail"]}],
-        channels={"mail": channel or {"type": "maildir", "path": str(tmp_path / "maildir")}}, **extra,
+        channels={"mail": channel or {"type": "maildir", "path": str(tmp_path / "maildir")}},
+        **{"network": LOOPBACK_NETWORK, **extra},
     )
     return load_config(path)[0], path
 

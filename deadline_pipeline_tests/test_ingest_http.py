@@ -20,7 +20,7 @@ from deadline_pipeline.store.planning import active_rules
 from deadline_pipeline.store.schema import rule_versions, snapshots
 from deadline_pipeline.store.sources import get_source
 from deadline_pipeline.watch.sources import read_source_state, source_fresh, source_not_quarantined
-from deadline_pipeline_tests.factories import ai_deadlines, write_config
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ai_deadlines, loopback_policy, write_config
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 GOOD = ai_deadlines(*[
@@ -95,12 +95,13 @@ def server():
 def _source(tmp_path, url):
     cfg, _ = load_config(write_config(
         tmp_path, sources=[{"name": "remote", "format": "ai-deadlines", "location": url, "freshness": "PT6H"}],
-        subscribers=[], subscriptions=[], channels={}))
+        subscribers=[], subscriptions=[], channels={}, network=LOOPBACK_NETWORK))
     return cfg.sources[0]
 
 
 def _ingest(engine, src, now):
-    fetched = fetch_snapshot(engine, src, now, timeout_seconds=TIMEOUT, max_bytes=MAX_BYTES)
+    fetched = fetch_snapshot(engine, src, now, timeout_seconds=TIMEOUT, max_bytes=MAX_BYTES,
+                             network=loopback_policy())
     return fetched, apply_latest_snapshot(engine, src, now)
 
 
