@@ -485,19 +485,27 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
                     msg = err["msg"].removeprefix("Value error, ")
                     problems.append(f"{csv_path}: line {line} (id {r.get('id')!r}), column {col}: {msg}")
         if problems:
+            from deadline_pipeline.security.redact import redact
+
+            # A rejected webhook_url is quoted in the message; its token must not be.
+            problems = [redact(p) for p in problems]
+        if problems:
             raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
 
     try:
         cfg = DeadlinesConfig.model_validate(raw)
     except ValidationError as exc:
+        from deadline_pipeline.security.redact import redact
+
         lines = []
         for err in exc.errors():
             loc = _format_loc(err["loc"]) if err["loc"] else "configuration"
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-            lines.append(f"{path}: {loc}: {msg}{shown}")
+            # The value is echoed redacted: a rejected URL may carry a password or a token.
+            shown = "" if isinstance(got, dict | list) else f" (got {redact(repr(got))})"
+            lines.append(redact(f"{path}: {loc}: {msg}") + shown)
         raise ConfigError("\n".join(lines)) from None
     if not cfg.sources:
         # An empty or truncated file is a mistake, never an intent: refuse it before anything runs.
@@ -507,4 +515,8 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"{path}: subscribers: ids repeat: {dupes}")
+    from deadline_pipeline.security.redact import register_config_secrets
+
+    # Every value behind a *_env key is masked in any text this process writes from now on.
+    register_config_secrets(cfg)
     return cfg, path

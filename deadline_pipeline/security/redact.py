@@ -202,3 +202,35 @@ def install() -> None:
         if logger.getEffectiveLevel() < logging.WARNING or logger.level < logging.WARNING:
             logger.setLevel(logging.WARNING)
     _installed = True
+
+
+def register_config_secrets(cfg) -> None:
+    """Register the values of every environment variable a configuration names in a ``*_env`` key
+    (channels' ``password_env``, ``secret_env``, ``url_env``; sources' ``password_env``, ``token_env``,
+    ``headers_env`` …), so that whichever code reads them later, no text can show them.
+
+    ``cfg``: a pydantic model (walked recursively through models, lists and dicts). Never raises.
+    """
+    from pydantic import BaseModel
+
+    def walk(node) -> None:
+        if isinstance(node, BaseModel):
+            for name in type(node).model_fields:
+                value = getattr(node, name, None)
+                if name.endswith("_env"):
+                    if isinstance(value, str):
+                        secret_from_env(value)
+                    elif isinstance(value, dict):
+                        for variable in value.values():
+                            if isinstance(variable, str):
+                                secret_from_env(variable)
+                else:
+                    walk(value)
+        elif isinstance(node, list | tuple):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            for item in node.values():
+                walk(item)
+
+    walk(cfg)
