@@ -51,8 +51,11 @@ class _Main(click.Group):
 
             bad_input = isinstance(exc, (OverflowError, RecursionError, ValueError, OSError, ImportError,
                                          ArgumentError, DBAPIError, NoSuchModuleError))
+            from deadline_pipeline.security.redact import redact
+
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            click.echo(f"error: {exc.__class__.__name__}: {first}", err=True)
+            # Printed, not logged: redacted here (a library's error may quote a URL with its token).
+            click.echo(redact(f"error: {exc.__class__.__name__}: {first}"), err=True)
             if logging.getLogger().isEnabledFor(logging.INFO):
                 logging.getLogger(__name__).exception("details")
             else:
@@ -178,8 +181,10 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
     click.echo("checks:")
     for name, (ok, desc) in sorted(summary.checks.items()):
         click.echo(f"  {name:<38} {'PASS' if ok else 'FAIL'}  {desc}")
+    from deadline_pipeline.security.redact import redact
+
     for f in summary.failures:
-        click.echo(f"failed step: {f}", err=True)
+        click.echo(redact(f"failed step: {f}"), err=True)
 
 
 @main.command()

@@ -376,3 +376,17 @@ def test_slack_to_a_refused_address_is_permanent_and_does_not_show_the_url(recei
     assert err.value.permanent and "slack-secret-path-9" not in str(err.value)
     ch.close()
     assert receiver.requests == []
+
+
+def test_watchdog_ping_passes_the_guard_and_hides_the_url(receiver, tmp_path):
+    from deadline_pipeline.commands.ops_cmds import _ping
+
+    err = _ping(f"{receiver.base}/ping/check-uuid-1234?key=k-5531", ok=True)
+    assert err is not None and "loopback" in err and "k-5531" not in err
+    assert receiver.requests == []
+    (tmp_path / "c.csv").write_text("id,title,due\n")
+    cfg, _ = load_config(write_config(tmp_path, sources=[{"name": "s", "format": "csv", "location": "c.csv"}],
+                                      subscribers=[], subscriptions=[], channels={},
+                                      network={"allow": ["127.0.0.1/32"]}))
+    assert _ping(f"{receiver.base}/ping/check-uuid-1234", ok=False, cfg=cfg) is None
+    assert receiver.requests == ["/ping/check-uuid-1234/fail"]

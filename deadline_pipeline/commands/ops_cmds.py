@@ -60,17 +60,29 @@ def _engine(db_url: str | None):
     return make_engine(db_url)
 
 
-def _ping(url: str, ok: bool) -> str | None:
-    """A healthchecks-style GET: ``url`` on success, ``url/fail`` on failure. Returns the error or None."""
+def _ping(url: str, ok: bool, cfg=None) -> str | None:
+    """A healthchecks-style GET: ``url`` on success, ``url/fail`` on failure. Returns the error or None.
+
+    The request passes the outbound guard with the configuration's ``network`` policy (the default
+    policy without a configuration); the URL (its path is the check's secret) is shown redacted.
+    """
     import httpx
 
+    from deadline_pipeline.security.outbound import DEFAULT_POLICY, OutboundRefused, guarded_httpx_client
+    from deadline_pipeline.security.redact import redact, redact_url
+
     target = url if ok else url.rstrip("/") + "/fail"
+    shown = redact_url(target)
+    policy = cfg.network.policy() if cfg is not None else DEFAULT_POLICY
     try:
-        resp = httpx.get(target, timeout=10.0)
+        with guarded_httpx_client(policy, timeout=10.0) as client:
+            resp = client.get(target)
         if resp.status_code >= 400:
-            return f"ping {target}: HTTP {resp.status_code}"
+            return f"ping {shown}: HTTP {resp.status_code}"
+    except OutboundRefused as exc:
+        return f"ping {shown}: {exc}"
     except httpx.HTTPError as exc:
-        return f"ping {target}: {exc.__class__.__name__}: {exc}"
+        return redact(f"ping {shown}: {exc.__class__.__name__}: {exc}")
     return None
 
 
@@ -127,7 +139,7 @@ def register(main: click.Group) -> None:
         if notify:
             problems += _notify(cfg, report, now, state_path)
         if ping_url:
-            err = _ping(ping_url, report.healthy)
+            err = _ping(ping_url, report.healthy, cfg)
             if err:
                 problems.append(err)
         for p in problems:

@@ -46,6 +46,7 @@ _PATH_IS_SECRET_HOSTS = (
     re.compile(r"\.webhook\.office\.com$"),
     re.compile(r"\.logic\.azure\.com$"),
     re.compile(r"^chat\.googleapis\.com$"),
+    re.compile(r"^hc-ping\.com$"),  # healthchecks.io: the check's UUID is the credential
 )
 _PATH_IS_SECRET_PATHS = re.compile(r"^/(?:hooks|services|api/webhooks)/", re.IGNORECASE)  # Mattermost & co.
 
