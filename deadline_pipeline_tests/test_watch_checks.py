@@ -46,7 +46,7 @@ def ingest(engine, cfg, now):
     """Observe + apply every source, recording the ``ingest:<name>`` heartbeat like the observer asset."""
     for s in cfg.sources:
         with health.recorded_run(engine, f"ingest:{s.name}", lambda: now) as beat:
-            out = fetch_snapshot(engine, s, now)
+            out = fetch_snapshot(engine, s, now, network=cfg.network.policy())
             if out.error:
                 beat.update(outcome="failed", detail=out.error)
         apply_latest_snapshot(engine, s, now)
