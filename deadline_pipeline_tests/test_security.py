@@ -390,3 +390,38 @@ def test_watchdog_ping_passes_the_guard_and_hides_the_url(receiver, tmp_path):
                                       network={"allow": ["127.0.0.1/32"]}))
     assert _ping(f"{receiver.base}/ping/check-uuid-1234", ok=False, cfg=cfg) is None
     assert receiver.requests == ["/ping/check-uuid-1234/fail"]
+
+
+def test_prose_punctuation_after_a_url_survives_redaction():
+    assert rd.redact("failed (see https://h.example/x?t=abc123).") == "failed (see https://h.example/x?t=***)."
+
+
+def test_error_texts_are_redacted_when_built():
+    err = DeliveryError("channel 'hook' (webhook http://u:pw-de-1@h.example/x?token=tk-de-2): HTTP 500",
+                        permanent=False)
+    assert "pw-de-1" not in str(err) and "tk-de-2" not in str(err)
+    fe = FetchError("s", "https://h.example/cal.ics?key=tk-fe-3 answered HTTP 500", retryable=True)
+    assert "tk-fe-3" not in str(fe) and "key=***" in str(fe)
+
+
+def test_stored_source_location_keeps_no_token(engine, tmp_path, monkeypatch):
+    from sqlalchemy import select, update
+
+    from deadline_pipeline.ingest.service import ensure_source
+    from deadline_pipeline.store.schema import sources
+
+    monkeypatch.setenv("DP_TEST_FEED_KEY", "feed-key-8d8d")
+    cfg, _ = load_config(write_config(
+        tmp_path, sources=[{"name": "private", "format": "ics",
+                            "location": "https://feeds.example/team.ics?key=${DP_TEST_FEED_KEY}"}],
+        subscribers=[], subscriptions=[], channels={}))
+    src = cfg.sources[0]
+    assert src.location.endswith("key=feed-key-8d8d"), "the fetch needs the real URL"
+    row = ensure_source(engine, src)
+    assert row.location == "https://feeds.example/team.ics?key=***"
+    # A row written before redaction existed is cleaned on the next run; an unchanged one is not rewritten.
+    with engine.begin() as conn:
+        conn.execute(update(sources).where(sources.c.id == row.id).values(location=src.location))
+    assert ensure_source(engine, src).location == "https://feeds.example/team.ics?key=***"
+    with engine.connect() as conn:
+        assert "feed-key-8d8d" not in conn.execute(select(sources.c.location)).scalar_one()

@@ -156,8 +156,15 @@ def redact(text: object) -> str:
     s = text if isinstance(text, str) else str(text)
     # Registered secrets first: a secret URL must be masked whole, before its parts are rewritten.
     s = _mask_secrets(s)
-    s = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), s)
+    s = _URL_IN_TEXT.sub(_redact_match, s)
     return _AUTH_VALUE.sub(lambda m: f"{m.group(1)} {MASK}", s)
+
+
+def _redact_match(m: re.Match) -> str:
+    url = m.group(0)
+    # Prose punctuation after a URL ("see http://h/x?t=1).") is not part of it: keep it visible.
+    core = url.rstrip(".,;:!?)]}")
+    return redact_url(core) + url[len(core):]
 
 
 def redact_optional(text: str | None) -> str | None:
@@ -166,9 +173,6 @@ def redact_optional(text: str | None) -> str | None:
 
 
 # --- logging -----------------------------------------------------------------------------------------
-
-_installed = False
-
 
 def _redacting_factory(base):
     def factory(*args, **kwargs) -> logging.LogRecord:
@@ -193,7 +197,6 @@ def install() -> None:
     Idempotent. Called by the CLI at start-up and when the Dagster definitions are built (code
     servers, run workers, the daemon), so no log line the product's processes write escapes it.
     """
-    global _installed
     base = logging.getLogRecordFactory()
     if not getattr(base, "deadline_redacting", False):
         logging.setLogRecordFactory(_redacting_factory(base))
@@ -202,7 +205,6 @@ def install() -> None:
         # INFO of these is one line per request with the full URL; their warnings stay visible.
         if logger.getEffectiveLevel() < logging.WARNING or logger.level < logging.WARNING:
             logger.setLevel(logging.WARNING)
-    _installed = True
 
 
 def register_config_secrets(cfg) -> None:
