@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -193,12 +194,12 @@ class WebhookSender:
         except KeyError as exc:
             raise self._error(template, f"environment variable {exc.args[0]} (referenced in webhook_url) is not "
                               "set", permanent=True) from None
-        # The URL's own credentials (user info, query values) are masked wherever it is shown.
-        parts = httpx.URL(url) if "://" in url else None
-        if parts is not None:
-            register_secret(parts.password or None)
-            for _key, value in parts.params.multi_items():
-                register_secret(value)
+        # ${VAR} values are registered by the expansion; a password written into the URL itself is
+        # registered here, so it is masked even where a library prints it outside the URL.
+        try:
+            register_secret(urlsplit(url).password if "@" in url else None)
+        except ValueError:  # unparseable: the HTTP client refuses it below as an unusable URL
+            pass
         body = json.dumps(payload(n), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
