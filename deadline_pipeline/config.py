@@ -32,7 +32,16 @@ _DURATION = re.compile(
 
 
 class ConfigError(Exception):
-    """A configuration file that cannot be used; the message names file, key path and problem."""
+    """A configuration file that cannot be used; the message names file, key path and problem.
+
+    The message is redacted (:func:`~deadline_pipeline.security.redact.redact`): it may echo a
+    rejected value, such as a URL with a password or a token.
+    """
+
+    def __init__(self, message: str) -> None:
+        from deadline_pipeline.security.redact import redact
+
+        super().__init__(redact(message))
 
 
 def parse_duration(text: str) -> timedelta:
@@ -485,27 +494,19 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
                     msg = err["msg"].removeprefix("Value error, ")
                     problems.append(f"{csv_path}: line {line} (id {r.get('id')!r}), column {col}: {msg}")
         if problems:
-            from deadline_pipeline.security.redact import redact
-
-            # A rejected webhook_url is quoted in the message; its token must not be.
-            problems = [redact(p) for p in problems]
-        if problems:
             raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
 
     try:
         cfg = DeadlinesConfig.model_validate(raw)
     except ValidationError as exc:
-        from deadline_pipeline.security.redact import redact
-
         lines = []
         for err in exc.errors():
             loc = _format_loc(err["loc"]) if err["loc"] else "configuration"
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            # The value is echoed redacted: a rejected URL may carry a password or a token.
-            shown = "" if isinstance(got, dict | list) else f" (got {redact(repr(got))})"
-            lines.append(redact(f"{path}: {loc}: {msg}") + shown)
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            lines.append(f"{path}: {loc}: {msg}{shown}")
         raise ConfigError("\n".join(lines)) from None
     if not cfg.sources:
         # An empty or truncated file is a mistake, never an intent: refuse it before anything runs.
