@@ -263,13 +263,16 @@ def test_fetch_rechecks_every_redirect_target():
 
 
 def test_fetch_redirect_to_a_private_address_is_refused_before_any_connection(receiver):
-    # A caller's own client (no guarded transport) is pre-checked hop by hop; the redirect target
-    # is decided on its literal address, so nothing is sent to it.
+    # The redirect names a host the injected resolver answers with a private address. The caller's
+    # own client (no guarded transport) makes fetch decide on each hop before sending; were that
+    # broken, the plain client would look the reserved .test name up itself and fail: no packet
+    # leaves this machine either way.
     import httpx
 
-    with httpx.Client() as client, pytest.raises(FetchError, match=r"10\.20\.30\.40.* private"):
-        fetch("s", f"{receiver.base}/redirect?to=http://10.20.30.40:{free_port()}/x", now=NOW,
-              network=ALLOW_LOOPBACK, client=client)
+    policy = ALLOW_LOOPBACK.with_resolver(lambda host, port: ["10.20.30.40"])
+    with httpx.Client() as client, pytest.raises(FetchError, match=r"10\.20\.30\.40 \(host 'private.test'\).* private"):
+        fetch("s", f"{receiver.base}/redirect?to=http://private.test:{free_port()}/x", now=NOW,
+              network=policy, client=client)
     assert len(receiver.requests) == 1
 
 
