@@ -428,3 +428,25 @@ def test_stored_source_location_keeps_no_token(engine, tmp_path, monkeypatch):
     assert ensure_source(engine, src).location == "https://feeds.example/team.ics?key=***"
     with engine.connect() as conn:
         assert "feed-key-8d8d" not in conn.execute(select(sources.c.location)).scalar_one()
+
+
+def test_sweep_escalates_a_refused_webhook_at_once_and_stores_the_rule_not_the_token(engine, receiver, monkeypatch):
+    from sqlalchemy import select
+
+    from deadline_pipeline.config import DeadlinesConfig
+    from deadline_pipeline.deliver.sweep import sweep
+    from deadline_pipeline.store.schema import alerts, delivery_attempts
+    from deadline_pipeline_tests.test_delivery_sweep import T0, seed
+
+    monkeypatch.setenv("DP_TEST_SWEEP_TOKEN", "sweep-token-6b6b")
+    [a] = seed(engine, 1, webhook_url=f"{receiver.base}/h?token=${{DP_TEST_SWEEP_TOKEN}}")
+    out = sweep(engine, DeadlinesConfig(channels={"hook": WebhookChannel(type="webhook")}), T0)
+    assert (out.escalated, out.failed) == (1, 1)
+    with engine.connect() as conn:
+        row = conn.execute(select(alerts.c.status, alerts.c.attempts, alerts.c.last_error)
+                           .where(alerts.c.id == a)).one()
+        attempt_errors = conn.execute(select(delivery_attempts.c.error)).scalars().all()
+    assert (row.status, row.attempts) == ("escalated", 1), "a refused target is permanent, never retried"
+    assert "loopback" in row.last_error and "network.allow" in row.last_error
+    assert "sweep-token-6b6b" not in row.last_error + "".join(e or "" for e in attempt_errors)
+    assert receiver.requests == []
