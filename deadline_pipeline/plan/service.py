@@ -355,7 +355,7 @@ def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
         return "email"
     if ch.type == "webhook" and not row["webhook_url"]:
         return "webhook_url"
-    if ch.type == "caldav" and not row["caldav_url"] and not ch.url_template:
+    if ch.type == "caldav" and not row.get("caldav_url") and not ch.url_template:
         return "caldav_url"
     return None
 
