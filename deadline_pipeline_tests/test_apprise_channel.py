@@ -153,3 +153,19 @@ def test_sweep_retries_with_backoff_then_delivers(engine, receiver, monkeypatch)
     assert second.delivered == 1
     assert [p.split("?")[0] for p, _, _ in server.posts] == ["/hooks/desk-7", "/hooks/desk-7"]
     assert [o for _, o, _ in attempts_of(engine, a)] == ["unknown", "sent"]
+
+
+def test_escalation_notice_reaches_the_operators_target(engine, receiver, monkeypatch):
+    server, host = receiver
+    monkeypatch.setenv("PUSH_URL", f"json://{host}/people/{{target}}")
+    monkeypatch.setenv("OPS_URL", f"json://{host}/ops/{{target}}")
+    [a] = seed(engine, 1, channel="push")  # its subscriber has no apprise_target: a permanent error
+    cfg = DeadlinesConfig(channels={"push": AppriseChannel(type="apprise", url_env="PUSH_URL"),
+                                    "ops": AppriseChannel(type="apprise", url_env="OPS_URL")},
+                          escalation={"channels": ["ops"], "apprise_target": "oncall"})
+    out = sweep(engine, cfg, T0)
+    assert (out.escalated, out.escalation_notices) == (1, 1)
+    [(path, _ctype, body)] = server.posts
+    assert path.split("?")[0] == "/ops/oncall" and "has no apprise_target" in json.loads(body)["message"]
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.status).where(alerts.c.id == a)).scalar_one() == "escalated"
