@@ -185,6 +185,10 @@ class SubscriberConfig(_Model):
     timezone: str = "UTC"
     # "HH:MM-HH:MM" in the subscriber's zone; a window may wrap midnight ("22:00-07:00").
     quiet_hours: str | None = None
+    # The subscriber's CalDAV calendar collection (caldav channel); overrides the channel's url_template.
+    caldav_url: str | None = None
+    # Fills "{target}" in an apprise channel's service URL (a chat id, a topic, a user key); not a secret.
+    apprise_target: Annotated[str, Field(min_length=1, max_length=500)] | None = None
 
     @field_validator("quiet_hours")
     @classmethod
@@ -206,7 +210,7 @@ class SubscriberConfig(_Model):
             raise ValueError(f"{v!r} is not an email address")
         return v
 
-    @field_validator("webhook_url")
+    @field_validator("webhook_url", "caldav_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
         if v is not None and urlparse(v).scheme not in ("http", "https"):
@@ -282,17 +286,62 @@ class SlackChannel(_ChannelLimits):
     rate_per_second: Annotated[float, Field(gt=0)] | None = 1.0
 
 
-ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel | SlackChannel,
+class CaldavChannel(_ChannelLimits):
+    """Books alerts as events in a CalDAV calendar (idempotency class ``booking``).
+
+    ``url_template``: the calendar collection URL for subscribers without their own ``caldav_url``;
+    ``{subscriber}`` is replaced by the subscriber id (URL-quoted); without it every subscriber shares
+    one calendar. ``username_env`` / ``password_env``: variables holding HTTP Basic credentials.
+    ``book``: ``reminder`` = one event per reminder, ``obligation`` = one event per deadline (the
+    first reminder books it, later ones find it booked). ``cancel``: ``status`` = keep the event with
+    ``STATUS:CANCELLED``, ``delete`` = remove it.
+    """
+
+    type: Literal["caldav"]
+    url_template: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    book: Literal["reminder", "obligation"] = "reminder"
+    cancel: Literal["status", "delete"] = "status"
+    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 4
+
+    @field_validator("url_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None and urlparse(v.replace("{subscriber}", "x")).scheme not in ("http", "https"):
+            raise ValueError(f"{v!r} is not an http(s) URL template")
+        return v
+
+
+class AppriseChannel(_ChannelLimits):
+    """Sends through the Apprise library to any of its services (chat, push, SMS, paging).
+
+    ``url_env``: the variable holding the Apprise service URL (``tgram://TOKEN/{target}``,
+    ``ntfys://ntfy.sh/{target}``, ``json://host/path``); it usually embeds a token, so it never lives
+    in this file. ``{target}`` in it is replaced by the subscriber's ``apprise_target``.
+    ``timeout_seconds``: Apprise's connect and read timeouts (``cto`` / ``rto``) unless the URL sets them.
+    """
+
+    type: Literal["apprise"]
+    url_env: str
+    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 4
+
+
+ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel | SlackChannel | CaldavChannel | AppriseChannel,
                           Field(discriminator="type")]
 
 
 class EscalationConfig(_Model):
     """Where an escalated alert is announced: ``channels`` by name, with the recipient the channel
-    needs (``email`` for smtp/maildir, ``webhook_url`` for webhook; slack needs none)."""
+    needs (``email`` for smtp/maildir, ``webhook_url`` for webhook, ``apprise_target`` for an apprise
+    URL with ``{target}``; slack needs none)."""
 
     channels: list[str] = []
     email: str | None = None
     webhook_url: str | None = None
+    apprise_target: str | None = None
     # The paging sensor and the watchdog remind about an incident still open after this long.
     reminder_minutes: Annotated[int, Field(gt=0)] = 60
 
@@ -385,6 +434,9 @@ class DeadlinesConfig(_Model):
         for ch in self.escalation.channels:
             if ch not in self.channels:
                 raise ValueError(f"escalation: unknown channel {ch!r}; known: {sorted(self.channels)}")
+            if self.channels[ch].type == "caldav":
+                # An escalation notice is a message to an operator, not an event to book.
+                raise ValueError(f"escalation: channel {ch!r} is a caldav (booking) channel; use a message channel")
         return self
 
     def source(self, name: str) -> SourceConfig:

@@ -61,6 +61,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
                 (target,) = targets_from_rows(cfg, [dict(
                     subscriber_id=0, external_id=sub.id, tenant=sub.tenant, timezone=sub.timezone,
                     email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
+                    caldav_url=sub.caldav_url,
                     source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
                     offsets=offsets_seconds(subscription), channels=list(subscription.channels),
                     late_policy=subscription.late_policy)], plan_out, calendars)

@@ -46,6 +46,9 @@ class Notification:
     ``previous_due_at`` is the old due time of a correction, else ``None``.
     ``offset_seconds``: when the reminder fires relative to ``due_at``, in seconds; negative = before
     (``-86400`` = one day before).
+    ``obligation_key``: the 64-hex key of the obligation the alert belongs to (a booking channel finds
+    the events of one deadline by it); ``caldav_url`` / ``apprise_target``: the subscriber's contacts
+    for those channels, ``None`` when unset.
 
     Raises ``ValueError`` for an unknown ``kind`` or a naive datetime.
     """
@@ -67,6 +70,9 @@ class Notification:
     # When the send is attempted; "time left" is measured from it, because a reminder sent late
     # (after downtime, or folded at planning) must not claim more time than is left.
     sent_at: datetime | None = None
+    obligation_key: str | None = None
+    caldav_url: str | None = None
+    apprise_target: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

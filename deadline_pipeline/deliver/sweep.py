@@ -10,8 +10,9 @@ One batch, in order:
    unfinished attempts a dead previous holder left (unknown outcome, counted as attempts), and
    insert a started attempt row for every alert about to be sent — committed before any send;
 2. **decide**: an alert whose unknown outcome came from a crash is resent on a ``notification``
-   channel and escalated (never resent) on a ``booking`` channel; an alert whose attempts are used up
-   is escalated;
+   channel; on a ``booking`` channel it is looked up at the provider first when the channel offers
+   ``resolve_unknown`` (see :func:`_resolve_unknown`), else escalated (never resent); an alert whose
+   attempts are used up is escalated;
 3. **send** concurrently on one event loop: per channel at most ``max_concurrency`` sends in flight
    and ``rate_per_second`` started per second (per sweep process). Channels with ``send_async``
    run on the loop; the others in a thread pool. No send starts after the time budget or within a
@@ -46,7 +47,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
-from deadline_pipeline.deliver.notification import DeliveryError, Notification
+from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as sql
 
@@ -94,6 +95,8 @@ class SweepOutcome:
     ``lateness_seconds``: per delivered alert, sent time minus ``send_at`` in seconds.
     ``released``: claimed but given back unsent (budget or lease ran out before their turn).
     ``recovered_unknown``: alerts found with an unfinished attempt of a dead sender.
+    ``unknown_found`` / ``unknown_absent``: of those on booking channels, the ones the provider lookup
+    found booked (recorded delivered, not resent) / proved absent (booked again with the same key).
     ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels.
     ``batch_failures``: batches that failed as a whole (database or bookkeeping error).
     """
@@ -105,6 +108,8 @@ class SweepOutcome:
     lease_lost: int = 0
     released: int = 0
     recovered_unknown: int = 0
+    unknown_found: int = 0
+    unknown_absent: int = 0
     batches: int = 0
     batch_failures: int = 0
     escalation_notices: int = 0
@@ -122,6 +127,7 @@ class _Result:
     sent_at: datetime | None = None
     error: DeliveryError | None = None
     escalate_reason: str | None = None  # escalate without sending
+    resolve_first: bool = False  # ask the booking provider whether a dead sender's attempt landed
     released: bool = False
 
 
@@ -132,7 +138,8 @@ def _notification(row: dict, sent_at: datetime) -> Notification:
         webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
         rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
         url=payload.get("url"), note=payload.get("note"), previous_due_at=row.get("previous_due_at"),
-        sent_at=sent_at,
+        sent_at=sent_at, obligation_key=row.get("obligation_key"), caldav_url=row.get("caldav_url"),
+        apprise_target=row.get("apprise_target"),
     )
 
 
@@ -311,6 +318,8 @@ class _Sweep:
                 if n_stale:
                     self.out.recovered_unknown += 1
                     r.escalate_reason = self._recovery_decision(row, n_stale)
+                    r.resolve_first = (r.escalate_reason is None
+                                       and self.idempotency_class(row["channel"]) == IDEMPOTENCY_BOOKING)
                 if r.escalate_reason is None and row["attempts"] >= self.d.max_attempts:
                     r.escalate_reason = (f"attempts exhausted: {row['attempts']} attempt(s) used, "
                                          f"{n_stale} of them with no recorded outcome")
@@ -332,6 +341,10 @@ class _Sweep:
         """After an unfinished attempt of a dead sender: ``None`` = resend with the same key, else the
         escalation reason."""
         cls = self.idempotency_class(row["channel"])
+        if cls == IDEMPOTENCY_BOOKING and hasattr(self.channel(row["channel"]), "resolve_unknown"):
+            log.warning("alert %s: a previous sender's attempt has no recorded outcome; asking booking channel %r "
+                        "whether %s was booked before deciding", row["id"], row["channel"], row["dedup_key"])
+            return None
         if cls == IDEMPOTENCY_BOOKING:
             return (f"unknown outcome on booking channel {row['channel']!r}: a previous sender's lease expired "
                     f"after it started {n_stale} attempt(s) without recording the result; not resent because "
@@ -351,6 +364,13 @@ class _Sweep:
                     r.released = True  # its lease or the budget would run out mid-send
                     return
                 n = _notification(row, self.clock())
+                if r.resolve_first:
+                    found = await asyncio.get_running_loop().run_in_executor(self.pool, _resolve_unknown, ch, n)
+                    if found is not None:  # booked by the dead sender: record it, never book twice
+                        self.out.unknown_found += 1
+                        r.provider_id, r.sent_at = found.provider_message_id, self.clock()
+                        return
+                    self.out.unknown_absent += 1  # proved absent: booking again is the only way not to miss it
                 if hasattr(ch, "send_async"):
                     res = await ch.send_async(n)
                 else:
@@ -438,7 +458,8 @@ class _Sweep:
             # Its own stable key: a repeated notice for the same alert is recognisable as one.
             dedup_key=hashlib.sha256(f"escalation:{row['dedup_key']}".encode()).hexdigest()[:32],
             kind="escalation", subscriber_id=str(row["subscriber"]), email=esc.email, webhook_url=esc.webhook_url,
-            subscriber_tz="UTC", source=row["source"], rule_id=row["rule_id"], title=row["title"],
+            subscriber_tz="UTC", apprise_target=esc.apprise_target, source=row["source"], rule_id=row["rule_id"],
+            title=row["title"],
             due_at=row["due_at"], offset_seconds=row["offset_seconds"],
             note=(f"alert {row['id']} (key {row['dedup_key']}) to subscriber {row['subscriber']} over channel "
                   f"{row['channel']}: {reason}"),
@@ -452,6 +473,20 @@ class _Sweep:
             except Exception as exc:  # the alert stays escalated and logged; the notice is best effort
                 self.out.escalation_notice_failures += 1
                 log.error("alert %s: escalation notice on channel %r failed: %s", row["id"], name, exc)
+
+
+def _resolve_unknown(ch: Channel, n: Notification) -> SendResult | None:
+    """Ask a booking channel whether an attempt of a dead sender landed (``ch.resolve_unknown(n)``,
+    see :mod:`deadline_pipeline.deliver.channels.base`): a :class:`SendResult` = it did; ``None`` = it
+    provably did not. Anything else - a :class:`DeliveryError` or any other exception - means the
+    lookup was impossible and is turned into a permanent ``"unknown"`` failure, so the alert is
+    escalated: a transient retry would find no unfinished attempt next time and book blindly."""
+    try:
+        return ch.resolve_unknown(n)
+    except Exception as exc:
+        raise DeliveryError(f"unknown outcome on booking channel {ch.name!r} and the lookup failed, not booked "
+                            f"again - check with the provider: {type(exc).__name__}: {exc}", permanent=True,
+                            outcome="unknown") from exc
 
 
 def utcnow() -> datetime:

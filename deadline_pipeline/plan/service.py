@@ -96,7 +96,7 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
             src_ids[s.name] = row.id
         sub_ids = sql.sync_subscribers(conn, [
             dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone,
-                 quiet_hours=s.quiet_hours)
+                 quiet_hours=s.quiet_hours, caldav_url=s.caldav_url, apprise_target=s.apprise_target)
             for s in cfg.subscribers
         ])
         rows = []
@@ -347,7 +347,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: Plan
 
 
 def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
-    """Which contact a subscriber lacks for a channel ("email", "webhook_url"), or None."""
+    """Which contact a subscriber lacks for a channel ("email", "webhook_url", "caldav_url"), or None."""
     ch = cfg.channels.get(channel)
     if ch is None:
         return "configured channel"
@@ -355,6 +355,8 @@ def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
         return "email"
     if ch.type == "webhook" and not row["webhook_url"]:
         return "webhook_url"
+    if ch.type == "caldav" and not row.get("caldav_url") and not ch.url_template:
+        return "caldav_url"
     return None
 
 

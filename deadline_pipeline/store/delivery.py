@@ -95,7 +95,9 @@ def load_claimed(conn: Connection, ids: list[int]) -> list[dict]:
                subscribers.c.webhook_url, subscribers.c.timezone, sources.c.name.label("source"),
                obligations.c.rule_version, obligations.c.source_id, rule_versions.c.payload,
                # Corrections carry the old due instant.
-               alerts.c.previous_due_at)
+               alerts.c.previous_due_at,
+               # The booking and Apprise channels' contacts, and the key a booking finds its events by.
+               obligations.c.obligation_key, subscribers.c.caldav_url, subscribers.c.apprise_target)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
         # The rule version the obligation was planned from gives the link and note to show.
         .outerjoin(rule_versions, and_(rule_versions.c.source_id == obligations.c.source_id,

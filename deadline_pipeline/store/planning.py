@@ -74,12 +74,14 @@ AL_COLS = [c.name for c in stage_alerts.c]
 # --------------------------------------------------------------------------- configuration mirror
 
 def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
-    """Upsert subscribers (``external_id, tenant, email, webhook_url, timezone, quiet_hours``);
+    """Upsert subscribers (``external_id, tenant, email, webhook_url, timezone, quiet_hours`` and
+    optionally ``caldav_url, apprise_target``);
     subscribers absent from ``rows`` become inactive (never deleted). Returns external_id → id."""
     for r in rows:
         r.setdefault("active", True)
     upsert(conn, subscribers, rows, conflict=["external_id"],
-           update=["tenant", "email", "webhook_url", "timezone", "quiet_hours", "active"])
+           update=["tenant", "email", "webhook_url", "timezone", "quiet_hours", "active", "caldav_url",
+                   "apprise_target"])
     ids = {r["external_id"] for r in rows}
     existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id)).all()
     gone = [i for i, ext in existing if ext not in ids]
@@ -110,6 +112,7 @@ def active_targets(conn: Connection):
                subscriptions.c.late_policy,
                subscribers.c.id.label("subscriber_id"), subscribers.c.external_id, subscribers.c.tenant,
                subscribers.c.timezone, subscribers.c.email, subscribers.c.webhook_url, subscribers.c.quiet_hours,
+               subscribers.c.caldav_url,
                sources.c.id.label("source_id"), sources.c.name.label("source"))
         .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)
         .join(sources, sources.c.id == subscriptions.c.source_id)

@@ -138,6 +138,8 @@ subscribers = Table(
     Column("webhook_url", Text),
     Column("timezone", String(100), nullable=False),
     Column("quiet_hours", String(20)),  # "HH:MM-HH:MM" in the subscriber's zone, or NULL
+    Column("caldav_url", Text),  # the subscriber's CalDAV calendar collection (caldav channel)
+    Column("apprise_target", Text),  # fills "{target}" in an apprise channel's service URL
     Column("active", Boolean, nullable=False, default=True),
 )
 

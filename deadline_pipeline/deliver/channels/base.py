@@ -15,14 +15,22 @@ attempt row with a start and no outcome whose lease has expired):
     Receiving the same alert twice is harmless and recognisable: every copy carries the alert's
     dedup key (SMTP ``Message-ID``, webhook ``Idempotency-Key`` and ``webhook-id``, the reference
     line of a chat message). After an unknown outcome the sweep resends with the same key; the
-    receiver can drop the duplicate. Maildir, SMTP, webhook and slack are this class.
+    receiver can drop the duplicate. Maildir, SMTP, webhook, slack and apprise are this class.
 
 ``"booking"``
     A send has a permanent effect (it books, pays, files, creates a calendar event) and a duplicate
-    is a real harm. After an unknown outcome the sweep never resends: the alert becomes ``escalated``
-    with the reason, is logged at ERROR and announced on the escalation channels (terminal and loud;
-    a human decides). A crash mid-batch therefore escalates every booking alert of that batch whose
-    attempt had started, sent or not: the safe side. No built-in channel is of this class.
+    is a real harm. After an unknown outcome the sweep never resends blindly. A booking channel that
+    can ask its provider offers ``resolve_unknown(n) -> SendResult | None``, called by the sweep
+    before anything else on an alert whose previous attempt has no recorded outcome:
+
+    * a :class:`SendResult`: the provider holds the effect; the alert is recorded ``delivered`` with
+      that result (e.g. the calendar event's ETag) and nothing is sent;
+    * ``None``: the provider proves the effect absent; the alert is sent again with the same key;
+    * an exception: the lookup was impossible; the alert is ``escalated``.
+
+    A booking channel without ``resolve_unknown`` gets the conservative rule: the alert becomes
+    ``escalated`` with the reason, is logged at ERROR and announced on the escalation channels
+    (terminal and loud; a human decides). The caldav channel is of this class and resolves.
 """
 
 from __future__ import annotations
@@ -61,11 +69,19 @@ def build_channel(name: str, cfg, network=None) -> Channel:
     network channel must pass (``None``: the default, globally routable addresses only).
 
     ``cfg``: a :class:`~deadline_pipeline.config.MaildirChannel`, :class:`~deadline_pipeline.config.SmtpChannel`,
-    :class:`~deadline_pipeline.config.WebhookChannel` or :class:`~deadline_pipeline.config.SlackChannel`.
+    :class:`~deadline_pipeline.config.WebhookChannel`, :class:`~deadline_pipeline.config.SlackChannel`,
+    :class:`~deadline_pipeline.config.CaldavChannel` or :class:`~deadline_pipeline.config.AppriseChannel`.
     Raises ``TypeError`` for anything else.
     Building opens no connection; credentials named in ``cfg`` are read at send time.
     """
-    from deadline_pipeline.config import MaildirChannel, SlackChannel, SmtpChannel, WebhookChannel
+    from deadline_pipeline.config import (
+        AppriseChannel,
+        CaldavChannel,
+        MaildirChannel,
+        SlackChannel,
+        SmtpChannel,
+        WebhookChannel,
+    )
 
     if isinstance(cfg, MaildirChannel):
         from deadline_pipeline.deliver.channels.maildir import MaildirSender
@@ -83,4 +99,12 @@ def build_channel(name: str, cfg, network=None) -> Channel:
         from deadline_pipeline.deliver.channels.slack import SlackSender
 
         return SlackSender(name, cfg, network=network)
+    if isinstance(cfg, CaldavChannel):
+        from deadline_pipeline.deliver.channels.caldav import CaldavSender
+
+        return CaldavSender(name, cfg)
+    if isinstance(cfg, AppriseChannel):
+        from deadline_pipeline.deliver.channels.apprise_channel import AppriseSender
+
+        return AppriseSender(name, cfg)
     raise TypeError(f"channel {name!r}: unsupported configuration {type(cfg).__name__}")
