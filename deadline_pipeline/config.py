@@ -210,7 +210,21 @@ class _ChannelLimits(_Model):
     rate_per_second: Annotated[float, Field(gt=0)] | None = None
 
 
-class MaildirChannel(_ChannelLimits):
+class _MailHeaders(_Model):
+    """Headers of the e-mail channels (smtp, maildir).
+
+    ``message_id_domain``: the domain of each Message-ID (default: the sender's domain, RFC 5322
+    §3.6.4). ``unsubscribe_url`` (https; adds RFC 8058 one-click) and/or ``unsubscribe_mailto``: the
+    ``List-Unsubscribe`` header (RFC 2369); absent = no header.
+    """
+
+    message_id_domain: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]$",
+                                            max_length=253)] | None = None
+    unsubscribe_url: Annotated[str, Field(pattern=r"^https?://[^\s<>]+$")] | None = None
+    unsubscribe_mailto: Annotated[str, Field(pattern=r"^(mailto:)?[^\s<>@]+@[^\s<>@]+$")] | None = None
+
+
+class MaildirChannel(_ChannelLimits, _MailHeaders):
     type: Literal["maildir"]
     path: str
     sender: str = "deadline-pipeline@localhost"
@@ -218,7 +232,7 @@ class MaildirChannel(_ChannelLimits):
     max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
 
 
-class SmtpChannel(_ChannelLimits):
+class SmtpChannel(_ChannelLimits, _MailHeaders):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
     port: int = 25
@@ -234,6 +248,9 @@ class SmtpChannel(_ChannelLimits):
 class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
     timeout_seconds: float = 10.0
+    # The JSON body: the Standard Webhooks envelope {type, timestamp, data}, or "legacy" — the flat
+    # body of earlier releases, for receivers written against it.
+    body: Literal["standard-webhooks", "legacy"] = "standard-webhooks"
     # Standard Webhooks signing secret (``whsec_<base64>`` or raw text), read from this variable.
     secret_env: str | None = None
     max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 64

@@ -94,7 +94,9 @@ def load_claimed(conn: Connection, ids: list[int]) -> list[dict]:
                subscribers.c.webhook_url, subscribers.c.timezone, sources.c.name.label("source"),
                obligations.c.rule_version, obligations.c.source_id, rule_versions.c.payload,
                # Corrections carry the old due instant.
-               alerts.c.previous_due_at)
+               alerts.c.previous_due_at,
+               # The message explains a late send (planner's note) and a rolled due date (period).
+               alerts.c.status_reason, obligations.c.period)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
         # The rule version the obligation was planned from gives the link and note to show.
         .outerjoin(rule_versions, and_(rule_versions.c.source_id == obligations.c.source_id,
