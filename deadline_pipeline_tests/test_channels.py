@@ -374,7 +374,7 @@ def test_webhook_timeout_after_request_is_unknown(http_server):
         ch.send(make_notification(webhook_url=f"{base}/slow"))
     ch.close()
     assert (info.value.permanent, info.value.outcome) == (False, "unknown")
-    assert json.loads(server.requests[0]["body"])["id"] == KEY  # the receiver did get it
+    assert json.loads(server.requests[0]["body"])["data"]["id"] == KEY  # the receiver did get it
 
 
 def test_webhook_connect_error_is_retryable_failed():
