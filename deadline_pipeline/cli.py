@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from deadline_pipeline.commands.common import config_option
 from deadline_pipeline.config import ConfigError
 
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
@@ -60,7 +61,30 @@ class _Main(click.Group):
             sys.exit(EXIT_BAD_INPUT if bad_input else EXIT_RED)
 
 
+def _version_text() -> str:
+    """``deadline-pipeline 0.1.0 (dagster 1.13.27, Python 3.11.9)``: the versions a bug report needs,
+    read from the installed distributions without importing Dagster (slow to import)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"deadline-pipeline {of('deadline_pipeline')} (dagster {of('dagster')}, Python {platform.python_version()})"
+
+
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_text())
+        ctx.exit(EXIT_OK)
+
+
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version of deadline-pipeline, Dagster and Python, and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""
@@ -121,17 +145,12 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
     from deadline_pipeline.store.db import deadline_home
 
     _check_as_of(as_of)
-    if config:
-        config_path = Path(config)
-    elif Path("deadlines.yaml").exists():
-        config_path = Path("deadlines.yaml")
-    else:
-        _fail_input("no configuration: pass --config FILE, set DEADLINE_CONFIG, or create ./deadlines.yaml "
-                    "(examples/deadlines.yaml shows every key; `deadline-pipeline demo` runs the examples)")
     home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or deadline_home() / "dagster_home")
     try:
+        from deadline_pipeline.commands.common import require_config
         from deadline_pipeline.config import load_config
 
+        config_path = require_config(config)
         load_config(config_path)  # refuse a bad file before touching any store
     except ConfigError as exc:
         _fail_input(str(exc))
@@ -178,8 +197,7 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
 
 
 @main.command()
-@click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-              help="Configuration file (default: ./deadlines.yaml, else the bundled examples).")
+@config_option
 @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
 @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
 @click.option("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else .deadline/dagster_home).")

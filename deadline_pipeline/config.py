@@ -352,6 +352,55 @@ class DeadlinesConfig(_Model):
         raise KeyError(name)
 
 
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Annotated, Optional, list, dict, unions)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out.extend(_models_in(arg))
+    return out
+
+
+def _keys_at(loc: tuple) -> set[str]:
+    """The keys allowed in the mapping that holds the last part of ``loc`` (a pydantic error path),
+    e.g. ``("subscriptions", 0, "ofsets")`` → the fields of a subscription. Empty when unknown."""
+    models: list[type[BaseModel]] = [DeadlinesConfig]
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            continue  # a list index: the item's models are already in ``models``
+        nested = [m for model in models if part in model.model_fields
+                  for m in _models_in(model.model_fields[part].annotation)]
+        if nested:
+            models = nested
+            continue
+        # A dict key (a channel's name) or a union tag (the channel's type): narrow by the tag.
+        tagged = [m for m in models if "type" in m.model_fields
+                  and part in typing_args(m.model_fields["type"].annotation)]
+        if tagged:
+            models = tagged
+    return {name for m in models for name in m.model_fields}
+
+
+def typing_args(annotation) -> tuple:
+    """``Literal["smtp"]`` → ``("smtp",)``; anything else → ``()``."""
+    import typing
+
+    return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
+
+
+def did_you_mean(key: str, loc: tuple) -> str:
+    """``" (did you mean `offsets`?)"`` for a misspelt key at ``loc``, else ``""`` (difflib ratio ≥ 0.6,
+    the standard library's own "close match"). A misspelt optional key would otherwise leave a
+    default in force that the author believes they changed."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), sorted(_keys_at(loc)), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 def _format_loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -452,6 +501,8 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            if err["type"] == "extra_forbidden" and err["loc"]:
+                msg = "unknown key" + did_you_mean(err["loc"][-1], tuple(err["loc"]))
             lines.append(f"{path}: {loc}: {msg}{shown}")
         raise ConfigError("\n".join(lines)) from None
     if not cfg.sources:

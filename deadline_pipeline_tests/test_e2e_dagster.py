@@ -117,7 +117,8 @@ def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, t
         assert (len(smtp.messages), len(hooks)) == (6, 3)
         titles = sorted(h["body"]["data"]["title"] for h in hooks[1:])
         assert titles == ["Quarterly report", "TESTCONF 2027 — Paper Submission"]
-        assert sorted(h["body"]["data"]["due_at"] for h in hooks[1:]) == ["2027-01-15T11:00:00Z", "2027-01-21T11:59:59Z"]
+        due = sorted(h["body"]["data"]["due_at"] for h in hooks[1:])
+        assert due == ["2027-01-15T11:00:00Z", "2027-01-21T11:59:59Z"]
         tick, _ = _cycle(config_path, db_url, "2027-01-14T12:00:00Z", instance)
         assert isinstance(tick, dg.SkipReason) and (len(smtp.messages), len(hooks)) == (6, 3)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from deadline_pipeline.commands.common import config_option
+
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -39,10 +41,10 @@ def _now(as_of: str | None) -> datetime:
 def _config(path: str | None, required: bool):
     """The configuration at ``path`` (or ``./deadlines.yaml`` when present); None when there is none
     and it is optional. A broken file is always bad input."""
-    from deadline_pipeline.config import DEFAULT_CONFIG_NAME, ConfigError, load_config
+    from deadline_pipeline.commands.common import find_config
+    from deadline_pipeline.config import ConfigError, load_config
 
-    if path is None and Path(DEFAULT_CONFIG_NAME).exists():
-        path = DEFAULT_CONFIG_NAME
+    path = find_config(path)
     if path is None:
         if required:
             _fail_input("--notify needs the configuration (--config or DEADLINE_CONFIG) for escalation.channels")
@@ -103,8 +105,7 @@ def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
 
 def register(main: click.Group) -> None:
     @main.command()
-    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (intervals, sources, escalation channels).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
     @click.option("--notify", is_flag=True, help="Page the escalation channels when something is red.")
@@ -114,7 +115,8 @@ def register(main: click.Group) -> None:
     def watchdog(config, db_url, as_of, notify, state_path, ping_url) -> None:
         """Check the pipeline's invariants straight from the store; exit 0 healthy, 1 with reasons.
 
-        Shares nothing with the Dagster daemon: run it from cron or a Kubernetes CronJob.
+        Shares nothing with the Dagster daemon: run it from cron or a Kubernetes CronJob. Without a
+        configuration it uses the default intervals and every source in the store (--notify needs one).
         """
         from deadline_pipeline.watch.watchdog import evaluate
 
@@ -141,12 +143,12 @@ def register(main: click.Group) -> None:
         sys.exit(EXIT_RED)
 
     @main.command()
-    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (for the planning horizon and grace window).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--as-of", help="Summarise as if now were this ISO 8601 instant.")
     def status(config, db_url, as_of) -> None:
-        """A human summary: sources, rule versions, obligations in the horizon, alerts, heartbeats."""
+        """A human summary: sources, rule versions, obligations in the horizon, alerts, heartbeats.
+        Without a configuration it uses the default horizon and grace window."""
         now = _now(as_of)
         cfg = _config(config, required=False)
         click.echo(status_text(_engine(db_url), now, cfg))

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import click
 
+from deadline_pipeline.commands.common import config_option, require_config
 from deadline_pipeline.config import ConfigError, load_config
 
 
@@ -94,14 +95,12 @@ def register(main: click.Group) -> None:
     @click.option("--subscriber", required=True, help="Subscriber id from the configuration.")
     @click.option("--from", "start", required=True, help="Window start, ISO 8601 instant (e.g. 2027-01-01T00:00Z).")
     @click.option("--to", "end", required=True, help="Window end, ISO 8601 instant.")
-    @click.option("--config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (default: ./deadlines.yaml, else the bundled examples).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
     def preview(subscriber, start, end, config, db_url, as_json):
         """Print which reminders would fire for SUBSCRIBER between --from and --to, through which
         channel, and why (rule, version, offset, quiet-hours deferral, late folding). Writes nothing."""
-        from deadline_pipeline.orchestration.build import default_config_path
         from deadline_pipeline.store.db import get_engine
 
         t0, t1 = _instant(start, "--from"), _instant(end, "--to")
@@ -109,7 +108,7 @@ def register(main: click.Group) -> None:
             click.echo("error: --to must be after --from", err=True)
             sys.exit(2)
         try:
-            cfg, _ = load_config(config or default_config_path())
+            cfg, _ = load_config(require_config(config))
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

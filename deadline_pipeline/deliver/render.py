@@ -109,7 +109,8 @@ def multi_line(value: object) -> str:
     return "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf"))
 
 
-_DOMAIN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DOMAIN = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
 
 
 def sender_domain(sender: str | None) -> str | None:
@@ -291,7 +292,8 @@ def list_unsubscribe(url: str | None, mailto: str | None) -> tuple[str | None, b
     is not http(s), or a value with characters that would end the header."""
     parts = []
     if url:
-        if one_line(url) != url or " " in url or "<" in url or ">" in url or urlparse(url).scheme not in ("http", "https"):
+        unsafe = one_line(url) != url or any(c in url for c in " <>")
+        if unsafe or urlparse(url).scheme not in ("http", "https"):
             raise ValueError(f"unsubscribe URL {url!r} is not an http(s) URL")
         parts.append(f"<{url}>")
     if mailto:
