@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from deadline_pipeline.commands.common import config_option
+from deadline_pipeline.wording import human_duration
 
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -179,7 +180,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
     lines = [f"status as of {now.isoformat()}", "sources:"]
     for s in srcs:
-        age = f"{now - s.last_fresh_at} ago" if s.last_fresh_at else "never"
+        age = f"{human_duration(now - s.last_fresh_at)} ago" if s.last_fresh_at else "never"
         err = f"  last error: {s.last_error}" if s.last_error else ""
         lines.append(f"  {s.name:<24} {s.status:<8} last fresh {age}{err}")
     lines.append("rule versions (active rules / versions / withdrawals):")
@@ -190,7 +191,8 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     lines.append("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     if overdue:
         o = oldest[0]
-        lines.append(f"overdue (past {grace} grace): {overdue}; oldest alert {o['id']} due {o['send_at'].isoformat()} "
+        lines.append(f"overdue (past {human_duration(grace)} grace): {overdue}; oldest alert {o['id']} "
+                     f"due {o['send_at'].isoformat()} "
                      f"({o['status']}, {o['channel']}, {o['subscriber']}: {o['title']})")
     else:
         lines.append("overdue: none")
@@ -198,6 +200,6 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     for comp, b in sorted(beats.items()):
         done = b["last_completed_at"]
         lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed "
-                     f"{(str(now - done) + ' ago') if done else 'never'}"
+                     f"{(human_duration(now - done) + ' ago') if done else 'never'}"
                      f"{'  ' + b['detail'] if b['detail'] else ''}")
     return "\n".join(lines)

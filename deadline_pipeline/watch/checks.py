@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.store import health
+from deadline_pipeline.wording import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelt
     count = overdue + unreceipted
     parts = []
     if overdue:
-        parts.append(f"{overdue} alert(s) overdue by more than {grace}; oldest due "
+        parts.append(f"{overdue} alert(s) overdue by more than {human_duration(grace)}; oldest due "
                      f"{oldest[0]['send_at'].isoformat()} ({oldest[0]['status']})")
     if unreceipted:
         parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
@@ -109,9 +110,11 @@ def _age_outcome(name: str, what: str, beats: dict[str, dict], components: tuple
     newest = max(b["last_completed_at"] for b in seen.values())
     age = now - newest
     if age > allowed:
-        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, {age} ago; expected "
-                            f"within {allowed}", offenders)
-    return CheckOutcome(name, True, 0, f"{what} completed {age} ago (allowed {allowed})", offenders)
+        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, "
+                            f"{human_duration(age)} ago; expected "
+                            f"within {human_duration(allowed)}", offenders)
+    return CheckOutcome(name, True, 0, f"{what} completed {human_duration(age)} ago "
+                        f"(allowed {human_duration(allowed)})", offenders)
 
 
 def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(minutes=5),
