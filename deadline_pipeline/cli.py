@@ -159,17 +159,43 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
         instance = dagster_instance(home)
     except OSError as exc:
         _fail_input(f"Dagster home {home}: {exc}")
+    before = store_counts(engine)
     try:
         summary = run_chain(config_path, instance=instance, db_url=db_url, as_of=as_of)
     except ConfigError as exc:
         _fail_input(str(exc))
-    _print_summary(engine, summary, as_of)
+    _print_summary(engine, summary, as_of, before)
     click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dagster dev)")
     red = not summary.success or any(not ok for ok, _ in summary.checks.values())
     return EXIT_RED if red else EXIT_OK
 
 
-def _print_summary(engine, summary, as_of: str | None) -> None:
+def store_counts(engine) -> dict[str, int]:
+    """Counters of the store whose growth is what one run did: ``rule_versions``, ``obligations``,
+    ``alerts`` (rows planned), ``sent`` (delivery attempts that sent), ``escalated`` (alerts in that
+    state). Totals alone hide whether *this* run did anything (a second run that sends nothing looks
+    the same as the first)."""
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions
+
+    def count(table, *where) -> int:
+        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+
+    with engine.connect() as conn:
+        return {"rule_versions": count(rule_versions), "obligations": count(obligations), "alerts": count(alerts),
+                "sent": count(delivery_attempts, delivery_attempts.c.outcome == "sent"),
+                "escalated": count(alerts, alerts.c.status == "escalated")}
+
+
+def this_run_text(before: dict[str, int], after: dict[str, int]) -> str:
+    """``"this run: sent this run: 3, escalated this run: 0, new rule versions: 12, …"``."""
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    return (f"this run: sent this run: {d['sent']}, escalated this run: {d['escalated']}, new rule versions: "
+            f"{d['rule_versions']}, new obligations: {d['obligations']}, new alerts planned: {d['alerts']}")
+
+
+def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | None = None) -> None:
     from sqlalchemy import func, select
 
     from deadline_pipeline.store import health
@@ -182,13 +208,16 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
         obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
         states = health.alerts_by_state(conn)
     click.echo(f"as of {as_of or 'now'}")
+    if before is not None:
+        click.echo(this_run_text(before, store_counts(engine)))
     click.echo("sources:")
     for s in srcs:
         err = f" — {s.last_error}" if s.last_error else ""
         click.echo(f"  {s.name:<24} {s.status:<8} last fresh {s.last_fresh_at or 'never'}{err}")
-    click.echo(f"rule versions: {versions}")
-    click.echo("obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))
-    click.echo("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
+    click.echo("store totals (all runs):")
+    click.echo(f"  rule versions: {versions}")
+    click.echo("  obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))
+    click.echo("  alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     click.echo("checks:")
     for name, (ok, desc) in sorted(summary.checks.items()):
         click.echo(f"  {name:<38} {'PASS' if ok else 'FAIL'}  {desc}")
@@ -216,12 +245,16 @@ def demo(as_of: str | None) -> None:
     if not EXAMPLES_CONFIG.exists():
         _fail_input(f"the bundled examples are missing at {EXAMPLES_CONFIG}; install the project from a clone "
                     "with 'pip install -e .'")
-    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
     maildir = deadline_home() / "maildir"
-    count = sum(1 for _ in (maildir / "new").iterdir()) + sum(1 for _ in (maildir / "cur").iterdir()) \
-        if (maildir / "new").exists() else 0
-    click.echo(f"maildir: {maildir} holds {count} message(s)")
+    held = _maildir_count(maildir)
+    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
+    count = _maildir_count(maildir)
+    click.echo(f"maildir: {maildir} holds {count} message(s), {count - held} new this run")
     sys.exit(code)
+
+
+def _maildir_count(maildir: Path) -> int:
+    return sum(1 for sub in ("new", "cur") if (maildir / sub).is_dir() for _ in (maildir / sub).iterdir())
 
 
 def _register_commands() -> None:

@@ -213,7 +213,11 @@ def _late(n: Notification, zone) -> str | None:
     if n.kind != "reminder" or n.sent_at is None or n.planned_at is None or n.sent_at - n.planned_at <= LATE_AFTER:
         return None
     reasons = []
-    if n.planned_reason:
+    if n.planned_reason and n.planned_reason.startswith("late at planning"):
+        # The planner's own wording names instants and policies; the reader needs the cause.
+        reasons.append("its time had already passed when it was planned (a new subscription, a new deadline, "
+                       "or a deadline moved closer); the latest reminder missed is sent at once instead")
+    elif n.planned_reason:
         reasons.append(one_line(n.planned_reason))
     if n.earlier_attempts:
         reasons.append(f"{n.earlier_attempts} earlier delivery attempt{'s' if n.earlier_attempts != 1 else ''} "
