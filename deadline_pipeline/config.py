@@ -191,6 +191,11 @@ class SubscriptionConfig(_Model):
     channels: Annotated[list[str], Field(min_length=1)]
     # Reminders already past at planning time: send only the most recent at once, or skip them all.
     late_policy: Literal["send_latest", "skip"] = "send_latest"
+    # Rule kinds to include (None = every kind) or exclude: a rule's kind (deadline, event, todo) or
+    # its source's deadline type (ai-deadlines: abstract, paper, submission, notification, …). A
+    # conference's "notification" date is not a task for its authors.
+    kinds: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]], Field(min_length=1)] | None = None
+    exclude_kinds: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]] = []
 
     @field_validator("offsets")
     @classmethod

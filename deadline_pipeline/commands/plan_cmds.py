@@ -61,7 +61,8 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
                 email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
                 source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
                 offsets=offsets_seconds(subscription), channels=list(subscription.channels),
-                late_policy=subscription.late_policy)], plan_out, calendars)
+                late_policy=subscription.late_policy, kinds=subscription.kinds,
+                exclude_kinds=subscription.exclude_kinds)], plan_out, calendars)
             rules, _ = active_rules(conn, source_ids[src_name])
             rules = fold_overrides(rules, src_name, plan_out)
             lead = max((-o for o in target.offsets_seconds), default=0)

@@ -109,6 +109,8 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
                             name=sub.name, subscriber_id=sub_ids[member.id], source_id=src_ids[src_name],
                             rule_patterns=list(sub.rules), offsets=offsets_seconds(sub),
                             channels=list(sub.channels), late_policy=sub.late_policy,
+                            kinds=list(sub.kinds) if sub.kinds else None,
+                            exclude_kinds=list(sub.exclude_kinds) or None,
                         ))
         sql.sync_subscriptions(conn, rows)
 
@@ -146,7 +148,8 @@ def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: d
         targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
                               tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"],
-                              calendars.get(r["source"])))
+                              calendars.get(r["source"]), tuple(r["kinds"]) if r.get("kinds") else None,
+                              tuple(r.get("exclude_kinds") or ())))
     return targets
 
 
