@@ -165,7 +165,7 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
     except ConfigError as exc:
         _fail_input(str(exc))
     _print_summary(engine, summary, as_of, before)
-    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dagster dev)")
+    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dg dev -w workspace.yaml)")
     red = not summary.success or any(not ok for ok, _ in summary.checks.values())
     return EXIT_RED if red else EXIT_OK
 
