@@ -166,7 +166,8 @@ def test_mail_headers_mime_version_once_sender_domain_and_list_unsubscribe(tmp_p
     key = ch.send(_notification()).provider_message_id
     msg = _parse(mailbox.Maildir(tmp_path / "box", create=False).get_bytes(key))
     assert msg["Message-ID"] == f"<{KEY}@mail.example.org>"
-    assert msg["List-Unsubscribe"].strip() == "<https://example.org/unsubscribe?u=ann>, <mailto:unsubscribe@example.org>"
+    assert msg["List-Unsubscribe"].strip() == ("<https://example.org/unsubscribe?u=ann>, "
+                                               "<mailto:unsubscribe@example.org>")
     assert msg["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     with pytest.raises(ValueError):  # not http(s): refused by the configuration
         MaildirChannel(type="maildir", path="x", unsubscribe_url="javascript:alert(1)")
