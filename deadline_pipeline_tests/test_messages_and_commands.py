@@ -196,8 +196,15 @@ def test_subscription_kinds_include_and_exclude(engine, tmp_path):
                                    .order_by(obligations.c.rule_id)).scalars().all()
         return out, [r.split("/")[1] for r in planned]
 
+    _, kinds = plan_with()
+    assert kinds == ["abstract", "notification", "paper"]
+    with engine.begin() as conn:  # say the notification date's reminder already went out
+        ob = conn.execute(select(obligations.c.id).where(obligations.c.rule_id.like("%/notification/%"))).scalar()
+        conn.execute(update(alerts).where(alerts.c.obligation_id == ob).values(status="delivered", delivered_at=T0))
     out, kinds = plan_with(exclude_kinds=["notification"])
     assert kinds == ["abstract", "paper"] and not out.problems
+    with engine.connect() as conn:  # the subscription's own filter: no "withdrawn by its source" notice
+        assert conn.execute(select(alerts.c.id).where(alerts.c.kind == "cancellation")).all() == []
     from deadline_pipeline.watch.checks import fanout_complete
 
     assert fanout_complete(engine, T0, timedelta(days=366), {"mail": "maildir"}).passed
