@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from deadline_pipeline.commands.common import config_option
 from deadline_pipeline.config import ConfigError
 
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
@@ -63,7 +64,30 @@ class _Main(click.Group):
             sys.exit(EXIT_BAD_INPUT if bad_input else EXIT_RED)
 
 
+def _version_text() -> str:
+    """``deadline-pipeline 0.1.0 (dagster 1.13.27, Python 3.11.9)``: the versions a bug report needs,
+    read from the installed distributions without importing Dagster (slow to import)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"deadline-pipeline {of('deadline_pipeline')} (dagster {of('dagster')}, Python {platform.python_version()})"
+
+
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_text())
+        ctx.exit(EXIT_OK)
+
+
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version of deadline-pipeline, Dagster and Python, and exit.")
 @click.option("--verbose", "-v", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """deadline_pipeline: ingest deadlines, plan reminders, deliver them, and watch it all."""
@@ -129,17 +153,12 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
     from deadline_pipeline.store.db import deadline_home
 
     _check_as_of(as_of)
-    if config:
-        config_path = Path(config)
-    elif Path("deadlines.yaml").exists():
-        config_path = Path("deadlines.yaml")
-    else:
-        _fail_input("no configuration: pass --config FILE, set DEADLINE_CONFIG, or create ./deadlines.yaml "
-                    "(examples/deadlines.yaml shows every key; `deadline-pipeline demo` runs the examples)")
     home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or deadline_home() / "dagster_home")
     try:
+        from deadline_pipeline.commands.common import require_config
         from deadline_pipeline.config import load_config
 
+        config_path = require_config(config)
         load_config(config_path)  # refuse a bad file before touching any store
     except ConfigError as exc:
         _fail_input(str(exc))
@@ -148,17 +167,43 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
         instance = dagster_instance(home)
     except OSError as exc:
         _fail_input(f"Dagster home {home}: {exc}")
+    before = store_counts(engine)
     try:
         summary = run_chain(config_path, instance=instance, db_url=db_url, as_of=as_of)
     except ConfigError as exc:
         _fail_input(str(exc))
-    _print_summary(engine, summary, as_of)
-    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dagster dev)")
+    _print_summary(engine, summary, as_of, before)
+    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dg dev -w workspace.yaml)")
     red = not summary.success or any(not ok for ok, _ in summary.checks.values())
     return EXIT_RED if red else EXIT_OK
 
 
-def _print_summary(engine, summary, as_of: str | None) -> None:
+def store_counts(engine) -> dict[str, int]:
+    """Counters of the store whose growth is what one run did: ``rule_versions``, ``obligations``,
+    ``alerts`` (rows planned), ``sent`` (delivery attempts that sent), ``escalated`` (alerts in that
+    state). Totals alone hide whether *this* run did anything (a second run that sends nothing looks
+    the same as the first)."""
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions
+
+    def count(table, *where) -> int:
+        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+
+    with engine.connect() as conn:
+        return {"rule_versions": count(rule_versions), "obligations": count(obligations), "alerts": count(alerts),
+                "sent": count(delivery_attempts, delivery_attempts.c.outcome == "sent"),
+                "escalated": count(alerts, alerts.c.status == "escalated")}
+
+
+def this_run_text(before: dict[str, int], after: dict[str, int]) -> str:
+    """``"this run: sent this run: 3, escalated this run: 0, new rule versions: 12, …"``."""
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    return (f"this run: sent this run: {d['sent']}, escalated this run: {d['escalated']}, new rule versions: "
+            f"{d['rule_versions']}, new obligations: {d['obligations']}, new alerts planned: {d['alerts']}")
+
+
+def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | None = None) -> None:
     from sqlalchemy import func, select
 
     from deadline_pipeline.store import health
@@ -171,13 +216,16 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
         obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
         states = health.alerts_by_state(conn)
     click.echo(f"as of {as_of or 'now'}")
+    if before is not None:
+        click.echo(this_run_text(before, store_counts(engine)))
     click.echo("sources:")
     for s in srcs:
         err = f" — {s.last_error}" if s.last_error else ""
         click.echo(f"  {s.name:<24} {s.status:<8} last fresh {s.last_fresh_at or 'never'}{err}")
-    click.echo(f"rule versions: {versions}")
-    click.echo("obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))
-    click.echo("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
+    click.echo("store totals (all runs):")
+    click.echo(f"  rule versions: {versions}")
+    click.echo("  obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))
+    click.echo("  alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     click.echo("checks:")
     for name, (ok, desc) in sorted(summary.checks.items()):
         click.echo(f"  {name:<38} {'PASS' if ok else 'FAIL'}  {desc}")
@@ -188,8 +236,7 @@ def _print_summary(engine, summary, as_of: str | None) -> None:
 
 
 @main.command()
-@click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-              help="Configuration file (default: ./deadlines.yaml, else the bundled examples).")
+@config_option
 @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
 @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
 @click.option("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else .deadline/dagster_home).")
@@ -208,12 +255,16 @@ def demo(as_of: str | None) -> None:
     if not EXAMPLES_CONFIG.exists():
         _fail_input(f"the bundled examples are missing at {EXAMPLES_CONFIG}; install the project from a clone "
                     "with 'pip install -e .'")
-    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
     maildir = deadline_home() / "maildir"
-    count = sum(1 for _ in (maildir / "new").iterdir()) + sum(1 for _ in (maildir / "cur").iterdir()) \
-        if (maildir / "new").exists() else 0
-    click.echo(f"maildir: {maildir} holds {count} message(s)")
+    held = _maildir_count(maildir)
+    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
+    count = _maildir_count(maildir)
+    click.echo(f"maildir: {maildir} holds {count} message(s), {count - held} new this run")
     sys.exit(code)
+
+
+def _maildir_count(maildir: Path) -> int:
+    return sum(1 for sub in ("new", "cur") if (maildir / sub).is_dir() for _ in (maildir / sub).iterdir())
 
 
 def _register_commands() -> None:

@@ -227,6 +227,11 @@ class SubscriptionConfig(_Model):
     channels: Annotated[list[str], Field(min_length=1)]
     # Reminders already past at planning time: send only the most recent at once, or skip them all.
     late_policy: Literal["send_latest", "skip"] = "send_latest"
+    # Rule kinds to include (None = every kind) or exclude: a rule's kind (deadline, event, todo) or
+    # its source's deadline type (ai-deadlines: abstract, paper, submission, notification, …). A
+    # conference's "notification" date is not a task for its authors.
+    kinds: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]], Field(min_length=1)] | None = None
+    exclude_kinds: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]] = []
 
     @field_validator("offsets")
     @classmethod
@@ -246,7 +251,21 @@ class _ChannelLimits(_Model):
     rate_per_second: Annotated[float, Field(gt=0)] | None = None
 
 
-class MaildirChannel(_ChannelLimits):
+class _MailHeaders(_Model):
+    """Headers of the e-mail channels (smtp, maildir).
+
+    ``message_id_domain``: the domain of each Message-ID (default: the sender's domain, RFC 5322
+    §3.6.4). ``unsubscribe_url`` (https; adds RFC 8058 one-click) and/or ``unsubscribe_mailto``: the
+    ``List-Unsubscribe`` header (RFC 2369); absent = no header.
+    """
+
+    message_id_domain: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]$",
+                                            max_length=253)] | None = None
+    unsubscribe_url: Annotated[str, Field(pattern=r"^https?://[^\s<>]+$")] | None = None
+    unsubscribe_mailto: Annotated[str, Field(pattern=r"^(mailto:)?[^\s<>@]+@[^\s<>@]+$")] | None = None
+
+
+class MaildirChannel(_ChannelLimits, _MailHeaders):
     type: Literal["maildir"]
     path: str
     sender: str = "deadline-pipeline@localhost"
@@ -254,7 +273,7 @@ class MaildirChannel(_ChannelLimits):
     max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
 
 
-class SmtpChannel(_ChannelLimits):
+class SmtpChannel(_ChannelLimits, _MailHeaders):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
     port: int = 25
@@ -270,6 +289,9 @@ class SmtpChannel(_ChannelLimits):
 class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
     timeout_seconds: float = 10.0
+    # The JSON body: the Standard Webhooks envelope {type, timestamp, data}, or "legacy" — the flat
+    # body of earlier releases, for receivers written against it.
+    body: Literal["standard-webhooks", "legacy"] = "standard-webhooks"
     # Standard Webhooks signing secret (``whsec_<base64>`` or raw text), read from this variable.
     secret_env: str | None = None
     max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 64
@@ -446,6 +468,55 @@ class DeadlinesConfig(_Model):
         raise KeyError(name)
 
 
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Annotated, Optional, list, dict, unions)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out.extend(_models_in(arg))
+    return out
+
+
+def _keys_at(loc: tuple) -> set[str]:
+    """The keys allowed in the mapping that holds the last part of ``loc`` (a pydantic error path),
+    e.g. ``("subscriptions", 0, "ofsets")`` → the fields of a subscription. Empty when unknown."""
+    models: list[type[BaseModel]] = [DeadlinesConfig]
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            continue  # a list index: the item's models are already in ``models``
+        nested = [m for model in models if part in model.model_fields
+                  for m in _models_in(model.model_fields[part].annotation)]
+        if nested:
+            models = nested
+            continue
+        # A dict key (a channel's name) or a union tag (the channel's type): narrow by the tag.
+        tagged = [m for m in models if "type" in m.model_fields
+                  and part in typing_args(m.model_fields["type"].annotation)]
+        if tagged:
+            models = tagged
+    return {name for m in models for name in m.model_fields}
+
+
+def typing_args(annotation) -> tuple:
+    """``Literal["smtp"]`` → ``("smtp",)``; anything else → ``()``."""
+    import typing
+
+    return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else ()
+
+
+def did_you_mean(key: str, loc: tuple) -> str:
+    """``" (did you mean `offsets`?)"`` for a misspelt key at ``loc``, else ``""`` (difflib ratio ≥ 0.6,
+    the standard library's own "close match"). A misspelt optional key would otherwise leave a
+    default in force that the author believes they changed."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), sorted(_keys_at(loc)), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 def _format_loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -558,6 +629,8 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            if err["type"] == "extra_forbidden" and err["loc"]:
+                msg = "unknown key" + did_you_mean(err["loc"][-1], tuple(err["loc"]))
             lines.append(f"{path}: {loc}: {msg}{shown}")
         raise ConfigError("\n".join(lines)) from None
     if not cfg.sources:

@@ -73,6 +73,25 @@ class RuleRecord:
         return parse_local(self.start)
 
 
+def rule_kinds(rule: RuleRecord | dict) -> set[str]:
+    """The kinds a subscription's ``kinds`` / ``exclude_kinds`` match for a rule (a record or its stored
+    payload): its ``kind`` (``deadline``, ``event``, ``todo``, ``holiday``) and, when the source types
+    its deadlines, that type (ai-deadlines ``type``: ``abstract``, ``paper``, ``submission``,
+    ``notification``, …), lower case."""
+    kind = rule.kind if isinstance(rule, RuleRecord) else rule.get("kind")
+    extra = (rule.extra if isinstance(rule, RuleRecord) else rule.get("extra")) or {}
+    return {str(k).strip().lower() for k in (kind, extra.get("deadline_type")) if k}
+
+
+def kinds_allow(kinds: list[str] | tuple[str, ...] | None, exclude: list[str] | tuple[str, ...] | None,
+                rule: RuleRecord | dict) -> bool:
+    """Whether a subscription with ``kinds`` (None = every kind) and ``exclude_kinds`` wants ``rule``."""
+    have = rule_kinds(rule)
+    if kinds and not have & {k.lower() for k in kinds}:
+        return False
+    return not (exclude and have & {k.lower() for k in exclude})
+
+
 def parse_local(text: str) -> datetime:
     """Parse an ISO local date or date-time (no offset) into a naive datetime.
 

@@ -51,7 +51,7 @@ def test_examples_config_is_valid():
         ("", "sources: none configured"),
 
         ("channels:\n  mail: {type: pigeon}\n", "channels.mail"),
-        ("sorces: []\n", "sorces: Extra inputs are not permitted"),
+        ("sorces: []\n", "sorces: unknown key; did you mean `sources`?"),
         ("subscribers_csv: missing.csv\n", "subscribers_csv: file"),
     ],
 )

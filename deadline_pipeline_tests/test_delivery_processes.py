@@ -39,7 +39,7 @@ class Recorder(BaseHTTPRequestHandler):
         srv = self.server
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with srv.lock:
-            srv.keys.append((self.headers["Idempotency-Key"], json.loads(body)["id"]))
+            srv.keys.append((self.headers["Idempotency-Key"], json.loads(body)["data"]["id"]))
             number = len(srv.keys)
         if number == srv.block_at:
             srv.blocked.set()

@@ -378,7 +378,7 @@ def test_c27_backlog_drains_over_consecutive_runs_within_limits(engine, receiver
         runs.append(out.delivered)
         assert len(runs) < 20, runs
     assert len(runs) >= 2, "the budget split the backlog over several runs"
-    ids = [json.loads(r["body"])["id"] for r in server.requests]
+    ids = [json.loads(r["body"])["data"]["id"] for r in server.requests]
     assert len(ids) == len(set(ids)) == 300
     assert server.max_in_flight <= 4
 
@@ -430,7 +430,7 @@ def test_standard_webhooks_signature_verifies_with_reference_package(engine, rec
     for req in server.requests:
         headers = {k.lower(): v for k, v in req["headers"].items()}
         assert headers["webhook-signature"].startswith("v1,")
-        assert headers["webhook-id"] == headers["idempotency-key"] == json.loads(req["body"])["id"]
+        assert headers["webhook-id"] == headers["idempotency-key"] == json.loads(req["body"])["data"]["id"]
         Webhook(SECRET).verify(req["body"].decode(), headers)  # raises WebhookVerificationError on mismatch
         # Bare base64 (without whsec_) is the same key.
         Webhook(SECRET.removeprefix("whsec_")).verify(req["body"].decode(), headers)

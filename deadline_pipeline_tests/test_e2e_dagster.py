@@ -102,8 +102,9 @@ def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, t
         subjects = smtp.subjects
         assert all(s.startswith("Reminder: Quarterly report") for s in subjects), subjects
         assert len(hooks) == 1 and hooks[0]["path"] == "/hooks/bob"
-        assert hooks[0]["headers"]["Idempotency-Key"] == hooks[0]["body"]["id"]
-        assert hooks[0]["body"]["title"] == "Quarterly report"
+        assert hooks[0]["body"]["type"] == "reminder.due"  # the Standard Webhooks envelope
+        assert hooks[0]["headers"]["Idempotency-Key"] == hooks[0]["body"]["data"]["id"]
+        assert hooks[0]["body"]["data"]["title"] == "Quarterly report"
 
         # The same instant again: nothing new is sent, and the sensor does not start a sweep.
         tick, checks = _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
@@ -115,9 +116,10 @@ def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, t
         tick, checks = _cycle(config_path, db_url, "2027-01-14T12:00:00Z", instance)
         assert isinstance(tick, dg.RunRequest) and checks["alerts_reconciled"] and all(checks.values()), checks
         assert (len(smtp.messages), len(hooks)) == (6, 3)
-        titles = sorted(h["body"]["title"] for h in hooks[1:])
+        titles = sorted(h["body"]["data"]["title"] for h in hooks[1:])
         assert titles == ["Quarterly report", "TESTCONF 2027 — Paper Submission"]
-        assert sorted(h["body"]["due_at"] for h in hooks[1:]) == ["2027-01-15T11:00:00Z", "2027-01-21T11:59:59Z"]
+        due = sorted(h["body"]["data"]["due_at"] for h in hooks[1:])
+        assert due == ["2027-01-15T11:00:00Z", "2027-01-21T11:59:59Z"]
         tick, _ = _cycle(config_path, db_url, "2027-01-14T12:00:00Z", instance)
         assert isinstance(tick, dg.SkipReason) and (len(smtp.messages), len(hooks)) == (6, 3)
 

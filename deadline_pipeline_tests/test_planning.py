@@ -258,14 +258,17 @@ def test_preview_shows_what_fires_and_why_without_writing(tmp_path):
         fetch_snapshot(engine, s, T0)
         apply_latest_snapshot(engine, s, T0)
     res = CliRunner().invoke(main, ["preview", "--subscriber", "ann", "--from", "2027-01-10T00:00:00Z",
-                                    "--to", "2027-01-20T00:00:00Z", "--config", str(tmp_path / "deadlines.yaml"),
-                                    "--db-url", db, "--json"])
+                                    "--to", "2027-01-20T00:00:00Z", "--as-of", "2027-01-10T00:00:00Z",
+                                    "--config", str(tmp_path / "deadlines.yaml"), "--db-url", db, "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
-    # A's -P7D (8 Jan, past at --from: sent at once) and -P1D (14 Jan 12:00 Berlin, inside quiet
-    # hours 11-13: deferred to 13:00 Berlin = 12:00Z).
-    assert [(r["rule"], r["offset"], r["send_at"]) for r in rows] == [
-        ("a@test", -604800, "2027-01-10T00:00:00+00:00"), ("a@test", -86400, "2027-01-14T12:00:00+00:00")]
+    # Nothing planned yet: a re-plan would add A's -P7D (8 Jan, past at --as-of: sent at once) and
+    # -P1D (14 Jan 12:00 Berlin, inside quiet hours 11-13: deferred to 13:00 Berlin = 12:00Z).
+    assert [(r["rule"], r["offset_seconds"], r["send_at"]["utc"], r["status"]) for r in rows] == [
+        ("a@test", -604800, "2027-01-10T00:00:00+00:00", "not in the store"),
+        ("a@test", -86400, "2027-01-14T12:00:00+00:00", "not in the store")]
+    assert {r["replan"] for r in rows} == {"a re-plan would add it"}
+    assert rows[1]["send_at"]["local"] == "2027-01-14T13:00:00+01:00" and rows[1]["offset"] == "-P1D, 1 day before"
     assert "already past" in rows[0]["why"] and "quiet hours" in rows[1]["why"]
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(obligations)).scalar_one() == 0, "preview wrote"

@@ -2,10 +2,68 @@
 
 from __future__ import annotations
 
-import os
+import getpass
 import sys
+from datetime import datetime
 
 import click
+
+
+def actor(by: str | None) -> str:
+    """Who acts: ``--by`` when given, else the operating-system user (``getpass.getuser()``: $LOGNAME,
+    $USER, $LNAME, $USERNAME, then the password database). Exits 2 when neither is known: an action
+    recorded as "unknown" cannot be followed up."""
+    if by is not None:
+        if not by.strip():
+            _bad_input("--by: empty; give the name of who acts")
+        return by.strip()
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError):  # no variable and no passwd entry (a container with a bare uid)
+        name = ""
+    if not name:
+        _bad_input("cannot tell who you are (no $USER/$LOGNAME and no user name for this uid); pass --by NAME")
+    return name
+
+
+def _bad_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def alert_states(conn, ids: list[int]) -> dict[int, tuple]:
+    """``{id: (status, updated_at, acknowledged_at, acknowledged_by, lease_expires_at)}`` of the
+    alerts among ``ids`` that exist; a change of this tuple is how the command knows which ids the
+    action took (the store functions return only a count)."""
+    from sqlalchemy import select
+
+    from deadline_pipeline.store.schema import alerts
+
+    if not ids:
+        return {}
+    rows = conn.execute(select(alerts.c.id, alerts.c.status, alerts.c.updated_at, alerts.c.acknowledged_at,
+                               alerts.c.acknowledged_by, alerts.c.lease_expires_at)
+                        .where(alerts.c.id.in_(ids))).all()
+    return {r.id: (r.status, r.updated_at, r.acknowledged_at, r.acknowledged_by, r.lease_expires_at) for r in rows}
+
+
+def blocked_reason(state: tuple | None, now: datetime) -> str:
+    """Why an alert was left alone, from its state before the action: ``"no such alert"``, ``"it is
+    delivered"``, ``"it is pending and being sent right now (lease held until …)"``, ``"it is escalated,
+    already acknowledged by alice at …"``."""
+    if state is None:
+        return "no such alert"
+    status, _updated, ack_at, ack_by, lease = state
+    text = f"it is {status}"
+    if lease is not None and lease > now:
+        text += f" and being sent right now (lease held until {lease.isoformat()})"
+    if ack_at is not None:
+        text += f", already acknowledged by {ack_by} at {ack_at.isoformat()}"
+    return text
 
 
 def register(main: click.Group) -> None:
@@ -15,8 +73,8 @@ def register(main: click.Group) -> None:
 
     def _common(fn):
         fn = click.argument("alert_ids", nargs=-1, type=int, required=True)(fn)
-        fn = click.option("--by", default=lambda: os.environ.get("USER", "unknown"), show_default="$USER",
-                          help="Who acts (recorded in the alert).")(fn)
+        fn = click.option("--by", help="Who acts (recorded in the alert); default: the operating-system user "
+                          "running the command. Required when that cannot be told.")(fn)
         fn = click.option("--db-url", envvar="DEADLINE_DB_URL",
                           help="Store URL (default: the embedded SQLite file).")(fn)
         return click.option("--as-of", help="Record the action at this ISO 8601 instant.")(fn)
@@ -25,11 +83,19 @@ def register(main: click.Group) -> None:
         from deadline_pipeline.cli import EXIT_RED, open_store
         from deadline_pipeline.commands.ops_cmds import _now
 
+        by = actor(by)
         now = _now(as_of)
+        ids = list(dict.fromkeys(alert_ids))  # an id given twice is acted on, and reported, once
         with open_store(db_url).begin() as conn:
-            done = action(conn, list(alert_ids), by=by, now=now)
-        click.echo(f"{verb} {done} of {len(alert_ids)} alert(s) as {by}")
-        if done < len(alert_ids):
+            before = alert_states(conn, ids)
+            action(conn, ids, by=by, now=now)
+            after = alert_states(conn, ids)
+        done = [i for i in ids if i in before and after.get(i) != before[i]]
+        click.echo(f"{verb} {len(done)} of {len(ids)} alert(s) as {by}" + (f": {_ids(done)}" if done else ""))
+        refused = [i for i in ids if i not in done]
+        for i in refused:
+            click.echo(f"alert {i}: {blocked_reason(before.get(i), now)}", err=True)
+        if refused:
             click.echo(others, err=True)
             sys.exit(EXIT_RED)
 

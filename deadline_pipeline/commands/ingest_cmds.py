@@ -19,14 +19,15 @@ from pathlib import Path
 
 import click
 
+from deadline_pipeline.commands.common import config_option, find_config, require_config
+
 # The codes of deadline_pipeline.cli, repeated: importing that module from here would be circular
 # (it imports every command module while it loads, also when run as ``python -m``).
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
 _DB_URL = click.option("--db-url", envvar="DEADLINE_DB_URL",
                        help="Store URL (default: $DEADLINE_DB_URL, else the embedded SQLite file).")
-_CONFIG = click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                       help="Configuration file (default: $DEADLINE_CONFIG, else ./deadlines.yaml).")
+_CONFIG = config_option  # the shared rule for finding the configuration (commands/common.py)
 _AS_OF = click.option("--as-of", help="Act as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
 
 
@@ -66,7 +67,7 @@ def _config(config: str | None):
     from deadline_pipeline.config import ConfigError, load_config
 
     try:
-        return load_config(config)[0]
+        return load_config(require_config(config))[0]
     except ConfigError as exc:
         raise _BadInput(str(exc)) from None
 
@@ -150,6 +151,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         row = _source_row(conn, source)
         # The configured zone for times written without one, so the parse matches the pipeline's.
         default_tz = None
+        config = find_config(config)  # optional here: without one, times stay as the snapshot wrote them
         if config is not None:
             try:
                 default_tz = _config(config).source(source).timezone

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import click
 
+from deadline_pipeline.commands.common import config_option
+from deadline_pipeline.wording import human_duration
+
 EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -39,10 +42,10 @@ def _now(as_of: str | None) -> datetime:
 def _config(path: str | None, required: bool):
     """The configuration at ``path`` (or ``./deadlines.yaml`` when present); None when there is none
     and it is optional. A broken file is always bad input."""
-    from deadline_pipeline.config import DEFAULT_CONFIG_NAME, ConfigError, load_config
+    from deadline_pipeline.commands.common import find_config
+    from deadline_pipeline.config import ConfigError, load_config
 
-    if path is None and Path(DEFAULT_CONFIG_NAME).exists():
-        path = DEFAULT_CONFIG_NAME
+    path = find_config(path)
     if path is None:
         if required:
             _fail_input("--notify needs the configuration (--config or DEADLINE_CONFIG) for escalation.channels")
@@ -115,8 +118,7 @@ def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
 
 def register(main: click.Group) -> None:
     @main.command()
-    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (intervals, sources, escalation channels).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
     @click.option("--notify", is_flag=True, help="Page the escalation channels when something is red.")
@@ -126,7 +128,8 @@ def register(main: click.Group) -> None:
     def watchdog(config, db_url, as_of, notify, state_path, ping_url) -> None:
         """Check the pipeline's invariants straight from the store; exit 0 healthy, 1 with reasons.
 
-        Shares nothing with the Dagster daemon: run it from cron or a Kubernetes CronJob.
+        Shares nothing with the Dagster daemon: run it from cron or a Kubernetes CronJob. Without a
+        configuration it uses the default intervals and every source in the store (--notify needs one).
         """
         from deadline_pipeline.watch.watchdog import evaluate
 
@@ -153,12 +156,12 @@ def register(main: click.Group) -> None:
         sys.exit(EXIT_RED)
 
     @main.command()
-    @click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (for the planning horizon and grace window).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--as-of", help="Summarise as if now were this ISO 8601 instant.")
     def status(config, db_url, as_of) -> None:
-        """A human summary: sources, rule versions, obligations in the horizon, alerts, heartbeats."""
+        """A human summary: sources, rule versions, obligations in the horizon, alerts, heartbeats.
+        Without a configuration it uses the default horizon and grace window."""
         now = _now(as_of)
         cfg = _config(config, required=False)
         click.echo(status_text(_engine(db_url), now, cfg))
@@ -189,7 +192,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
     lines = [f"status as of {now.isoformat()}", "sources:"]
     for s in srcs:
-        age = f"{now - s.last_fresh_at} ago" if s.last_fresh_at else "never"
+        age = f"{human_duration(now - s.last_fresh_at)} ago" if s.last_fresh_at else "never"
         err = f"  last error: {s.last_error}" if s.last_error else ""
         lines.append(f"  {s.name:<24} {s.status:<8} last fresh {age}{err}")
     lines.append("rule versions (active rules / versions / withdrawals):")
@@ -200,7 +203,8 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     lines.append("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     if overdue:
         o = oldest[0]
-        lines.append(f"overdue (past {grace} grace): {overdue}; oldest alert {o['id']} due {o['send_at'].isoformat()} "
+        lines.append(f"overdue (past {human_duration(grace)} grace): {overdue}; oldest alert {o['id']} "
+                     f"due {o['send_at'].isoformat()} "
                      f"({o['status']}, {o['channel']}, {o['subscriber']}: {o['title']})")
     else:
         lines.append("overdue: none")
@@ -208,6 +212,6 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     for comp, b in sorted(beats.items()):
         done = b["last_completed_at"]
         lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed "
-                     f"{(str(now - done) + ' ago') if done else 'never'}"
+                     f"{(human_duration(now - done) + ' ago') if done else 'never'}"
                      f"{'  ' + b['detail'] if b['detail'] else ''}")
     return "\n".join(lines)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import click
 
+from deadline_pipeline.commands.common import config_option, require_config
 from deadline_pipeline.config import ConfigError, load_config
 
 
@@ -21,10 +22,12 @@ def _instant(text: str, option: str) -> datetime:
         sys.exit(2)
 
 
-def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime) -> list[dict]:
-    """Reminders of ``subscriber_id`` whose send instant falls in ``[start, end)`` (aware UTC), planned
-    as of ``start`` from the rule versions in the store. Reads only. Raises ``KeyError`` for an
-    unknown subscriber."""
+def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],
+                                                                           list[dict]]:
+    """What a re-plan at ``now`` would produce for subscriber ``sub`` (a configuration entry), for
+    obligations due up to ``until`` plus each subscription's largest lead: ``({alert dedup key: row},
+    {obligation key: due_at}, problems)``. Reads only: the same target building, override folding
+    and planner as planning, from the configuration and the rule versions in the store."""
     from sqlalchemy import select
 
     from deadline_pipeline.plan.planner import plan_target
@@ -39,55 +42,148 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     from deadline_pipeline.store.planning import active_rules
     from deadline_pipeline.store.schema import sources
 
+    alerts_by_key: dict[str, dict] = {}
+    due_by_obligation: dict[str, datetime] = {}
+    problems: list[dict] = []
+    source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
+    calendars = business_calendars(conn, cfg, PlanOutcome())
+    for subscription in cfg.subscriptions:
+        for src_name in subscription.sources:
+            src = cfg.source(src_name)
+            if not subscribes(subscription, sub, src):
+                continue
+            if src_name not in source_ids:
+                problems.append({"source": src_name, "problem": "never ingested: run `deadline-pipeline run` first"})
+                continue
+            plan_out = PlanOutcome()
+            (target,) = targets_from_rows(cfg, [dict(
+                subscriber_id=0, external_id=sub.id, tenant=sub.tenant, timezone=sub.timezone,
+                email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
+                caldav_url=sub.caldav_url,
+                source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
+                offsets=offsets_seconds(subscription), channels=list(subscription.channels),
+                late_policy=subscription.late_policy, kinds=subscription.kinds,
+                exclude_kinds=subscription.exclude_kinds)], plan_out, calendars)
+            rules, _ = active_rules(conn, source_ids[src_name])
+            rules = fold_overrides(rules, src_name, plan_out)
+            lead = max((-o for o in target.offsets_seconds), default=0)
+            obligations_, plan_problems = plan_target(target, rules, now,
+                                                      max(until - now, timedelta(0)) + timedelta(seconds=lead))
+            for pr in [*plan_out.problems, *plan_problems]:
+                problems.append({"source": src_name, "rule": pr.rule_id, "problem": pr.message})
+            for ob in obligations_:
+                due_by_obligation[ob.key] = ob.due_at
+                for a in ob.alerts:
+                    alerts_by_key[a.dedup_key] = {
+                        "send_at": a.send_at, "channel": a.channel, "status": a.status, "kind": a.kind,
+                        "why": a.status_reason, "title": ob.title, "due_at": ob.due_at, "source": src_name,
+                        "rule": ob.rule_id, "offset_seconds": a.offset_seconds, "subscription": subscription.name,
+                    }
+    return alerts_by_key, due_by_obligation, problems
+
+
+def stored_rows(conn, subscriber_id: str, start: datetime, end: datetime) -> list[dict]:
+    """Alerts of ``subscriber_id`` in the store whose send instant or delivery lies in ``[start, end)``,
+    plus those still open from before ``start`` (a backlog is pending *now*), ordered by send instant."""
+    from sqlalchemy import and_, or_, select
+
+    from deadline_pipeline.store.schema import alerts, obligations, sources, subscribers
+
+    in_window = or_(and_(alerts.c.send_at >= start, alerts.c.send_at < end),
+                    and_(alerts.c.delivered_at >= start, alerts.c.delivered_at < end),
+                    and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN_STATES)))
+    rows = conn.execute(
+        select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
+               alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
+               alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title, obligations.c.rule_id,
+               obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
+        .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+        .join(sources, sources.c.id == obligations.c.source_id)
+        .where(subscribers.c.external_id == subscriber_id, in_window)
+        .order_by(alerts.c.send_at, alerts.c.id)
+    ).mappings().all()
+    return [dict(r) for r in rows]
+
+
+# Alert states that are still to be sent (DESIGN: alert lifecycle).
+OPEN_STATES = ("pending", "claimed", "retry_wait")
+
+
+def _when(instant: datetime | None, zone) -> dict:
+    """An instant as ``{"utc", "local"}`` ISO 8601 and ``"text"``: ``2027-01-14 13:00 CET (2027-01-14 12:00 UTC)``."""
+    if instant is None:
+        return {"utc": None, "local": None, "text": "-"}
+    local, utc = instant.astimezone(zone), instant.astimezone(UTC)
+    return {"utc": utc.isoformat(), "local": local.isoformat(),
+            "text": f"{local:%Y-%m-%d %H:%M} {local.tzname() or ''} ({utc:%Y-%m-%d %H:%M} UTC)".replace("  ", " ")}
+
+
+def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | None, judged: bool) -> str:
+    """What a re-plan would change for one stored alert, in words."""
+    if stored["status"] == "delivered":
+        if planned_due is not None and planned_due != stored["due_at"]:
+            return f"delivered; the deadline is now due {planned_due.isoformat()}: a re-plan sends a correction"
+        return "delivered; a re-plan never resends it"
+    if stored["status"] not in OPEN_STATES:
+        return "no change (not open)"
+    if planned is None:
+        return ("a re-plan would cancel it (its rule no longer applies or the deadline moved)" if judged
+                else "outside the re-plan window")
+    if planned["send_at"] != stored["send_at"]:
+        return f"a re-plan would move it to {planned['send_at'].isoformat()}"
+    return "no change"
+
+
+def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime,
+                 now: datetime | None = None) -> list[dict]:
+    """Reminders of ``subscriber_id`` in ``[start, end)`` (aware UTC) as the store has them —
+    delivered (with the delivery instant), pending and when, skipped, cancelled, escalated — each
+    with what a re-plan at ``now`` (default: the current time) would change, followed by the
+    reminders a re-plan would add. Times in the subscriber's zone and in UTC; offsets as ISO 8601
+    and words. Reads only. Raises ``KeyError`` for a subscriber not in the configuration.
+
+    The state comes from the store, never from a fresh simulation, so a delivered reminder is
+    shown as delivered (an earlier preview re-planned from ``start`` and called it pending).
+    """
+    from deadline_pipeline.plan.occurrences import GRACE
+    from deadline_pipeline.timezones import resolve_zone
+    from deadline_pipeline.wording import offset_text
+
     sub = next((s for s in cfg.subscribers if s.id == subscriber_id), None)
     if sub is None:
         raise KeyError(subscriber_id)
-    horizon = end - start
-    rows: list[dict] = []
+    now = now or datetime.now(UTC)
+    zone = resolve_zone(sub.timezone)
     with engine.connect() as conn:
-        source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
-        calendars = business_calendars(conn, cfg, PlanOutcome())
-        for subscription in cfg.subscriptions:
-            for src_name in subscription.sources:
-                src = cfg.source(src_name)
-                if not subscribes(subscription, sub, src):
-                    continue
-                if src_name not in source_ids:
-                    rows.append({"source": src_name, "problem": "never ingested: run `deadline-pipeline run` first"})
-                    continue
-                # The same target-building as planning (usable channels, zones, calendars), from the
-                # configuration instead of the store's mirror of it.
-                plan_out = PlanOutcome()
-                (target,) = targets_from_rows(cfg, [dict(
-                    subscriber_id=0, external_id=sub.id, tenant=sub.tenant, timezone=sub.timezone,
-                    email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
-                    caldav_url=sub.caldav_url,
-                    source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
-                    offsets=offsets_seconds(subscription), channels=list(subscription.channels),
-                    late_policy=subscription.late_policy)], plan_out, calendars)
-                rules, _ = active_rules(conn, source_ids[src_name])
-                rules = fold_overrides(rules, src_name, plan_out)
-                for p in plan_out.problems:
-                    rows.append({"source": src_name, "rule": p.rule_id, "problem": p.message})
-                versions = {r.rule_id: v for v, r in rules}
-                # Reminders up to the largest offset ahead of a deadline can fire inside the window.
-                lead = max((-o for o in target.offsets_seconds), default=0)
-                obligations, problems = plan_target(target, rules, start, horizon + timedelta(seconds=lead))
-                for p in problems:
-                    rows.append({"source": src_name, "rule": p.rule_id, "problem": p.message})
-                for ob in obligations:
-                    for a in ob.alerts:
-                        if start <= a.send_at < end or (a.send_at < start and a.status == "pending"):
-                            rows.append({
-                                "send_at": max(a.send_at, start).isoformat(), "channel": a.channel,
-                                "status": a.status, "title": ob.title, "due_at": ob.due_at.isoformat(),
-                                "source": src_name, "rule": ob.rule_id, "version": versions.get(ob.rule_id),
-                                "offset": a.offset_seconds, "subscription": subscription.name,
-                                "why": (a.status_reason or f"{a.offset_seconds // 3600:+d} h before the due instant")
-                                + (f"; due dates rolled by {src.business_days.calendar} "
-                                   f"({src.business_days.convention})" if target.business_days else ""),
-                            })
-    return sorted(rows, key=lambda r: (r.get("send_at", ""), r.get("channel", "")))
+        stored = stored_rows(conn, subscriber_id, start, end)
+        planned, planned_due, problems = planned_rows(cfg, conn, sub, now, max(end, now))
+    rows: list[dict] = []
+    seen = set()
+    for a in stored:
+        seen.add(a["dedup_key"])
+        judged = now - GRACE <= a["due_at"]  # the re-plan only looks at deadlines still ahead
+        rows.append({
+            "alert_id": a["id"], "status": a["status"], "kind": a["kind"], "channel": a["channel"],
+            "send_at": _when(a["send_at"], zone), "delivered_at": _when(a["delivered_at"], zone),
+            "next_attempt_at": _when(a["next_attempt_at"], zone), "title": a["title"],
+            "due_at": _when(a["due_at"], zone), "offset": offset_text(a["offset_seconds"]),
+            "offset_seconds": a["offset_seconds"], "source": a["source"], "rule": a["rule_id"],
+            "why": a["status_reason"],
+            "replan": _replan_note(a, planned.get(a["dedup_key"]), planned_due.get(a["obligation_key"]), judged),
+        })
+    for key, p in sorted(planned.items(), key=lambda kv: kv[1]["send_at"]):
+        if key in seen or p["status"] != "pending" or not (start <= p["send_at"] < end or p["send_at"] < start):
+            continue
+        rows.append({
+            "alert_id": None, "status": "not in the store", "kind": p["kind"], "channel": p["channel"],
+            "send_at": _when(max(p["send_at"], now) if p["send_at"] < now else p["send_at"], zone),
+            "delivered_at": _when(None, zone), "next_attempt_at": _when(None, zone), "title": p["title"],
+            "due_at": _when(p["due_at"], zone), "offset": offset_text(p["offset_seconds"]),
+            "offset_seconds": p["offset_seconds"], "source": p["source"], "rule": p["rule"], "why": p["why"],
+            "replan": "a re-plan would add it",
+        })
+    return rows + problems
 
 
 def register(main: click.Group) -> None:
@@ -95,27 +191,28 @@ def register(main: click.Group) -> None:
     @click.option("--subscriber", required=True, help="Subscriber id from the configuration.")
     @click.option("--from", "start", required=True, help="Window start, ISO 8601 instant (e.g. 2027-01-01T00:00Z).")
     @click.option("--to", "end", required=True, help="Window end, ISO 8601 instant.")
-    @click.option("--config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
-                  help="Configuration file (default: ./deadlines.yaml, else the bundled examples).")
+    @click.option("--as-of", help="Compare with a re-plan as if now were this ISO 8601 instant (default: now).")
+    @config_option
     @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
     @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-    def preview(subscriber, start, end, config, db_url, as_json):
-        """Print which reminders would fire for SUBSCRIBER between --from and --to, through which
-        channel, and why (rule, version, offset, quiet-hours deferral, late folding). Writes nothing."""
-        from deadline_pipeline.orchestration.build import default_config_path
+    def preview(subscriber, start, end, as_of, config, db_url, as_json):
+        """Show SUBSCRIBER's reminders between --from and --to as the store has them: delivered (and
+        when), pending and when (in the subscriber's zone and UTC), skipped, cancelled, escalated; and
+        beside each, what a re-plan would change (moved, cancelled, added). Writes nothing."""
         from deadline_pipeline.store.db import get_engine
 
         t0, t1 = _instant(start, "--from"), _instant(end, "--to")
+        now = _instant(as_of, "--as-of") if as_of else None
         if t1 <= t0:
             click.echo("error: --to must be after --from", err=True)
             sys.exit(2)
         try:
-            cfg, _ = load_config(config or default_config_path())
+            cfg, _ = load_config(require_config(config))
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         try:
-            rows = preview_rows(cfg, get_engine(db_url), subscriber, t0, t1)
+            rows = preview_rows(cfg, get_engine(db_url), subscriber, t0, t1, now)
         except KeyError:
             known = ", ".join(s.id for s in cfg.subscribers[:20])
             click.echo(f"error: --subscriber: no subscriber {subscriber!r} in the configuration (known: {known})",
@@ -125,11 +222,13 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(rows, indent=2))
             return
         if not rows:
-            click.echo(f"nothing fires for {subscriber} between {t0.isoformat()} and {t1.isoformat()}")
+            click.echo(f"no reminders for {subscriber} between {t0.isoformat()} and {t1.isoformat()}")
             return
         for r in rows:
             if "problem" in r:
                 click.echo(f"PROBLEM  {r['source']} {r.get('rule', '')}: {r['problem']}")
                 continue
-            click.echo(f"{r['send_at']}  {r['channel']:<10} {r['status']:<8} {r['title']} (due {r['due_at']}; "
-                       f"{r['source']}/{r['rule']} v{r['version']}, offset {r['offset']} s) — {r['why']}")
+            when = r["delivered_at"]["text"] if r["status"] == "delivered" else r["send_at"]["text"]
+            click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}; "
+                       f"{r['offset']}; {r['source']}/{r['rule']})"
+                       + (f" — {r['why']}" if r["why"] else "") + f"  | re-plan: {r['replan']}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-EXIT_BAD_INPUT = 2  # the CLI's documented code for bad input (see deadline_pipeline.cli)
+EXIT_RED, EXIT_BAD_INPUT = 1, 2  # the CLI's documented codes (see deadline_pipeline.cli)
 
 _BASIC = re.compile(r"^(\d{8})(?:T(\d{6})(Z)?)?$", re.IGNORECASE)
 
@@ -185,10 +185,11 @@ def register(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of lines.")
     def occurrences(dtstart, rrule, exdate, rdate, tz, calendar_spec, convention, after, before, count, ics_file,
                     as_json) -> None:
-        """Print a rule's due instants, one ISO 8601 UTC instant (…Z) per line."""
+        """Print a rule's due instants, one ISO 8601 UTC instant (…Z) per line. Exits 1 when a rule has
+        more occurrences in the window than the expansion cap, saying how many were left out."""
         from deadline_pipeline.plan.business_days import UnknownCalendar, calendar, check_convention
         from deadline_pipeline.plan.occurrences import GRACE, HORIZON, expand
-        from deadline_pipeline.plan.recurrence import RRuleError
+        from deadline_pipeline.plan.recurrence import COUNTERS, RRuleError
         from deadline_pipeline.timezones import UnknownTimeZone
 
         try:
@@ -211,14 +212,18 @@ def register(main: click.Group) -> None:
                 hi = lo + HORIZON
             if hi < lo:
                 raise InputError("--before is earlier than --after")
+            caps_before = COUNTERS["occurrence_cap"]
+            truncated: list[tuple[str, int, bool]] = []
             if ics_file is None:
                 rule, zone = build_rule(dtstart, rrule, exdate, rdate, tz)
                 found = [(rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
                                                           limit=count)]
+                if COUNTERS["occurrence_cap"] > caps_before:
+                    truncated.append((rule.rule_id, *_count_rest(rule, zone, found[-1][1].due_at, hi, business)))
             else:
                 if rrule or exdate or rdate:
                     raise InputError("--rrule/--exdate/--rdate describe one rule; they cannot be combined with --ics")
-                found = _expand_file(Path(ics_file), tz, lo, hi, business, count)
+                found = _expand_file(Path(ics_file), tz, lo, hi, business, count, truncated)
         except (InputError, RRuleError, UnknownTimeZone, UnknownCalendar, ValueError) as exc:
             _fail(str(exc))
             return
@@ -230,11 +235,41 @@ def register(main: click.Group) -> None:
                                    for rid, o in found], indent=1))
         else:
             click.echo("\n".join(f"{_fmt(o.due_at)}\t{rid}" for rid, o in found))
+        if truncated:
+            from deadline_pipeline.plan.occurrences import MAX_OCCURRENCES
+
+            # DESIGN: truncation is an error, never a silent cap — the list above is incomplete.
+            for rid, rest, exact in truncated:
+                click.echo(f"error: rule {rid}: stopped at {MAX_OCCURRENCES} occurrences; "
+                           f"{rest if exact else f'more than {rest}'} more in the window were not printed "
+                           "(narrow --after/--before, or use --count)", err=True)
+            sys.exit(EXIT_RED)
 
     return None
 
 
-def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, business, count: int | None):
+#: How many occurrences past the cap are counted before the message says "more than".
+COUNT_REST_LIMIT = 100 * 5000
+
+
+def _count_rest(rule, zone: tzinfo, last: datetime, hi: datetime, business) -> tuple[int, bool]:
+    """How many occurrences of ``rule`` fall after ``last`` (aware) up to ``hi``: ``(n, exact)``;
+    counting stops past :data:`COUNT_REST_LIMIT` (``exact`` False) so a MINUTELY-like series over
+    decades cannot keep the command busy."""
+    from deadline_pipeline.plan.occurrences import MAX_OCCURRENCES, expand
+
+    rest = 0
+    while rest < COUNT_REST_LIMIT:
+        batch = expand(rule, zone, after=last + timedelta(microseconds=1), before=hi, business_days=business)
+        rest += len(batch)
+        if len(batch) < MAX_OCCURRENCES:
+            return rest, True
+        last = batch[-1].due_at
+    return rest, False
+
+
+def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, business, count: int | None,
+                 truncated: list | None = None):
     """Parse an iCalendar file as ingest does, fold its overrides, and expand every rule.
 
     Parse problems are printed to stderr as warnings (the good components still count, as in
@@ -243,7 +278,7 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
     from deadline_pipeline.ingest.parsers.base import ParseError
     from deadline_pipeline.ingest.parsers.ics import parse_ics
     from deadline_pipeline.plan.occurrences import expand
-    from deadline_pipeline.plan.recurrence import apply_overrides
+    from deadline_pipeline.plan.recurrence import COUNTERS, apply_overrides
     from deadline_pipeline.timezones import resolve_zone
 
     try:
@@ -262,7 +297,10 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
             raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar declares no "
                              "X-WR-TIMEZONE; give --tz")
         zone = resolve_zone(rule.tz)
-        found.extend((rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
-                                                       limit=count))
+        caps_before = COUNTERS["occurrence_cap"]
+        mine = expand(rule, zone, after=lo, before=hi, business_days=business, limit=count)
+        found.extend((rule.rule_id, o) for o in mine)
+        if truncated is not None and COUNTERS["occurrence_cap"] > caps_before:
+            truncated.append((rule.rule_id, *_count_rest(rule, zone, mine[-1].due_at, hi, business)))
     found.sort(key=lambda pair: (pair[1].due_at, pair[0]))
     return found[:count] if count is not None else found

@@ -73,6 +73,17 @@ class Notification:
     obligation_key: str | None = None
     caldav_url: str | None = None
     apprise_target: str | None = None
+    # The zone the deadline is defined in (as its source spelled it: "AoE", "America/New_York"), so
+    # the message can show "23:59 AoE" beside the reader's own clock; None = floating or unknown.
+    rule_tz: str | None = None
+    # When the alert was planned to go out (aware), and the planner's note about it (late folding,
+    # quiet hours); a send well after planned_at says "sent late: planned for …, reason".
+    planned_at: datetime | None = None
+    planned_reason: str | None = None
+    # Failed attempts before this one (a retry explains its own lateness).
+    earlier_attempts: int = 0
+    # Why the due date is not the one the source published (business-day roll), in words.
+    roll_note: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,6 +93,65 @@ class Notification:
             object.__setattr__(self, "previous_due_at", _utc(self.previous_due_at, "previous_due_at"))
         if self.sent_at is not None:
             object.__setattr__(self, "sent_at", _utc(self.sent_at, "sent_at"))
+        if self.planned_at is not None:
+            object.__setattr__(self, "planned_at", _utc(self.planned_at, "planned_at"))
+
+
+def _nominal_date(period: str | None, payload: dict):
+    """The local date the source published for an occurrence: the period (its original local start)
+    for a series, the rule's ``start`` for a one-off; ``None`` when unknown (a UTC-instant period)."""
+    from datetime import date
+
+    text = period if period and period != "once" and not period.endswith("Z") else payload.get("start")
+    try:
+        return date.fromisoformat(str(text)[:10]) if text else None
+    except ValueError:
+        return None
+
+
+def roll_note_for(row: dict, cfg) -> str | None:
+    """"Sunday 31 Jan falls on a weekend; due Monday 1 Feb (IRC §7503 following)" when the source of
+    ``row`` rolls due dates (``cfg.sources[..].business_days``) and this one moved, else ``None``.
+
+    ``row``: a claimed alert as :func:`deadline_pipeline.store.delivery.load_claimed` returns it
+    (``source``, ``period``, ``payload``, ``due_at``, ``timezone``). Never raises for bad data: a note
+    that cannot be worked out is left out (the due instant itself is always shown).
+    """
+    from deadline_pipeline.plan.business_days import describe_roll
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    try:
+        bd = cfg.source(row["source"]).business_days if cfg is not None else None
+    except KeyError:
+        return None
+    if bd is None or bd.convention == "none":
+        return None
+    payload = row.get("payload") or {}
+    nominal = _nominal_date(row.get("period"), payload)
+    try:
+        zone = resolve_zone(payload.get("tz") or row["timezone"])
+    except UnknownTimeZone:
+        return None
+    if nominal is None:
+        return None
+    return describe_roll(nominal, row["due_at"].astimezone(zone).date(), bd.calendar, bd.convention)
+
+
+def notification_from_row(row: dict, sent_at: datetime, cfg=None) -> Notification:
+    """The :class:`Notification` for a claimed alert row (see :func:`roll_note_for` for ``row``);
+    ``sent_at``: aware, the instant of this attempt; ``cfg``: the configuration, for business-day
+    notes (``None`` = no note). Raises ``ValueError`` like :class:`Notification`."""
+    payload = row.get("payload") or {}
+    return Notification(
+        dedup_key=row["dedup_key"], kind=row["kind"], subscriber_id=row["subscriber"], email=row["email"],
+        webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
+        rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
+        url=payload.get("url"), note=payload.get("note"), previous_due_at=row.get("previous_due_at"),
+        sent_at=sent_at, rule_tz=payload.get("tz"), planned_at=row.get("send_at"),
+        planned_reason=row.get("status_reason"), earlier_attempts=int(row.get("attempts") or 0),
+        roll_note=roll_note_for(row, cfg), obligation_key=row.get("obligation_key"),
+        caldav_url=row.get("caldav_url"), apprise_target=row.get("apprise_target"),
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ Untrusted text is made safe here:
   ``javascript:`` URL from a feed is shown as text, not made clickable).
 
 Times are shown in the subscriber's zone and in UTC, truncated to the minute (a reader then errs
-early, never late, for a 23:59:59 deadline).
+early, never late, for a 23:59:59 deadline), and in the deadline's own zone when that differs (a
+conference deadline "23:59 AoE" is recognisable as the published one). A reminder says which one it
+is ("7 days before"), says when it goes out late and why, and says when a business-day rule moved
+the due date away from the published one.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.policy import SMTP
-from email.utils import format_datetime
+from email.utils import format_datetime, parseaddr
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
@@ -34,9 +37,14 @@ import jinja2
 
 from deadline_pipeline.deliver.notification import Notification
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.wording import iso_duration, offset_words
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
-MESSAGE_ID_DOMAIN = "deadline-pipeline"
+# The Message-ID domain when the sender has none usable (RFC 5322 §3.6.4 wants a domain the
+# sender controls; a bare label is what old builds used and what mail scorers penalise).
+MESSAGE_ID_DOMAIN = "deadline-pipeline.invalid"
+# A send this long after its planned instant is called late in the message (the planning grace).
+LATE_AFTER = timedelta(minutes=15)
 SUBJECT_MAX_CHARS = 250
 SUBJECT_TITLE_MAX_CHARS = 150
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
@@ -101,16 +109,33 @@ def multi_line(value: object) -> str:
     return "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf"))
 
 
-def message_id(dedup_key: str) -> str:
-    """The SMTP Message-ID for an alert: ``"<{dedup_key}@deadline-pipeline>"``.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DOMAIN = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
 
-    Derived from the dedup key only, so a retry after an unknown outcome carries the same id and a
-    mail client or server shows a duplicate as one message. Raises ``ValueError`` when the key is
-    not hex (anything else could break out of the angle brackets).
+
+def sender_domain(sender: str | None) -> str | None:
+    """The domain of a sender address (``"Reminders <r@example.org>"`` → ``"example.org"``), lower
+    case, or ``None`` when there is no usable ASCII domain."""
+    _name, addr = parseaddr(sender or "")
+    domain = addr.rpartition("@")[2].strip().lower() if "@" in addr else ""
+    return domain if domain and _DOMAIN.match(domain) else None
+
+
+def message_id(dedup_key: str, domain: str | None = None) -> str:
+    """The SMTP Message-ID for an alert: ``"<{dedup_key}@{domain}>"``; ``domain`` defaults to
+    :data:`MESSAGE_ID_DOMAIN` (callers pass the sender's domain, see :func:`build_email`).
+
+    Derived from the dedup key and the configured domain only, so a retry after an unknown outcome
+    carries the same id and a mail client or server shows a duplicate as one message. Raises
+    ``ValueError`` when the key is not hex or the domain is not a host name (anything else could
+    break out of the angle brackets).
     """
     if not isinstance(dedup_key, str) or not _HEX.match(dedup_key):
         raise ValueError(f"dedup key {dedup_key!r} is not a hex string")
-    return f"<{dedup_key}@{MESSAGE_ID_DOMAIN}>"
+    domain = domain or MESSAGE_ID_DOMAIN
+    if not _DOMAIN.match(domain):
+        raise ValueError(f"Message-ID domain {domain!r} is not a host name")
+    return f"<{dedup_key}@{domain}>"
 
 
 @lru_cache(maxsize=1)
@@ -162,6 +187,47 @@ def _utc_text(when: datetime) -> str:
     return f"{when.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
 
 
+def _rule_local(n: Notification) -> str | None:
+    """The due time in the deadline's own zone ("2026-05-06 23:59 AoE (UTC-12:00)") when it is known
+    and differs from the subscriber's wall clock, else ``None``."""
+    if not n.rule_tz:
+        return None
+    try:
+        rule_zone = resolve_zone(n.rule_tz)
+    except UnknownTimeZone:
+        return None
+    sub_zone = resolve_zone(n.subscriber_tz)
+    local = n.due_at.astimezone(rule_zone)
+    if local.replace(tzinfo=None) == n.due_at.astimezone(sub_zone).replace(tzinfo=None):
+        return None  # the same wall clock: one line says it all
+    name = one_line(n.rule_tz)
+    abbrev = local.tzname() or ""
+    shown = f"{name}, {abbrev}" if abbrev and abbrev != name and abbrev.isalpha() else name
+    return f"{local:%Y-%m-%d %H:%M} {shown} ({_offset(n.due_at, rule_zone)})"
+
+
+def _late(n: Notification, zone) -> str | None:
+    """"Sent late: planned for 2026-05-01 09:00 CEST (07:00 UTC), <reason>" for a reminder sent more
+    than :data:`LATE_AFTER` after its planned instant, else ``None``. Without it a reader of a
+    reminder sent after an outage takes "2 hours left" for a plan, not for a slip."""
+    if n.kind != "reminder" or n.sent_at is None or n.planned_at is None or n.sent_at - n.planned_at <= LATE_AFTER:
+        return None
+    reasons = []
+    if n.planned_reason and n.planned_reason.startswith("late at planning"):
+        # The planner's own wording names instants and policies; the reader needs the cause.
+        reasons.append("its time had already passed when it was planned (a new subscription, a new deadline, "
+                       "or a deadline moved closer); the latest reminder missed is sent at once instead")
+    elif n.planned_reason:
+        reasons.append(one_line(n.planned_reason))
+    if n.earlier_attempts:
+        reasons.append(f"{n.earlier_attempts} earlier delivery attempt{'s' if n.earlier_attempts != 1 else ''} "
+                       "failed")
+    if not reasons:
+        reasons.append("delivery did not run at the planned time (the scheduler was stopped or behind)")
+    return (f"Sent late: planned for {_local(n.planned_at, zone)} ({_utc_text(n.planned_at)}), "
+            + "; ".join(reasons))
+
+
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -188,6 +254,13 @@ def _context(n: Notification) -> dict:
         "previous_utc": _utc_text(previous) if previous else None,
         "left": time_left(n.offset_seconds if n.sent_at is None
                           else int((n.sent_at - n.due_at).total_seconds())),
+        # Which reminder this is ("7 days before", ISO "-P7D"), the deadline in its own zone, the
+        # business-day note and the late notice (each None when there is nothing to say).
+        "which": offset_words(n.offset_seconds),
+        "which_iso": iso_duration(n.offset_seconds),
+        "rule_local": _rule_local(n),
+        "roll_note": one_line(n.roll_note) or None,
+        "late": _late(n, zone),
         "url": url,
         "url_is_link": bool(url) and urlparse(url).scheme in ("http", "https"),
         "note": multi_line(n.note).strip() or None,
@@ -216,22 +289,55 @@ def render(n: Notification) -> RenderedMessage:
     return RenderedMessage(subject=subject, text=text, html=html)
 
 
-def build_email(n: Notification, sender: str, *, now: datetime | None = None) -> EmailMessage:
+def list_unsubscribe(url: str | None, mailto: str | None) -> tuple[str | None, bool]:
+    """The ``List-Unsubscribe`` value (RFC 2369) for an https URL and/or a mailto address, and
+    whether ``List-Unsubscribe-Post: List-Unsubscribe=One-Click`` (RFC 8058) may be added (only with
+    an https URL). ``(None, False)`` when neither is configured. Raises ``ValueError`` for a URL that
+    is not http(s), or a value with characters that would end the header."""
+    parts = []
+    if url:
+        unsafe = one_line(url) != url or any(c in url for c in " <>")
+        if unsafe or urlparse(url).scheme not in ("http", "https"):
+            raise ValueError(f"unsubscribe URL {url!r} is not an http(s) URL")
+        parts.append(f"<{url}>")
+    if mailto:
+        addr = mailto.removeprefix("mailto:")
+        if one_line(addr) != addr or " " in addr or "@" not in addr or "<" in addr or ">" in addr:
+            raise ValueError(f"unsubscribe address {mailto!r} is not an e-mail address")
+        parts.append(f"<mailto:{addr}>")
+    if not parts:
+        return None, False
+    return ", ".join(parts), bool(url) and urlparse(url).scheme == "https"
+
+
+def mail_options(cfg) -> dict:
+    """The :func:`build_email` keyword arguments an smtp/maildir channel configuration sets
+    (``message_id_domain``, ``unsubscribe_url``, ``unsubscribe_mailto``; absent ones are ``None``)."""
+    return {k: getattr(cfg, k, None) for k in ("message_id_domain", "unsubscribe_url", "unsubscribe_mailto")}
+
+
+def build_email(n: Notification, sender: str, *, now: datetime | None = None, message_id_domain: str | None = None,
+                unsubscribe_url: str | None = None, unsubscribe_mailto: str | None = None) -> EmailMessage:
     """The e-mail for ``n``: ``multipart/alternative`` (text, HTML), ``policy=email.policy.SMTP``.
 
     Headers: From ``sender``, To ``n.email``, Subject, Date (``now``, default the current time, aware),
-    Message-ID :func:`message_id`, ``X-Deadline-Dedup-Key``, and ``Auto-Submitted: auto-generated``
-    (RFC 3834, so auto-responders do not answer a reminder and loop).
+    Message-ID :func:`message_id` at ``message_id_domain`` (default: the sender's domain, so the id
+    is one the sender's domain vouches for), ``X-Deadline-Dedup-Key``, ``Auto-Submitted:
+    auto-generated`` (RFC 3834, so auto-responders do not answer a reminder and loop), and, when an
+    ``unsubscribe_url`` (https) or ``unsubscribe_mailto`` is given, ``List-Unsubscribe`` (RFC 2369)
+    plus ``List-Unsubscribe-Post`` (RFC 8058 one-click; https only). ``MIME-Version`` appears once, on
+    the top level (RFC 2045 §4; the ``email`` package also stamps it on the added HTML part).
 
     Raises :class:`RenderError` naming the dedup key when ``n`` has no usable e-mail address, the
-    dedup key is not hex, or rendering fails.
+    dedup key is not hex, the unsubscribe settings are unusable, or rendering fails.
     """
     email = n.email or ""
     # The address comes from subscriber data; a CR/LF or space in it would add headers or recipients.
     if not email or one_line(email) != email or " " in email or "@" not in email:
         raise RenderError(n.dedup_key, f"subscriber {n.subscriber_id!r} has no usable e-mail address ({email!r})")
     try:
-        mid = message_id(n.dedup_key)
+        mid = message_id(n.dedup_key, message_id_domain or sender_domain(sender))
+        unsubscribe, one_click = list_unsubscribe(unsubscribe_url, unsubscribe_mailto)
     except ValueError as exc:
         raise RenderError(n.dedup_key, str(exc)) from exc
     rendered = render(n)
@@ -244,8 +350,14 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None) ->
         msg["Message-ID"] = mid
         msg["X-Deadline-Dedup-Key"] = n.dedup_key
         msg["Auto-Submitted"] = "auto-generated"
+        if unsubscribe:
+            msg["List-Unsubscribe"] = unsubscribe
+            if one_click:
+                msg["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
         msg.set_content(rendered.text)
         msg.add_alternative(rendered.html, subtype="html")
+        for part in msg.iter_parts():
+            del part["MIME-Version"]
     except (ValueError, TypeError) as exc:  # the email package refuses malformed header values
         raise RenderError(n.dedup_key, f"cannot build e-mail: {exc}") from exc
     return msg

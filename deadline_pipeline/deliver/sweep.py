@@ -47,7 +47,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
-from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
+from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult, notification_from_row
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as sql
 
@@ -131,16 +131,8 @@ class _Result:
     released: bool = False
 
 
-def _notification(row: dict, sent_at: datetime) -> Notification:
-    payload = row.get("payload") or {}
-    return Notification(
-        dedup_key=row["dedup_key"], kind=row["kind"], subscriber_id=row["subscriber"], email=row["email"],
-        webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
-        rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
-        url=payload.get("url"), note=payload.get("note"), previous_due_at=row.get("previous_due_at"),
-        sent_at=sent_at, obligation_key=row.get("obligation_key"), caldav_url=row.get("caldav_url"),
-        apprise_target=row.get("apprise_target"),
-    )
+def _notification(row: dict, sent_at: datetime, cfg: DeadlinesConfig | None = None) -> Notification:
+    return notification_from_row(row, sent_at, cfg)
 
 
 class _Limiter:
@@ -363,7 +355,7 @@ class _Sweep:
                 if time.monotonic() >= send_until:
                     r.released = True  # its lease or the budget would run out mid-send
                     return
-                n = _notification(row, self.clock())
+                n = _notification(row, self.clock(), self.cfg)
                 if r.resolve_first:
                     found = await asyncio.get_running_loop().run_in_executor(self.pool, _resolve_unknown, ch, n)
                     if found is not None:  # booked by the dead sender: record it, never book twice

@@ -12,6 +12,7 @@ from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.orchestration.assets import source_key
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
 from deadline_pipeline.watch.sources import SourceCheckOutcome, source_fresh, source_not_quarantined
+from deadline_pipeline.wording import human_duration
 
 
 def _result(out: SourceCheckOutcome) -> dg.AssetCheckResult:
@@ -28,7 +29,8 @@ def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
     window = src.freshness_window
 
     @dg.asset_check(asset=key, name="source_fresh", blocking=False,
-                    description=f"Source '{src.name}' was fresh within {window} and its last fetch/parse worked.")
+                    description=f"Source '{src.name}' was fresh within {human_duration(window)} and its last "
+                                "fetch/parse worked.")
     def fresh(store: StoreResource, clock: ClockResource) -> dg.AssetCheckResult:
         return _result(source_fresh(store.engine(), src.name, clock.now(), window))
 

@@ -158,5 +158,58 @@ def check_convention(convention: str) -> str:
     return name
 
 
+# The rule a calendar spec stands for, as a reader of a reminder knows it.
+_LEGAL_NAMES = {"US-IRS": "IRC §7503"}
+
+
+def holiday_name(day: date, cal: HolidayCalendar) -> str | None:
+    """The name a holiday calendar gives ``day`` (``"Martin Luther King Jr. Day"``), or ``None``
+    when it is not a holiday or the calendar has no names (a plain set of dates)."""
+    members = getattr(cal, "members", None)
+    if members:
+        for member in members:
+            name = holiday_name(day, member)
+            if name:
+                return name
+        return None
+    getter = getattr(cal, "get", None)
+    if callable(getter) and day in cal:
+        name = getter(day)
+        return str(name) if name else None
+    return None
+
+
+def _day(d: date) -> str:
+    return f"{d:%A} {d.day} {d:%b}"
+
+
+def describe_roll(nominal: date, due: date, spec: str, convention: str,
+                  cal: HolidayCalendar | None = None) -> str | None:
+    """Why a due date moved, in words, or ``None`` when it did not:
+    ``"Sunday 31 Jan falls on a weekend; due Monday 1 Feb (IRC §7503 following)"``.
+
+    ``nominal``: the date the source gave; ``due``: the date after the ``convention``; ``spec``: the
+    calendar spec of the configuration (``US-IRS`` is named by its rule, IRC §7503); ``cal``: the
+    resolved calendar, used to name a holiday (default: resolved from ``spec``; a ``source:`` spec
+    names none). A reader who sees a date other than the published one must learn why, or they
+    would take the reminder for a mistake and file on the published (earlier) day.
+    """
+    if nominal == due:
+        return None
+    if cal is None and not spec.startswith("source:"):
+        try:
+            cal = calendar(spec)
+        except ValueError:
+            cal = None
+    weekend = getattr(cal, "weekend", WEEKEND) if cal is not None else WEEKEND
+    if nominal.weekday() in weekend:
+        why = "falls on a weekend"
+    else:
+        name = holiday_name(nominal, cal) if cal is not None else None
+        why = f"is a holiday ({name})" if name else "is a holiday"
+    rule = _LEGAL_NAMES.get(spec.strip().upper(), spec)
+    return f"{_day(nominal)} {why}; due {_day(due)} ({rule} {convention})"
+
+
 __all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
-           "calendar", "check_convention", "is_business_day"]
+           "calendar", "check_convention", "describe_roll", "holiday_name", "is_business_day"]

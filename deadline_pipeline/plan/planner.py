@@ -22,7 +22,7 @@ from datetime import datetime, time, timedelta, tzinfo
 from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.plan.keys import alert_dedup_key, obligation_key
 from deadline_pipeline.plan.occurrences import HORIZON, Occurrence, expand, window
-from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.rules import RuleRecord, kinds_allow, rule_kinds
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,16 @@ class Target:
     late_policy: str = "send_latest"
     # (holiday calendar, convention) applied to every due date of the source, or None.
     business_days: tuple | None = field(default=None, compare=False)
+    # Rule kinds to include (None = all) and to exclude (see rules.rule_kinds).
+    kinds: tuple[str, ...] | None = None
+    exclude_kinds: tuple[str, ...] = ()
 
     def wants(self, rule_id: str) -> bool:
         return any(fnmatch.fnmatchcase(rule_id, p) for p in self.rule_patterns)
+
+    def wants_rule(self, rule: RuleRecord) -> bool:
+        """:meth:`wants` on the rule's id, and its kinds pass ``kinds`` / ``exclude_kinds``."""
+        return self.wants(rule.rule_id) and kinds_allow(self.kinds, self.exclude_kinds, rule)
 
 
 @dataclass
@@ -185,8 +192,14 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
     subscriber_zone = None
+    rules = list(rules)
+    if target.kinds and rules and not any(kinds_allow(target.kinds, (), r) for _, r in rules):
+        # A misspelt kind ("papr") would otherwise plan nothing for this subscription, silently.
+        present = sorted({k for _, r in rules for k in rule_kinds(r)})
+        problems.append(PlanProblem(target.source, "*", f"subscription kinds {list(target.kinds)} match no rule "
+                                    f"of this source; its kinds are {present}"))
     for version, rule in rules:
-        if not target.wants(rule.rule_id):
+        if not target.wants_rule(rule):
             continue
         freq = _freq(rule.rrule)
         if freq in REFUSED_FREQUENCIES:

@@ -109,6 +109,8 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
                             name=sub.name, subscriber_id=sub_ids[member.id], source_id=src_ids[src_name],
                             rule_patterns=list(sub.rules), offsets=offsets_seconds(sub),
                             channels=list(sub.channels), late_policy=sub.late_policy,
+                            kinds=list(sub.kinds) if sub.kinds else None,
+                            exclude_kinds=list(sub.exclude_kinds) or None,
                         ))
         sql.sync_subscriptions(conn, rows)
 
@@ -146,7 +148,8 @@ def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: d
         targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
                               tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"],
-                              calendars.get(r["source"])))
+                              calendars.get(r["source"]), tuple(r["kinds"]) if r.get("kinds") else None,
+                              tuple(r.get("exclude_kinds") or ())))
     return targets
 
 
@@ -243,7 +246,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.alerts_inserted = direct + merged
             _after_moves(conn, moved, planned, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
-                      {(t.subscriber_id, t.source_id) for t in targets}, now, out)
+                      {(t.subscriber_id, t.source_id) for t in targets}, now, out,
+                      filtered=_filtered_out(targets, rules_cache))
         finally:
             sql.drop_stage(conn)
     return out
@@ -320,16 +324,31 @@ def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutco
     out.corrections += sql.insert_notices(conn, notices)
 
 
-def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome) -> None:
+def _filtered_out(targets, rules_cache) -> set[tuple[int, int, str]]:
+    """(subscriber id, source id, rule id) of active rules that no subscription of that subscriber to
+    that source wants any more (rule patterns, ``kinds`` / ``exclude_kinds``)."""
+    wanted: dict[tuple[int, int, str], bool] = {}
+    for t in targets:
+        for _, rule in rules_cache[t.source_id][0]:
+            key = (t.subscriber_id, t.source_id, rule.rule_id)
+            wanted[key] = wanted.get(key, False) or t.wants_rule(rule)
+    return {k for k, v in wanted.items() if not v}
+
+
+def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome, *,
+              filtered: set[tuple[int, int, str]] = frozenset()) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
-    as its own reminder. A removed subscriber or subscription is cancelled silently."""
+    as its own reminder. A removed subscriber or subscription, or a rule the subscription's own
+    filter now leaves out (``filtered``, e.g. a new ``exclude_kinds``), is cancelled silently: a
+    notice would claim the source withdrew a deadline it still publishes."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
-    by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed]
+    by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed
+               and (r.subscriber_id, r.source_id, r.rule_id) not in filtered]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
     out.obligations_withdrawn = len(stale)
     out.alerts_cancelled = sql.withdraw_obligations(

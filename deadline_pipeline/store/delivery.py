@@ -97,7 +97,9 @@ def load_claimed(conn: Connection, ids: list[int]) -> list[dict]:
                # Corrections carry the old due instant.
                alerts.c.previous_due_at,
                # The booking and Apprise channels' contacts, and the key a booking finds its events by.
-               obligations.c.obligation_key, subscribers.c.caldav_url, subscribers.c.apprise_target)
+               obligations.c.obligation_key, subscribers.c.caldav_url, subscribers.c.apprise_target,
+               # The message explains a late send (planner's note) and a rolled due date (period).
+               alerts.c.status_reason, obligations.c.period)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
         # The rule version the obligation was planned from gives the link and note to show.
         .outerjoin(rule_versions, and_(rule_versions.c.source_id == obligations.c.source_id,

@@ -131,11 +131,13 @@ def alerts_by_state(conn: Connection) -> dict[str, int]:
 
 def active_subscription_rows(conn: Connection) -> list[dict]:
     """Active subscriptions of active subscribers with the subscriber's contacts: ``subscriber_id,
-    subscriber, email, webhook_url, source_id, source, rule_patterns, offsets, channels``."""
+    subscriber, email, webhook_url, source_id, source, rule_patterns, offsets, channels, kinds,
+    exclude_kinds``."""
     rows = conn.execute(
         select(subscriptions.c.subscriber_id, subscribers.c.external_id.label("subscriber"), subscribers.c.email,
                subscribers.c.webhook_url, subscriptions.c.source_id, sources.c.name.label("source"),
-               subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels)
+               subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels,
+               subscriptions.c.kinds, subscriptions.c.exclude_kinds)
         .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)
         .join(sources, sources.c.id == subscriptions.c.source_id)
         .where(subscriptions.c.active.is_(True), subscribers.c.active.is_(True))

@@ -92,11 +92,13 @@ def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
 
 def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
     """Upsert subscription rows (``name, subscriber_id, source_id, rule_patterns, offsets, channels,
-    late_policy``); rows absent from ``rows`` become inactive."""
+    late_policy``, optional ``kinds`` / ``exclude_kinds``); rows absent from ``rows`` become inactive."""
     for r in rows:
         r.setdefault("active", True)
+        r.setdefault("kinds", None)
+        r.setdefault("exclude_kinds", None)
     upsert(conn, subscriptions, rows, conflict=["name", "subscriber_id", "source_id"],
-           update=["rule_patterns", "offsets", "channels", "late_policy", "active"])
+           update=["rule_patterns", "offsets", "channels", "late_policy", "active", "kinds", "exclude_kinds"])
     wanted = {(r["name"], r["subscriber_id"], r["source_id"]) for r in rows}
     existing = conn.execute(select(subscriptions.c.id, subscriptions.c.name, subscriptions.c.subscriber_id,
                                    subscriptions.c.source_id)).all()
@@ -109,7 +111,7 @@ def active_targets(conn: Connection):
     """Rows of active subscriptions joined with their active subscriber and source."""
     return conn.execute(
         select(subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels,
-               subscriptions.c.late_policy,
+               subscriptions.c.late_policy, subscriptions.c.kinds, subscriptions.c.exclude_kinds,
                subscribers.c.id.label("subscriber_id"), subscribers.c.external_id, subscribers.c.tenant,
                subscribers.c.timezone, subscribers.c.email, subscribers.c.webhook_url, subscribers.c.quiet_hours,
                subscribers.c.caldav_url,

@@ -155,6 +155,9 @@ subscriptions = Table(
     Column("channels", Json, nullable=False),  # list of channel names from the configuration
     Column("late_policy", String(20), nullable=False, default="send_latest"),  # send_latest | skip
     Column("active", Boolean, nullable=False, default=True),
+    # Rule kinds (see rules.rule_kinds) to include / exclude; NULL = no filter.
+    Column("kinds", Json),
+    Column("exclude_kinds", Json),
     UniqueConstraint("name", "subscriber_id", "source_id"),
 )
 

@@ -42,7 +42,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
+from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.store import health
+from deadline_pipeline.wording import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelt
     count = overdue + unreceipted
     parts = []
     if overdue:
-        parts.append(f"{overdue} alert(s) overdue by more than {grace}; oldest due "
+        parts.append(f"{overdue} alert(s) overdue by more than {human_duration(grace)}; oldest due "
                      f"{oldest[0]['send_at'].isoformat()} ({oldest[0]['status']})")
     if unreceipted:
         parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
@@ -109,9 +111,11 @@ def _age_outcome(name: str, what: str, beats: dict[str, dict], components: tuple
     newest = max(b["last_completed_at"] for b in seen.values())
     age = now - newest
     if age > allowed:
-        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, {age} ago; expected "
-                            f"within {allowed}", offenders)
-    return CheckOutcome(name, True, 0, f"{what} completed {age} ago (allowed {allowed})", offenders)
+        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, "
+                            f"{human_duration(age)} ago; expected "
+                            f"within {human_duration(allowed)}", offenders)
+    return CheckOutcome(name, True, 0, f"{what} completed {human_duration(age)} ago "
+                        f"(allowed {human_duration(allowed)})", offenders)
 
 
 def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(minutes=5),
@@ -161,8 +165,9 @@ def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = ti
     crashed = beats.get(PLAN_COMPONENT, {}).get("last_outcome") == "crashed"
     uncovered = []
     for s in subs:
-        wanted = [rid for rid in rules.get(s["source_id"], {})
-                  if any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"])]
+        wanted = [rid for rid, payload in rules.get(s["source_id"], {}).items()
+                  if any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"])
+                  and kinds_allow(s.get("kinds"), s.get("exclude_kinds"), payload)]
         lo, hi = now + timedelta(days=1), now + horizon - timedelta(days=1)
         ahead = [rid for rid in wanted if _occurs_within(rules[s["source_id"]][rid], lo, hi)]
         if ahead and not upcoming.get((s["subscriber_id"], s["source_id"])):
@@ -181,12 +186,17 @@ def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = ti
     return CheckOutcome("horizon_planned", count == 0, count, summary, offenders[:limit])
 
 
-def expected_reminders(subs: list[dict], rule_id: str, channel_types: dict[str, str]) -> set[tuple[int, str]]:
+def expected_reminders(subs: list[dict], rule_id: str, channel_types: dict[str, str],
+                       payload: dict | None = None) -> set[tuple[int, str]]:
     """(offset_seconds, channel) pairs the subscriptions in ``subs`` (one subscriber and source) ask
-    for on ``rule_id``: offsets × usable channels of each subscription whose patterns match. Pure."""
+    for on ``rule_id``: offsets × usable channels of each subscription whose patterns match and whose
+    ``kinds`` / ``exclude_kinds`` admit the rule (``payload``: its stored payload; None = not
+    checked). Pure."""
     out: set[tuple[int, str]] = set()
     for s in subs:
         if not any(fnmatch.fnmatchcase(rule_id, p) for p in s["rule_patterns"]):
+            continue
+        if payload is not None and not kinds_allow(s.get("kinds"), s.get("exclude_kinds"), payload):
             continue
         for ch in s["channels"]:
             if ch not in channel_types:
@@ -205,6 +215,7 @@ def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_t
     with engine.connect() as conn:
         subs = health.active_subscription_rows(conn)
         obs = health.obligations_with_reminders(conn, now, now + horizon)
+        payloads = health.active_rule_payloads(conn)
     by_target: dict[tuple[int, int], list[dict]] = {}
     for s in subs:
         by_target.setdefault((s["subscriber_id"], s["source_id"]), []).append(s)
@@ -212,7 +223,7 @@ def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_t
     count = 0
     for ob in obs:
         want = expected_reminders(by_target.get((ob["subscriber_id"], ob["source_id"]), []), ob["rule_id"],
-                                  channel_types)
+                                  channel_types, payloads.get(ob["source_id"], {}).get(ob["rule_id"]))
         have = ob["reminders"]
         missing = sorted(want - set(have))
         # A reminder nobody asks for any more is harmless once handled; an open one would still be sent.

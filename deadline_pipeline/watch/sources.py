@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.store import sources as sql
+from deadline_pipeline.wording import human_duration
 
 
 @dataclass
@@ -86,15 +87,15 @@ def evaluate_fresh(name: str, state: SourceState | None, now: datetime, window: 
         why = f"; last error: {state.last_error}" if state.last_error else ""
         return SourceCheckOutcome(
             "source_fresh", name, False,
-            f"source {name!r} last fresh {state.last_fresh_at.isoformat()}, {age} ago, longer than its "
-            f"window of {window}{why}", meta)
+            f"source {name!r} last fresh {state.last_fresh_at.isoformat()}, {human_duration(age)} ago, "
+            f"longer than its window of {human_duration(window)}{why}", meta)
     if state.status == "stale":
         return SourceCheckOutcome(
             "source_fresh", name, False,
             f"source {name!r} is stale: {state.last_error} (last good data from "
             f"{state.last_fresh_at.isoformat()} stays in force)", meta)
-    return SourceCheckOutcome("source_fresh", name, True,
-                              f"source {name!r} fresh {age} ago (window {window})", meta)
+    return SourceCheckOutcome("source_fresh", name, True, f"source {name!r} fresh {human_duration(age)} ago "
+                              f"(window {human_duration(window)})", meta)
 
 
 def evaluate_not_quarantined(name: str, state: SourceState | None) -> SourceCheckOutcome:

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, and_, exists, func, select
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined
+from deadline_pipeline.wording import human_duration
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
                      f"{overdue} alert(s) due before {(now - grace).isoformat()} not delivered/escalated/cancelled; "
                      f"oldest due {oldest.isoformat() if oldest else '-'}" if overdue else
-                     f"nothing overdue past the {grace} grace window"),
+                     f"nothing overdue past the {human_duration(grace)} grace window"),
             WatchRow("alerts_reconciled", "receipts", forged == 0,
                      f"{forged} alert(s) marked delivered without a 'sent' delivery attempt" if forged else
                      "every delivered alert has its 'sent' receipt")]
@@ -102,10 +103,11 @@ def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, 
     crashed = [b for b in (beats.get(c) for c in components) if b and b["last_outcome"] == "crashed"]
     if age > allowed:
         return WatchRow(check, target, False, f"stopped: last completed {newest['last_completed_at'].isoformat()}, "
-                        f"{age} ago (allowed {allowed}); last outcome {newest['last_outcome']}")
+                        f"{human_duration(age)} ago (allowed {human_duration(allowed)}); "
+                        f"last outcome {newest['last_outcome']}")
     if crashed:
         return WatchRow(check, target, False, f"last run crashed: {crashed[0]['detail']}")
-    return WatchRow(check, target, True, f"completed {age} ago ({newest['last_outcome']})")
+    return WatchRow(check, target, True, f"completed {human_duration(age)} ago ({newest['last_outcome']})")
 
 
 def _source_states(conn, names: list[str] | None) -> dict[str, SourceState]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from deadline_pipeline.config import MaildirChannel
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
-from deadline_pipeline.deliver.render import RenderError, build_email
+from deadline_pipeline.deliver.render import RenderError, build_email, mail_options
 
 
 class MaildirSender:
@@ -31,10 +31,11 @@ class MaildirSender:
         self.name = name
         self.path = Path(cfg.path)
         self.sender = cfg.sender
+        self.cfg = cfg
 
     def send(self, n: Notification) -> SendResult:
         try:
-            msg = build_email(n, self.sender)
+            msg = build_email(n, self.sender, **mail_options(self.cfg))
         except RenderError as exc:
             raise DeliveryError(str(exc), permanent=True) from exc
         # Maildir files use the local line ending; the SMTP policy's CRLF would leave stray CRs

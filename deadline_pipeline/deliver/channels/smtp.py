@@ -23,7 +23,7 @@ import ssl
 from deadline_pipeline.config import SmtpChannel
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
-from deadline_pipeline.deliver.render import RenderError, build_email
+from deadline_pipeline.deliver.render import RenderError, build_email, mail_options
 
 
 def _is_permanent(code: int) -> bool:
@@ -92,7 +92,7 @@ class SmtpSender:
     def send(self, n: Notification) -> SendResult:
         """Send ``n`` to ``n.email``. Returns the Message-ID; raises :class:`DeliveryError` (see module)."""
         try:
-            msg = build_email(n, self.cfg.sender)
+            msg = build_email(n, self.cfg.sender, **mail_options(self.cfg))
         except RenderError as exc:
             raise DeliveryError(str(exc), permanent=True) from exc
         mid = str(msg["Message-ID"])

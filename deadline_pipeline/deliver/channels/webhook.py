@@ -7,8 +7,12 @@ process at ~250 requests/s and aiohttp at ~2,600/s, so the sweep's hot path uses
 (``benchmarks/deliver.py`` reports the ceiling of each run).
 
 Request: ``POST`` with ``Content-Type: application/json``, ``Idempotency-Key: <dedup_key>`` and the
-body ``{"id", "kind", "subscriber", "source", "rule_id", "title", "due_at", "previous_due_at",
-"url", "note"}`` (times as ISO 8601 UTC with ``Z``, ``null`` when absent). Standard Webhooks headers
+Standard Webhooks envelope ``{"type", "timestamp", "data"}`` (:func:`payload`): ``type`` is
+``reminder.due``, ``reminder.corrected``, ``reminder.cancelled`` or ``reminder.escalated``; ``data``
+holds the alert with its offset (ISO 8601 and words), the subscriber's zone and local due time, and
+the deadline's own zone. The channel option ``body: legacy`` sends the earlier flat body ``{"id",
+"kind", "subscriber", "source", "rule_id", "title", "due_at", "previous_due_at", "url", "note"}``
+instead (times as ISO 8601 UTC with ``Z``, ``null`` when absent). Standard Webhooks headers
 (https://www.standardwebhooks.com) are always sent: ``webhook-id`` (the dedup key, equal on every
 retry of the same alert), ``webhook-timestamp`` (Unix seconds of this attempt) and, when the
 configuration names ``secret_env``, ``webhook-signature: v1,<base64 HMAC-SHA256 of
@@ -73,8 +77,65 @@ def iso_z(when: datetime | None) -> str | None:
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def payload(n: Notification) -> dict:
-    """The JSON body for ``n`` (see the module docstring)."""
+# Standard Webhooks event types, "<group>.<event>" (https://www.standardwebhooks.com, "Payload structure").
+EVENT_TYPES = {"reminder": "reminder.due", "correction": "reminder.corrected",
+               "cancellation": "reminder.cancelled", "escalation": "reminder.escalated"}
+
+
+def _local_iso(when: datetime | None, tz_name: str | None) -> str | None:
+    """``when`` as ISO 8601 with the offset of ``tz_name`` (``2026-05-06T23:59:59-12:00``); None when
+    either is missing or the zone is unknown (the UTC instant is always in the body)."""
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    if when is None or not tz_name:
+        return None
+    try:
+        return when.astimezone(resolve_zone(tz_name)).isoformat()
+    except UnknownTimeZone:
+        return None
+
+
+def payload(n: Notification, body: str = "standard-webhooks") -> dict:
+    """The JSON body for ``n``: the Standard Webhooks envelope (``body="standard-webhooks"``) or the
+    earlier flat body (``body="legacy"``); see the module docstring. ``timestamp`` is the send
+    attempt (``n.sent_at``, else now), ISO 8601 UTC."""
+    if body == "legacy":
+        return legacy_payload(n)
+    from deadline_pipeline.deliver.render import LATE_AFTER
+    from deadline_pipeline.wording import iso_duration, offset_words
+
+    late = (n.kind == "reminder" and n.sent_at is not None and n.planned_at is not None
+            and n.sent_at - n.planned_at > LATE_AFTER)
+    return {
+        "type": EVENT_TYPES[n.kind],
+        "timestamp": iso_z(n.sent_at or datetime.now(UTC)),
+        "data": {
+            "id": n.dedup_key,
+            "subscriber": n.subscriber_id,
+            "source": n.source,
+            "rule_id": n.rule_id,
+            "title": n.title,
+            "due_at": iso_z(n.due_at),
+            "previous_due_at": iso_z(n.previous_due_at),
+            "offset": iso_duration(n.offset_seconds),
+            "offset_seconds": n.offset_seconds,
+            "offset_words": offset_words(n.offset_seconds),
+            "subscriber_timezone": n.subscriber_tz,
+            "due_local": _local_iso(n.due_at, n.subscriber_tz),
+            "deadline_timezone": n.rule_tz,
+            "due_in_deadline_timezone": _local_iso(n.due_at, n.rule_tz),
+            "business_day_note": n.roll_note,
+            "planned_send_at": iso_z(n.planned_at),
+            "late": late,
+            "late_reason": n.planned_reason if late else None,
+            "url": n.url,
+            "note": n.note,
+        },
+    }
+
+
+def legacy_payload(n: Notification) -> dict:
+    """The flat body of earlier releases (``body: legacy``)."""
     return {
         "id": n.dedup_key,
         "kind": n.kind,
@@ -200,7 +261,7 @@ class WebhookSender:
             register_secret(urlsplit(url).password if "@" in url else None)
         except ValueError:  # unparseable: the HTTP client refuses it below as an unusable URL
             pass
-        body = json.dumps(payload(n), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        body = json.dumps(payload(n, self.cfg.body), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
                    "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}

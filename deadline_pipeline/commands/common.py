@@ -1,0 +1,46 @@
+"""What every command shares: how the configuration file is found, and the ``--config`` option.
+
+One rule, the same in every command and in every ``--help``: ``--config FILE``, else
+``$DEADLINE_CONFIG``, else ``./deadlines.yaml`` in the working directory. There is no silent fallback
+to the bundled examples: a command acting on the wrong configuration would plan, send or withdraw
+reminders for the wrong people (``deadline-pipeline demo`` is the way to run the examples). Commands
+that can work without a configuration (``status``, ``watchdog``) say so in their own help and print a
+note when they do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from deadline_pipeline.config import DEFAULT_CONFIG_NAME, ConfigError
+
+CONFIG_HELP = ("Configuration file. Every command finds it the same way: --config FILE, else $DEADLINE_CONFIG, "
+               f"else ./{DEFAULT_CONFIG_NAME} in the working directory.")
+
+
+def config_option(fn):
+    """The ``--config`` option (``$DEADLINE_CONFIG`` as its environment variable), identical everywhere."""
+    return click.option("--config", "config", envvar="DEADLINE_CONFIG", type=click.Path(dir_okay=False),
+                        help=CONFIG_HELP)(fn)
+
+
+def find_config(explicit: str | None) -> Path | None:
+    """The configuration file by the shared rule: ``explicit`` (``--config``, or ``$DEADLINE_CONFIG``
+    as click passes it), else ``./deadlines.yaml`` when it exists, else ``None``. An explicit path
+    is returned even when missing, so loading it names the missing file."""
+    if explicit:
+        return Path(explicit)
+    local = Path(DEFAULT_CONFIG_NAME)
+    return local if local.exists() else None
+
+
+def require_config(explicit: str | None) -> Path:
+    """:func:`find_config`, or :class:`ConfigError` saying how to give one."""
+    path = find_config(explicit)
+    if path is None:
+        raise ConfigError("no configuration: pass --config FILE, set DEADLINE_CONFIG, or create "
+                          f"./{DEFAULT_CONFIG_NAME} (examples/deadlines.yaml shows every key; "
+                          "`deadline-pipeline demo` runs the examples)")
+    return path
