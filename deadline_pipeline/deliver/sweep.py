@@ -7,8 +7,8 @@ rest go out.
 One batch, in order:
 
 1. **claim** (one transaction): lease up to ``delivery.batch_size`` claimable alerts under a lease
-   owner of its own (``host#pid#run#c<n>``: every claim, even a sweep's second claim of the same
-   alert, is a distinct owner) and close the unfinished attempts a previous holder left (unknown
+   owner of its own (``host#pid#run#c<n>.<random>``: every claim, even a sweep's second claim of
+   the same alert, is a distinct owner) and close the unfinished attempts a previous holder left (unknown
    outcome, counted as attempts) — including this sweep's own earlier claim whose lease expired;
 2. **decide**: an alert whose unknown outcome came from a previous holder is resent on a
    ``notification`` channel (same idempotency key) and escalated (never resent) on a ``booking``
@@ -317,11 +317,13 @@ class _Sweep:
                 try:
                     t = self.clock()
                     claimed_at = time.monotonic()
-                    # A lease owner per claim: if this sweep ever meets an alert it claimed before
-                    # (its lease expired while recording failed), the old claim's open attempts are
-                    # someone else's and are closed and judged like a dead sender's.
+                    # A lease owner per claim, unique even across runs that share an owner (a
+                    # retried Dagster run keeps its run id): if a sweep meets an alert it claimed
+                    # before (its lease expired while recording failed, or the same run crashed and
+                    # restarted), the old claim's open attempts are not its own and are closed and
+                    # judged like a dead sender's.
                     self.claims += 1
-                    owner = f"{self.owner}#c{self.claims}"
+                    owner = f"{self.owner}#c{self.claims}.{uuid.uuid4().hex[:6]}"
                     rows, results = await asyncio.to_thread(self._claim, t, owner)
                     if pending_write is not None:
                         # The previous batch's bookkeeping overlapped this claim; its failure is this

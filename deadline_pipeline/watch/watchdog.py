@@ -92,6 +92,18 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     return rows
 
 
+def _escalations_row(conn) -> WatchRow:
+    # An escalation is the loud end of a failed delivery; until a human acknowledges it, it is an
+    # open incident the watchdog must keep reporting (cron, without the Dagster daemon).
+    from deadline_pipeline.store.health import escalated_unacknowledged
+
+    count, oldest = escalated_unacknowledged(conn, 3)
+    shown = ", ".join(f"alert {r['id']}" for r in oldest)
+    return WatchRow("escalations_acknowledged", "alerts", count == 0,
+                    f"{count} escalated alert(s) not acknowledged" + (f" (oldest: {shown}; "
+                    "`deadline-pipeline alerts acknowledge ID`)" if count else ""))
+
+
 def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, ...], now: datetime,
                    allowed: timedelta) -> WatchRow:
     seen = [beats[c] for c in components if c in beats and beats[c]["last_completed_at"]]
@@ -134,6 +146,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     try:
         with engine.connect() as conn:
             report.rows += _reconciliation(conn, now, grace)
+            report.rows.append(_escalations_row(conn))
             beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
             states = _source_states(conn, names)
     except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron
