@@ -58,7 +58,7 @@ def test_two_processes_opening_a_fresh_store_at_once_both_succeed(request, tmp_p
     """Without the lock one of the two exited 2 with a duplicate-key error from the catalog."""
     for round_ in range(3):
         if engine_kind == "postgresql":
-            url = request.getfixturevalue("pg_server") and _fresh_pg(request)
+            url = _fresh_pg(request)
         else:
             url = f"sqlite:///{tmp_path / f'store{round_}.sqlite3'}"
         procs = [subprocess.Popen([sys.executable, "-c", OPEN_STORE, url], env=_env(REPO_ROOT), stdin=subprocess.PIPE,
@@ -77,13 +77,12 @@ def test_two_processes_opening_a_fresh_store_at_once_both_succeed(request, tmp_p
 
 def _fresh_pg(request) -> str:
     # A new empty database per round (pg_url is one per test).
-    from deadline_pipeline_tests.conftest import _pg_admin_engine
-
     import uuid
 
     from sqlalchemy.engine import make_url
 
     from deadline_pipeline.store.db import normalise_url
+    from deadline_pipeline_tests.conftest import _pg_admin_engine
 
     name = f"dp_test_{uuid.uuid4().hex[:12]}"
     admin = _pg_admin_engine()
