@@ -189,7 +189,9 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     until nothing is claimable or ``delivery.time_budget_seconds`` of wall time is spent.
 
     ``clock`` gives "now" for each batch (default: always ``now``, a replayed instant; pass the real
-    clock for production). ``channels`` overrides channel instances by name (tests, custom channels);
+    clock for production). ``now`` and ``clock`` decide only what is due and the times recorded;
+    leases are always taken and judged on the database clock. ``owner`` is the lease owner's prefix
+    (default :func:`lease_owner`); each claim appends its own suffix. ``channels`` overrides channel instances by name (tests, custom channels);
     the others are built from ``cfg.channels`` and closed at the end. Never raises for one alert's
     failure; raises :class:`SweepFailed` when every batch attempted failed as a whole.
     """
