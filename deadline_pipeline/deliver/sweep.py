@@ -193,8 +193,8 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     leases are always taken and judged on the database clock. ``owner`` is the lease owner's prefix
     (default :func:`lease_owner`); each claim appends its own suffix. ``channels`` overrides channel
     instances by name (tests, custom channels); the others are built from ``cfg.channels`` and
-    closed at the end. Never raises for one alert's
-    failure; raises :class:`SweepFailed` when every batch attempted failed as a whole.
+    closed at the end. Never raises for one alert's failure; raises :class:`SweepFailed` when every
+    batch attempted failed as a whole.
     """
     runner = _Sweep(engine, cfg, now, owner or lease_owner(), clock or (lambda: now), max_batches,
                     dict(channels or {}))
