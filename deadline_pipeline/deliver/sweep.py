@@ -448,6 +448,11 @@ class _Sweep:
                 if r.attempt_id is None:
                     r.lease_lost_before_send = True  # another holder has it now; never send on a lost lease
                     return
+                if time.monotonic() >= send_until:
+                    # The shared commit took the rest of the window: give it back (release removes the
+                    # unstarted attempt row, so nothing is charged).
+                    r.released = True
+                    return
                 n = _notification(row, self.clock())
                 if hasattr(ch, "send_async"):
                     res = await ch.send_async(n)
