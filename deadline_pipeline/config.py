@@ -57,7 +57,10 @@ def parse_duration(text: str) -> timedelta:
             "(years and months are not allowed)"
         )
     parts = {k: int(v) for k, v in m.groupdict().items() if k != "sign" and v}
-    delta = timedelta(**parts)
+    try:
+        delta = timedelta(**parts)
+    except OverflowError:  # "-P99999999999D": beyond any representable instant, not a traceback
+        raise ValueError(f"{text!r} is too long a duration (more than 999,999,999 days)") from None
     return -delta if m.group("sign") == "-" else delta
 
 
@@ -249,6 +252,10 @@ class _ChannelLimits(_Model):
     # started per second (None = unlimited), so a backlog after downtime cannot flood a provider.
     max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 8
     rate_per_second: Annotated[float, Field(gt=0)] | None = None
+    # Seconds of lease kept free after a send's timeout: a send starts only while timeout_seconds +
+    # lease_margin_seconds of the batch's lease remain, so no second sweep can claim the alert while
+    # its send may still be in flight. Per channel: a slow provider may need more slack.
+    lease_margin_seconds: float = 5.0
 
 
 class _MailHeaders(_Model):
@@ -375,6 +382,14 @@ class DeliveryConfig(_Model):
     backoff_base_seconds: Annotated[float, Field(gt=0)] = 30.0
     backoff_cap_seconds: Annotated[float, Field(gt=0)] = 3600.0
     time_budget_seconds: Annotated[float, Field(gt=0)] = 240.0
+    # Longest wait a receiver's Retry-After may impose, in seconds (default: backoff_cap_seconds); a
+    # "Retry-After: <a date in 9999>" would otherwise park an alert until then, never escalated.
+    retry_after_cap_seconds: float | None = None
+
+    @property
+    def retry_after_cap(self) -> float:
+        """The effective Retry-After cap in seconds."""
+        return self.retry_after_cap_seconds if self.retry_after_cap_seconds is not None else self.backoff_cap_seconds
 
 
 class WatchConfig(_Model):
@@ -459,6 +474,15 @@ class DeadlinesConfig(_Model):
             if self.channels[ch].type == "caldav":
                 # An escalation notice is a message to an operator, not an event to book.
                 raise ValueError(f"escalation: channel {ch!r} is a caldav (booking) channel; use a message channel")
+        return self
+
+    @model_validator(mode="after")
+    def _ranges(self) -> DeadlinesConfig:
+        # Every number range-checked, and the lease agreeing with the time budget and each channel's
+        # timeout (deadline_pipeline.config_ranges); errors carry their key paths.
+        from deadline_pipeline import config_ranges
+
+        config_ranges.check(self)
         return self
 
     def source(self, name: str) -> SourceConfig:

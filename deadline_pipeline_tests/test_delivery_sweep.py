@@ -229,7 +229,7 @@ def test_a_failure_consumes_exactly_one_attempt(engine):
         row = dsql.load_claimed(conn, [a])[0]
     runner = _Sweep(engine, cfg, T0, "o#1#r", lambda: T0, None, {"fake": fake})
     [(attempt_id,)] = [(i,) for i in [err.recorded_attempt]]
-    runner._record([_Result(row=row, attempt_id=attempt_id, attempt_no=1, error=err)])
+    runner._record([_Result(row=row, attempt_id=attempt_id, attempt_no=1, error=err)], "o#1#r")
     with engine.connect() as conn:
         assert conn.execute(select(alerts.c.attempts).where(alerts.c.id == a)).scalar_one() == 1
 
@@ -281,12 +281,27 @@ def _crash_after_claim(engine, alert_ids, owner="dead#7#r"):
         dsql.start_attempts(conn, [(i, 1) for i in ids], owner=owner, now=T0)
 
 
+def expire_leases(engine, ids=None):
+    """Let the leases of ``ids`` (default: all) run out: leases are judged by the database clock,
+    which a test does not advance, so their expiry is moved to one second before it."""
+    from deadline_pipeline.store.db import db_clock
+
+    with engine.begin() as conn:
+        past = db_clock(conn) - timedelta(seconds=1)
+        stmt = update(alerts).where(alerts.c.lease_expires_at.is_not(None))
+        if ids is not None:
+            stmt = stmt.where(alerts.c.id.in_(ids))
+        conn.execute(stmt.values(lease_expires_at=past))
+
+
 def test_unknown_outcome_resends_notification_with_same_key(engine):
     [a] = seed(engine, 1, channel="fake")
     _crash_after_claim(engine, [a])
     fake = FakeChannel()
     cfg = config({"fake": MaildirChannel(type="maildir", path="/x")})
-    assert sweep(engine, cfg, T0 + timedelta(seconds=299), channels={"fake": fake}).claimed == 0, "lease holds"
+    # A replayed "now" past the lease does not free it: leases run on the database clock.
+    assert sweep(engine, cfg, T0 + timedelta(seconds=301), channels={"fake": fake}).claimed == 0, "lease holds"
+    expire_leases(engine)
     out = sweep(engine, cfg, T0 + timedelta(seconds=301), channels={"fake": fake})
     assert (out.delivered, out.recovered_unknown) == (1, 1)
     with engine.connect() as conn:
@@ -298,6 +313,7 @@ def test_unknown_outcome_resends_notification_with_same_key(engine):
 def test_unknown_outcome_on_booking_channel_escalates_without_resending(engine, caplog):
     [a] = seed(engine, 1, channel="book")
     _crash_after_claim(engine, [a])
+    expire_leases(engine)
     booking = FakeChannel("book", IDEMPOTENCY_BOOKING)
     cfg = config({"book": MaildirChannel(type="maildir", path="/x")})
     with caplog.at_level(logging.ERROR):
@@ -314,6 +330,7 @@ def test_c25_job_stuck_after_worker_loss_is_reclaimed_by_a_new_incarnation(engin
     """Case C25: the lease lives on the alert row; expiry alone frees it, whatever happened to the worker."""
     ids = seed(engine, 3, channel="fake")
     _crash_after_claim(engine, ids, owner="host#1#cli-deadbeef")
+    expire_leases(engine)
     a, b = lease_owner(), lease_owner()
     assert a != b and a.split("#")[:2] == b.split("#")[:2], "same host and pid, new incarnation"
     fake = FakeChannel()
@@ -356,7 +373,7 @@ def test_c23_no_send_starts_after_the_lease_margin(engine, receiver):
     seed(engine, 40, webhook_url=f"{base}/ok")
     hook = WebhookChannel(type="webhook", timeout_seconds=0.5, rate_per_second=20)
     # lease 6 s - (5 s safety + 0.5 s timeout) = sends may start for 0.5 s after the claim.
-    cfg = config({"hook": hook}, lease_seconds=6)
+    cfg = config({"hook": hook}, lease_seconds=6, time_budget_seconds=5)
     out = sweep(engine, cfg, T0, max_batches=1)
     assert 5 <= out.delivered <= 15 and out.released == 40 - out.delivered
     assert states(engine) == {"delivered": out.delivered, "pending": out.released}
@@ -403,7 +420,9 @@ def test_rate_limit_spaces_sends(engine, receiver):
 def test_http_outcomes_through_the_sweep(engine, receiver, path, status, outcome):
     server, base = receiver
     [a] = seed(engine, 1, webhook_url=base + path)
-    out = sweep(engine, config({"hook": WebhookChannel(type="webhook", timeout_seconds=0.5)}), T0)
+    # The receiver's Retry-After (7200 s) is within this cap (the default cap is the backoff cap, 1 h).
+    out = sweep(engine, config({"hook": WebhookChannel(type="webhook", timeout_seconds=0.5)},
+                               retry_after_cap_seconds=10800), T0)
     assert out.failed == 1
     with engine.connect() as conn:
         st, nxt = conn.execute(select(alerts.c.status, alerts.c.next_attempt_at).where(alerts.c.id == a)).one()
@@ -553,8 +572,9 @@ def test_sweep_with_database_down_fails_loudly_without_flooding(tmp_path, caplog
 def test_update_guard_late_writer_cannot_overwrite(engine):
     [a] = seed(engine, 1)
     with engine.begin() as conn:
-        dsql.claim_batch(conn, owner="old#1#r", now=T0, lease_seconds=10, limit=5)
-        dsql.claim_batch(conn, owner="new#2#r", now=T0 + timedelta(seconds=11), lease_seconds=10, limit=5)
+        dsql.claim_batch(conn, owner="old#1#r", now=T0, lease_seconds=10, limit=5, lease_now=T0)
+        dsql.claim_batch(conn, owner="new#2#r", now=T0 + timedelta(seconds=11), lease_seconds=10, limit=5,
+                         lease_now=T0 + timedelta(seconds=11))
         att = dsql.start_attempts(conn, [(a, 1)], owner="old#1#r", now=T0)
         assert dsql.record_sent(conn, [(a, att[a], "x", T0)], owner="old#1#r", now=T0) == set()
         conn.execute(update(alerts).where(alerts.c.id == a).values(updated_at=T0))

@@ -27,6 +27,7 @@ from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.sources import source_fresh, source_not_quarantined
 from deadline_pipeline.watch.watchdog import evaluate
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ics, write_config
+from deadline_pipeline_tests.test_delivery_sweep import expire_leases
 from deadline_pipeline_tests.test_watch_checks import all_checks, cycle, deliver, ingest, plan
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
@@ -236,6 +237,8 @@ def test_alert_stuck_claimed_by_a_killed_process(engine, tmp_path, feed):
     lease = timedelta(seconds=cfg.delivery.lease_seconds)
     assert deliver(engine, cfg, at + lease - timedelta(seconds=1)).claimed == 0, "the lease holds until expiry"
     after = at + lease + timedelta(seconds=1)
+    # Leases run on the database clock, which the simulated day does not move: let this one expire.
+    expire_leases(engine, stuck)
     out = deliver(engine, cfg, after)
     assert out.delivered == len(stuck)
     with engine.connect() as conn:

@@ -187,12 +187,14 @@ def test_claim_is_null_safe_and_respects_leases(engine, tmp_path):
                            .where(alerts.c.send_at <= T0).limit(1)).one()
         assert row == (None, None)
         assert dsql.count_claimable(conn, T0) == 2
-        first = dsql.claim_batch(conn, owner="a#1#r", now=T0, lease_seconds=300, limit=10)
+        # Lease instants given explicitly (lease_now): the rule under test is "only expiry frees a lease".
+        first = dsql.claim_batch(conn, owner="a#1#r", now=T0, lease_seconds=300, limit=10, lease_now=T0)
     assert len(first) == 2
     with engine.begin() as conn:
         assert dsql.claim_batch(conn, owner="b#2#r", now=T0 + timedelta(seconds=299), lease_seconds=300,
-                                limit=10) == []
-        taken = dsql.claim_batch(conn, owner="b#2#r", now=T0 + timedelta(seconds=301), lease_seconds=300, limit=10)
+                                limit=10, lease_now=T0 + timedelta(seconds=299)) == []
+        taken = dsql.claim_batch(conn, owner="b#2#r", now=T0 + timedelta(seconds=301), lease_seconds=300, limit=10,
+                                 lease_now=T0 + timedelta(seconds=301))
     assert taken == first, "only expiry frees a lease"
     with engine.begin() as conn:
         # The first owner comes back late: it may not overwrite the new owner's state.

@@ -102,7 +102,8 @@ def register(main: click.Group) -> None:
     @alerts.command("retry")
     @_common
     def retry(alert_ids, by, db_url, as_of) -> None:
-        """Queue escalated, cancelled or skipped alerts again, due now (same idempotency key)."""
+        """Queue escalated, cancelled or skipped alerts again, due now, with a fresh attempt budget
+        (same idempotency key; who and when are recorded on the alert)."""
         from deadline_pipeline.store.health import retry_alerts
 
         _act(retry_alerts, alert_ids, by, db_url, as_of, "queued",

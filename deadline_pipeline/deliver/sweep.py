@@ -6,21 +6,36 @@ rest go out.
 
 One batch, in order:
 
-1. **claim** (one transaction): lease up to ``delivery.batch_size`` claimable alerts, close the
-   unfinished attempts a dead previous holder left (unknown outcome, counted as attempts), and
-   insert a started attempt row for every alert about to be sent — committed before any send;
-2. **decide**: an alert whose unknown outcome came from a crash is resent on a ``notification``
-   channel; on a ``booking`` channel it is looked up at the provider first when the channel offers
-   ``resolve_unknown`` (see :func:`_resolve_unknown`), else escalated (never resent); an alert whose
-   attempts are used up is escalated;
+1. **claim** (one transaction): lease up to ``delivery.batch_size`` claimable alerts under a lease
+   owner of its own (``host#pid#run#c<n>.<random>``: every claim, even a sweep's second claim of
+   the same alert, is a distinct owner) and close the unfinished attempts a previous holder left
+   (unknown outcome, counted as attempts) — including this sweep's own earlier claim whose lease
+   expired;
+2. **decide**: an alert whose unknown outcome came from a previous holder (a dead sender, or this
+   sweep's own expired claim) is resent on a ``notification`` channel; on a ``booking`` channel it
+   is looked up at the provider first when the channel offers ``resolve_unknown`` (see
+   :func:`_resolve_unknown`), else escalated (never resent); an alert whose attempts are used up is
+   escalated;
 3. **send** concurrently on one event loop: per channel at most ``max_concurrency`` sends in flight
    and ``rate_per_second`` started per second (per sweep process). Channels with ``send_async``
-   run on the loop; the others in a thread pool. No send starts after the time budget or within a
-   safety margin of the lease's expiry; those alerts are released unsent;
+   run on the loop; the others in a thread pool. Right before a send, its attempt row is inserted
+   and committed (grouped: one statement for every send starting in the same moment) and the lease
+   re-checked on the database clock: a crash leaves a trace of exactly the sends that started, so
+   only those are charged an attempt. No send starts after the time budget, or later than the
+   channel's ``timeout_seconds + lease_margin_seconds`` before the lease expires; those alerts are
+   released unsent;
 4. **record** (one transaction, overlapping the next batch's claim and sends): sent → delivered
    (owner-checked), failed → ``retry_wait`` with jittered exponential backoff (at least the
-   receiver's ``Retry-After``) or ``escalated``; each failure consumes exactly one attempt;
+   receiver's ``Retry-After``, capped at ``delivery.retry_after_cap_seconds``) or ``escalated``;
+   a retry that would come after a reminder's deadline is escalated as a miss at once; each
+   failure consumes exactly one attempt. Results are recorded per alert: when the batch's
+   transaction fails, each alert is recorded in a transaction of its own, and an alert whose result
+   cannot be stored at all is recorded as its own failure, so one receiver's odd answer never
+   leaves the other alerts of its batch claimed (to be resent after the lease expires);
 5. **escalate loudly**: ERROR log, the escalation channels notified, counted in the outcome.
+
+Lease time is the database's clock (:func:`~deadline_pipeline.store.db.db_clock`); ``now`` and
+``clock`` only decide what is due (they may be replayed instants).
 
 Batches repeat until nothing is claimable or ``delivery.time_budget_seconds`` is spent. A batch that
 fails as a whole (database down) is logged through a :class:`ThrottledLogger` and retried after a
@@ -32,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import random
 import socket
@@ -46,6 +62,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
+from deadline_pipeline.config_ranges import channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult, notification_from_row
 from deadline_pipeline.deliver.throttle import ThrottledLogger
@@ -59,7 +76,9 @@ _alert_failures = ThrottledLogger(log, every=100, level=logging.WARNING)
 _batch_failures = ThrottledLogger(log, every=10, level=logging.ERROR)
 
 # A send must end before the lease does, or a second sweep may claim and send the same alert while
-# the first is still waiting for its answer. Sends do not start later than this before expiry.
+# the first is still waiting for its answer. Sends do not start later than their channel's timeout
+# plus ``lease_margin_seconds`` before expiry; this margin applies to channels given without a
+# configuration entry.
 LEASE_SAFETY_SECONDS = 5.0
 
 
@@ -94,7 +113,11 @@ class SweepOutcome:
 
     ``lateness_seconds``: per delivered alert, sent time minus ``send_at`` in seconds.
     ``released``: claimed but given back unsent (budget or lease ran out before their turn).
-    ``recovered_unknown``: alerts found with an unfinished attempt of a dead sender.
+    ``recovered_unknown``: alerts found with an unfinished attempt of a previous holder (a dead
+    sender, or this sweep's own earlier claim whose lease expired).
+    ``retry_after_capped``: failures whose ``Retry-After`` exceeded ``delivery.retry_after_cap_seconds``.
+    ``results_unstorable``: alerts whose result could not be stored as reported and was recorded as
+    their own failure (or sanitised) instead of failing the batch.
     ``unknown_found`` / ``unknown_absent``: of those on booking channels, the ones the provider lookup
     found booked (recorded delivered, not resent) / proved absent (booked again with the same key).
     ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels.
@@ -114,6 +137,8 @@ class SweepOutcome:
     batch_failures: int = 0
     escalation_notices: int = 0
     escalation_notice_failures: int = 0
+    retry_after_capped: int = 0
+    results_unstorable: int = 0
     lateness_seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -129,6 +154,8 @@ class _Result:
     escalate_reason: str | None = None  # escalate without sending
     resolve_first: bool = False  # ask the booking provider whether a dead sender's attempt landed
     released: bool = False
+    lease_lost_before_send: bool = False  # the ownership check before the send failed: not sent
+    owner: str = ""  # the lease owner of the claim this alert came in (one per claim)
 
 
 def _notification(row: dict, sent_at: datetime, cfg: DeadlinesConfig | None = None) -> Notification:
@@ -163,9 +190,12 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     until nothing is claimable or ``delivery.time_budget_seconds`` of wall time is spent.
 
     ``clock`` gives "now" for each batch (default: always ``now``, a replayed instant; pass the real
-    clock for production). ``channels`` overrides channel instances by name (tests, custom channels);
-    the others are built from ``cfg.channels`` and closed at the end. Never raises for one alert's
-    failure; raises :class:`SweepFailed` when every batch attempted failed as a whole.
+    clock for production). ``now`` and ``clock`` decide only what is due and the times recorded;
+    leases are always taken and judged on the database clock. ``owner`` is the lease owner's prefix
+    (default :func:`lease_owner`); each claim appends its own suffix. ``channels`` overrides channel
+    instances by name (tests, custom channels); the others are built from ``cfg.channels`` and
+    closed at the end. Never raises for one alert's failure; raises :class:`SweepFailed` when every
+    batch attempted failed as a whole.
     """
     runner = _Sweep(engine, cfg, now, owner or lease_owner(), clock or (lambda: now), max_batches,
                     dict(channels or {}))
@@ -183,6 +213,54 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     return box["out"]
 
 
+class _StartGate:
+    """Commits the attempt rows of sends about to start, grouped: every send that reaches its start in
+    the same moment waits for one shared transaction (group commit), then starts only if its row was
+    written and its lease is still held on the database clock.
+
+    Why a row per *started* send (not per claimed alert): after a crash, the open rows are exactly the
+    sends that may have happened, so only they are charged an attempt (a killed batch's never-started
+    alerts are not), and a booking alert is escalated only when its send may really have left.
+    """
+
+    def __init__(self, sweep: _Sweep) -> None:
+        self.sweep = sweep
+        self.waiting: list[tuple[_Result, asyncio.Future]] = []
+        self.flushing = False
+
+    async def start(self, r: _Result) -> int | None:
+        """The committed attempt id for ``r``, or ``None`` when its lease is no longer held."""
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append((r, fut))
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        try:
+            while self.waiting:
+                await asyncio.sleep(0)  # let the sends admitted in the same tick join this commit
+                group, self.waiting = self.waiting, []
+                by_owner: dict[str, list[tuple[_Result, asyncio.Future]]] = {}
+                for r, fut in group:
+                    by_owner.setdefault(r.owner, []).append((r, fut))
+                for owner, items in by_owner.items():
+                    try:
+                        started = await asyncio.to_thread(self.sweep._start_attempts, owner,
+                                                          [(r.row["id"], r.attempt_no) for r, _ in items])
+                    except Exception as exc:  # database down: these sends do not start (not charged)
+                        for _, fut in items:
+                            if not fut.done():
+                                fut.set_exception(exc)
+                        continue
+                    for r, fut in items:
+                        if not fut.done():
+                            fut.set_result(started.get(r.row["id"]))
+        finally:
+            self.flushing = False
+
+
 class _Sweep:
     def __init__(self, engine: Engine, cfg: DeadlinesConfig, now: datetime, owner: str,
                  clock: Callable[[], datetime], max_batches: int | None, given: dict[str, Channel]) -> None:
@@ -197,6 +275,8 @@ class _Sweep:
         self.limiters: dict[str, _Limiter] = {}
         self.out = SweepOutcome()
         self.deadline = time.monotonic() + self.d.time_budget_seconds
+        self.claims = 0
+        self.gate = _StartGate(self)
         workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
         self.pool = ThreadPoolExecutor(max_workers=min(64, workers), thread_name_prefix="deliver-send")
 
@@ -218,6 +298,11 @@ class _Sweep:
                                            getattr(ch_cfg, "rate_per_second", None))
         return self.limiters[name]
 
+    def send_window(self, name: str) -> float:
+        """Seconds of lease a send on channel ``name`` needs (timeout + the channel's margin)."""
+        ch_cfg = self.cfg.channels.get(name)
+        return channel_send_window(ch_cfg) if ch_cfg is not None else LEASE_SAFETY_SECONDS
+
     def idempotency_class(self, name: str) -> str | None:
         try:
             return self.channel(name).idempotency_class
@@ -236,7 +321,14 @@ class _Sweep:
                 try:
                     t = self.clock()
                     claimed_at = time.monotonic()
-                    rows, results = await asyncio.to_thread(self._claim, t)
+                    # A lease owner per claim, unique even across runs that share an owner (a
+                    # retried Dagster run keeps its run id): if a sweep meets an alert it claimed
+                    # before (its lease expired while recording failed, or the same run crashed and
+                    # restarted), the old claim's open attempts are not its own and are closed and
+                    # judged like a dead sender's.
+                    self.claims += 1
+                    owner = f"{self.owner}#c{self.claims}.{uuid.uuid4().hex[:6]}"
+                    rows, results = await asyncio.to_thread(self._claim, t, owner)
                     if pending_write is not None:
                         # The previous batch's bookkeeping overlapped this claim; its failure is this
                         # batch's failure too (same database).
@@ -246,10 +338,9 @@ class _Sweep:
                         break
                     self.out.batches += 1
                     self.out.claimed += len(rows)
-                    send_until = min(self.deadline, claimed_at + self.d.lease_seconds - self._lease_margin())
-                    await asyncio.gather(*(self._send(r, send_until) for r in results
+                    await asyncio.gather(*(self._send(r, claimed_at) for r in results
                                            if r.escalate_reason is None))
-                    pending_write = asyncio.create_task(asyncio.to_thread(self._record, results))
+                    pending_write = asyncio.create_task(asyncio.to_thread(self._record, results, owner))
                     _batch_failures.success("delivery sweep")
                     last_error = None
                     pause = 1.0
@@ -277,10 +368,6 @@ class _Sweep:
                               f"{type(last_error).__name__}: {last_error}") from last_error
         return self.out
 
-    def _lease_margin(self) -> float:
-        timeouts = [getattr(c, "timeout_seconds", 30.0) for c in self.cfg.channels.values()]
-        return LEASE_SAFETY_SECONDS + max(timeouts, default=30.0)
-
     async def _close(self) -> None:
         for ch in self.built.values():
             try:
@@ -293,20 +380,20 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 1. claim
 
-    def _claim(self, t: datetime) -> tuple[list[dict], list[_Result]]:
+    def _claim(self, t: datetime, owner: str) -> tuple[list[dict], list[_Result]]:
         with self.engine.begin() as conn:
-            ids = sql.claim_batch(conn, owner=self.owner, now=t, lease_seconds=self.d.lease_seconds,
+            ids = sql.claim_batch(conn, owner=owner, now=t, lease_seconds=self.d.lease_seconds,
                                   limit=self.d.batch_size)
             if not ids:
                 return [], []
             rows = sql.load_claimed(conn, ids)
-            stale = sql.close_stale_attempts(conn, ids, owner=self.owner, now=t)
-            sql.add_attempts(conn, stale, owner=self.owner, now=t)
-            results, to_start = [], []
+            stale = sql.close_stale_attempts(conn, ids, owner=owner, now=t)
+            sql.add_attempts(conn, stale, owner=owner, now=t)
+            results = []
             for row in rows:
                 n_stale = stale.get(row["id"], 0)
                 row["attempts"] += n_stale
-                r = _Result(row=row, attempt_no=row["attempts"] + 1)
+                r = _Result(row=row, attempt_no=row["attempts"] + 1, owner=owner)
                 if n_stale:
                     self.out.recovered_unknown += 1
                     r.escalate_reason = self._recovery_decision(row, n_stale)
@@ -321,39 +408,57 @@ class _Sweep:
                     # the miss is escalated instead, loudly, for a human to act on.
                     r.escalate_reason = (f"missed: the deadline {row['due_at'].isoformat()} passed before this "
                                          f"reminder (due {row['send_at'].isoformat()}) could be sent")
-                if r.escalate_reason is None:
-                    to_start.append((row["id"], r.attempt_no))
                 results.append(r)
-            started = sql.start_attempts(conn, to_start, owner=self.owner, now=t)
-        for r in results:
-            r.attempt_id = started.get(r.row["id"])
         return rows, results
 
     def _recovery_decision(self, row: dict, n_stale: int) -> str | None:
-        """After an unfinished attempt of a dead sender: ``None`` = resend with the same key, else the
-        escalation reason."""
+        """After an unfinished attempt of a previous holder (a dead sender, or this sweep's own
+        earlier claim whose lease expired): ``None`` = resend with the same key, else the escalation
+        reason."""
         cls = self.idempotency_class(row["channel"])
         if cls == IDEMPOTENCY_BOOKING and hasattr(self.channel(row["channel"]), "resolve_unknown"):
             log.warning("alert %s: a previous sender's attempt has no recorded outcome; asking booking channel %r "
                         "whether %s was booked before deciding", row["id"], row["channel"], row["dedup_key"])
             return None
         if cls == IDEMPOTENCY_BOOKING:
-            return (f"unknown outcome on booking channel {row['channel']!r}: a previous sender's lease expired "
+            return (f"unknown outcome on booking channel {row['channel']!r}: a previous holder's lease expired "
                     f"after it started {n_stale} attempt(s) without recording the result; not resent because "
                     "a second send could repeat a permanent effect - check with the provider")
-        log.warning("alert %s: a previous sender's attempt has no recorded outcome; resending on notification "
+        log.warning("alert %s: a previous holder's attempt has no recorded outcome; resending on notification "
                     "channel %r with the same idempotency key %s", row["id"], row["channel"], row["dedup_key"])
         return None
 
     # ------------------------------------------------------------------ 3. send
 
-    async def _send(self, r: _Result, send_until: float) -> None:
+    def _start_attempts(self, owner: str, items: list[tuple[int, int]]) -> dict[int, int]:
+        # held_only: the ownership check right before the send, on the database clock.
+        with self.engine.begin() as conn:
+            return sql.start_attempts(conn, items, owner=owner, now=self.clock(), held_only=True)
+
+    async def _send(self, r: _Result, claimed_at: float) -> None:
         row = r.row
         try:
+            # The channel's own window: a slow SMTP server's timeout must not stop maildir sends.
+            send_until = min(self.deadline, claimed_at + self.d.lease_seconds - self.send_window(row["channel"]))
             ch = self.channel(row["channel"])
             async with self.limiter(row["channel"]):
                 if time.monotonic() >= send_until:
                     r.released = True  # its lease or the budget would run out mid-send
+                    return
+                try:
+                    r.attempt_id = await self.gate.start(r)
+                except Exception as exc:  # the attempt could not be recorded: no send, no attempt charged
+                    r.released = True
+                    _alert_failures.failure("attempt start", f"alert {row['id']}: not sent, its attempt could "
+                                            f"not be recorded: {type(exc).__name__}: {exc}", exc)
+                    return
+                if r.attempt_id is None:
+                    r.lease_lost_before_send = True  # another holder has it now; never send on a lost lease
+                    return
+                if time.monotonic() >= send_until:
+                    # The shared commit took the rest of the window: give it back (release removes the
+                    # unstarted attempt row, so nothing is charged).
+                    r.released = True
                     return
                 n = _notification(row, self.clock(), self.cfg)
                 if r.resolve_first:
@@ -378,61 +483,144 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 4. record
 
-    def _record(self, results: list[_Result]) -> None:
-        t = self.clock()
-        escalations: list[tuple[_Result, str]] = []
-        failures: list[tuple[_Result, bool, float]] = []
-        with self.engine.begin() as conn:
-            sent = [r for r in results if r.sent_at is not None]
-            done = sql.record_sent(conn, [(r.row["id"], r.attempt_id, r.provider_id, r.sent_at) for r in sent],
-                                   owner=self.owner, now=t)
-            released = [r.row["id"] for r in results if r.released]
-            n_released = sql.release(conn, released, owner=self.owner, now=t)
-            for r in results:
-                if r.escalate_reason is not None:
-                    if sql.escalate_unsent(conn, r.row["id"], owner=self.owner, now=t, reason=r.escalate_reason,
-                                           attempts_consumed=0):
-                        escalations.append((r, r.escalate_reason))
-                        self.out.errors.append(f"alert {r.row['id']}: escalated without sending: {r.escalate_reason}")
-                    continue
-                err = r.error
-                if err is None or err.recorded_attempt == r.attempt_id:
-                    # Already counted on this very attempt (recorded by a handler nearer the send):
-                    # counting it again would escalate the alert early.
-                    continue
-                sql.finish_attempt(conn, r.attempt_id, now=t, outcome=err.outcome, error=str(err))
-                escalate = err.permanent or r.attempt_no >= self.d.max_attempts
-                delay = backoff_seconds(r.attempt_no, base=self.d.backoff_base_seconds, cap=self.d.backoff_cap_seconds)
-                if err.retry_after:
-                    delay = max(delay, err.retry_after)
-                ok = sql.mark_failed(conn, r.row["id"], owner=self.owner, now=t, error=str(err),
-                                     next_attempt_at=t + timedelta(seconds=delay), escalate=escalate)
-                failures.append((r, ok, delay))
-                if ok and escalate:
-                    why = "permanent error" if err.permanent else f"attempts exhausted ({r.attempt_no})"
-                    escalations.append((r, f"{why}: {err}"))
-        # Committed: only now is each failure's attempt consumed.
-        for r, _ok, _delay in failures:
-            r.error.recorded_attempt = r.attempt_id
-        out = self.out
-        out.released += n_released
-        for r in sent:
-            if r.row["id"] in done:
-                out.delivered += 1
-                out.lateness_seconds.append((r.sent_at - r.row["send_at"]).total_seconds())
-            else:
-                out.lease_lost += 1
-                log.warning("alert %s: sent, but the lease was taken over; the new owner's state stands", r.row["id"])
-        for r, ok, delay in failures:
-            if not ok:
-                out.lease_lost += 1
+    def _retry_plan(self, r: _Result, t: datetime) -> tuple[float, str | None]:
+        """``(delay seconds, escalation reason or None)`` for a failed attempt.
+
+        The receiver's ``Retry-After`` lengthens the backoff but is capped at
+        ``delivery.retry_after_cap_seconds`` (an absurd value, ``300000000000`` or a date in 9999,
+        would overflow the date or park the alert forever). A retry that would come after a
+        reminder's deadline (plus the grace) is a miss now: escalated at once instead of waiting to
+        be found missed.
+        """
+        err = r.error
+        delay = backoff_seconds(r.attempt_no, base=self.d.backoff_base_seconds, cap=self.d.backoff_cap_seconds)
+        if err.retry_after is not None:
+            asked = err.retry_after
+            cap = self.d.retry_after_cap
+            if not math.isfinite(asked) or asked > cap:
+                self.out.retry_after_capped += 1
+                log.warning("alert %s: Retry-After of %s s capped at %s s (delivery.retry_after_cap_seconds)",
+                            r.row["id"], asked, cap)
+                asked = cap
+            delay = max(delay, asked)
+        if r.row["kind"] == "reminder":
+            retry_at = t + timedelta(seconds=delay)
+            if retry_at > r.row["due_at"] + DEADLINE_PASSED_GRACE:
+                return delay, (f"missed: the next attempt could come only at {retry_at.isoformat()} "
+                               f"(wait {delay:.0f} s), after the deadline {r.row['due_at'].isoformat()}: {err}")
+        return delay, None
+
+    def _write(self, conn, results: list[_Result], owner: str, t: datetime) -> dict:
+        """Every result of ``results`` in one transaction (``conn``); returns what to report."""
+        eff: dict = {"escalations": [], "failures": [], "sent": [], "done": set(), "released": 0,
+                     "lost_before_send": [r for r in results if r.lease_lost_before_send]}
+        sent = [r for r in results if r.sent_at is not None]
+        eff["sent"] = sent
+        eff["done"] = sql.record_sent(conn, [(r.row["id"], r.attempt_id, r.provider_id, r.sent_at) for r in sent],
+                                      owner=owner, now=t)
+        eff["released"] = sql.release(conn, [r.row["id"] for r in results if r.released], owner=owner, now=t)
+        for r in results:
+            if r.escalate_reason is not None:
+                if sql.escalate_unsent(conn, r.row["id"], owner=owner, now=t, reason=r.escalate_reason,
+                                       attempts_consumed=0):
+                    eff["escalations"].append((r, r.escalate_reason))
+                    self.out.errors.append(f"alert {r.row['id']}: escalated without sending: {r.escalate_reason}")
                 continue
-            out.failed += 1
-            out.errors.append(f"alert {r.row['id']}: {r.error}")
-            if not (r.error.permanent or r.attempt_no >= self.d.max_attempts):
-                _alert_failures.failure(f"channel {r.row['channel']} {r.error.outcome}",
-                                        f"alert {r.row['id']}: attempt {r.attempt_no} failed ({r.error.outcome}), "
-                                        f"retry in {delay:.0f}s: {r.error}")
+            err = r.error
+            if err is None or err.recorded_attempt == r.attempt_id:
+                # Already counted on this very attempt (recorded by a handler nearer the send):
+                # counting it again would escalate the alert early.
+                continue
+            if r.attempt_id is not None:
+                sql.finish_attempt(conn, r.attempt_id, now=t, outcome=err.outcome, error=str(err))
+            delay, missed = self._retry_plan(r, t)
+            escalate = err.permanent or r.attempt_no >= self.d.max_attempts or missed is not None
+            next_at = None if escalate else t + timedelta(seconds=delay)
+            ok = sql.mark_failed(conn, r.row["id"], owner=owner, now=t, error=missed or str(err),
+                                 next_attempt_at=next_at, escalate=escalate)
+            eff["failures"].append((r, ok, delay, escalate))
+            if ok and escalate:
+                why = (missed if missed else "permanent error" if err.permanent
+                       else f"attempts exhausted ({r.attempt_no})")
+                eff["escalations"].append((r, why if missed else f"{why}: {err}"))
+        return eff
+
+    def _write_alone(self, r: _Result, owner: str, t: datetime, batch_error: BaseException) -> dict | None:
+        """Record one alert's result in a transaction of its own; if even that fails, record it as this
+        alert's own failure (a sent alert as delivered without the unstorable provider id). Returns
+        what to report, or ``None`` when nothing could be written (the database is down)."""
+        try:
+            with self.engine.begin() as conn:
+                return self._write(conn, [r], owner, t)
+        except Exception as exc:
+            first = exc
+        self.out.results_unstorable += 1
+        why = f"the result could not be stored ({type(first).__name__}: {str(first)[:300]})"
+        log.error("alert %s: %s; recording it without the offending value", r.row["id"], why)
+        try:
+            with self.engine.begin() as conn:
+                if r.sent_at is not None:
+                    # It was sent: delivered stands; only the receiver's id is dropped.
+                    r.provider_id = f"unstorable provider id: {why}"[:1000]
+                    return self._write(conn, [r], owner, t)
+                if r.error is not None:
+                    # Its own failure, without the offending details (e.g. an absurd header value).
+                    r.error = DeliveryError(f"{why}; the channel reported: {str(r.error)[:500]!r}",
+                                            permanent=r.error.permanent, outcome=r.error.outcome)
+                    return self._write(conn, [r], owner, t)
+        except Exception:  # nothing writable: the lease expires and the alert is taken up again
+            log.error("alert %s: recording failed again (batch error: %s)", r.row["id"], batch_error,
+                      exc_info=True)
+            return None
+        return None
+
+    def _record(self, results: list[_Result], owner: str) -> None:
+        t = self.clock()
+        try:
+            with self.engine.begin() as conn:
+                effects = [self._write(conn, results, owner, t)]
+        except Exception as exc:
+            if len(results) <= 1:
+                raise
+            # One alert's result can make the batch's transaction fail (a value the database refuses):
+            # record each alert alone so that the others are not left claimed and resent.
+            log.warning("recording a batch of %d alerts failed (%s: %s); recording each alert alone",
+                        len(results), type(exc).__name__, exc)
+            effects = [self._write_alone(r, owner, t, exc) for r in results]
+            if all(e is None for e in effects):
+                raise  # nothing could be written at all: the database itself is the problem
+            effects = [e for e in effects if e is not None]
+        self._report(effects)
+
+    def _report(self, effects: list[dict]) -> None:
+        out = self.out
+        escalations = []
+        for eff in effects:
+            # Committed: only now is each failure's attempt consumed.
+            for r, _ok, _delay, _esc in eff["failures"]:
+                r.error.recorded_attempt = r.attempt_id
+            out.released += eff["released"]
+            for r in eff["sent"]:
+                if r.row["id"] in eff["done"]:
+                    out.delivered += 1
+                    out.lateness_seconds.append((r.sent_at - r.row["send_at"]).total_seconds())
+                else:
+                    out.lease_lost += 1
+                    log.warning("alert %s: sent, but the lease was taken over; the new owner's state stands",
+                                r.row["id"])
+            for r, ok, delay, escalated in eff["failures"]:
+                if not ok:
+                    out.lease_lost += 1
+                    continue
+                out.failed += 1
+                out.errors.append(f"alert {r.row['id']}: {r.error}")
+                if not escalated:
+                    _alert_failures.failure(f"channel {r.row['channel']} {r.error.outcome}",
+                                            f"alert {r.row['id']}: attempt {r.attempt_no} failed "
+                                            f"({r.error.outcome}), retry in {delay:.0f}s: {r.error}")
+            escalations += eff["escalations"]
+            # Not sent: the ownership check right before the send found the lease taken over.
+            out.lease_lost += len(eff["lost_before_send"])
         for r, reason in escalations:
             self._escalate(r, reason)
 

@@ -6,11 +6,13 @@ sets ``DEADLINE_DB_URL=postgresql+psycopg://user@host/db``. The same code runs o
 
 from __future__ import annotations
 
+import contextlib
 import os
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -68,18 +70,92 @@ def alembic_config(url: str):
     return cfg
 
 
+# Key of the PostgreSQL advisory lock every migration run takes (any constant bigint; this one is
+# the first 8 bytes of sha256("deadline_pipeline migrations"), unlikely to meet another tool's key).
+MIGRATION_LOCK_KEY = 0x1B8C_4E2A_77D1_5F03
+
+
+def db_clock(conn: Connection) -> datetime:
+    """The database server's current time, aware UTC: the one clock every sweeper shares.
+
+    PostgreSQL: ``clock_timestamp()`` (the real time of the statement, not the transaction start
+    that ``now()`` returns, so a long transaction does not read an old instant). SQLite is a file
+    opened by processes on this host, so its clock *is* the host clock; it is read through SQLite
+    (``strftime('%Y-%m-%d %H:%M:%f', 'now')``, millisecond resolution) so that both engines take
+    lease time from the same place in the code. Leases are judged by this clock, never by a
+    sweeper's own: two sweepers whose clocks disagree by more than a lease would otherwise each
+    think the other's lease expired and send everything twice.
+    """
+    if conn.dialect.name == "postgresql":
+        value = conn.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
+        return value.astimezone(UTC)
+    text = conn.exec_driver_sql("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')").scalar_one()
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+
+
+@contextlib.contextmanager
+def _migration_lock(url: str):
+    """Serialise migration runs across processes.
+
+    Without it two processes opening a fresh PostgreSQL store at once both run the first migration;
+    the second fails with a duplicate-key error on the catalog (``pg_type``) and exits. PostgreSQL:
+    a session-level ``pg_advisory_lock`` on a connection of its own, held until every migration has
+    committed. SQLite: an exclusive ``flock`` on a ``<file>.migrate.lock`` file next to the store
+    (SQLite runs DDL outside a transaction in Python's driver, so its own locks do not cover a run).
+    The second process waits, then finds nothing left to do.
+    """
+    if url.startswith("postgresql"):
+        from sqlalchemy.pool import NullPool
+
+        locker = create_engine(url, poolclass=NullPool)
+        try:
+            with locker.connect() as conn:
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+                    conn.commit()
+        finally:
+            locker.dispose()
+        return
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database if url.startswith("sqlite") else None
+    if not database or database == ":memory:":
+        yield  # an in-memory store has one user
+        return
+    import fcntl
+
+    with open(f"{database}.migrate.lock", "a+") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
 def upgrade(engine_or_url: Engine | str | None = None, revision: str = "heads") -> None:
-    """Apply the Alembic migrations up to ``revision`` (default: every head) on the store (idempotent)."""
+    """Apply the Alembic migrations up to ``revision`` (default: every head) on the store (idempotent).
+
+    Holds the migration lock (:func:`_migration_lock`) for the whole run, so concurrent first use of
+    a store by several processes is safe. Migrations are expand-then-contract: a release only adds
+    (nullable columns, tables, indexes), so sweepers of the previous release keep working on the
+    migrated store during a rolling deploy; removing what no release reads is a later migration.
+    """
     from alembic import command
 
     if isinstance(engine_or_url, Engine):
-        cfg = alembic_config(engine_or_url.url.render_as_string(hide_password=False))
-        with engine_or_url.begin() as conn:
+        url = engine_or_url.url.render_as_string(hide_password=False)
+        cfg = alembic_config(url)
+        with _migration_lock(url), engine_or_url.begin() as conn:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
         return
     url = normalise_url(engine_or_url) if engine_or_url else default_db_url()
-    command.upgrade(alembic_config(url), revision)
+    with _migration_lock(url):
+        command.upgrade(alembic_config(url), revision)
 
 
 @lru_cache(maxsize=8)

@@ -12,6 +12,16 @@ died or lost its database between the send and recording it: an unknown outcome
 
 The hot writes (start attempts, record sends) are one statement per batch on PostgreSQL
 (``unnest`` of arrays, measured in ``benchmarks/deliver.py``); other engines update row by row.
+
+Two clocks (docs/operating.md, "Two clocks"): whether an alert is *due* (``send_at``,
+``next_attempt_at``) is judged at the sweep's ``now``, which may be a replayed instant (``--as-of``);
+whether a *lease* is free, and until when a new lease runs, is judged by the database clock
+(:func:`~deadline_pipeline.store.db.db_clock`), the one clock every sweeper shares. A sweeper whose
+own clock runs ahead can therefore send a little early, but it can never take a lease another
+sweeper still holds.
+
+Text written here is cleaned first (:func:`clean_text`): one receiver answering with a NUL byte in
+its message id must not make the whole batch's transaction fail.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, insert, or_, select, text, update
 
 from deadline_pipeline.security.redact import redact, redact_optional
+from deadline_pipeline.store.db import db_clock
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -34,15 +45,36 @@ CLAIMABLE_STATES = ("pending", "retry_wait", "claimed")
 FINAL_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped")
 
 
-def claimable(now: datetime):
-    """The admission condition of an alert at ``now`` (aware UTC), null-safe throughout.
+# Longest text stored from a channel's answer (a provider id, an error): a receiver's body is untrusted.
+MAX_TEXT = 4000
+
+
+def clean_text(value: str | None, limit: int = MAX_TEXT) -> str | None:
+    """``value`` safe to store on every engine: NUL bytes (PostgreSQL refuses them in text) and other
+    C0 control characters except tab/newline replaced by ``\\xNN``, lone surrogates (a JSON
+    ``"\\ud800"``, which no driver can encode) by ``\\udNNN``, cut to ``limit`` characters."""
+    if value is None:
+        return None
+    value = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+    if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
+        value = "".join(c if ord(c) >= 32 or c in "\t\n\r" else f"\\x{ord(c):02x}" for c in value)
+    return value[:limit]
+
+
+def claimable(now: datetime, lease_now: datetime | None = None):
+    """The admission condition of an alert, null-safe throughout.
+
+    ``now`` (aware UTC): the instant due-ness is judged at (``send_at``, ``next_attempt_at``); may be
+    a replayed instant. ``lease_now``: the database clock the lease is judged by (default ``now``,
+    for callers that have read it already or compare within one clock).
 
     ``lease_expires_at`` and ``next_attempt_at`` are nullable: a bare ``col <= :now`` is unknown
     (so false) for NULL and would never admit a fresh row; each gets an explicit ``IS NULL`` branch.
     """
+    lease_now = now if lease_now is None else lease_now
     return and_(
         alerts.c.status.in_(CLAIMABLE_STATES),
-        or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now),
+        or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= lease_now),
         alerts.c.send_at <= now,
         or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now),
     )
@@ -56,31 +88,39 @@ def _check_owner(owner: str) -> str:
 
 
 def count_claimable(conn: Connection, now: datetime) -> int:
-    """The sensor's one cheap indexed question: how many alerts could be claimed now."""
-    return conn.execute(select(func.count()).select_from(alerts).where(claimable(now))).scalar_one()
+    """The sensor's one cheap indexed question: how many alerts could be claimed now (due at ``now``,
+    lease free by the database clock)."""
+    return conn.execute(select(func.count()).select_from(alerts)
+                        .where(claimable(now, db_clock(conn)))).scalar_one()
 
 
-def claim_batch(conn: Connection, *, owner: str, now: datetime, lease_seconds: float, limit: int) -> list[int]:
-    """Claim up to ``limit`` due alerts in one statement; returns their ids.
+def claim_batch(conn: Connection, *, owner: str, now: datetime, lease_seconds: float, limit: int,
+                lease_now: datetime | None = None) -> list[int]:
+    """Claim up to ``limit`` alerts due at ``now`` in one statement; returns their ids.
+
+    The lease runs ``lease_seconds`` from the database clock (``lease_now``, read here when not
+    given; only tests and tools pass it), and a held lease is judged by that clock too, so sweepers
+    with skewed clocks never take each other's leases.
 
     PostgreSQL selects with ``FOR UPDATE SKIP LOCKED`` so concurrent sweeps take disjoint rows without
     waiting; SQLite serialises writers, and the outer ``WHERE`` re-checks admission, which makes the
     statement a compare-and-swap there.
     """
     _check_owner(owner)
-    pick = select(alerts.c.id).where(claimable(now)).order_by(alerts.c.send_at, alerts.c.id).limit(limit)
-    lease = {"status": "claimed", "lease_owner": owner, "lease_expires_at": now + timedelta(seconds=lease_seconds),
-             "updated_at": now}
+    lease_now = db_clock(conn) if lease_now is None else lease_now
+    pick = select(alerts.c.id).where(claimable(now, lease_now)).order_by(alerts.c.send_at, alerts.c.id).limit(limit)
+    lease = {"status": "claimed", "lease_owner": owner,
+             "lease_expires_at": lease_now + timedelta(seconds=lease_seconds), "updated_at": now}
     if conn.dialect.name == "postgresql":
         # A materialised CTE joined in, not ``WHERE id IN (subquery)``: with the IN form PostgreSQL
         # claimed every due row whatever the LIMIT (measured: 600 of 600 for LIMIT 50), because a
         # locking subquery is not guaranteed to be evaluated once; a MATERIALIZED CTE is.
         picked = pick.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
-        stmt = (update(alerts).where(alerts.c.id == picked.c.id, claimable(now)).values(**lease)
+        stmt = (update(alerts).where(alerts.c.id == picked.c.id, claimable(now, lease_now)).values(**lease)
                 .returning(alerts.c.id))
     else:
-        stmt = update(alerts).where(alerts.c.id.in_(pick.scalar_subquery()), claimable(now)).values(**lease) \
-            .returning(alerts.c.id)
+        stmt = update(alerts).where(alerts.c.id.in_(pick.scalar_subquery()), claimable(now, lease_now)) \
+            .values(**lease).returning(alerts.c.id)
     return sorted(r[0] for r in conn.execute(stmt).all())
 
 
@@ -136,20 +176,32 @@ def close_stale_attempts(conn: Connection, alert_ids: list[int], *, owner: str, 
     return {int(a): int(n) for a, n in rows}
 
 
-def start_attempts(conn: Connection, items: list[tuple[int, int]], *, owner: str, now: datetime) -> dict[int, int]:
+def start_attempts(conn: Connection, items: list[tuple[int, int]], *, owner: str, now: datetime,
+                   held_only: bool = False) -> dict[int, int]:
     """Insert one started attempt per ``(alert_id, attempt number)``; returns ``{alert_id: attempt_id}``.
 
-    Committed before any send, so a crash leaves a trace (see the module docstring).
+    Committed before the send it announces, so a crash leaves a trace (see the module docstring).
+    ``held_only``: insert only for alerts ``owner`` still holds on an unexpired lease by the database
+    clock (the ownership check made right before a send); the others are left out of the result
+    and must not be sent.
     """
     if not items:
         return {}
     if conn.dialect.name == "postgresql":
+        held = ("JOIN alerts AS al ON al.id = v.a AND al.lease_owner = :owner AND al.status = 'claimed' "
+                "AND al.lease_expires_at > clock_timestamp() ") if held_only else ""
         rows = conn.execute(text(
             "INSERT INTO delivery_attempts (alert_id, attempt, lease_owner, started_at) "
-            "SELECT a, n, :owner, :now FROM unnest(CAST(:a AS bigint[]), CAST(:n AS integer[])) AS v(a, n) "
-            "RETURNING alert_id, id"), {"a": [i for i, _ in items], "n": [k for _, k in items], "owner": owner,
-                                         "now": now}).all()
+            "SELECT v.a, v.n, :owner, :now FROM unnest(CAST(:a AS bigint[]), CAST(:n AS integer[])) AS v(a, n) "
+            f"{held}RETURNING alert_id, id"), {"a": [i for i, _ in items], "n": [k for _, k in items],
+                                               "owner": owner, "now": now}).all()
         return {int(a): int(i) for a, i in rows}
+    if held_only:
+        clock = db_clock(conn)
+        mine = set(conn.execute(select(alerts.c.id).where(
+            alerts.c.id.in_([a for a, _ in items]), alerts.c.lease_owner == owner, alerts.c.status == "claimed",
+            alerts.c.lease_expires_at > clock)).scalars())
+        items = [(a, n) for a, n in items if a in mine]
     out = {}
     for alert_id, attempt in items:
         out[alert_id] = start_attempt(conn, alert_id=alert_id, attempt=attempt, owner=owner, now=now)
@@ -167,6 +219,7 @@ def record_sent(conn: Connection, items: list[tuple[int, int, str, datetime]], *
     _check_owner(owner)
     if not items:
         return set()
+    items = [(a, t, clean_text(p, 1000), s) for a, t, p, s in items]
     if conn.dialect.name == "postgresql":
         params = {"a": [i[0] for i in items], "t": [i[1] for i in items], "p": [i[2] for i in items],
                   "s": [i[3] for i in items], "owner": owner, "now": now}
@@ -217,8 +270,8 @@ def escalate_unsent(conn: Connection, alert_id: int, *, owner: str, now: datetim
         update(alerts)
         .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
         .values(status="escalated", attempts=alerts.c.attempts + attempts_consumed,
-                last_error=redact(reason)[:4000], status_reason=redact(reason)[:4000], next_attempt_at=None,
-                lease_owner=None, lease_expires_at=None, updated_at=now)
+                last_error=clean_text(redact(reason)), status_reason=clean_text(redact(reason)),
+                next_attempt_at=None, lease_owner=None, lease_expires_at=None, updated_at=now)
     )
     return res.rowcount == 1
 
@@ -245,7 +298,8 @@ def start_attempt(conn: Connection, *, alert_id: int, attempt: int, owner: str, 
 def finish_attempt(conn: Connection, attempt_id: int, *, now: datetime, outcome: str,
                    provider_message_id: str | None = None, error: str | None = None) -> None:
     conn.execute(update(delivery_attempts).where(delivery_attempts.c.id == attempt_id).values(
-        finished_at=now, outcome=outcome, provider_message_id=provider_message_id, error=redact_optional(error)))
+        finished_at=now, outcome=outcome, provider_message_id=clean_text(provider_message_id, 1000),
+        error=clean_text(redact_optional(error))))
 
 
 def mark_delivered(conn: Connection, alert_id: int, *, owner: str, now: datetime, provider_message_id: str) -> bool:
@@ -254,7 +308,7 @@ def mark_delivered(conn: Connection, alert_id: int, *, owner: str, now: datetime
     res = conn.execute(
         update(alerts)
         .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status="delivered", provider_message_id=provider_message_id, delivered_at=now,
+        .values(status="delivered", provider_message_id=clean_text(provider_message_id, 1000), delivered_at=now,
                 attempts=alerts.c.attempts + 1, lease_owner=None, lease_expires_at=None, last_error=None,
                 next_attempt_at=None, updated_at=now)
     )
@@ -273,8 +327,8 @@ def mark_failed(conn: Connection, alert_id: int, *, owner: str, now: datetime, e
         update(alerts)
         .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
         .values(status="escalated" if escalate else "retry_wait", attempts=alerts.c.attempts + 1,
-                last_error=error[:4000], next_attempt_at=None if escalate else next_attempt_at,
-                status_reason=error[:4000] if escalate else None,
+                last_error=clean_text(error), next_attempt_at=None if escalate else next_attempt_at,
+                status_reason=clean_text(error) if escalate else None,
                 lease_owner=None, lease_expires_at=None, updated_at=now)
     )
     return res.rowcount == 1

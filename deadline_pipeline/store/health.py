@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, and_, exists, func, or_, select, update
+from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.store.schema import (
@@ -207,14 +207,21 @@ __all__ = ["HANDLED_STATES", "beat", "beat_started", "beat_failed", "recorded_ru
 
 
 def retry_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
-    """Put escalated or cancelled alerts back in the queue, due now (a human decided to try again).
-    The attempt count is kept, so the history stays readable; returns how many changed."""
+    """Put escalated or cancelled alerts back in the queue, due now (a human decided to try again),
+    with a fresh attempt budget: ``attempts`` restarts at 0 (otherwise an alert escalated for
+    exhausted attempts would be escalated again at its very next claim), ``retried_by`` /
+    ``retried_at`` record who and when, and the reason keeps the attempts used before. Every earlier
+    attempt stays in ``delivery_attempts``. Returns how many alerts changed."""
     if not alert_ids:
         return 0
     return conn.execute(
         update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("escalated", "cancelled", "skipped")))
         .values(status="pending", send_at=now, next_attempt_at=None, lease_owner=None, lease_expires_at=None,
-                status_reason=f"retried by {by}", acknowledged_at=None, acknowledged_by=None, updated_at=now)
+                # "||" on both engines (SQLite before 3.44 has no concat()).
+                status_reason=literal(f"retried by {by} at {now.isoformat()} after ", String)
+                + cast(alerts.c.attempts, String) + literal(" attempt(s)", String),
+                attempts=0, retried_at=now, retried_by=by,
+                acknowledged_at=None, acknowledged_by=None, updated_at=now)
     ).rowcount or 0
 
 

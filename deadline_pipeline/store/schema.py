@@ -210,6 +210,9 @@ alerts = Table(
     # the escalations_acknowledged check stays red.
     Column("acknowledged_at", UtcDateTime),
     Column("acknowledged_by", String(200)),
+    # The last human who gave the alert a fresh attempt budget (``alerts retry``), and when.
+    Column("retried_at", UtcDateTime),
+    Column("retried_by", String(200)),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     Column("revision", Integer, nullable=False, default=0),  # the obligation revision a correction reports

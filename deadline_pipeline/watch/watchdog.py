@@ -9,6 +9,7 @@ It reads the store with its own small queries over the schema's tables and evalu
 * heartbeats — the sweep (``deliver`` or ``deliver:idle``) within ``sweep_interval + grace``,
   planning (``plan``) and each source's ingest (``ingest:<name>``) within ``plan_interval + grace``;
   a heartbeat whose last run ``crashed`` is red too;
+* escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``);
 * freshness and quarantine of each source, with the pure rules of
   :mod:`deadline_pipeline.watch.sources` (``evaluate_fresh`` / ``evaluate_not_quarantined``).
 
@@ -93,6 +94,19 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     return rows
 
 
+def _escalations_row(conn) -> WatchRow:
+    # An escalation is the loud end of a failed delivery; until a human acknowledges it, it is an
+    # open incident the watchdog must keep reporting (cron, without the Dagster daemon).
+    cond = (alerts.c.status == "escalated") & alerts.c.acknowledged_at.is_(None)
+    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
+    oldest = conn.execute(select(alerts.c.id).where(cond).order_by(alerts.c.updated_at, alerts.c.id)
+                          .limit(3)).scalars().all()
+    shown = ", ".join(f"alert {i}" for i in oldest)
+    return WatchRow("escalations_acknowledged", "alerts", count == 0,
+                    f"{count} escalated alert(s) not acknowledged" + (f" (oldest: {shown}; "
+                    "`deadline-pipeline alerts acknowledge ID`)" if count else ""))
+
+
 def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, ...], now: datetime,
                    allowed: timedelta) -> WatchRow:
     seen = [beats[c] for c in components if c in beats and beats[c]["last_completed_at"]]
@@ -136,6 +150,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     try:
         with engine.connect() as conn:
             report.rows += _reconciliation(conn, now, grace)
+            report.rows.append(_escalations_row(conn))
             beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
             states = _source_states(conn, names)
     except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron

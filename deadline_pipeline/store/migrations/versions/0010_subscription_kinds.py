@@ -1,7 +1,7 @@
 """subscription kinds: rule kinds a subscription includes or excludes
 
 Revision ID: 0010
-Revises: 0005
+Revises: 0009
 
 Expand only: two nullable JSON columns. NULL means "no filter", which is what code from before this
 revision assumes, so old and new code can share the store during a rollout.
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0010"
-down_revision = "0005"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
