@@ -24,7 +24,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
-from deadline_pipeline_tests.test_delivery_sweep import T0, seed
+from deadline_pipeline_tests.test_delivery_sweep import T0, expire_leases, seed
 
 LEASE = 60
 
@@ -107,6 +107,7 @@ def test_kill_between_put_and_recording_is_resolved_by_lookup(pg_url, radicale, 
         assert conn.execute(select(alerts.c.status).where(alerts.c.id == a)).scalar_one() == "claimed"
     monkeypatch.setenv("CAL_USER", USER)
     monkeypatch.setenv("CAL_PASS", PASSWORD)
+    expire_leases(engine)  # leases run on the database clock, which the test does not advance
     out = sweep(engine, _config(1), T0 + timedelta(seconds=LEASE + 1))
     assert (out.recovered_unknown, out.unknown_found, out.unknown_absent, out.delivered) == (1, 1, 0, 1)
     assert len(radicale.events(cal)) == 1, "not booked twice"
@@ -128,6 +129,7 @@ def test_ten_sigkills_leave_exactly_one_event_per_alert(pg_url, radicale, monkey
     for _ in range(kills):
         # Each sweeper starts after the previous one's lease expired, so it inherits the killed batch.
         _kill_after_put(ctx, pg_url, now, batch, rng.randint(1, batch))
+        expire_leases(engine)  # leases run on the database clock, which the test does not advance
         now += timedelta(seconds=LEASE + 1)
     monkeypatch.setenv("CAL_USER", USER)
     monkeypatch.setenv("CAL_PASS", PASSWORD)

@@ -26,7 +26,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
-from deadline_pipeline_tests.test_delivery_sweep import T0, seed
+from deadline_pipeline_tests.test_delivery_sweep import T0, expire_leases, seed
 
 DUE = datetime(2027, 4, 15, 21, 59, tzinfo=UTC)
 
@@ -287,6 +287,7 @@ def test_sweep_resolves_a_dead_senders_booking_by_lookup(engine, radicale, creds
     _channel().send(_notification_of(engine, booked, cal))
     cfg = DeadlinesConfig(channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER",
                                                          password_env="CAL_PASS")})
+    expire_leases(engine)  # leases run on the database clock, which the test does not advance
     out = sweep(engine, cfg, T0 + timedelta(seconds=301))
     assert (out.recovered_unknown, out.unknown_found, out.unknown_absent, out.delivered) == (2, 1, 1, 2)
     assert len(radicale.events(cal)) == 2, "one event per alert"
@@ -306,6 +307,7 @@ def test_sweep_escalates_when_the_lookup_is_impossible(engine, creds):
         conn.execute(update(subscribers).values(caldav_url=dark))
     cfg = DeadlinesConfig(channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER",
                                                          password_env="CAL_PASS", timeout_seconds=1)})
+    expire_leases(engine)  # leases run on the database clock, which the test does not advance
     out = sweep(engine, cfg, T0 + timedelta(seconds=301))
     assert (out.recovered_unknown, out.escalated, out.delivered) == (1, 1, 0)
     with engine.connect() as conn:
