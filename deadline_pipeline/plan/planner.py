@@ -63,6 +63,8 @@ class PlannedAlert:
     send_at: datetime
     status: str = "pending"
     status_reason: str | None = None
+    # The due instant this reminder is owed for (aware UTC): part of the alert's identity.
+    due_at: datetime | None = None
 
 
 @dataclass
@@ -222,9 +224,10 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
                 send_at, reason = apply_quiet_hours(occ.due_at + timedelta(seconds=offset), occ.due_at,
                                                     target.quiet_hours, subscriber_zone)
                 for channel in target.channels:
-                    ob.alerts.append(PlannedAlert(offset, channel, "reminder",
-                                                  alert_dedup_key(key, offset, channel, "reminder"),
-                                                  send_at, status_reason=reason))
+                    ob.alerts.append(PlannedAlert(
+                        offset, channel, "reminder",
+                        alert_dedup_key(key, offset, channel, "reminder", due_at=occ.due_at),
+                        send_at, status_reason=reason, due_at=occ.due_at))
             fold_late(ob.alerts, now, target.late_policy)
             if target.quiet_hours:
                 for a in ob.alerts:

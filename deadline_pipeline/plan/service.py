@@ -3,10 +3,11 @@
 What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 
 * new obligation → its reminders, late ones folded (:func:`planner.fold_late`);
-* moved due instant, reminder not yet sent → the pending row's ``send_at`` moves (no new row);
-  a moved reminder already past is sent at once if the deadline is still ahead, with the reason;
-* moved due instant, reminder already delivered → the delivered row stays as sent and one
-  *correction* per channel goes out ("old → new"), keyed on the obligation's revision;
+* moved due instant → reminders are owed per due instant: the new instant gets its own reminder rows
+  (late ones folded by the late policy), the open rows of the old instant are ``superseded``, the
+  delivered ones stay as sent, and one *correction* per channel goes out ("old → new") where a
+  reminder was delivered, keyed on the obligation's revision. Moving back to an instant whose
+  reminders were delivered finds those rows and sends none of them again;
 * withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
   *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
 """
@@ -29,7 +30,7 @@ from deadline_pipeline.config import (
 )
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
-from deadline_pipeline.plan.planner import PlannedAlert, PlanProblem, Target, fold_late, plan_target
+from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
@@ -53,6 +54,7 @@ class PlanOutcome:
     alerts_inserted: int = 0
     alerts_moved: int = 0
     alerts_cancelled: int = 0
+    alerts_superseded: int = 0
     corrections: int = 0
     cancellation_notices: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
@@ -226,17 +228,19 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
             out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
             moved = sql.moved_obligations(conn)
+            _name_moves(moved, planned)
             new_keys, need_alerts = sql.keys_needing_alerts(conn)
             sql.merge_obligations(conn, now)
             # New obligations' alerts go straight in; only existing obligations need the merge.
             ids = sql.staged_ids(conn, new_keys)
             direct = sql.insert_new_alerts(conn, (
                 (ids[o.key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status,
-                 a.status_reason, 0, now, now)
+                 a.status_reason, 0, now, now, a.due_at)
                 for o in planned if o.key in new_keys for a in o.alerts
             ))
             sql.stage_rows(conn, sql.stage_alerts, (
-                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason)
+                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason,
+                 a.due_at)
                 for o in planned if o.key in need_alerts and o.key not in new_keys for a in o.alerts
             ))
             merged, out.alerts_moved = sql.merge_alerts(conn, now)
@@ -285,39 +289,49 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
     return planned, failed
 
 
+def _name_moves(moved: list[dict], planned) -> None:
+    """A moved deadline's late reminders say why they are late (the move, not the planning run)."""
+    old = {m["obligation_key"]: m["old_due_at"] for m in moved}
+    for o in planned:
+        if o.key in old:
+            for a in o.alerts:
+                if a.status_reason and a.status_reason.startswith("late at planning"):
+                    a.status_reason = (f"deadline moved from {old[o.key].isoformat()}"
+                                       + a.status_reason[len("late at planning"):])
+
+
 def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutcome) -> None:
-    """Re-fold the reminders of moved obligations and send corrections where a reminder was delivered."""
+    """After the merge: supersede the open reminders planned for a moved obligation's old instant
+    (the merge has planned the new instant's reminders, late ones folded by the subscription's late
+    policy) and send one correction per channel where a reminder was already delivered."""
     if not moved:
         return
     by_key = {o.key: o for o in planned}
     ids = [m["id"] for m in moved]
-    reminders = sql.reminders_of(conn, ids)
+    out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
     delivered = sql.delivered_channels(conn, ids)
-    by_ob: dict[int, list[dict]] = {}
-    for r in reminders:
-        by_ob.setdefault(r["obligation_id"], []).append(r)
     notices = []
     for m in moved:
         ob = by_key[m["obligation_key"]]
-        rows = [r for r in by_ob.get(m["id"], []) if r["status"] in ("pending", "skipped")]
-        shadow = [PlannedAlert(r["offset_seconds"], r["channel"], "reminder", "", r["send_at"], r["status"],
-                               r["status_reason"]) for r in rows]
-        policy = "send_latest"
-        fold_late(shadow, now, policy, reason_prefix=f"deadline moved from {m['old_due_at'].isoformat()}")
-        for r, s in zip(rows, shadow, strict=True):
-            if (s.status, s.status_reason) != (r["status"], r["status_reason"]) and (
-                    s.status != r["status"] or s.send_at <= now):
-                sql.set_alert_status(conn, r["id"], s.status, s.status_reason, now)
         revision = m["revision"] + 1  # the merge bumped it once for this move
         for channel in sorted(delivered.get(m["id"], ())):
-            notices.append(dict(
-                obligation_id=m["id"], offset_seconds=0, channel=channel, kind="correction", revision=revision,
-                dedup_key=alert_dedup_key(ob.key, 0, channel, "correction", revision), send_at=now,
-                status="pending", previous_due_at=m["old_due_at"], attempts=0, created_at=now, updated_at=now,
-                status_reason=f"deadline moved from {m['old_due_at'].isoformat()} to {ob.due_at.isoformat()} "
-                              "after a reminder was delivered",
-            ))
+            notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now))
     out.corrections += sql.insert_notices(conn, notices)
+
+
+def correction_row(obligation_id: int, key: str, channel: str, revision: int, old_due: datetime,
+                   new_due: datetime, now: datetime) -> dict:
+    """The alert row of one correction ("moved from ``old_due`` to ``new_due``", both aware UTC),
+    keyed on the obligation's revision so a re-plan never sends a second one for the same move. A
+    move into the past says so: the new instant has passed, so no reminder for it will follow."""
+    passed = "; the new instant has already passed" if new_due <= now else ""
+    return dict(
+        obligation_id=obligation_id, offset_seconds=0, channel=channel, kind="correction", revision=revision,
+        dedup_key=alert_dedup_key(key, 0, channel, "correction", revision), send_at=now, due_at=new_due,
+        status="pending", previous_due_at=old_due, attempts=0, created_at=now, updated_at=now,
+        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()} after a reminder "
+                      f"was delivered{passed}",
+    )
 
 
 def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome) -> None:
@@ -339,6 +353,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: Plan
         for channel in sorted(delivered.get(r.id, ())):
             notices.append(dict(
                 obligation_id=r.id, offset_seconds=0, channel=channel, kind="cancellation", revision=r.revision,
+                due_at=r.due_at,
                 dedup_key=alert_dedup_key(r.obligation_key, 0, channel, "cancellation", r.revision), send_at=now,
                 status="pending", attempts=0, created_at=now, updated_at=now,
                 status_reason="the source withdrew or moved this occurrence after a reminder was delivered",

@@ -50,6 +50,10 @@ from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
 
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
+# Open reminders of a due instant the obligation moved away from are superseded with this prefix;
+# only those come back if the deadline moves back to that instant.
+MOVED_REASON_PREFIX = "deadline moved: "
+OPEN_STATES = ("pending", "retry_wait", "skipped")
 
 _stage_md = MetaData()
 stage_obligations = Table(
@@ -64,7 +68,7 @@ stage_alerts = Table(
     "stage_alerts", _stage_md,
     Column("obligation_key", String(64)), Column("offset_seconds", Integer), Column("channel", String(100)),
     Column("kind", String(20)), Column("dedup_key", String(64)), Column("send_at", UtcDateTime),
-    Column("status", String(20)), Column("status_reason", Text),
+    Column("status", String(20)), Column("status_reason", Text), Column("due_at", UtcDateTime),
     prefixes=["TEMPORARY"],
 )
 OB_COLS = [c.name for c in stage_obligations.c]
@@ -173,7 +177,9 @@ def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple], columns: l
 
 
 NEW_ALERT_COLUMNS = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at",
-                     "status", "status_reason", "attempts", "created_at", "updated_at"]
+                     "status", "status_reason", "attempts", "created_at", "updated_at", "due_at"]
+# The alert identity (the unique constraint): a reminder is owed per due instant.
+ALERT_IDENTITY = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at"]
 
 
 def staged_ids(conn: Connection, keys: set[str]) -> dict[str, int]:
@@ -279,23 +285,27 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
         select(func.count()).select_from(
             sa.join(o, o.c.obligation_key == sa.c.obligation_key).join(
                 a, and_(a.c.obligation_id == o.c.id, a.c.offset_seconds == sa.c.offset_seconds,
-                        a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0)))
+                        a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0,
+                        a.c.due_at == sa.c.due_at)))
         .where(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(sa.c.send_at))
     ).scalar_one()
-    cols = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at", "status",
-            "status_reason", "attempts", "created_at", "updated_at"]
+    cols = NEW_ALERT_COLUMNS
     sel = (
         select(o.c.id, sa.c.offset_seconds, sa.c.channel, sa.c.kind, literal(0), sa.c.dedup_key, sa.c.send_at,
-               sa.c.status, sa.c.status_reason, literal(0), literal(now, UtcDateTime), literal(now, UtcDateTime))
+               sa.c.status, sa.c.status_reason, literal(0), literal(now, UtcDateTime), literal(now, UtcDateTime),
+               sa.c.due_at)
         .join(o, o.c.obligation_key == sa.c.obligation_key)
         .where(true())
     )
     ins = dialect_insert(conn, a).from_select(cols, sel)
     # A reminder cancelled because its obligation was withdrawn comes back with the obligation (a
     # source that drops a rule and restores it must not leave its reminders cancelled for good).
-    revived = and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%"))
+    # Likewise a reminder superseded when its deadline moved away comes back when the deadline moves
+    # back to that instant (a delivered one stays delivered: a flapping source never repeats a reminder).
+    revived = or_(and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%")),
+                  and_(a.c.status == "superseded", a.c.status_reason.like(f"{MOVED_REASON_PREFIX}%")))
     stmt = ins.on_conflict_do_update(
-        index_elements=["obligation_id", "offset_seconds", "channel", "kind", "revision"],
+        index_elements=ALERT_IDENTITY,
         set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at,
               "status": case((revived, ins.excluded.status), else_=a.c.status),
               "status_reason": case((revived, ins.excluded.status_reason), else_=a.c.status_reason)},
@@ -313,10 +323,30 @@ def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
     for part in chunks(obligation_ids, 500):
         out.extend(dict(r) for r in conn.execute(
             select(alerts.c.id, alerts.c.obligation_id, alerts.c.offset_seconds, alerts.c.channel, alerts.c.kind,
-                   alerts.c.send_at, alerts.c.status, alerts.c.status_reason)
+                   alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.due_at)
             .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder")
         ).mappings().all())
     return out
+
+
+def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
+    """Supersede the open reminders of these obligations that were planned for another due instant
+    than the obligation's current one (call after the merge). Delivered ones are history and stay.
+    An alert whose lease is live is mid-send and is left alone. Returns rows superseded."""
+    n = 0
+    current = (select(obligations.c.due_at).where(obligations.c.id == alerts.c.obligation_id)
+               .scalar_subquery())
+    for part in chunks(obligation_ids, 500):
+        n += len(conn.execute(
+            update(alerts)
+            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
+                   alerts.c.status.in_(OPEN_STATES), alerts.c.due_at.is_distinct_from(current),
+                   or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
+            .values(status="superseded", updated_at=now,
+                    status_reason=MOVED_REASON_PREFIX + "planned for an instant the deadline no longer has")
+            .returning(alerts.c.id)
+        ).all())
+    return n
 
 
 def set_alert_status(conn: Connection, alert_id: int, status: str, reason: str | None, now: datetime) -> None:
@@ -338,12 +368,13 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime):
     """Active obligations of these sources due in ``[lo, hi]`` that the staged plan no longer contains:
-    (id, key, rule_id, source_id, subscriber_id, revision)."""
+    (id, key, rule_id, source_id, subscriber_id, revision, due_at)."""
     if not source_ids:
         return []
     o, s = obligations, stage_obligations
     return conn.execute(
-        select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision)
+        select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
+               o.c.due_at)
         .where(o.c.source_id.in_(source_ids), o.c.status == "active", o.c.due_at >= lo, o.c.due_at <= hi,
                ~exists().where(s.c.obligation_key == o.c.obligation_key))
     ).all()

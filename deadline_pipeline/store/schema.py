@@ -30,6 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.naming import conv
 
 # Stable constraint names so Alembic migrations can refer to them on both engines.
 metadata = MetaData(
@@ -209,7 +210,12 @@ alerts = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("revision", Integer, nullable=False, default=0),  # the obligation revision a correction reports
     Column("previous_due_at", UtcDateTime),  # corrections: the due instant before the move
-    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision"),
+    # The due instant this alert was planned for (a correction: the new instant). Part of the
+    # identity: a reminder delivered for a deadline's old instant must not stand in for the one owed
+    # for its new instant. NULL only in rows written by code that predates the column.
+    Column("due_at", UtcDateTime),
+    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at",
+                     name=conv("uq_alerts_identity")),  # the generated name exceeds PostgreSQL's 63 chars
     # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
     Index(None, "status", "send_at"),
 )
