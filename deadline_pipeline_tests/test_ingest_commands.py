@@ -117,7 +117,7 @@ def test_source_accept_applies_a_quarantined_snapshot(world):
     assert accepted.exit_code == 0, accepted.output
     assert f"accepted snapshot {out.snapshot_id} of source 'conf': 1 rule(s); added 0, changed 0, withdrawn 3" \
         in accepted.output
-    assert "quarantine overridden: would withdraw 3 of 4 active rules" in accepted.output
+    assert "quarantine overridden: would withdraw 3 of 4 active future rules" in accepted.output
     assert re.findall(r"withdrawn\s+(\S+)", accepted.output.split("quarantine overridden")[1]) == [
         "c227/submission/deadline", "c327/submission/deadline", "c427/submission/deadline"]
     listing = _run(world, "snapshots", "list", "conf")
@@ -181,7 +181,7 @@ def test_source_checks_in_dagster(world):
     quarantined = _ingest(world, "conf", T0 + timedelta(hours=1)).snapshot_id
     cfg = world["cfg"]
     checks = SOURCE_CHECKS_FACTORY(cfg)
-    assert len(checks) == 2 * len(cfg.sources)
+    assert len(checks) == 3 * len(cfg.sources)
     defs = dg.Definitions(
         assets=build_assets(cfg), asset_checks=checks,
         jobs=[dg.define_asset_job("checks", selection=dg.AssetSelection.all_asset_checks())],
@@ -196,6 +196,8 @@ def test_source_checks_in_dagster(world):
         ("source/conf", "source_not_quarantined"): False,
         ("source/uk", "source_fresh"): False,  # never ingested
         ("source/uk", "source_not_quarantined"): True,
+        ("source/conf", "rules_complete"): True,
+        ("source/uk", "rules_complete"): True,
     }
     assert all(e.severity == dg.AssetCheckSeverity.ERROR for e in evals.values())
     q = evals[("source/conf", "source_not_quarantined")]

@@ -251,7 +251,8 @@ def test_icalendar_corpus_through_the_service_never_crashes(engine, tmp_path, sh
             assert f"snapshot {out.snapshot_id}: source {s.name!r}" in out.error, out.error
             assert re.search(r"line \d+|position unknown", out.error), out.error
         statuses[out.status] = statuses.get(out.status, 0) + 1
-    assert statuses.get("applied", 0) > 100 and statuses.get("parse_failed", 0) > 5, statuses
+    # A calendar whose every component is unusable (or that has none) yields 0 rules: a parse failure.
+    assert statuses.get("applied", 0) > 90 and statuses.get("parse_failed", 0) > 5, statuses
     assert _count(engine, snapshots) == len(files), "every payload is stored, broken or not"
 
 

@@ -82,3 +82,129 @@ def test_moving_back_sends_no_reminder_twice(engine, tmp_path):
                                         ("correction", at("2026-03-26T11:59:59")),
                                         ("correction", at("2026-03-19T11:59:59"))]), rows
     assert len(mails(tmp_path)) == 3
+
+
+# --------------------------------------------------------------------------- a record that stops parsing
+
+from datetime import timedelta  # noqa: E402
+
+from sqlalchemy import delete  # noqa: E402
+
+from deadline_pipeline.ingest import service as ingest_service  # noqa: E402
+from deadline_pipeline.ingest.service import apply_snapshot  # noqa: E402
+from deadline_pipeline.plan.service import plan_all  # noqa: E402
+from deadline_pipeline.watch.reconcile import reminders_owed  # noqa: E402
+from deadline_pipeline.watch.sources import rules_complete  # noqa: E402
+from deadline_pipeline.watch.watchdog import evaluate  # noqa: E402
+from deadline_pipeline_tests.test_watch_checks import ingest  # noqa: E402
+
+FOUR = [{"title": f"C{i}", "year": 2026, "id": f"c{i}", "deadline": f"2026-04-1{i} 23:59:59", "timezone": "UTC"}
+        for i in range(4)]
+
+
+def _ob_status(engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return dict(conn.execute(select(obligations.c.rule_id, obligations.c.status)).all())
+
+
+def test_record_that_stops_parsing_keeps_its_last_good_version(engine, tmp_path):
+    cfg = setup(tmp_path, *FOUR)
+    now = at("2026-03-01T12:00:00")
+    cycle(engine, cfg, now)
+    assert rules_complete(engine, "conf").passed
+    broken = [dict(FOUR[0], timezone="Russia/Moscow"), *FOUR[1:]]  # unknown zone, same id
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*broken))
+    ingest(engine, cfg, now + timedelta(hours=1))
+    out = plan_all(engine, cfg, now + timedelta(hours=1))
+    assert out.obligations_withdrawn == 0 and out.alerts_cancelled == 0
+    assert _ob_status(engine)["c0/submission/deadline"] == "active"
+    check = rules_complete(engine, "conf")
+    assert not check.passed
+    assert check.metadata["held"] == ["c0/submission/deadline"]
+    (skipped,) = check.metadata["skipped"]
+    assert skipped["record_id"] == "c0" and "entry 1 (id=c0, line 1)" in skipped["position"]
+    assert "Russia/Moscow" in skipped["message"]
+    assert f"snapshot {check.metadata['snapshot_id']}" in check.summary
+    report = evaluate(engine, now + timedelta(hours=1), cfg)
+    assert any(r.check == "rules_complete" and not r.ok for r in report.rows)
+    # A human accepts the loss: now, and only now, the rule is withdrawn and the check is green.
+    accepted = apply_snapshot(engine, cfg.sources[0], check.metadata["snapshot_id"], now + timedelta(hours=2),
+                              force=True)
+    assert accepted.withdrawn == 1
+    plan_all(engine, cfg, now + timedelta(hours=2))
+    assert _ob_status(engine)["c0/submission/deadline"] == "withdrawn"
+    assert rules_complete(engine, "conf").passed
+
+
+def test_ics_rrule_typo_keeps_the_series(engine, tmp_path):
+    from deadline_pipeline_tests.factories import ics
+
+    events = [dict(uid=f"e{i}@t", tzid="UTC", dtstart=f"2026040{i + 1}T120000", summary=f"E{i}",
+                   rrule="FREQ=YEARLY") for i in range(4)]
+    (tmp_path / "cal.ics").write_text(ics(*events), newline="")
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P7D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    cfg = load_config(path)[0]
+    now = at("2026-03-01T12:00:00")
+    cycle(engine, cfg, now)
+    (tmp_path / "cal.ics").write_text(ics(dict(events[0], rrule="FREQ=YEARLYY"), *events[1:]), newline="")
+    ingest(engine, cfg, now + timedelta(hours=1))
+    out = plan_all(engine, cfg, now + timedelta(hours=1))
+    assert out.obligations_withdrawn == 0
+    check = rules_complete(engine, "cal")
+    assert not check.passed and check.metadata["held"] == ["e0@t"]
+
+
+def test_non_empty_file_with_zero_rules_is_a_parse_failure(engine, tmp_path):
+    # Every zone misspelt: the bytes are there, nothing usable comes out.
+    cfg = setup(tmp_path, *[dict(e, timezone="Mars/Olympus") for e in FOUR])
+    now = at("2026-03-01T12:00:00")
+    for s in cfg.sources:
+        ingest_service.fetch_snapshot(engine, s, now)
+        out = ingest_service.apply_latest_snapshot(engine, s, now)
+    assert out.status == "parse_failed" and "yield 0 rules" in out.error
+    report = evaluate(engine, now, cfg)
+    assert not next(r for r in report.rows if r.check == "source_fresh").ok
+
+
+# --------------------------------------------------------------------------- the reconciliation
+
+
+def test_reconciliation_sees_a_reminder_never_planned_for_the_new_instant(engine, tmp_path):
+    cfg = setup(tmp_path, entry("2026-02-18 23:59:59"))
+    for day in ("2026-02-12", "2026-02-18", "2026-02-19"):
+        cycle(engine, cfg, at(f"{day}T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(entry("2026-03-18 23:59:59")))
+    cycle(engine, cfg, at("2026-02-20T12:00:00"))
+    assert reminders_owed(engine, cfg, at("2026-02-20T12:00:00")).passed
+    # The fault: the reminders owed for the new instant were never written (what a planner keyed on
+    # (obligation, offset, channel) did, because the old instant's reminder was already delivered).
+    with engine.begin() as conn:
+        conn.execute(delete(alerts).where(alerts.c.due_at == at("2026-03-19T11:59:59"),
+                                          alerts.c.kind == "reminder"))
+    late = at("2026-03-12T12:31:00")  # the -P7D send instant (03-12 11:59:59) + the 30 min grace
+    out = reminders_owed(engine, cfg, late)
+    assert not out.passed and out.count == 1
+    assert out.offenders[0]["due_at"] == "2026-03-19T11:59:59+00:00"
+    assert out.offenders[0]["reason"].startswith("never planned")
+    assert reminders_owed(engine, cfg, at("2026-03-12T12:00:00")).passed  # inside the grace: not yet
+
+
+def test_reconciliation_sees_a_record_withdrawn_because_it_stopped_parsing(engine, tmp_path, monkeypatch):
+    cfg = setup(tmp_path, *FOUR, offsets=("-P1D",))
+    cycle(engine, cfg, at("2026-04-01T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(dict(FOUR[0], timezone="Russia/Moscow"), *FOUR[1:]))
+    # The fault: ingest withdraws what it could not parse (no rule held back).
+    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems: [])
+    cycle(engine, cfg, at("2026-04-02T12:00:00"))
+    assert _ob_status(engine)["c0/submission/deadline"] == "withdrawn"
+    out = reminders_owed(engine, cfg, at("2026-04-09T13:00:00"))  # c0's -P1D was 04-09 23:59:59 … not yet
+    assert out.passed
+    out = reminders_owed(engine, cfg, at("2026-04-10T01:00:00"))
+    assert not out.passed and out.offenders[0]["rule_id"] == "c0/submission/deadline"
+    assert "cancelled as withdrawn" in out.offenders[0]["reason"]
+    report = evaluate(engine, at("2026-04-10T01:00:00"), cfg)
+    assert not next(r for r in report.rows if r.check == "reminders_owed").ok

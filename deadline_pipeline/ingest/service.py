@@ -17,7 +17,12 @@ from sqlalchemy.exc import NoResultFound
 from deadline_pipeline.config import SourceConfig
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
-from deadline_pipeline.ingest.versions import DEFAULT_MAX_WITHDRAW_SHARE, diff_rules, quarantine_reason
+from deadline_pipeline.ingest.versions import (
+    DEFAULT_MAX_WITHDRAW_SHARE,
+    diff_rules,
+    held_back,
+    quarantine_reason,
+)
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import sources as sql
 
@@ -54,6 +59,9 @@ class ApplyOutcome:
     error: str | None = None
     # Set when ``source accept`` applied the snapshot over this quarantine reason.
     forced_over: str | None = None
+    # Records the snapshot skipped, and the rules kept in force because such a record may be them.
+    skipped: int = 0
+    held: list[str] = field(default_factory=list)
 
 
 class UnknownSnapshot(LookupError):
@@ -189,12 +197,32 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         log.warning("source %s: snapshot %s: skipped record: %s", src.name, snapshot_id, p)
     diff = diff_rules(latest, rules)
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
-    reason = quarantine_reason(diff, active_before, len(rules), max_withdraw_share)
+    skipped = [p for p in parsed.problems if p.skipped]
+    if not rules and not active_before and not force:
+        # Bytes that parse to nothing (the wrong ``format:``, every record unreadable) are a broken
+        # payload, not a fresh source with no deadlines.
+        first = f"; first skipped: {skipped[0]}" if skipped else ""
+        return _record_parse_failure(
+            engine, src, row.id, snapshot_id,
+            f"snapshot {snapshot_id}: source {src.name!r}: line 1: {len(content)} bytes yield 0 rules as format "
+            f"{src.format!r} ({len(skipped)} record(s) skipped{first})")
+    # Only a parseable snapshot that lacks a rule withdraws it: a rule whose record failed to parse
+    # keeps its last good version (until the source is fixed, or a human accepts the withdrawal).
+    held = [] if force else held_back(diff.withdrawn, parsed.problems)
+    if held:
+        diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
+        log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",
+                  src.name, snapshot_id, len(held), ", ".join(held[:5]))
+    report = {"rules": len(rules), "skipped_count": len(skipped), "held": held[:200], "accepted": force,
+              "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                           "message": sql.safe_text(p.message)} for p in skipped[:50]]}
+    reason = quarantine_reason(diff, active_before, len(rules), max_withdraw_share, latest=latest, now=now)
     if reason and not force:
         msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"
         log.error("source %s: %s", src.name, msg)
         with engine.begin() as conn:
             sql.set_snapshot_status(conn, snapshot_id, "quarantined", msg)
+            sql.set_parse_report(conn, snapshot_id, report)
             sql.mark_source(conn, row.id, status="suspect", last_error=msg)
         return ApplyOutcome(src.name, "quarantined", snapshot_id, rules=active_before, error=msg,
                             problems=problems)
@@ -215,11 +243,13 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
         sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
+        sql.set_parse_report(conn, snapshot_id, report)
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(problems)} record(s) skipped: {problems[0]}" if problems else None))
     return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added),
                         changed=len(diff.changed), withdrawn=len(diff.withdrawn), unchanged=diff.unchanged,
-                        problems=problems, forced_over=reason if force else None)
+                        problems=problems, forced_over=reason if force else None, skipped=len(skipped),
+                        held=held)
 
 
 def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,

@@ -110,6 +110,10 @@ snapshots = Table(
     # parsed | failed | quarantined: a failed parse keeps the bytes for a human to read.
     Column("parse_status", String(20)),
     Column("parse_error", Text),
+    # What parsing made of the bytes: {"rules": n, "skipped": [{record_id, position, message}…],
+    # "skipped_count": n, "held": [rule ids kept in force because their record failed to parse],
+    # "accepted": bool}. The rules_complete check reads it.
+    Column("parse_report", Json),
     UniqueConstraint("source_id", "sha256"),
 )
 

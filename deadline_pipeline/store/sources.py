@@ -97,7 +97,7 @@ def snapshot_meta(conn: Connection, snapshot_id: int):
     return conn.execute(
         select(snapshots.c.id, snapshots.c.source_id, snapshots.c.sha256, snapshots.c.etag,
                snapshots.c.last_modified, snapshots.c.parse_status, snapshots.c.parse_error,
-               snapshots.c.fetched_at, snapshots.c.size)
+               snapshots.c.fetched_at, snapshots.c.size, snapshots.c.parse_report)
         .where(snapshots.c.id == snapshot_id)
     ).one()
 
@@ -123,6 +123,11 @@ def requeue_snapshot(conn: Connection, snapshot_id: int, now: datetime) -> None:
     conn.execute(
         update(snapshots).where(snapshots.c.id == snapshot_id).values(fetched_at=now, parse_status="pending")
     )
+
+
+def set_parse_report(conn: Connection, snapshot_id: int, report: dict) -> None:
+    """Store what parsing made of a snapshot (see ``snapshots.parse_report``)."""
+    conn.execute(update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_report=report))
 
 
 def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None) -> None:

@@ -1,4 +1,5 @@
-"""reminders are owed per due instant: alerts.due_at joins the alert identity
+"""reminders are owed per due instant: alerts.due_at joins the alert identity; snapshots keep
+their parse report (skipped records, rules held in force)
 
 A reminder delivered for a deadline's old instant must not stand in for the reminder owed for its
 new instant, so the due instant an alert was planned for becomes part of the unique constraint.
@@ -11,6 +12,7 @@ Revises: 0005
 from datetime import timedelta
 
 import sqlalchemy as sa
+import sqlalchemy.dialects.postgresql
 from alembic import op
 
 revision = "0006"
@@ -26,6 +28,9 @@ CLOSED = ("claimed", "delivered", "escalated", "cancelled", "superseded")
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("snapshots") as batch:
+        batch.add_column(sa.Column("parse_report", sa.JSON().with_variant(
+            sa.dialects.postgresql.JSONB(), "postgresql"), nullable=True))
     # Nullable (expand): code that predates the column may still insert rows while both run.
     with op.batch_alter_table("alerts") as batch:
         batch.add_column(sa.Column("due_at", sa.DateTime(timezone=True), nullable=True))
@@ -75,3 +80,5 @@ def downgrade() -> None:
         batch.drop_constraint(NEW_UQ, type_="unique")
         batch.create_unique_constraint(OLD_UQ, ["obligation_id", "offset_seconds", "channel", "kind", "revision"])
         batch.drop_column("due_at")
+    with op.batch_alter_table("snapshots") as batch:
+        batch.drop_column("parse_report")
