@@ -208,3 +208,33 @@ def test_reconciliation_sees_a_record_withdrawn_because_it_stopped_parsing(engin
     assert "cancelled as withdrawn" in out.offenders[0]["reason"]
     report = evaluate(engine, at("2026-04-10T01:00:00"), cfg)
     assert not next(r for r in report.rows if r.check == "reminders_owed").ok
+
+
+# --------------------------------------------------------------------------- re-plan months after rolling
+
+
+def test_replan_covers_the_month_a_rolled_due_date_lands_in(engine, tmp_path):
+    """Due Saturday 2026-10-31 12:00 America/New_York, rolled to the following business day under the
+    US calendar: due 2026-11-02T17:00Z, so November's partition must be re-planned too."""
+    from deadline_pipeline.plan.service import affected_partitions, max_version_id
+    from deadline_pipeline_tests.factories import ics
+
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="a@t", tzid="America/New_York", dtstart="20260915T120000",
+                                               summary="A")), newline="")
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t",
+                            "business_days": {"calendar": "US", "convention": "following"}}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    cfg = load_config(path)[0]
+    now = at("2026-09-01T12:00:00")
+    cycle(engine, cfg, now)
+    since = max_version_id(engine)
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="a@t", tzid="America/New_York", dtstart="20261031T120000",
+                                               summary="A")), newline="")
+    ingest(engine, cfg, now)
+    assert affected_partitions(engine, cfg, since, now) == ["2026-09-01", "2026-11-01"]
+    plan_all(engine, cfg, now, after=at("2026-11-01T00:00:00"), before=at("2026-12-01T00:00:00"))
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at)).scalar_one() == at("2026-11-02T17:00:00")

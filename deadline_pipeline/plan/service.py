@@ -386,13 +386,16 @@ def max_version_id(engine: Engine) -> int:
 def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime) -> list[str]:
     """Due months (partition keys ``YYYY-MM-01``) whose obligations the rule versions created after
     ``since_version_id`` can change: the months of the rules' current obligations (old instants) and
-    of their new occurrences in every subscriber zone (new instants), inside the planning window."""
+    of their new occurrences in every subscriber zone (new instants) after business-day rolling,
+    inside the planning window."""
     from sqlalchemy import select
 
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.rules import RuleRecord
     from deadline_pipeline.store.schema import obligations, rule_versions
     from deadline_pipeline.timezones import resolve_zone
+
+    from deadline_pipeline.store.schema import sources
 
     lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
     months: set[str] = set()
@@ -403,6 +406,10 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         ).all()
         if not changed:
             return []
+        # New instants are rolled exactly as planning rolls them: a Saturday 31 October due date
+        # rolled to Monday 2 November belongs to November's partition, not October's.
+        calendars = business_calendars(conn, cfg, PlanOutcome())
+        name_of = dict(conn.execute(select(sources.c.id, sources.c.name)).all())
         zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
         pairs = {(source_id, rule_id) for source_id, rule_id, _, _ in changed}
         # One query for the old instants: only obligations of the changed rules' sources are read.
@@ -412,13 +419,14 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
                     obligations.c.due_at >= lo, obligations.c.due_at <= hi)):
             if (source_id, rule_id) in pairs:
                 months.add(f"{due:%Y-%m}-01")
-        for _source_id, rule_id, withdrawn, payload in changed:
+        for source_id, rule_id, withdrawn, payload in changed:
             if withdrawn:
                 continue
             rule = RuleRecord.from_payload(payload)
+            rolling = calendars.get(name_of.get(source_id))
             for zone_name in ({rule.tz} if rule.tz else zones or {"UTC"}):
                 try:
-                    for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi):
+                    for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi, business_days=rolling):
                         months.add(f"{occ.due_at:%Y-%m}-01")
                 except ValueError as exc:  # reported by planning itself; here it only widens nothing
                     log.warning("affected partitions: rule %s: %s", rule_id, exc)
