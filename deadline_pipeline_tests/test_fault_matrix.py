@@ -20,11 +20,11 @@ from sqlalchemy import func, select, update
 
 from deadline_pipeline.cli import main
 from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest import service as ingest_service
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions
 from deadline_pipeline.watch import checks as w
-from deadline_pipeline.ingest import service as ingest_service
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline.watch.sources import rules_complete, source_fresh, source_not_quarantined
 from deadline_pipeline.watch.watchdog import evaluate

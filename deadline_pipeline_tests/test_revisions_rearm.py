@@ -238,3 +238,25 @@ def test_replan_covers_the_month_a_rolled_due_date_lands_in(engine, tmp_path):
     plan_all(engine, cfg, now, after=at("2026-11-01T00:00:00"), before=at("2026-12-01T00:00:00"))
     with engine.connect() as conn:
         assert conn.execute(select(obligations.c.due_at)).scalar_one() == at("2026-11-02T17:00:00")
+
+
+# --------------------------------------------------------------------------- a move into the past
+
+
+def test_deadline_moved_into_the_past_is_a_move(engine, tmp_path):
+    cfg = setup(tmp_path, entry("2026-03-18 23:59:59"), offsets=("-P7D", "-P1D"))
+    cycle(engine, cfg, at("2026-03-12T12:00:00"))  # the -P7D reminder goes out
+    assert len(mails(tmp_path)) == 1
+    (tmp_path / "conf.yml").write_text(ai_deadlines(entry("2026-03-12 23:59:59")))  # moved earlier: now past
+    cycle(engine, cfg, at("2026-03-14T12:00:00"))
+    sent = [" ".join(s.split()) for s in mails(tmp_path)]
+    assert len(sent) == 2 and sent[1].startswith("Correction:"), sent
+    assert "(already passed)" in sent[1] and "moved from" in sent[1]
+    rows = kinds(engine)
+    assert not [r for r in rows if r[0] == "cancellation"]
+    assert ("reminder", at("2026-03-19T11:59:59"), -86400, "superseded") in rows
+    with engine.connect() as conn:
+        ob = conn.execute(select(obligations.c.status, obligations.c.due_at, obligations.c.revision)).one()
+    assert tuple(ob) == ("active", at("2026-03-13T11:59:59"), 1)
+    cycle(engine, cfg, at("2026-03-15T12:00:00"))  # nothing more: no second correction, no cancellation
+    assert len(mails(tmp_path)) == 2

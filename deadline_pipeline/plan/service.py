@@ -247,7 +247,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             out.alerts_inserted = direct + merged
             _after_moves(conn, moved, planned, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
-                      {(t.subscriber_id, t.source_id) for t in targets}, now, out)
+                      {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out)
         finally:
             sql.drop_stage(conn)
     return out
@@ -334,15 +334,57 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
     )
 
 
-def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome) -> None:
+def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -> dict[int, tuple]:
+    """obligation id → (new due instant, rule version) for the stale one-off obligations whose rule is
+    still in force for a still-subscribed target but now falls before the planning window: a deadline
+    moved into the past is a move (a correction saying so), not a withdrawal."""
+    from deadline_pipeline.plan.planner import ONCE
+
+    out: dict[int, tuple] = {}
+    long_ago = timedelta(days=3660)
+    for r in stale:
+        target = subscribed.get((r.subscriber_id, r.source_id))
+        if target is None or r.period != ONCE or r.source_id not in rules_cache:
+            continue
+        rules, _withdrawn = rules_cache[r.source_id]
+        match = [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id and not (rule.rrule or rule.rdates)]
+        if not match:
+            continue
+        obs, _problems = plan_target(target, match, lo - long_ago, long_ago, before=lo)
+        if len(obs) == 1 and obs[0].due_at < lo and obs[0].due_at != r.due_at:
+            out[r.id] = (obs[0].due_at, obs[0].rule_version, obs[0].key)
+    return out
+
+
+def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cache: dict, now,
+              out: PlanOutcome) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
-    as its own reminder. A removed subscriber or subscription is cancelled silently."""
+    as its own reminder. A removed subscriber or subscription is cancelled silently. A one-off
+    deadline moved into the past is moved instead (open reminders superseded, one correction where
+    a reminder was delivered, saying the new instant has passed)."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
+    past = _moved_into_past(stale, subscribed, rules_cache, lo)
+    if past:
+        ids = sorted(past)
+        delivered = sql.delivered_channels(conn, ids)
+        notices = []
+        for r in stale:
+            if r.id in past:
+                new_due, version, key = past[r.id]
+                sql.move_obligation(conn, r.id, new_due, version, now)
+                notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
+                               for ch in sorted(delivered.get(r.id, ())))
+        out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
+        out.corrections += sql.insert_notices(conn, notices)
+        out.obligations_moved += len(ids)
+        stale = [r for r in stale if r.id not in past]
+        if not stale:
+            return
     by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
     out.obligations_withdrawn = len(stale)
@@ -392,10 +434,8 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
 
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.rules import RuleRecord
-    from deadline_pipeline.store.schema import obligations, rule_versions
+    from deadline_pipeline.store.schema import obligations, rule_versions, sources
     from deadline_pipeline.timezones import resolve_zone
-
-    from deadline_pipeline.store.schema import sources
 
     lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
     months: set[str] = set()

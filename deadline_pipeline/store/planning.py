@@ -368,16 +368,26 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime):
     """Active obligations of these sources due in ``[lo, hi]`` that the staged plan no longer contains:
-    (id, key, rule_id, source_id, subscriber_id, revision, due_at)."""
+    (id, key, rule_id, source_id, subscriber_id, revision, due_at, period)."""
     if not source_ids:
         return []
     o, s = obligations, stage_obligations
     return conn.execute(
         select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
-               o.c.due_at)
+               o.c.due_at, o.c.period)
         .where(o.c.source_id.in_(source_ids), o.c.status == "active", o.c.due_at >= lo, o.c.due_at <= hi,
                ~exists().where(s.c.obligation_key == o.c.obligation_key))
     ).all()
+
+
+def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule_version: int,
+                    now: datetime) -> None:
+    """Move one obligation to ``due_at`` (aware UTC) outside the planning window (a move into the
+    past): the revision is bumped and the old instant kept, exactly as a merge does for a move."""
+    o = obligations
+    conn.execute(update(o).where(o.c.id == obligation_id).values(
+        due_at=due_at, previous_due_at=o.c.due_at, revision=o.c.revision + 1, rule_version=rule_version,
+        fingerprint=None, planned_at=now))
 
 
 def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int, set[str]]:
