@@ -260,3 +260,58 @@ def test_deadline_moved_into_the_past_is_a_move(engine, tmp_path):
     assert tuple(ob) == ("active", at("2026-03-13T11:59:59"), 1)
     cycle(engine, cfg, at("2026-03-15T12:00:00"))  # nothing more: no second correction, no cancellation
     assert len(mails(tmp_path)) == 2
+
+
+# --------------------------------------------------------------------------- renames
+
+
+def _typed(label: str, edition: str = "x26") -> dict:
+    return {"title": "X", "year": 2026, "id": edition,
+            "deadlines": [{"type": "submission", "label": label, "date": "2026-03-18 23:59:59", "timezone": "AoE"}]}
+
+
+def test_renamed_edition_keeps_its_history(engine, tmp_path):
+    """An edition's id changes, nothing else: no cancellation, no reminder again; the rest go out."""
+    cfg = setup(tmp_path, entry("2026-03-18 23:59:59"), *FOUR)
+    cycle(engine, cfg, at("2026-03-12T12:00:00"))  # -P7D delivered
+    (tmp_path / "conf.yml").write_text(ai_deadlines(entry("2026-03-18 23:59:59", id="x26-main"), *FOUR))
+    for day in ("2026-03-13", "2026-03-18", "2026-03-19"):
+        cycle(engine, cfg, at(f"{day}T12:00:00"))
+    rows = kinds(engine)
+    assert not [r for r in rows if r[0] in ("cancellation", "correction")], rows
+    sent = [" ".join(s.split()) for s in mails(tmp_path)]
+    assert len([s for s in sent if s.startswith("Reminder: X")]) == 3, sent  # -P7D, -P1D, PT0S: once each
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.rule_id).where(obligations.c.title.like("X%"))).scalar_one() \
+            == "x26-main/submission/deadline"
+
+
+def test_relabelled_deadline_keeps_its_history_and_diff_says_renamed(engine, tmp_path):
+    from deadline_pipeline.ingest.diff import diff_snapshots
+    from deadline_pipeline.ingest.parsers import parse_payload
+
+    cfg = setup(tmp_path, _typed("Paper"), *FOUR)
+    cycle(engine, cfg, at("2026-03-12T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(_typed("Full paper"), *FOUR))
+    ingest(engine, cfg, at("2026-03-13T12:00:00"))
+    out = plan_all(engine, cfg, at("2026-03-13T12:00:00"))
+    assert (out.obligations_withdrawn, out.obligations_inserted, out.cancellation_notices) == (0, 0, 0)
+    old = parse_payload("ai-deadlines", ai_deadlines(_typed("Paper"), *FOUR).encode(), source="c").rules
+    new = parse_payload("ai-deadlines", ai_deadlines(_typed("Full paper"), *FOUR).encode(), source="c").rules
+    diff = diff_snapshots(old, new)
+    assert [(c.old.rule_id, c.rule_id) for c in diff.renamed] == [("x26/submission/Paper",
+                                                                  "x26/submission/Full paper")]
+    assert not diff.withdrawn and not diff.added
+
+
+def test_two_unrelated_deadlines_sharing_an_instant_are_not_a_rename():
+    from deadline_pipeline.ingest.diff import pair_renames
+    from deadline_pipeline.rules import RuleRecord
+
+    a = RuleRecord("a/submission/deadline", "A 2026 — Paper", "2026-03-18T23:59:59", "AoE",
+                   extra={"edition_id": "a", "deadline_type": "submission"})
+    b = RuleRecord("b/submission/deadline", "B 2026 — Paper", "2026-03-18T23:59:59", "AoE",
+                   extra={"edition_id": "b", "deadline_type": "submission"})
+    assert pair_renames([a], [b]) == []
+    assert pair_renames([a], [RuleRecord("a2/submission/deadline", a.title, a.start, "UTC-12",
+                                         extra={"edition_id": "a2", "deadline_type": "submission"})])

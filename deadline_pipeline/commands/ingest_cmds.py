@@ -164,7 +164,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
             from_id = applied[1].id if len(applied) > 1 else None
         old = _rules_of_snapshot(conn, row, from_id, default_tz) if from_id is not None else None
         new = _rules_of_snapshot(conn, row, to_id, default_tz)
-    diff = diff_snapshots(old.rules if old else [], new.rules)
+    diff = diff_snapshots(old.rules if old else [], new.rules, new.problems)
     skipped = {"from": len(old.problems) if old else 0, "to": len(new.problems)}
     if as_json:
         click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "skipped_records": skipped,

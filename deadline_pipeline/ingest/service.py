@@ -15,10 +15,12 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
+from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
 from deadline_pipeline.ingest.versions import (
     DEFAULT_MAX_WITHDRAW_SHARE,
+    RuleDiff,
     diff_rules,
     held_back,
     quarantine_reason,
@@ -62,6 +64,7 @@ class ApplyOutcome:
     # Records the snapshot skipped, and the rules kept in force because such a record may be them.
     skipped: int = 0
     held: list[str] = field(default_factory=list)
+    renamed: int = 0
 
 
 class UnknownSnapshot(LookupError):
@@ -216,7 +219,14 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     report = {"rules": len(rules), "skipped_count": len(skipped), "held": held[:200], "accepted": force,
               "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
                            "message": sql.safe_text(p.message)} for p in skipped[:50]]}
-    reason = quarantine_reason(diff, active_before, len(rules), max_withdraw_share, latest=latest, now=now)
+    # A rule whose id changed (same due time, same kind, same thing; ingest.diff.pair_renames) is a
+    # rename: the new id inherits the old one's lineage, so its obligations and history carry over.
+    renames = pair_renames([RuleRecord.from_payload(latest[rid]["payload"]) for rid in diff.withdrawn], diff.added)
+    lineage_of = {new.rule_id: latest[old.rule_id].get("lineage") or old.rule_id for old, new in renames}
+    renamed_away = {old.rule_id for old, _new in renames}
+    report["renamed"] = [[old.rule_id, new.rule_id] for old, new in renames][:200]
+    judged = RuleDiff(diff.added, diff.changed, [r for r in diff.withdrawn if r not in renamed_away], diff.unchanged)
+    reason = quarantine_reason(judged, active_before, len(rules), max_withdraw_share, latest=latest, now=now)
     if reason and not force:
         msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"
         log.error("source %s: %s", src.name, msg)
@@ -234,20 +244,22 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         prev = latest.get(rec.rule_id)
         rows.append(dict(source_id=row.id, rule_id=rec.rule_id, version=(prev["version"] + 1) if prev else 1,
                          snapshot_id=snapshot_id, valid_from=now, withdrawn=False,
-                         content_hash=rec.content_hash(), payload=rec.to_payload()))
+                         content_hash=rec.content_hash(), payload=rec.to_payload(),
+                         lineage=lineage_of.get(rec.rule_id) or (prev.get("lineage") if prev else None)))
     for rid in diff.withdrawn:
         prev = latest[rid]
         rows.append(dict(source_id=row.id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snapshot_id,
                          valid_from=now, withdrawn=True, content_hash=prev["content_hash"],
-                         payload=prev["payload"]))
+                         payload=prev["payload"], lineage=prev.get("lineage")))
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
         sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
         sql.set_parse_report(conn, snapshot_id, report)
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(problems)} record(s) skipped: {problems[0]}" if problems else None))
-    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added),
-                        changed=len(diff.changed), withdrawn=len(diff.withdrawn), unchanged=diff.unchanged,
+    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
+                        changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
+                        unchanged=diff.unchanged, renamed=len(renames),
                         problems=problems, forced_over=reason if force else None, skipped=len(skipped),
                         held=held)
 

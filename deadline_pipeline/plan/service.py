@@ -216,14 +216,16 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     with engine.begin() as conn:
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
+        lineage: dict[int, dict[str, str]] = {}
         for t in targets:
             if t.source_id not in rules_cache:
                 rules, withdrawn = sql.active_rules(conn, t.source_id)
                 rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
+                lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
 
         sql.create_stage(conn)
         try:
-            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out)
+            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out, lineage)
             counts = sql.classify_staged(conn)
             out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
             out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
@@ -253,7 +255,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome):
+def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict | None = None):
     """Expand every target and stream its obligations into the staging table. Returns the planned
     obligations (kept for their alert rows) and the (source, rule) pairs that failed to expand."""
     planned = []
@@ -263,7 +265,7 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
     for t in targets:
         rules, _ = rules_cache[t.source_id]
         obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                    cache=cache)
+                                    cache=cache, lineage=(lineage or {}).get(t.source_id))
         for p in problems:
             log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
@@ -352,7 +354,7 @@ def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -
             continue
         obs, _problems = plan_target(target, match, lo - long_ago, long_ago, before=lo)
         if len(obs) == 1 and obs[0].due_at < lo and obs[0].due_at != r.due_at:
-            out[r.id] = (obs[0].due_at, obs[0].rule_version, obs[0].key)
+            out[r.id] = (obs[0].due_at, obs[0].rule_version, r.obligation_key)
     return out
 
 

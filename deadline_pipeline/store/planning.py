@@ -132,6 +132,31 @@ def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, Rule
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 
+def rule_lineage(conn: Connection, source_id: int) -> dict[str, str]:
+    """rule_id → lineage (the id its obligations are keyed on) of the active rules of a source that
+    were renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it
+    only for the rule that owns the id; the other is keyed on its own id — never two rules on one
+    obligation, which would silently drop one of them."""
+    latest = latest_versions(conn, source_id)
+    claims: dict[str, list[str]] = {}
+    for rid, v in latest.items():
+        if not v["withdrawn"]:
+            claims.setdefault(v.get("lineage") or rid, []).append(rid)
+    out: dict[str, str] = {}
+    for lineage, rids in claims.items():
+        for rid in rids:
+            if rid != lineage and (len(rids) == 1 or lineage not in rids):
+                out[rid] = lineage
+    # Several renamed rules on one lineage without its owner: only the first (by id) keeps it.
+    seen: set[str] = set()
+    for rid in sorted(out):
+        if out[rid] in seen:
+            del out[rid]
+        else:
+            seen.add(out[rid])
+    return out
+
+
 # --------------------------------------------------------------------------- staging
 
 def create_stage(conn: Connection) -> None:
@@ -211,7 +236,8 @@ def classify_staged(conn: Connection) -> dict[str, int]:
             func.sum(case((and_(o.c.id.is_not(None), o.c.due_at.is_not_distinct_from(s.c.due_at),
                                 or_(o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active",
                                     o.c.rule_version.is_distinct_from(s.c.rule_version),
-                                    o.c.title.is_distinct_from(s.c.title))), 1), else_=0)),
+                                    o.c.title.is_distinct_from(s.c.title), o.c.rule_id != s.c.rule_id)), 1),
+                          else_=0)),
         ).select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
     ).one()
     total, matched, moved_or_new, changed = row[0], row[1], row[2] or 0, row[3] or 0
@@ -261,13 +287,16 @@ def merge_obligations(conn: Connection, now: datetime) -> None:
     stmt = ins.on_conflict_do_update(
         index_elements=["obligation_key"],
         set_={
+            # A renamed rule keeps its obligation (same key, via the lineage) under its new id.
+            "rule_id": ex.rule_id,
             "rule_version": ex.rule_version, "title": ex.title, "due_at": ex.due_at, "status": ex.status,
             "fingerprint": ex.fingerprint, "planned_at": ex.planned_at,
             "revision": case((due_moved, o.c.revision + 1), else_=o.c.revision),
             "previous_due_at": case((due_moved, o.c.due_at), else_=o.c.previous_due_at),
         },
         where=or_(due_moved, o.c.fingerprint.is_distinct_from(ex.fingerprint), o.c.status != ex.status,
-                  o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title)),
+                  o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title),
+                  o.c.rule_id != ex.rule_id),
     )
     conn.execute(stmt)
 

@@ -129,6 +129,9 @@ rule_versions = Table(
     Column("withdrawn", Boolean, nullable=False, default=False),
     Column("content_hash", String(64), nullable=False),
     Column("payload", Json, nullable=False),
+    # The id this rule had when it first appeared, when it was renamed since (NULL: its own id).
+    # Planning keys obligations on it, so a renamed rule keeps its obligations and delivered reminders.
+    Column("lineage", String(500)),
     # The rule id is unique per source, so two sources may use the same id without colliding.
     UniqueConstraint("source_id", "rule_id", "version"),
 )

@@ -137,7 +137,8 @@ def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: 
 
 
 def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
-    """rule_id → its latest version row (``version``, ``withdrawn``, ``content_hash``, ``payload``)."""
+    """rule_id → its latest version row (``version``, ``withdrawn``, ``content_hash``, ``payload``,
+    ``snapshot_id``, ``lineage``)."""
     latest = (
         select(rule_versions.c.rule_id, func.max(rule_versions.c.version).label("v"))
         .where(rule_versions.c.source_id == source_id)
@@ -146,7 +147,8 @@ def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
     )
     rows = conn.execute(
         select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
-               rule_versions.c.content_hash, rule_versions.c.payload, rule_versions.c.snapshot_id)
+               rule_versions.c.content_hash, rule_versions.c.payload, rule_versions.c.snapshot_id,
+               rule_versions.c.lineage)
         .join(latest, and_(latest.c.rule_id == rule_versions.c.rule_id, latest.c.v == rule_versions.c.version))
         .where(rule_versions.c.source_id == source_id)
     ).mappings().all()

@@ -1,5 +1,6 @@
 """reminders are owed per due instant: alerts.due_at joins the alert identity; snapshots keep
-their parse report (skipped records, rules held in force)
+their parse report (skipped records, rules held in force); rule_versions.lineage carries a renamed
+rule's first id
 
 A reminder delivered for a deadline's old instant must not stand in for the reminder owed for its
 new instant, so the due instant an alert was planned for becomes part of the unique constraint.
@@ -28,6 +29,8 @@ CLOSED = ("claimed", "delivered", "escalated", "cancelled", "superseded")
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("rule_versions") as batch:
+        batch.add_column(sa.Column("lineage", sa.String(500), nullable=True))
     with op.batch_alter_table("snapshots") as batch:
         batch.add_column(sa.Column("parse_report", sa.JSON().with_variant(
             sa.dialects.postgresql.JSONB(), "postgresql"), nullable=True))
@@ -82,3 +85,5 @@ def downgrade() -> None:
         batch.drop_column("due_at")
     with op.batch_alter_table("snapshots") as batch:
         batch.drop_column("parse_report")
+    with op.batch_alter_table("rule_versions") as batch:
+        batch.drop_column("lineage")
