@@ -315,3 +315,24 @@ def test_two_unrelated_deadlines_sharing_an_instant_are_not_a_rename():
     assert pair_renames([a], [b]) == []
     assert pair_renames([a], [RuleRecord("a2/submission/deadline", a.title, a.start, "UTC-12",
                                          extra={"edition_id": "a2", "deadline_type": "submission"})])
+
+
+# --------------------------------------------------------------------------- quarantine judges the future
+
+
+def test_rolling_window_of_past_rules_is_not_quarantined():
+    """A holiday file dropping its oldest years withdraws only past rules: not counted."""
+    from deadline_pipeline.ingest.versions import RuleDiff, quarantine_reason
+
+    def version(start):
+        return {"withdrawn": False, "payload": {"rule_id": start, "start": start}}
+
+    latest = {f"h{y}": version(f"{y}-12-25") for y in range(2018, 2028)}  # 10 rules, 2018..2027
+    now = at("2026-01-10T00:00:00")
+    dropped = RuleDiff(withdrawn=[f"h{y}" for y in range(2018, 2024)])  # 6 of 10, all past
+    assert quarantine_reason(dropped, 10, 4, latest=latest, now=now) is None
+    # Without the future filter the same snapshot would be quarantined (6 of 10 > 30 %).
+    assert "would withdraw 6 of 10" in quarantine_reason(dropped, 10, 4)
+    # Dropping future rules still trips it: both future ones (2026, 2027).
+    future = RuleDiff(withdrawn=["h2026", "h2027"])
+    assert "would withdraw 2 of 2 active future rules" in quarantine_reason(future, 10, 8, latest=latest, now=now)
