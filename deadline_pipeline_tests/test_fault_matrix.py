@@ -20,11 +20,13 @@ from sqlalchemy import func, select, update
 
 from deadline_pipeline.cli import main
 from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest import service as ingest_service
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions
 from deadline_pipeline.watch import checks as w
-from deadline_pipeline.watch.sources import source_fresh, source_not_quarantined
+from deadline_pipeline.watch.reconcile import reminders_owed
+from deadline_pipeline.watch.sources import rules_complete, source_fresh, source_not_quarantined
 from deadline_pipeline.watch.watchdog import evaluate
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ics, write_config
 from deadline_pipeline_tests.test_delivery_sweep import expire_leases
@@ -108,8 +110,11 @@ def _config(tmp_path, feed: Feed, channel: dict | None = None, subscribers: int 
 
 def _red(engine, cfg, now) -> set[str]:
     reds = {n for n, o in all_checks(engine, cfg, now).items() if not o.passed}
+    if not reminders_owed(engine, cfg, now, timedelta(minutes=cfg.watch.grace_minutes)).passed:
+        reds.add("reminders_owed")
     reds |= {f"{c.name}:{c.source}" for c in (source_fresh(engine, "cal", now, timedelta(days=1)),
-                                             source_not_quarantined(engine, "cal")) if not c.passed}
+                                             source_not_quarantined(engine, "cal"), rules_complete(engine, "cal"))
+             if not c.passed}
     return reds
 
 
@@ -267,6 +272,69 @@ def test_alert_edited_to_delivered_without_receipt(engine, tmp_path, feed):
     plan(engine, cfg, send_at)
     deliver(engine, cfg, send_at)
     assert _red(engine, cfg, send_at) == set()
+
+
+def test_moved_deadline_whose_new_reminders_were_never_planned(engine, tmp_path, feed):
+    """The planner keyed reminders on (obligation, offset, channel): after a move, the reminder
+    delivered for the old instant stood in for the one owed for the new instant. Injected as the
+    state it left behind: the new instant's reminder rows are missing."""
+    cfg, _ = _config(tmp_path, feed)
+    cycle(engine, cfg, T0 + timedelta(hours=12))  # r2's -P2D reminder (10 Jan 11:00Z) goes out
+    feed.body = ics(dict(RULES[0], dtstart="20270119T120000"), *RULES[1:], MONTHLY)  # r2 moves a week later
+    moved_at = T0 + timedelta(hours=13)
+    cycle(engine, cfg, moved_at)
+    new_due = datetime(2027, 1, 19, 11, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(alerts.delete().where(alerts.c.due_at == new_due, alerts.c.kind == "reminder"))
+    # fanout_complete sees the missing rows at once (they are inside the horizon); the reconciliation,
+    # which never reads the planned rows to decide what is owed, turns red one grace after the send
+    # instant (17 Jan 11:00Z + 30 min).
+    assert _red(engine, cfg, moved_at) == {"fanout_complete"}
+    send_at = datetime(2027, 1, 17, 11, tzinfo=UTC)
+    now = moved_at
+    while now < send_at:  # the pipeline keeps running; every other reminder goes out on time
+        now += timedelta(hours=12)
+        cycle(engine, cfg, min(now, send_at + timedelta(minutes=29)))
+    assert _red(engine, cfg, send_at + timedelta(minutes=29)) == {"fanout_complete"}
+    detected = send_at + timedelta(minutes=31)
+    cycle(engine, cfg, detected)
+    assert _red(engine, cfg, detected) == {"fanout_complete", "reminders_owed"}
+    out = reminders_owed(engine, cfg, detected)
+    assert {o["due_at"] for o in out.offenders} == {new_due.isoformat()} and out.count == 2  # two subscribers
+    # Repair: force the obligations to be re-planned; the late reminders go out; every check green.
+    with engine.begin() as conn:
+        conn.execute(update(obligations).where(obligations.c.due_at == new_due).values(fingerprint=None))
+    cycle(engine, cfg, detected)
+    assert _red(engine, cfg, detected) == set()
+
+
+def test_record_that_stops_parsing_withdrawn_by_ingest(engine, tmp_path, feed, monkeypatch):
+    """Ingest withdrew a rule whose record merely failed to parse (an RRULE typo)."""
+    cfg, _ = _config(tmp_path, feed)
+    cycle(engine, cfg, T0)
+    good = feed.body
+    feed.body = ics(*RULES, dict(MONTHLY, rrule="FREQ=MONTHLYY"))
+    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems: [])  # the fault
+    broke_at = T0 + timedelta(hours=1)
+    cycle(engine, cfg, broke_at)
+    assert _count(engine, obligations, obligations.c.status == "withdrawn", obligations.c.rule_id == "monthly@test")
+    # The skipped record is red at once; the reminders it cost one grace after their send instant
+    # (the first: 1 Feb 09:00Z - 2 days).
+    assert _red(engine, cfg, broke_at) == {"rules_complete:cal"}
+    send_at = datetime(2027, 1, 30, 9, tzinfo=UTC)
+    now = broke_at
+    while now < send_at:
+        now += timedelta(hours=12)
+        cycle(engine, cfg, min(now, send_at + timedelta(minutes=29)))
+    assert _red(engine, cfg, send_at + timedelta(minutes=29)) == {"rules_complete:cal"}
+    detected = send_at + timedelta(minutes=31)
+    cycle(engine, cfg, detected)
+    assert _red(engine, cfg, detected) == {"rules_complete:cal", "reminders_owed"}
+    assert "cancelled as withdrawn" in reminders_owed(engine, cfg, detected).offenders[0]["reason"]
+    monkeypatch.undo()
+    feed.body = good  # the source is fixed: the rule comes back, its reminders are revived and sent
+    cycle(engine, cfg, detected)
+    assert _red(engine, cfg, detected) == set()
 
 
 def test_planner_stopped_for_a_month(engine, tmp_path, feed):

@@ -117,7 +117,7 @@ def test_source_accept_applies_a_quarantined_snapshot(world):
     assert accepted.exit_code == 0, accepted.output
     assert f"accepted snapshot {out.snapshot_id} of source 'conf': 1 rule(s); added 0, changed 0, withdrawn 3" \
         in accepted.output
-    assert "quarantine overridden: would withdraw 3 of 4 active rules" in accepted.output
+    assert "quarantine overridden: would withdraw 3 of 4 active future rules" in accepted.output
     assert re.findall(r"withdrawn\s+(\S+)", accepted.output.split("quarantine overridden")[1]) == [
         "c227/submission/deadline", "c327/submission/deadline", "c427/submission/deadline"]
     listing = _run(world, "snapshots", "list", "conf")
@@ -181,7 +181,7 @@ def test_source_checks_in_dagster(world):
     quarantined = _ingest(world, "conf", T0 + timedelta(hours=1)).snapshot_id
     cfg = world["cfg"]
     checks = SOURCE_CHECKS_FACTORY(cfg)
-    assert len(checks) == 2 * len(cfg.sources)
+    assert len(checks) == 3 * len(cfg.sources)
     defs = dg.Definitions(
         assets=build_assets(cfg), asset_checks=checks,
         jobs=[dg.define_asset_job("checks", selection=dg.AssetSelection.all_asset_checks())],
@@ -196,6 +196,8 @@ def test_source_checks_in_dagster(world):
         ("source/conf", "source_not_quarantined"): False,
         ("source/uk", "source_fresh"): False,  # never ingested
         ("source/uk", "source_not_quarantined"): True,
+        ("source/conf", "rules_complete"): True,
+        ("source/uk", "rules_complete"): True,
     }
     assert all(e.severity == dg.AssetCheckSeverity.ERROR for e in evals.values())
     q = evals[("source/conf", "source_not_quarantined")]
@@ -203,3 +205,31 @@ def test_source_checks_in_dagster(world):
     assert f"snapshot {quarantined} is quarantined" in q.description
     fresh = evals[("source/conf", "source_fresh")].metadata
     assert fresh["last_fresh_at"].value == T0.isoformat() and fresh["window"].value == "6:00:00"
+
+
+def test_a_record_that_stops_parsing_is_unparsed_not_withdrawn_until_accepted(world):
+    from deadline_pipeline.watch.sources import rules_complete
+
+    _ingest(world, "conf", T0)
+    broken = [_edition(1, timezone="Russia/Moscow"), *[_edition(i) for i in range(2, 5)]]
+    (world["dir"] / "conf.yml").write_text(ai_deadlines(*broken))
+    out = _ingest(world, "conf", T0 + timedelta(hours=1))
+    assert (out.status, out.withdrawn, out.held) == ("applied", 0, ["c127/submission/deadline"])
+    text = _run(world, "rules", "diff", "conf")
+    assert "withdrawn 0" in text.output and "unparsed 1 (kept in force)" in text.output, text.output
+    assert "unparsed   c127/submission/deadline" in text.output
+    assert not rules_complete(world["engine"], "conf").passed
+    accepted = _run(world, "source", "accept", str(out.snapshot_id), "--as-of", "2027-01-10T02:00:00Z")
+    assert accepted.exit_code == 0, accepted.output
+    assert "withdrawn 1" in accepted.output
+    assert rules_complete(world["engine"], "conf").passed
+    # Accepted once: a second accept of the same snapshot is refused as bad input.
+    assert _run(world, "source", "accept", str(out.snapshot_id)).exit_code == 2
+
+
+def test_an_entry_whose_id_cannot_be_read_holds_every_missing_rule(world):
+    _ingest(world, "conf", T0)
+    no_id = {k: v for k, v in _edition(1).items() if k != "id"}
+    (world["dir"] / "conf.yml").write_text(ai_deadlines(no_id, *[_edition(i) for i in range(2, 5)]))
+    out = _ingest(world, "conf", T0 + timedelta(hours=1))
+    assert (out.withdrawn, out.held, out.skipped) == (0, ["c127/submission/deadline"], 1)

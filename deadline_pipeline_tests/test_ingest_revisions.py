@@ -93,8 +93,13 @@ def test_diff_reorder_title_rename_and_series():
     assert diff_snapshots([a, b], [b, a]).unchanged == 2 and diff_snapshots([a, b], [b, a]).is_empty
     reworded = diff_snapshots([a], [_rule("a/x/y", title="C — Paper (extended title)")])
     assert [c.fields for c in reworded.reworded] == [("title",)]
+    # Same due time, same kind, same title: one rule whose id changed.
     renamed = diff_snapshots([a], [_rule("a2/x/y")])
-    assert [c.rule_id for c in renamed.withdrawn] == ["a/x/y"] and [c.rule_id for c in renamed.added] == ["a2/x/y"]
+    assert [(c.old.rule_id, c.rule_id) for c in renamed.renamed] == [("a/x/y", "a2/x/y")]
+    assert not renamed.withdrawn and not renamed.added
+    # A different title as well: nothing says it is the same thing, so withdrawal plus addition.
+    other = diff_snapshots([a], [_rule("a2/x/y", title="Another conference")])
+    assert [c.rule_id for c in other.withdrawn] == ["a/x/y"] and [c.rule_id for c in other.added] == ["a2/x/y"]
     series = _rule("s", start="2027-01-15T09:00:00", tz="Europe/Berlin", rrule="FREQ=MONTHLY")
     assert diff_snapshots([series], [_rule("s", start="2027-01-15T09:00:00", tz="Europe/Berlin",
                                            rrule="FREQ=MONTHLY;COUNT=3")]).moved
@@ -251,7 +256,8 @@ def test_icalendar_corpus_through_the_service_never_crashes(engine, tmp_path, sh
             assert f"snapshot {out.snapshot_id}: source {s.name!r}" in out.error, out.error
             assert re.search(r"line \d+|position unknown", out.error), out.error
         statuses[out.status] = statuses.get(out.status, 0) + 1
-    assert statuses.get("applied", 0) > 100 and statuses.get("parse_failed", 0) > 5, statuses
+    # A calendar whose every component is unusable (or that has none) yields 0 rules: a parse failure.
+    assert statuses.get("applied", 0) > 90 and statuses.get("parse_failed", 0) > 5, statuses
     assert _count(engine, snapshots) == len(files), "every payload is stored, broken or not"
 
 
@@ -380,7 +386,7 @@ def test_noop_revisions_change_no_alert(engine, tmp_path):
     assert applied.changed == 0 and _count(engine, rule_versions) == versions
 
 
-def test_renamed_edition_is_withdrawal_plus_addition(engine, tmp_path):
+def test_renamed_edition_is_a_rename(engine, tmp_path):
     editions = [_edition(i) for i in range(1, 5)]
     cfg = _planned_world(tmp_path, ai_deadlines(*editions))
     src = cfg.sources[0]
@@ -388,9 +394,9 @@ def test_renamed_edition_is_withdrawal_plus_addition(engine, tmp_path):
     plan_all(engine, cfg, T0)
     (tmp_path / "conf.yml").write_text(ai_deadlines(_edition(1, id="conf1-2027"), *editions[1:]))
     _f, out = _ingest(engine, src, T0 + timedelta(minutes=1))
-    assert (out.added, out.changed, out.withdrawn) == (1, 0, 1)
+    assert (out.added, out.changed, out.withdrawn, out.renamed) == (0, 0, 0, 1)
     plan = plan_all(engine, cfg, T0 + timedelta(minutes=1))
-    assert plan.obligations_withdrawn == 1 and plan.alerts_cancelled == 3
+    assert plan.obligations_withdrawn == 0 and plan.alerts_cancelled == 0 and plan.obligations_inserted == 0
 
 
 # --- quarantine, accept and prune --------------------------------------------------------------------

@@ -49,7 +49,7 @@ def _ingest_plan(engine, cfg, now):
 
 def _alerts(engine, rule_id=None):
     q = (select(alerts.c.kind, alerts.c.offset_seconds, alerts.c.status, alerts.c.send_at, alerts.c.previous_due_at,
-                alerts.c.status_reason, obligations.c.rule_id)
+                alerts.c.status_reason, alerts.c.due_at, obligations.c.rule_id)
          .join(obligations, obligations.c.id == alerts.c.obligation_id).order_by(alerts.c.id))
     if rule_id:
         q = q.where(obligations.c.rule_id == rule_id)
@@ -73,20 +73,24 @@ def test_moved_deadline_moves_pending_and_corrects_delivered(engine, tmp_path):
     out = _ingest_plan(engine, cfg, T0 + timedelta(hours=1))
     assert (out.obligations_moved, out.obligations_inserted, out.corrections) == (1, 0, 1)
     rows = _alerts(engine, "a@test")
-    reminders = {r["offset_seconds"]: r for r in rows if r["kind"] == "reminder"}
-    # The delivered reminder is history: unchanged.
-    assert reminders[-7 * 86400]["status"] == "delivered"
-    assert reminders[-7 * 86400]["send_at"] == datetime(2027, 1, 8, 11, tzinfo=UTC)
-    # The pending one moved with the deadline.
-    assert reminders[-86400]["status"] == "pending"
-    assert reminders[-86400]["send_at"] == datetime(2027, 1, 21, 11, tzinfo=UTC)
+    old_due, new_due = datetime(2027, 1, 15, 11, tzinfo=UTC), datetime(2027, 1, 22, 11, tzinfo=UTC)
+    reminders = {(r["due_at"], r["offset_seconds"]): r for r in rows if r["kind"] == "reminder"}
+    # The delivered reminder is history: unchanged, still owed to the old instant.
+    assert reminders[old_due, -7 * 86400]["status"] == "delivered"
+    assert reminders[old_due, -7 * 86400]["send_at"] == datetime(2027, 1, 8, 11, tzinfo=UTC)
+    # The old instant's pending reminder is superseded; the new instant has its own reminders.
+    assert reminders[old_due, -86400]["status"] == "superseded"
+    assert reminders[new_due, -7 * 86400]["status"] == "pending"
+    assert reminders[new_due, -7 * 86400]["send_at"] == datetime(2027, 1, 15, 11, tzinfo=UTC)
+    assert reminders[new_due, -86400]["status"] == "pending"
+    assert reminders[new_due, -86400]["send_at"] == datetime(2027, 1, 21, 11, tzinfo=UTC)
     (corr,) = [r for r in rows if r["kind"] == "correction"]
     assert corr["previous_due_at"] == datetime(2027, 1, 15, 11, tzinfo=UTC)
     assert corr["status"] == "pending" and corr["send_at"] == T0 + timedelta(hours=1)
     # Re-planning the same revision sends no second correction and changes nothing.
     again = plan_all(engine, cfg, T0 + timedelta(hours=2))
     assert (again.obligations_moved, again.corrections, again.alerts_written) == (0, 0, 0)
-    assert len(_alerts(engine, "a@test")) == 3
+    assert len(_alerts(engine, "a@test")) == 5
 
 
 def test_moved_deadline_with_reminder_time_past_sends_now_with_reason(engine, tmp_path):
@@ -96,7 +100,7 @@ def test_moved_deadline_with_reminder_time_past_sends_now_with_reason(engine, tm
     now = T0 + timedelta(hours=1)
     cfg = _configure(tmp_path, [dict(A, dtstart="20270112T120000"), B, C, D])
     _ingest_plan(engine, cfg, now)
-    rem = {r["offset_seconds"]: r for r in _alerts(engine, "a@test")}
+    rem = {r["offset_seconds"]: r for r in _alerts(engine, "a@test") if r["status"] != "superseded"}
     assert rem[-7 * 86400]["status"] == "pending" and rem[-7 * 86400]["send_at"] < now
     assert "deadline moved from" in rem[-7 * 86400]["status_reason"]
     assert "sent at once" in rem[-7 * 86400]["status_reason"]
@@ -156,7 +160,8 @@ def test_time_zone_change_replans_floating_rules(engine, tmp_path):
     assert out.obligations_moved == 1
     with engine.connect() as conn:
         assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2027, 2, 1, 14, tzinfo=UTC)
-        assert conn.execute(select(alerts.c.send_at)).scalar_one() == datetime(2027, 1, 31, 14, tzinfo=UTC)
+        assert conn.execute(select(alerts.c.send_at).where(alerts.c.status == "pending")).scalar_one() \
+            == datetime(2027, 1, 31, 14, tzinfo=UTC)
 
 
 def test_skip_policy_skips_every_late_reminder(engine, tmp_path):

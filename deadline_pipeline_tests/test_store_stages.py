@@ -101,13 +101,15 @@ def test_plan_is_idempotent_and_folds_late_reminders(engine, tmp_path):
     assert _count(engine, alerts, alerts.c.status == "skipped") == 0
     later = plan_all(engine, cfg, datetime(2027, 1, 15, 10, tzinfo=UTC))
     assert later.alerts_written == 0
-    # A moved deadline moves the open reminders' send_at, without new rows.
+    # A moved deadline owes reminders for its new instant: new rows; the old instant's open ones are
+    # superseded (kept as history, never deleted).
     moved = dict(EVENT_A, dtstart="20270116T120000")
     cfg2, src = _setup(tmp_path, (moved, EVENT_B))
     _ingest(engine, cfg2, T0 + timedelta(hours=1))
     out = plan_all(engine, cfg2, T0 + timedelta(hours=1))
     assert out.obligations_inserted == 0 and out.obligations_moved == 2
-    assert out.alerts_written == 6 and _count(engine, alerts) == 12
+    assert out.alerts_written == 6 and _count(engine, alerts) == 18
+    assert out.alerts_superseded == 6 and _count(engine, alerts, alerts.c.status == "superseded") == 6
 
 
 def test_fold_marks_older_late_reminders_skipped(engine, tmp_path):

@@ -166,7 +166,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
             from_id = applied[1].id if len(applied) > 1 else None
         old = _rules_of_snapshot(conn, row, from_id, default_tz) if from_id is not None else None
         new = _rules_of_snapshot(conn, row, to_id, default_tz)
-    diff = diff_snapshots(old.rules if old else [], new.rules)
+    diff = diff_snapshots(old.rules if old else [], new.rules, new.problems)
     skipped = {"from": len(old.problems) if old else 0, "to": len(new.problems)}
     if as_json:
         click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "skipped_records": skipped,
@@ -200,9 +200,14 @@ def source_accept(snapshot_id: int, db_url: str | None, config: str | None, as_o
         meta = _snapshot(conn, snapshot_id)
         row = get_source_by_id(conn, meta.source_id)
         latest = latest_snapshot(conn, row.id)
-    if meta.parse_status != "quarantined":
+    report = meta.parse_report or {}
+    # A parsed snapshot that skipped records (their rules kept in force) is accepted the same way:
+    # the human confirms the skipped records are gone, and their rules are withdrawn.
+    incomplete = meta.parse_status == "parsed" and report.get("skipped_count") and not report.get("accepted")
+    if meta.parse_status != "quarantined" and not incomplete:
         raise _BadInput(f"snapshot {snapshot_id} of source {row.name!r} is not quarantined "
-                        f"(status {meta.parse_status}); only a quarantined snapshot can be accepted")
+                        f"(status {meta.parse_status}); only a quarantined snapshot, or one that skipped "
+                        "records, can be accepted")
     if latest.id != snapshot_id:
         # Applying an older snapshot over a newer one would roll the source back in time.
         raise _BadInput(f"snapshot {snapshot_id} of source {row.name!r} is no longer the latest (snapshot "

@@ -252,6 +252,8 @@ def _context(n: Notification) -> dict:
         "due_utc": _utc_text(n.due_at),
         "previous_local": _local(previous, zone) if previous else None,
         "previous_utc": _utc_text(previous) if previous else None,
+        # A deadline moved into the past: the correction says the new instant has already passed.
+        "passed": n.kind == "correction" and n.sent_at is not None and n.due_at <= n.sent_at,
         "left": time_left(n.offset_seconds if n.sent_at is None
                           else int((n.sent_at - n.due_at).total_seconds())),
         # Which reminder this is ("7 days before", ISO "-P7D"), the deadline in its own zone, the

@@ -4,8 +4,11 @@
 identity (``rule_id``) and sorts every rule into exactly one bucket:
 
 * **added**: only in the new list;
-* **withdrawn**: only in the old list (a renamed edition id is a withdrawal plus an addition: the
-  identity is the id, nothing else);
+* **renamed**: a rule that left the old list and a rule that entered the new one, paired as one rule
+  whose id changed (see "Renames" below) — a move of identity, not a withdrawal plus an addition;
+* **unparsed**: only in the old list, but a record of the new snapshot that failed to parse may be
+  it (given the new snapshot's parse problems): it is kept in force, not withdrawn;
+* **withdrawn**: only in the old list, and no skipped record of the new snapshot may be it;
 * **moved**: in both, and *when* it is due differs;
 * **reworded**: in both, due at the same time, but some other field differs (title, link, note, or
   the zone's *spelling*: ``UTC-12`` → ``AoE`` is the same instant, so it is reworded, not moved);
@@ -24,6 +27,21 @@ identity (``rule_id``) and sorts every rule into exactly one bucket:
 A rule whose zone cannot be resolved (a snapshot written before a zone was known, or a bad record
 that slipped in) is compared by its spelling instead, so the diff never raises on odd data; the
 change then carries no instants.
+
+Renames (:func:`pair_renames`). A rule that disappears and a rule that appears in the same revision
+are one renamed rule when all of these hold:
+
+1. they are due at the same time ("when it is due" as above: the same UTC instant, the same floating
+   local time, or the same series);
+2. they are the same kind of rule: the same ``kind`` and, when the source says, the same deadline
+   type (``extra.deadline_type``: an abstract deadline never pairs with a paper deadline);
+3. they still name the same thing by one of: the same title, the same edition (``extra.edition_id``)
+   or the same non-empty URL — so two unrelated deadlines that merely share an instant never pair;
+4. the pairing is unambiguous: exactly one disappearing and one appearing rule share (1) and (2).
+
+Anything else stays a withdrawal plus an addition. A renamed rule keeps its history: its obligations
+(and the reminders delivered for them) carry over, because planning keys them on the rule's
+*lineage* — the id it first had — instead of its current id.
 """
 
 from __future__ import annotations
@@ -84,11 +102,14 @@ class SnapshotDiff:
     moved: list[RuleChange] = field(default_factory=list)
     withdrawn: list[RuleChange] = field(default_factory=list)
     reworded: list[RuleChange] = field(default_factory=list)
+    # ``rule_id`` is the new id; ``old.rule_id`` the old one.
+    renamed: list[RuleChange] = field(default_factory=list)
+    unparsed: list[RuleChange] = field(default_factory=list)
     unchanged: int = 0
 
     @property
     def is_empty(self) -> bool:
-        return not (self.added or self.moved or self.withdrawn or self.reworded)
+        return not (self.added or self.moved or self.withdrawn or self.reworded or self.renamed or self.unparsed)
 
     def to_json(self) -> dict:
         return {
@@ -96,6 +117,8 @@ class SnapshotDiff:
             "moved": [c.to_json() for c in self.moved],
             "withdrawn": [c.to_json() for c in self.withdrawn],
             "reworded": [c.to_json() for c in self.reworded],
+            "renamed": [{**c.to_json(), "old_rule_id": c.old.rule_id} for c in self.renamed],
+            "unparsed": [c.to_json() for c in self.unparsed],
             "unchanged": self.unchanged,
         }
 
@@ -157,9 +180,59 @@ def _by_id(rules: list[RuleRecord]) -> dict[str, RuleRecord]:
     return out
 
 
-def diff_snapshots(old: list[RuleRecord], new: list[RuleRecord]) -> SnapshotDiff:
-    """Sort every rule of ``old`` and ``new`` into added / moved / withdrawn / reworded / unchanged
-    (see the module docstring). Order of the input lists does not matter. Never raises."""
+def _rename_key(rule: RuleRecord) -> tuple:
+    return (_when(rule)[0], rule.kind, (rule.extra or {}).get("deadline_type"))
+
+
+def _same_thing(a: RuleRecord, b: RuleRecord) -> bool:
+    ea, eb = a.extra or {}, b.extra or {}
+    return (a.title == b.title or (ea.get("edition_id") is not None and ea.get("edition_id") == eb.get("edition_id"))
+            or (bool(a.url) and a.url == b.url))
+
+
+def pair_renames(gone: list[RuleRecord], appeared: list[RuleRecord]) -> list[tuple[RuleRecord, RuleRecord]]:
+    """(old, new) pairs of one rule whose id changed, by the matching rule of the module docstring:
+    same due time, same kind, still naming the same thing, and unambiguous. Pure; never raises."""
+    by_key_old: dict[tuple, list[RuleRecord]] = {}
+    by_key_new: dict[tuple, list[RuleRecord]] = {}
+    for r in gone:
+        by_key_old.setdefault(_rename_key(r), []).append(r)
+    for r in appeared:
+        by_key_new.setdefault(_rename_key(r), []).append(r)
+    pairs = []
+    for key, olds in by_key_old.items():
+        news = by_key_new.get(key, [])
+        if len(olds) == 1 and len(news) == 1 and _same_thing(olds[0], news[0]):
+            pairs.append((olds[0], news[0]))
+    return sorted(pairs, key=lambda p: p[1].rule_id)
+
+
+def diff_snapshots(old: list[RuleRecord], new: list[RuleRecord], new_problems: list | None = None) -> SnapshotDiff:
+    """Sort every rule of ``old`` and ``new`` into added / moved / withdrawn / reworded / renamed /
+    unparsed / unchanged (see the module docstring). ``new_problems``: the new snapshot's parse
+    problems (:class:`~deadline_pipeline.ingest.parsers.base.ParseProblem`), so that a rule whose
+    record failed to parse is shown as unparsed, not withdrawn. Order of the input lists does not
+    matter. Never raises."""
+    out = _diff(old, new)
+    skipped = [p for p in new_problems or () if p.skipped]
+    if skipped:
+        keep = [c for c in out.withdrawn if any(p.may_be(c.rule_id) for p in skipped)]
+        out.unparsed = keep
+        out.withdrawn = [c for c in out.withdrawn if c not in keep]
+    pairs = pair_renames([c.old for c in out.withdrawn], [c.new for c in out.added])
+    if pairs:
+        gone = {o.rule_id for o, _n in pairs}
+        came = {n.rule_id for _o, n in pairs}
+        for o, n in pairs:
+            _k, text, inst = _when(n)
+            out.renamed.append(RuleChange(n.rule_id, "renamed", o, n, text, text, inst, inst,
+                                          _differing_fields(o, n) + ("rule_id",)))
+        out.withdrawn = [c for c in out.withdrawn if c.rule_id not in gone]
+        out.added = [c for c in out.added if c.rule_id not in came]
+    return out
+
+
+def _diff(old: list[RuleRecord], new: list[RuleRecord]) -> SnapshotDiff:
     before, after = _by_id(old), _by_id(new)
     out = SnapshotDiff()
     for rid in sorted(before.keys() | after.keys()):
@@ -188,13 +261,19 @@ def format_diff(diff: SnapshotDiff, *, header: str = "") -> str:
     """The diff as plain text for a terminal: one section per kind of change, one line per rule."""
     lines = [header] if header else []
     lines.append(f"added {len(diff.added)}, moved {len(diff.moved)}, withdrawn {len(diff.withdrawn)}, "
-                 f"reworded {len(diff.reworded)}, unchanged {diff.unchanged}")
+                 f"reworded {len(diff.reworded)}, unchanged {diff.unchanged}"
+                 + (f", renamed {len(diff.renamed)}" if diff.renamed else "")
+                 + (f", unparsed {len(diff.unparsed)} (kept in force)" if diff.unparsed else ""))
     for c in diff.added:
         lines.append(f"  + added      {c.rule_id}  {c.new_when}  {c.new.title!r}")
     for c in diff.moved:
         lines.append(f"  ~ moved      {c.rule_id}  {c.old_when} -> {c.new_when}")
     for c in diff.withdrawn:
         lines.append(f"  - withdrawn  {c.rule_id}  {c.old_when}  {c.old.title!r}")
+    for c in diff.renamed:
+        lines.append(f"  > renamed    {c.old.rule_id} -> {c.rule_id}  {c.new_when}")
+    for c in diff.unparsed:
+        lines.append(f"  ! unparsed   {c.rule_id}  {c.old_when}  its record failed to parse; last good version kept")
     for c in diff.reworded:
         shown = ", ".join(
             f"{f}: {getattr(c.old, f)!r} -> {getattr(c.new, f)!r}" for f in c.fields if f in DESCRIPTIVE_FIELDS

@@ -15,9 +15,16 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
+from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
-from deadline_pipeline.ingest.versions import DEFAULT_MAX_WITHDRAW_SHARE, diff_rules, quarantine_reason
+from deadline_pipeline.ingest.versions import (
+    DEFAULT_MAX_WITHDRAW_SHARE,
+    RuleDiff,
+    diff_rules,
+    held_back,
+    quarantine_reason,
+)
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import sources as sql
@@ -55,6 +62,10 @@ class ApplyOutcome:
     error: str | None = None
     # Set when ``source accept`` applied the snapshot over this quarantine reason.
     forced_over: str | None = None
+    # Records the snapshot skipped, and the rules kept in force because such a record may be them.
+    skipped: int = 0
+    held: list[str] = field(default_factory=list)
+    renamed: int = 0
 
 
 class UnknownSnapshot(LookupError):
@@ -197,12 +208,39 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         log.warning("source %s: snapshot %s: skipped record: %s", src.name, snapshot_id, p)
     diff = diff_rules(latest, rules)
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
-    reason = quarantine_reason(diff, active_before, len(rules), max_withdraw_share)
+    skipped = [p for p in parsed.problems if p.skipped]
+    if not rules and not active_before and not force:
+        # Bytes that parse to nothing (the wrong ``format:``, every record unreadable) are a broken
+        # payload, not a fresh source with no deadlines.
+        first = f"; first skipped: {skipped[0]}" if skipped else ""
+        return _record_parse_failure(
+            engine, src, row.id, snapshot_id,
+            f"snapshot {snapshot_id}: source {src.name!r}: line 1: {len(content)} bytes yield 0 rules as format "
+            f"{src.format!r} ({len(skipped)} record(s) skipped{first})")
+    # Only a parseable snapshot that lacks a rule withdraws it: a rule whose record failed to parse
+    # keeps its last good version (until the source is fixed, or a human accepts the withdrawal).
+    held = [] if force else held_back(diff.withdrawn, parsed.problems)
+    if held:
+        diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
+        log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",
+                  src.name, snapshot_id, len(held), ", ".join(held[:5]))
+    report = {"rules": len(rules), "skipped_count": len(skipped), "held": held[:200], "accepted": force,
+              "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                           "message": sql.safe_text(p.message)} for p in skipped[:50]]}
+    # A rule whose id changed (same due time, same kind, same thing; ingest.diff.pair_renames) is a
+    # rename: the new id inherits the old one's lineage, so its obligations and history carry over.
+    renames = pair_renames([RuleRecord.from_payload(latest[rid]["payload"]) for rid in diff.withdrawn], diff.added)
+    lineage_of = {new.rule_id: latest[old.rule_id].get("lineage") or old.rule_id for old, new in renames}
+    renamed_away = {old.rule_id for old, _new in renames}
+    report["renamed"] = [[old.rule_id, new.rule_id] for old, new in renames][:200]
+    judged = RuleDiff(diff.added, diff.changed, [r for r in diff.withdrawn if r not in renamed_away], diff.unchanged)
+    reason = quarantine_reason(judged, active_before, len(rules), max_withdraw_share, latest=latest, now=now)
     if reason and not force:
         msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"
         log.error("source %s: %s", src.name, msg)
         with engine.begin() as conn:
             sql.set_snapshot_status(conn, snapshot_id, "quarantined", msg)
+            sql.set_parse_report(conn, snapshot_id, report)
             sql.mark_source(conn, row.id, status="suspect", last_error=msg)
         return ApplyOutcome(src.name, "quarantined", snapshot_id, rules=active_before, error=msg,
                             problems=problems)
@@ -214,20 +252,24 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         prev = latest.get(rec.rule_id)
         rows.append(dict(source_id=row.id, rule_id=rec.rule_id, version=(prev["version"] + 1) if prev else 1,
                          snapshot_id=snapshot_id, valid_from=now, withdrawn=False,
-                         content_hash=rec.content_hash(), payload=rec.to_payload()))
+                         content_hash=rec.content_hash(), payload=rec.to_payload(),
+                         lineage=lineage_of.get(rec.rule_id) or (prev.get("lineage") if prev else None)))
     for rid in diff.withdrawn:
         prev = latest[rid]
         rows.append(dict(source_id=row.id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snapshot_id,
                          valid_from=now, withdrawn=True, content_hash=prev["content_hash"],
-                         payload=prev["payload"]))
+                         payload=prev["payload"], lineage=prev.get("lineage")))
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
         sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
+        sql.set_parse_report(conn, snapshot_id, report)
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(problems)} record(s) skipped: {problems[0]}" if problems else None))
-    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added),
-                        changed=len(diff.changed), withdrawn=len(diff.withdrawn), unchanged=diff.unchanged,
-                        problems=problems, forced_over=reason if force else None)
+    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
+                        changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
+                        unchanged=diff.unchanged, renamed=len(renames),
+                        problems=problems, forced_over=reason if force else None, skipped=len(skipped),
+                        held=held)
 
 
 def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,

@@ -3,9 +3,14 @@ whether applying it is plausible or must be quarantined for a human to look at."
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from deadline_pipeline.rules import RuleRecord
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WITHDRAW_SHARE = 0.30
 
@@ -48,16 +53,56 @@ def diff_rules(latest: dict[str, dict], parsed: list[RuleRecord]) -> RuleDiff:
     return diff
 
 
+def held_back(withdrawn: Iterable[str], problems: Iterable) -> list[str]:
+    """The rule ids among ``withdrawn`` (missing from a snapshot) that a skipped record of that
+    snapshot may have yielded (:meth:`ParseProblem.may_be`): they are not withdrawn — only a
+    parseable snapshot that lacks a rule withdraws it — and keep their last good version in force."""
+    skipped = [p for p in problems if p.skipped]
+    return sorted(rid for rid in withdrawn if any(p.may_be(rid) for p in skipped))
+
+
+# Slack around "now" when judging whether a rule is still ahead: a zone offset is at most ±14 h.
+_ZONE_SLACK = timedelta(days=1)
+
+
+def is_future(payload: dict, now: datetime) -> bool:
+    """Whether a stored rule (its payload) may still have an instant after ``now`` (aware UTC).
+
+    Wall-clock times are compared with a day of slack, so a rule near ``now`` counts as future; a
+    payload that cannot be read counts as future too (the quarantine then errs on the safe side).
+    """
+    from dateutil.rrule import rrulestr
+
+    try:
+        start = datetime.fromisoformat(str(payload["start"]))
+        limit = (now - _ZONE_SLACK).replace(tzinfo=None)
+        if payload.get("rrule"):
+            return rrulestr(payload["rrule"], dtstart=start.replace(tzinfo=None)).after(limit, inc=True) is not None
+        dates = [start] + [datetime.fromisoformat(str(d)) for d in payload.get("rdates") or ()]
+        return any(d.replace(tzinfo=None) >= limit for d in dates)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("quarantine: rule payload %s unreadable, counted as future: %s", payload.get("rule_id"), exc)
+        return True
+
+
 def quarantine_reason(diff: RuleDiff, active_before: int, parsed_count: int,
-                      max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE) -> str | None:
+                      max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE, *,
+                      latest: dict[str, dict] | None = None, now: datetime | None = None) -> str | None:
     """Why a snapshot must not be applied, or None.
 
     A source that suddenly parses to nothing, or drops a large share of its rules, is far more often
-    broken than truthful; applying it would cancel every affected reminder — a silent miss.
+    broken than truthful; applying it would cancel every affected reminder — a silent miss. Given
+    ``latest`` (the stored versions) and ``now``, only the *future* is judged: withdrawn rules whose
+    instants are all past cancel nothing, so a rolling window (a holiday file dropping its oldest
+    years) is not quarantined; the share is of the active future rules.
     """
     if parsed_count == 0 and active_before > 0:
         return f"parses to zero rules where the last good snapshot had {active_before}"
-    if active_before and len(diff.withdrawn) / active_before > max_withdraw_share:
-        return (f"would withdraw {len(diff.withdrawn)} of {active_before} active rules "
+    withdrawn, base = len(diff.withdrawn), active_before
+    if latest is not None and now is not None:
+        withdrawn = sum(1 for rid in diff.withdrawn if is_future(latest[rid]["payload"], now))
+        base = sum(1 for v in latest.values() if not v["withdrawn"] and is_future(v["payload"], now))
+    if base and withdrawn / base > max_withdraw_share:
+        return (f"would withdraw {withdrawn} of {base} active future rules "
                 f"(more than {max_withdraw_share:.0%})")
     return None

@@ -58,6 +58,16 @@ def fanout_complete_check(store: StoreResource, settings: SettingsResource, cloc
     return to_result(w.fanout_complete(store.engine(), clock.now(), timedelta(days=cfg.plan.horizon_days), types))
 
 
+@dg.asset_check(asset=ALERTS, name="reminders_owed",
+                description="Every reminder owed by now, recomputed from the rule versions in force (not from the "
+                            "outbox), was sent for its due instant or has a recorded reason.")
+def reminders_owed_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
+    from deadline_pipeline.watch.reconcile import reminders_owed
+
+    cfg = settings.load()
+    return to_result(reminders_owed(store.engine(), cfg, clock.now(), timedelta(minutes=cfg.watch.grace_minutes)))
+
+
 @dg.asset_check(asset=ALERTS, name="escalations_acknowledged",
                 description="Escalated alerts a human has not acknowledged yet (deadline-pipeline acknowledge).")
 def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
@@ -65,4 +75,4 @@ def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
 
 
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, fanout_complete_check,
-              escalations_acknowledged_check]
+              reminders_owed_check, escalations_acknowledged_check]

@@ -1,4 +1,5 @@
-"""Dagster asset checks on each observed source: ``source_fresh`` and ``source_not_quarantined``.
+"""Dagster asset checks on each observed source: ``source_fresh``, ``source_not_quarantined`` and
+``rules_complete``.
 
 Thin wrappers around :mod:`deadline_pipeline.watch.sources`. Add them to the Definitions with
 ``asset_checks=[*ALL_CHECKS, *SOURCE_CHECKS_FACTORY(cfg)]``.
@@ -11,7 +12,12 @@ import dagster as dg
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.orchestration.assets import source_key
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
-from deadline_pipeline.watch.sources import SourceCheckOutcome, source_fresh, source_not_quarantined
+from deadline_pipeline.watch.sources import (
+    SourceCheckOutcome,
+    rules_complete,
+    source_fresh,
+    source_not_quarantined,
+)
 from deadline_pipeline.wording import human_duration
 
 
@@ -39,9 +45,14 @@ def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
     def not_quarantined(store: StoreResource) -> dg.AssetCheckResult:
         return _result(source_not_quarantined(store.engine(), src.name))
 
-    return [fresh, not_quarantined]
+    @dg.asset_check(asset=key, name="rules_complete", blocking=False,
+                    description=f"Source '{src.name}''s latest snapshot skipped no record (or a human accepted it).")
+    def complete(store: StoreResource) -> dg.AssetCheckResult:
+        return _result(rules_complete(store.engine(), src.name))
+
+    return [fresh, not_quarantined, complete]
 
 
 def SOURCE_CHECKS_FACTORY(cfg: DeadlinesConfig) -> list[dg.AssetChecksDefinition]:  # noqa: N802 — named by the lead
-    """Two ERROR-severity checks per configured source, evaluated against the store at the clock's now."""
+    """Three ERROR-severity checks per configured source, evaluated against the store at the clock's now."""
     return [check for src in cfg.sources for check in _checks_for(src)]

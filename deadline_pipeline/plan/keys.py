@@ -10,6 +10,7 @@ them would never be told. The source is added because rule ids are unique per so
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 
 _SEP = "\x1f"  # unit separator: cannot occur in ids, so ("a", "bc") and ("ab", "c") never collide
 
@@ -24,6 +25,15 @@ def obligation_key(tenant: str, subscriber: str, source: str, rule_id: str, peri
     return _digest("obligation", tenant, subscriber, source, rule_id, period)
 
 
-def alert_dedup_key(obligation_key: str, offset_seconds: int, channel: str, kind: str, seq: int = 0) -> str:
-    """64 hex chars: the idempotency key of one alert (SMTP Message-ID, webhook Idempotency-Key)."""
-    return _digest("alert", obligation_key, offset_seconds, channel, kind, seq)
+def alert_dedup_key(obligation_key: str, offset_seconds: int, channel: str, kind: str, seq: int = 0,
+                    due_at: datetime | None = None) -> str:
+    """64 hex chars: the idempotency key of one alert (SMTP Message-ID, webhook Idempotency-Key).
+
+    ``due_at`` (aware UTC): the due instant a reminder is planned for. A reminder is owed per due
+    instant, so the reminder for a moved deadline's new instant is a different alert (and message)
+    from the one delivered for its old instant; moving back to the old instant finds the old key.
+    """
+    if due_at is None:
+        return _digest("alert", obligation_key, offset_seconds, channel, kind, seq)
+    return _digest("alert", obligation_key, offset_seconds, channel, kind, seq,
+                   due_at.astimezone(UTC).isoformat())

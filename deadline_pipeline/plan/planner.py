@@ -70,6 +70,8 @@ class PlannedAlert:
     send_at: datetime
     status: str = "pending"
     status_reason: str | None = None
+    # The due instant this reminder is owed for (aware UTC): part of the alert's identity.
+    due_at: datetime | None = None
 
 
 @dataclass
@@ -176,13 +178,16 @@ def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
 
 def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                 horizon: timedelta = HORIZON, *, after: datetime | None = None, before: datetime | None = None,
-                cache: dict | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+                cache: dict | None = None,
+                lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
     """Obligations and alerts of one target for ``rules`` (``(version, record)`` pairs).
 
     Occurrences are those due inside ``[now - 15 min, now + horizon]``, further limited to
     ``[after, before)`` when given (a partition's month); ``now`` is aware UTC. ``cache`` memoises
     expansions across targets that share a rule and a zone. A rule that cannot be expanded (unknown
     zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules.
+    ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
+    obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
     """
     lo, hi = window(now, horizon)
     if after is not None:
@@ -228,16 +233,18 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
         by_date = recurring and len({o.period[:10] for o in occurrences}) == len(occurrences)
         for occ in occurrences:
             period = (occ.period[:10] if by_date else occ.period) if recurring else ONCE
-            key = obligation_key(target.tenant, target.subscriber, target.source, rule.rule_id, period)
+            identity = lineage.get(rule.rule_id, rule.rule_id) if lineage else rule.rule_id
+            key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
             ob = PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                    version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target))
             for offset in target.offsets_seconds:
                 send_at, reason = apply_quiet_hours(occ.due_at + timedelta(seconds=offset), occ.due_at,
                                                     target.quiet_hours, subscriber_zone)
                 for channel in target.channels:
-                    ob.alerts.append(PlannedAlert(offset, channel, "reminder",
-                                                  alert_dedup_key(key, offset, channel, "reminder"),
-                                                  send_at, status_reason=reason))
+                    ob.alerts.append(PlannedAlert(
+                        offset, channel, "reminder",
+                        alert_dedup_key(key, offset, channel, "reminder", due_at=occ.due_at),
+                        send_at, status_reason=reason, due_at=occ.due_at))
             fold_late(ob.alerts, now, target.late_policy)
             if target.quiet_hours:
                 for a in ob.alerts:

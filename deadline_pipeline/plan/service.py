@@ -3,10 +3,11 @@
 What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 
 * new obligation → its reminders, late ones folded (:func:`planner.fold_late`);
-* moved due instant, reminder not yet sent → the pending row's ``send_at`` moves (no new row);
-  a moved reminder already past is sent at once if the deadline is still ahead, with the reason;
-* moved due instant, reminder already delivered → the delivered row stays as sent and one
-  *correction* per channel goes out ("old → new"), keyed on the obligation's revision;
+* moved due instant → reminders are owed per due instant: the new instant gets its own reminder rows
+  (late ones folded by the late policy), the open rows of the old instant are ``superseded``, the
+  delivered ones stay as sent, and one *correction* per channel goes out ("old → new") where a
+  reminder was delivered, keyed on the obligation's revision. Moving back to an instant whose
+  reminders were delivered finds those rows and sends none of them again;
 * withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
   *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
 """
@@ -29,7 +30,7 @@ from deadline_pipeline.config import (
 )
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
-from deadline_pipeline.plan.planner import PlannedAlert, PlanProblem, Target, fold_late, plan_target
+from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
@@ -53,6 +54,7 @@ class PlanOutcome:
     alerts_inserted: int = 0
     alerts_moved: int = 0
     alerts_cancelled: int = 0
+    alerts_superseded: int = 0
     corrections: int = 0
     cancellation_notices: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
@@ -217,43 +219,47 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     with engine.begin() as conn:
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
+        lineage: dict[int, dict[str, str]] = {}
         for t in targets:
             if t.source_id not in rules_cache:
                 rules, withdrawn = sql.active_rules(conn, t.source_id)
                 rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
+                lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
 
         sql.create_stage(conn)
         try:
-            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out)
+            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out, lineage)
             counts = sql.classify_staged(conn)
             out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
             out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
             moved = sql.moved_obligations(conn)
+            _name_moves(moved, planned)
             new_keys, need_alerts = sql.keys_needing_alerts(conn)
             sql.merge_obligations(conn, now)
             # New obligations' alerts go straight in; only existing obligations need the merge.
             ids = sql.staged_ids(conn, new_keys)
             direct = sql.insert_new_alerts(conn, (
                 (ids[o.key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status,
-                 a.status_reason, 0, now, now)
+                 a.status_reason, 0, now, now, a.due_at)
                 for o in planned if o.key in new_keys for a in o.alerts
             ))
             sql.stage_rows(conn, sql.stage_alerts, (
-                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason)
+                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason,
+                 a.due_at)
                 for o in planned if o.key in need_alerts and o.key not in new_keys for a in o.alerts
             ))
             merged, out.alerts_moved = sql.merge_alerts(conn, now)
             out.alerts_inserted = direct + merged
             _after_moves(conn, moved, planned, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
-                      {(t.subscriber_id, t.source_id) for t in targets}, now, out,
+                      {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
         finally:
             sql.drop_stage(conn)
     return out
 
 
-def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome):
+def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict | None = None):
     """Expand every target and stream its obligations into the staging table. Returns the planned
     obligations (kept for their alert rows) and the (source, rule) pairs that failed to expand."""
     planned = []
@@ -263,7 +269,7 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
     for t in targets:
         rules, _ = rules_cache[t.source_id]
         obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                    cache=cache)
+                                    cache=cache, lineage=(lineage or {}).get(t.source_id))
         for p in problems:
             log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
@@ -289,38 +295,33 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
     return planned, failed
 
 
+def _name_moves(moved: list[dict], planned) -> None:
+    """A moved deadline's late reminders say why they are late (the move, not the planning run)."""
+    old = {m["obligation_key"]: m["old_due_at"] for m in moved}
+    for o in planned:
+        if o.key in old:
+            for a in o.alerts:
+                if a.status_reason and a.status_reason.startswith("late at planning"):
+                    a.status_reason = (f"deadline moved from {old[o.key].isoformat()}"
+                                       + a.status_reason[len("late at planning"):])
+
+
 def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutcome) -> None:
-    """Re-fold the reminders of moved obligations and send corrections where a reminder was delivered."""
+    """After the merge: supersede the open reminders planned for a moved obligation's old instant
+    (the merge has planned the new instant's reminders, late ones folded by the subscription's late
+    policy) and send one correction per channel where a reminder was already delivered."""
     if not moved:
         return
     by_key = {o.key: o for o in planned}
     ids = [m["id"] for m in moved]
-    reminders = sql.reminders_of(conn, ids)
+    out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
     delivered = sql.delivered_channels(conn, ids)
-    by_ob: dict[int, list[dict]] = {}
-    for r in reminders:
-        by_ob.setdefault(r["obligation_id"], []).append(r)
     notices = []
     for m in moved:
         ob = by_key[m["obligation_key"]]
-        rows = [r for r in by_ob.get(m["id"], []) if r["status"] in ("pending", "skipped")]
-        shadow = [PlannedAlert(r["offset_seconds"], r["channel"], "reminder", "", r["send_at"], r["status"],
-                               r["status_reason"]) for r in rows]
-        policy = "send_latest"
-        fold_late(shadow, now, policy, reason_prefix=f"deadline moved from {m['old_due_at'].isoformat()}")
-        for r, s in zip(rows, shadow, strict=True):
-            if (s.status, s.status_reason) != (r["status"], r["status_reason"]) and (
-                    s.status != r["status"] or s.send_at <= now):
-                sql.set_alert_status(conn, r["id"], s.status, s.status_reason, now)
         revision = m["revision"] + 1  # the merge bumped it once for this move
         for channel in sorted(delivered.get(m["id"], ())):
-            notices.append(dict(
-                obligation_id=m["id"], offset_seconds=0, channel=channel, kind="correction", revision=revision,
-                dedup_key=alert_dedup_key(ob.key, 0, channel, "correction", revision), send_at=now,
-                status="pending", previous_due_at=m["old_due_at"], attempts=0, created_at=now, updated_at=now,
-                status_reason=f"deadline moved from {m['old_due_at'].isoformat()} to {ob.due_at.isoformat()} "
-                              "after a reminder was delivered",
-            ))
+            notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now))
     out.corrections += sql.insert_notices(conn, notices)
 
 
@@ -335,18 +336,74 @@ def _filtered_out(targets, rules_cache) -> set[tuple[int, int, str]]:
     return {k for k, v in wanted.items() if not v}
 
 
-def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: PlanOutcome, *,
-              filtered: set[tuple[int, int, str]] = frozenset()) -> None:
+def correction_row(obligation_id: int, key: str, channel: str, revision: int, old_due: datetime,
+                   new_due: datetime, now: datetime) -> dict:
+    """The alert row of one correction ("moved from ``old_due`` to ``new_due``", both aware UTC),
+    keyed on the obligation's revision so a re-plan never sends a second one for the same move. A
+    move into the past says so: the new instant has passed, so no reminder for it will follow."""
+    passed = "; the new instant has already passed" if new_due <= now else ""
+    return dict(
+        obligation_id=obligation_id, offset_seconds=0, channel=channel, kind="correction", revision=revision,
+        dedup_key=alert_dedup_key(key, 0, channel, "correction", revision), send_at=now, due_at=new_due,
+        status="pending", previous_due_at=old_due, attempts=0, created_at=now, updated_at=now,
+        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()} after a reminder "
+                      f"was delivered{passed}",
+    )
+
+
+def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -> dict[int, tuple]:
+    """obligation id → (new due instant, rule version) for the stale one-off obligations whose rule is
+    still in force for a still-subscribed target but now falls before the planning window: a deadline
+    moved into the past is a move (a correction saying so), not a withdrawal."""
+    from deadline_pipeline.plan.planner import ONCE
+
+    out: dict[int, tuple] = {}
+    long_ago = timedelta(days=3660)
+    for r in stale:
+        target = subscribed.get((r.subscriber_id, r.source_id))
+        if target is None or r.period != ONCE or r.source_id not in rules_cache:
+            continue
+        rules, _withdrawn = rules_cache[r.source_id]
+        match = [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id and not (rule.rrule or rule.rdates)]
+        if not match:
+            continue
+        obs, _problems = plan_target(target, match, lo - long_ago, long_ago, before=lo)
+        if len(obs) == 1 and obs[0].due_at < lo and obs[0].due_at != r.due_at:
+            out[r.id] = (obs[0].due_at, obs[0].rule_version, r.obligation_key)
+    return out
+
+
+def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cache: dict, now,
+              out: PlanOutcome, *, filtered: set[tuple[int, int, str]] = frozenset()) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
     as its own reminder. A removed subscriber or subscription, or a rule the subscription's own
     filter now leaves out (``filtered``, e.g. a new ``exclude_kinds``), is cancelled silently: a
-    notice would claim the source withdrew a deadline it still publishes."""
+    notice would claim the source withdrew a deadline it still publishes. A one-off
+    deadline moved into the past is moved instead (open reminders superseded, one correction where
+    a reminder was delivered, saying the new instant has passed)."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
+    past = _moved_into_past(stale, subscribed, rules_cache, lo)
+    if past:
+        ids = sorted(past)
+        delivered = sql.delivered_channels(conn, ids)
+        notices = []
+        for r in stale:
+            if r.id in past:
+                new_due, version, key = past[r.id]
+                sql.move_obligation(conn, r.id, new_due, version, now)
+                notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
+                               for ch in sorted(delivered.get(r.id, ())))
+        out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
+        out.corrections += sql.insert_notices(conn, notices)
+        out.obligations_moved += len(ids)
+        stale = [r for r in stale if r.id not in past]
+        if not stale:
+            return
     by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed
                and (r.subscriber_id, r.source_id, r.rule_id) not in filtered]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
@@ -358,6 +415,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed, now, out: Plan
         for channel in sorted(delivered.get(r.id, ())):
             notices.append(dict(
                 obligation_id=r.id, offset_seconds=0, channel=channel, kind="cancellation", revision=r.revision,
+                due_at=r.due_at,
                 dedup_key=alert_dedup_key(r.obligation_key, 0, channel, "cancellation", r.revision), send_at=now,
                 status="pending", attempts=0, created_at=now, updated_at=now,
                 status_reason="the source withdrew or moved this occurrence after a reminder was delivered",
@@ -392,12 +450,13 @@ def max_version_id(engine: Engine) -> int:
 def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime) -> list[str]:
     """Due months (partition keys ``YYYY-MM-01``) whose obligations the rule versions created after
     ``since_version_id`` can change: the months of the rules' current obligations (old instants) and
-    of their new occurrences in every subscriber zone (new instants), inside the planning window."""
+    of their new occurrences in every subscriber zone (new instants) after business-day rolling,
+    inside the planning window."""
     from sqlalchemy import select
 
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.rules import RuleRecord
-    from deadline_pipeline.store.schema import obligations, rule_versions
+    from deadline_pipeline.store.schema import obligations, rule_versions, sources
     from deadline_pipeline.timezones import resolve_zone
 
     lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
@@ -409,6 +468,10 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         ).all()
         if not changed:
             return []
+        # New instants are rolled exactly as planning rolls them: a Saturday 31 October due date
+        # rolled to Monday 2 November belongs to November's partition, not October's.
+        calendars = business_calendars(conn, cfg, PlanOutcome())
+        name_of = dict(conn.execute(select(sources.c.id, sources.c.name)).all())
         zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
         pairs = {(source_id, rule_id) for source_id, rule_id, _, _ in changed}
         # One query for the old instants: only obligations of the changed rules' sources are read.
@@ -418,13 +481,14 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
                     obligations.c.due_at >= lo, obligations.c.due_at <= hi)):
             if (source_id, rule_id) in pairs:
                 months.add(f"{due:%Y-%m}-01")
-        for _source_id, rule_id, withdrawn, payload in changed:
+        for source_id, rule_id, withdrawn, payload in changed:
             if withdrawn:
                 continue
             rule = RuleRecord.from_payload(payload)
+            rolling = calendars.get(name_of.get(source_id))
             for zone_name in ({rule.tz} if rule.tz else zones or {"UTC"}):
                 try:
-                    for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi):
+                    for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi, business_days=rolling):
                         months.add(f"{occ.due_at:%Y-%m}-01")
                 except ValueError as exc:  # reported by planning itself; here it only widens nothing
                     log.warning("affected partitions: rule %s: %s", rule_id, exc)

@@ -173,14 +173,18 @@ def upcoming_obligation_counts(conn: Connection, since: datetime) -> dict[tuple[
 
 
 def obligations_with_reminders(conn: Connection, lo: datetime, hi: datetime) -> list[dict]:
-    """Active obligations due in ``[lo, hi]`` with the set of their reminder rows, as dicts with
+    """Active obligations due in ``[lo, hi]`` with the set of their reminder rows for their current
+    due instant, as dicts with
     ``id, subscriber_id, source_id, rule_id, due_at, title, reminders`` where ``reminders`` maps
     (offset_seconds, channel) → status. One query, grouped in Python."""
     rows = conn.execute(
         select(obligations.c.id, obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id,
                obligations.c.due_at, obligations.c.title, alerts.c.offset_seconds, alerts.c.channel,
                alerts.c.status)
-        .outerjoin(alerts, and_(alerts.c.obligation_id == obligations.c.id, alerts.c.kind == "reminder"))
+        # Only the reminders owed for the obligation's current instant count: a reminder delivered
+        # for the instant before a move must not hide a missing one for the new instant.
+        .outerjoin(alerts, and_(alerts.c.obligation_id == obligations.c.id, alerts.c.kind == "reminder",
+                                or_(alerts.c.due_at.is_(None), alerts.c.due_at == obligations.c.due_at)))
         .where(obligations.c.status == "active", obligations.c.due_at >= lo, obligations.c.due_at <= hi)
         .order_by(obligations.c.due_at, obligations.c.id)
     ).all()

@@ -50,6 +50,10 @@ from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
 
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
+# Open reminders of a due instant the obligation moved away from are superseded with this prefix;
+# only those come back if the deadline moves back to that instant.
+MOVED_REASON_PREFIX = "deadline moved: "
+OPEN_STATES = ("pending", "retry_wait", "skipped")
 
 _stage_md = MetaData()
 stage_obligations = Table(
@@ -64,7 +68,7 @@ stage_alerts = Table(
     "stage_alerts", _stage_md,
     Column("obligation_key", String(64)), Column("offset_seconds", Integer), Column("channel", String(100)),
     Column("kind", String(20)), Column("dedup_key", String(64)), Column("send_at", UtcDateTime),
-    Column("status", String(20)), Column("status_reason", Text),
+    Column("status", String(20)), Column("status_reason", Text), Column("due_at", UtcDateTime),
     prefixes=["TEMPORARY"],
 )
 OB_COLS = [c.name for c in stage_obligations.c]
@@ -133,6 +137,31 @@ def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, Rule
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 
+def rule_lineage(conn: Connection, source_id: int) -> dict[str, str]:
+    """rule_id → lineage (the id its obligations are keyed on) of the active rules of a source that
+    were renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it
+    only for the rule that owns the id; the other is keyed on its own id — never two rules on one
+    obligation, which would silently drop one of them."""
+    latest = latest_versions(conn, source_id)
+    claims: dict[str, list[str]] = {}
+    for rid, v in latest.items():
+        if not v["withdrawn"]:
+            claims.setdefault(v.get("lineage") or rid, []).append(rid)
+    out: dict[str, str] = {}
+    for lineage, rids in claims.items():
+        for rid in rids:
+            if rid != lineage and (len(rids) == 1 or lineage not in rids):
+                out[rid] = lineage
+    # Several renamed rules on one lineage without its owner: only the first (by id) keeps it.
+    seen: set[str] = set()
+    for rid in sorted(out):
+        if out[rid] in seen:
+            del out[rid]
+        else:
+            seen.add(out[rid])
+    return out
+
+
 # --------------------------------------------------------------------------- staging
 
 def create_stage(conn: Connection) -> None:
@@ -178,7 +207,9 @@ def stage_rows(conn: Connection, table: Table, rows: Iterable[tuple], columns: l
 
 
 NEW_ALERT_COLUMNS = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at",
-                     "status", "status_reason", "attempts", "created_at", "updated_at"]
+                     "status", "status_reason", "attempts", "created_at", "updated_at", "due_at"]
+# The alert identity (the unique constraint): a reminder is owed per due instant.
+ALERT_IDENTITY = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at"]
 
 
 def staged_ids(conn: Connection, keys: set[str]) -> dict[str, int]:
@@ -210,7 +241,8 @@ def classify_staged(conn: Connection) -> dict[str, int]:
             func.sum(case((and_(o.c.id.is_not(None), o.c.due_at.is_not_distinct_from(s.c.due_at),
                                 or_(o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active",
                                     o.c.rule_version.is_distinct_from(s.c.rule_version),
-                                    o.c.title.is_distinct_from(s.c.title))), 1), else_=0)),
+                                    o.c.title.is_distinct_from(s.c.title), o.c.rule_id != s.c.rule_id)), 1),
+                          else_=0)),
         ).select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
     ).one()
     total, matched, moved_or_new, changed = row[0], row[1], row[2] or 0, row[3] or 0
@@ -260,13 +292,16 @@ def merge_obligations(conn: Connection, now: datetime) -> None:
     stmt = ins.on_conflict_do_update(
         index_elements=["obligation_key"],
         set_={
+            # A renamed rule keeps its obligation (same key, via the lineage) under its new id.
+            "rule_id": ex.rule_id,
             "rule_version": ex.rule_version, "title": ex.title, "due_at": ex.due_at, "status": ex.status,
             "fingerprint": ex.fingerprint, "planned_at": ex.planned_at,
             "revision": case((due_moved, o.c.revision + 1), else_=o.c.revision),
             "previous_due_at": case((due_moved, o.c.due_at), else_=o.c.previous_due_at),
         },
         where=or_(due_moved, o.c.fingerprint.is_distinct_from(ex.fingerprint), o.c.status != ex.status,
-                  o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title)),
+                  o.c.rule_version.is_distinct_from(ex.rule_version), o.c.title.is_distinct_from(ex.title),
+                  o.c.rule_id != ex.rule_id),
     )
     conn.execute(stmt)
 
@@ -284,23 +319,27 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
         select(func.count()).select_from(
             sa.join(o, o.c.obligation_key == sa.c.obligation_key).join(
                 a, and_(a.c.obligation_id == o.c.id, a.c.offset_seconds == sa.c.offset_seconds,
-                        a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0)))
+                        a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0,
+                        a.c.due_at == sa.c.due_at)))
         .where(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(sa.c.send_at))
     ).scalar_one()
-    cols = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "dedup_key", "send_at", "status",
-            "status_reason", "attempts", "created_at", "updated_at"]
+    cols = NEW_ALERT_COLUMNS
     sel = (
         select(o.c.id, sa.c.offset_seconds, sa.c.channel, sa.c.kind, literal(0), sa.c.dedup_key, sa.c.send_at,
-               sa.c.status, sa.c.status_reason, literal(0), literal(now, UtcDateTime), literal(now, UtcDateTime))
+               sa.c.status, sa.c.status_reason, literal(0), literal(now, UtcDateTime), literal(now, UtcDateTime),
+               sa.c.due_at)
         .join(o, o.c.obligation_key == sa.c.obligation_key)
         .where(true())
     )
     ins = dialect_insert(conn, a).from_select(cols, sel)
     # A reminder cancelled because its obligation was withdrawn comes back with the obligation (a
     # source that drops a rule and restores it must not leave its reminders cancelled for good).
-    revived = and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%"))
+    # Likewise a reminder superseded when its deadline moved away comes back when the deadline moves
+    # back to that instant (a delivered one stays delivered: a flapping source never repeats a reminder).
+    revived = or_(and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%")),
+                  and_(a.c.status == "superseded", a.c.status_reason.like(f"{MOVED_REASON_PREFIX}%")))
     stmt = ins.on_conflict_do_update(
-        index_elements=["obligation_id", "offset_seconds", "channel", "kind", "revision"],
+        index_elements=ALERT_IDENTITY,
         set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at,
               "status": case((revived, ins.excluded.status), else_=a.c.status),
               "status_reason": case((revived, ins.excluded.status_reason), else_=a.c.status_reason)},
@@ -318,10 +357,30 @@ def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
     for part in chunks(obligation_ids, 500):
         out.extend(dict(r) for r in conn.execute(
             select(alerts.c.id, alerts.c.obligation_id, alerts.c.offset_seconds, alerts.c.channel, alerts.c.kind,
-                   alerts.c.send_at, alerts.c.status, alerts.c.status_reason)
+                   alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.due_at)
             .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder")
         ).mappings().all())
     return out
+
+
+def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
+    """Supersede the open reminders of these obligations that were planned for another due instant
+    than the obligation's current one (call after the merge). Delivered ones are history and stay.
+    An alert whose lease is live is mid-send and is left alone. Returns rows superseded."""
+    n = 0
+    current = (select(obligations.c.due_at).where(obligations.c.id == alerts.c.obligation_id)
+               .scalar_subquery())
+    for part in chunks(obligation_ids, 500):
+        n += len(conn.execute(
+            update(alerts)
+            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
+                   alerts.c.status.in_(OPEN_STATES), alerts.c.due_at.is_distinct_from(current),
+                   or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
+            .values(status="superseded", updated_at=now,
+                    status_reason=MOVED_REASON_PREFIX + "planned for an instant the deadline no longer has")
+            .returning(alerts.c.id)
+        ).all())
+    return n
 
 
 def set_alert_status(conn: Connection, alert_id: int, status: str, reason: str | None, now: datetime) -> None:
@@ -343,15 +402,26 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime):
     """Active obligations of these sources due in ``[lo, hi]`` that the staged plan no longer contains:
-    (id, key, rule_id, source_id, subscriber_id, revision)."""
+    (id, key, rule_id, source_id, subscriber_id, revision, due_at, period)."""
     if not source_ids:
         return []
     o, s = obligations, stage_obligations
     return conn.execute(
-        select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision)
+        select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
+               o.c.due_at, o.c.period)
         .where(o.c.source_id.in_(source_ids), o.c.status == "active", o.c.due_at >= lo, o.c.due_at <= hi,
                ~exists().where(s.c.obligation_key == o.c.obligation_key))
     ).all()
+
+
+def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule_version: int,
+                    now: datetime) -> None:
+    """Move one obligation to ``due_at`` (aware UTC) outside the planning window (a move into the
+    past): the revision is bumped and the old instant kept, exactly as a merge does for a move."""
+    o = obligations
+    conn.execute(update(o).where(o.c.id == obligation_id).values(
+        due_at=due_at, previous_due_at=o.c.due_at, revision=o.c.revision + 1, rule_version=rule_version,
+        fingerprint=None, planned_at=now))
 
 
 def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int, set[str]]:

@@ -30,6 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.naming import conv
 
 # Stable constraint names so Alembic migrations can refer to them on both engines.
 metadata = MetaData(
@@ -109,6 +110,10 @@ snapshots = Table(
     # parsed | failed | quarantined: a failed parse keeps the bytes for a human to read.
     Column("parse_status", String(20)),
     Column("parse_error", Text),
+    # What parsing made of the bytes: {"rules": n, "skipped": [{record_id, position, message}…],
+    # "skipped_count": n, "held": [rule ids kept in force because their record failed to parse],
+    # "accepted": bool}. The rules_complete check reads it.
+    Column("parse_report", Json),
     UniqueConstraint("source_id", "sha256"),
 )
 
@@ -124,6 +129,9 @@ rule_versions = Table(
     Column("withdrawn", Boolean, nullable=False, default=False),
     Column("content_hash", String(64), nullable=False),
     Column("payload", Json, nullable=False),
+    # The id this rule had when it first appeared, when it was renamed since (NULL: its own id).
+    # Planning keys obligations on it, so a renamed rule keeps its obligations and delivered reminders.
+    Column("lineage", String(500)),
     # The rule id is unique per source, so two sources may use the same id without colliding.
     UniqueConstraint("source_id", "rule_id", "version"),
 )
@@ -217,7 +225,12 @@ alerts = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("revision", Integer, nullable=False, default=0),  # the obligation revision a correction reports
     Column("previous_due_at", UtcDateTime),  # corrections: the due instant before the move
-    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision"),
+    # The due instant this alert was planned for (a correction: the new instant). Part of the
+    # identity: a reminder delivered for a deadline's old instant must not stand in for the one owed
+    # for its new instant. NULL only in rows written by code that predates the column.
+    Column("due_at", UtcDateTime),
+    UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at",
+                     name=conv("uq_alerts_identity")),  # the generated name exceeds PostgreSQL's 63 chars
     # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
     Index(None, "status", "send_at"),
 )

@@ -103,7 +103,7 @@ def snapshot_meta(conn: Connection, snapshot_id: int):
     return conn.execute(
         select(snapshots.c.id, snapshots.c.source_id, snapshots.c.sha256, snapshots.c.etag,
                snapshots.c.last_modified, snapshots.c.parse_status, snapshots.c.parse_error,
-               snapshots.c.fetched_at, snapshots.c.size)
+               snapshots.c.fetched_at, snapshots.c.size, snapshots.c.parse_report)
         .where(snapshots.c.id == snapshot_id)
     ).one()
 
@@ -131,6 +131,11 @@ def requeue_snapshot(conn: Connection, snapshot_id: int, now: datetime) -> None:
     )
 
 
+def set_parse_report(conn: Connection, snapshot_id: int, report: dict) -> None:
+    """Store what parsing made of a snapshot (see ``snapshots.parse_report``)."""
+    conn.execute(update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_report=report))
+
+
 def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None) -> None:
     conn.execute(
         update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_status=status, parse_error=safe_text(error))
@@ -138,7 +143,8 @@ def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: 
 
 
 def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
-    """rule_id → its latest version row (``version``, ``withdrawn``, ``content_hash``, ``payload``)."""
+    """rule_id → its latest version row (``version``, ``withdrawn``, ``content_hash``, ``payload``,
+    ``snapshot_id``, ``lineage``)."""
     latest = (
         select(rule_versions.c.rule_id, func.max(rule_versions.c.version).label("v"))
         .where(rule_versions.c.source_id == source_id)
@@ -147,7 +153,8 @@ def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
     )
     rows = conn.execute(
         select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
-               rule_versions.c.content_hash, rule_versions.c.payload, rule_versions.c.snapshot_id)
+               rule_versions.c.content_hash, rule_versions.c.payload, rule_versions.c.snapshot_id,
+               rule_versions.c.lineage)
         .join(latest, and_(latest.c.rule_id == rule_versions.c.rule_id, latest.c.v == rule_versions.c.version))
         .where(rule_versions.c.source_id == source_id)
     ).mappings().all()

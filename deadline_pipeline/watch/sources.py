@@ -122,3 +122,40 @@ def source_fresh(engine: Engine, name: str, now: datetime, window: timedelta | N
 def source_not_quarantined(engine: Engine, name: str) -> SourceCheckOutcome:
     """:func:`evaluate_not_quarantined` on the store."""
     return evaluate_not_quarantined(name, read_source_state(engine, name))
+
+
+def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | None,
+                            report: dict | None) -> SourceCheckOutcome:
+    """``rules_complete``: fails while the source's latest snapshot skipped records (an unknown zone,
+    an unreadable RRULE or id) and no human accepted it (``deadline-pipeline source accept``). The
+    summary gives the counts and the first offenders; ``metadata`` lists them with record id and
+    position, and the rules kept in force because their record failed to parse. Pure."""
+    meta = {"snapshot_id": snapshot_id, "snapshot_status": status}
+    if not report:
+        return SourceCheckOutcome("rules_complete", name, True,
+                                  f"source {name!r}: no parsed snapshot with skipped records", meta)
+    skipped, held = report.get("skipped_count", 0), report.get("held") or []
+    meta.update(rules=report.get("rules"), skipped_count=skipped, held_count=len(held), held=held[:20],
+                skipped=(report.get("skipped") or [])[:10], accepted=bool(report.get("accepted")))
+    if skipped and not report.get("accepted"):
+        first = "; ".join(f"{p['position']}: {p['message']}" for p in (report.get("skipped") or [])[:3])
+        kept = f"; {len(held)} rule(s) kept in force from their last good version" if held else ""
+        return SourceCheckOutcome(
+            "rules_complete", name, False,
+            f"source {name!r}: snapshot {snapshot_id} skipped {skipped} record(s) and yielded "
+            f"{report.get('rules')} rule(s){kept}; first: {first}. Fix the source, or run 'deadline-pipeline "
+            f"source accept {snapshot_id}' to accept the loss", meta)
+    return SourceCheckOutcome("rules_complete", name, True,
+                              f"source {name!r}: snapshot {snapshot_id} yielded {report.get('rules')} rule(s)"
+                              + (", its skipped records accepted by a human" if skipped else ", none skipped"),
+                              meta)
+
+
+def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:
+    """:func:`evaluate_rules_complete` on the source's latest snapshot in the store."""
+    with engine.connect() as conn:
+        row = sql.find_source(conn, name)
+        latest = sql.latest_snapshot(conn, row.id) if row is not None else None
+        meta = sql.snapshot_meta(conn, latest.id) if latest is not None else None
+    return evaluate_rules_complete(name, meta.id if meta else None, meta.parse_status if meta else None,
+                                   meta.parse_report if meta else None)

@@ -29,7 +29,8 @@ from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
-from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined
+from deadline_pipeline.watch.reconcile import reminders_owed
+from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,17 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
         report.rows.append(WatchRow("source_fresh", name, fresh.passed, fresh.summary))
         quarantine = evaluate_not_quarantined(name, state)
         report.rows.append(WatchRow("source_not_quarantined", name, quarantine.passed, quarantine.summary))
+        complete = rules_complete(engine, name)
+        report.rows.append(WatchRow("rules_complete", name, complete.passed, complete.summary))
+    if cfg is not None:
+        # Recomputed from the rule versions in force, so it sees a reminder that was never planned.
+        try:
+            owed = reminders_owed(engine, cfg, now, grace)
+            report.rows.append(WatchRow("reminders_owed", "alerts", owed.passed, owed.summary))
+        except Exception as exc:  # noqa: BLE001 — a broken check is a red row, never a crashed watchdog
+            log.exception("watchdog: reminders_owed failed")
+            report.rows.append(WatchRow("reminders_owed", "alerts", False,
+                                        f"reconciliation failed: {exc.__class__.__name__}: {exc}"))
     return report
 
 

@@ -166,7 +166,10 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
             continue
         edition = str(edition).strip()
         position = f"entry {index} (id={edition}, line {line})"
+        before = len(result.problems)
         _read_entry(entry, edition, position, default_tz, result)
+        for p in result.problems[before:]:
+            p.record_id = edition  # every rule of the entry is named "{edition}/…"
     return drop_duplicate_ids(result)
 
 
@@ -202,7 +205,9 @@ def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None
         specs = []
         for key, kind, label in FLAT_KEYS:
             if key == "deadline" and entry.get(key) is None:
-                result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)"))
+                # A readable entry that announces no deadline: nothing was skipped.
+                result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
+                                                    skipped=False))
                 continue
             if entry.get(key) is None:
                 continue  # abstract_deadline is optional; `null` means "none"

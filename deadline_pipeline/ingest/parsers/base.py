@@ -30,10 +30,27 @@ class ParseProblem:
 
     ``position``: where it is, e.g. ``"line 12"``, ``"entry 3 (id=cvpr24)"``, ``"VEVENT UID=abc"``.
     ``message``: what is wrong, in words a source maintainer can act on.
+    ``record_id``: the identity of the skipped record when it could be read — a rule id, or the
+    prefix of the rule ids it yields (``cvpr24`` for ``cvpr24/submission/deadline``, a UID for its
+    ``UID#RECURRENCE-ID`` overrides); ``None`` when the id itself is unreadable.
+    ``skipped``: False for a note that skips nothing (a part ignored, a duplicate whose first copy was
+    kept). A skipped record is not a withdrawal: ingest keeps the last good version of every rule it
+    may have yielded (all the missing ones when ``record_id`` is ``None``), and a check turns red.
     """
 
     position: str
     message: str
+    record_id: str | None = None
+    skipped: bool = True
+
+    def may_be(self, rule_id: str) -> bool:
+        """Whether ``rule_id`` may be one of the rules this skipped record would have yielded."""
+        if not self.skipped:
+            return False
+        if self.record_id is None:
+            return True  # the id is unreadable: any missing rule may be this record
+        rid = self.record_id
+        return rule_id == rid or rule_id.startswith((rid + "/", rid + "#"))
 
     def __str__(self) -> str:
         return f"{self.position}: {self.message}"
@@ -85,7 +102,8 @@ def drop_duplicate_ids(result: ParseResult) -> ParseResult:
     for rule in result.rules:
         if rule.rule_id in seen:
             result.problems.append(
-                ParseProblem(f"rule {rule.rule_id!r}", "duplicate rule id in this payload; the first was kept")
+                ParseProblem(f"rule {rule.rule_id!r}", "duplicate rule id in this payload; the first was kept",
+                             rule.rule_id, skipped=False)
             )
             continue
         seen.add(rule.rule_id)

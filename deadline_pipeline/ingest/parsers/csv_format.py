@@ -93,29 +93,30 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
         cell = {k: (str(v).strip() if v is not None else "") for k, v in row.items()}
         position = f"line {line}"
         title = cell["title"]
+        rid = cell.get("id") or title or None  # the rule id this row would have had, if readable
         if not title:
-            result.problems.append(ParseProblem(position, "empty title"))
+            result.problems.append(ParseProblem(position, "empty title", rid))
             continue
         try:
             start = parse_due(cell["due"])
         except ValueError as exc:
-            result.problems.append(ParseProblem(position, str(exc)))
+            result.problems.append(ParseProblem(position, str(exc), rid))
             continue
         tz = cell["timezone"] or default_tz
         if tz is None:
-            result.problems.append(ParseProblem(position, "empty timezone and the source has no default_tz"))
+            result.problems.append(ParseProblem(position, "empty timezone and the source has no default_tz", rid))
             continue
         try:
             resolve_zone(tz)
         except UnknownTimeZone as exc:
-            result.problems.append(ParseProblem(position, str(exc)))
+            result.problems.append(ParseProblem(position, str(exc), rid))
             continue
         rrule = cell.get("rrule") or None
         if rrule:
             rrule = re.sub(r"^RRULE:", "", rrule, flags=re.IGNORECASE)
             message = check_recur(rrule)
             if message:
-                result.problems.append(ParseProblem(position, message))
+                result.problems.append(ParseProblem(position, message, rid))
                 continue
         result.rules.append(RuleRecord(
             rule_id=cell.get("id") or title,

@@ -101,13 +101,15 @@ def _events(data: dict, source: str, problems: list[ParseProblem]) -> list[tuple
                              f"got {type(divisions).__name__}")
         for division, years in divisions.items():
             if not isinstance(years, dict):
-                problems.append(ParseProblem(f"divisions.{division}", "expected an object of years; skipped"))
+                problems.append(ParseProblem(f"divisions.{division}", "expected an object of years; skipped",
+                                             str(division)))
                 continue
             for year, events in years.items():
                 if not _YEAR_KEY.match(str(year)):
                     continue  # "slug" and "title": the division's own labels, not holidays
                 if not isinstance(events, list):
-                    problems.append(ParseProblem(f"divisions.{division}.{year}", "expected a list of holidays"))
+                    problems.append(ParseProblem(f"divisions.{division}.{year}", "expected a list of holidays",
+                                                 f"{division}/{year}"))
                     continue
                 out.extend((division, f"divisions.{division}.{year}[{i}]", e) for i, e in enumerate(events))
         return out
@@ -147,24 +149,27 @@ def parse_govuk_bank_holidays(content: bytes, *, source: str, default_tz: str | 
     seen: dict[str, int] = {}
     for division, position, event in events:
         if not isinstance(event, dict):
-            result.problems.append(ParseProblem(position, f"expected an object, got {type(event).__name__}"))
+            result.problems.append(ParseProblem(position, f"expected an object, got {type(event).__name__}",
+                                                division))
             continue
         title = str(event.get("title") or "").strip()
         name = holiday_name(title)
         if not name:
-            result.problems.append(ParseProblem(position, "holiday has no title; it cannot be identified"))
+            result.problems.append(ParseProblem(position, "holiday has no title; it cannot be identified",
+                                                division))
             continue
         try:
             day = _date(event.get("date"))
         except ValueError as exc:
-            result.problems.append(ParseProblem(position, str(exc)))
+            result.problems.append(ParseProblem(position, str(exc), division))
             continue
         base = f"{division}/{day.year}/{name}"
         seen[base] = seen.get(base, 0) + 1
         rule_id = base if seen[base] == 1 else f"{base}#{seen[base]}"
         if seen[base] > 1:
             result.problems.append(ParseProblem(
-                position, f"a second holiday named {name!r} in {division} {day.year}; kept as {rule_id!r}"))
+                position, f"a second holiday named {name!r} in {division} {day.year}; kept as {rule_id!r}",
+                rule_id, skipped=False))
         shown = title[len(_KEY_PREFIX):] if title.startswith(_KEY_PREFIX) else title
         result.rules.append(RuleRecord(
             rule_id=rule_id,

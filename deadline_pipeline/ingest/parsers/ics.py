@@ -205,7 +205,7 @@ def _calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
             resolve_zone(name)
             return name
         except UnknownTimeZone as exc:
-            problems.append(ParseProblem(f"VCALENDAR {index}", f"X-WR-TIMEZONE ignored: {exc}"))
+            problems.append(ParseProblem(f"VCALENDAR {index}", f"X-WR-TIMEZONE ignored: {exc}", skipped=False))
     return default_tz
 
 
@@ -242,7 +242,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     for index, top in enumerate(tops, start=1):
         if top.name != "VCALENDAR" and any(c.name in COMPONENTS for c in top.walk()):
             result.problems.append(ParseProblem(
-                f"{top.name} {index}", "component outside a VCALENDAR (RFC 5545 §3.4); read anyway"))
+                f"{top.name} {index}", "component outside a VCALENDAR (RFC 5545 §3.4); read anyway", skipped=False))
         zone = _calendar_zone(top, default_tz, result.problems, index)
         components.extend((c, zone) for c in top.walk() if c.name in COMPONENTS)
 
@@ -260,9 +260,10 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         try:
             result.rules.append(_component_rule(component, zone, uid, scan, result.problems, position))
         except _Skip as exc:
-            result.problems.append(ParseProblem(position, str(exc)))
+            result.problems.append(ParseProblem(position, str(exc), uid))
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
-            result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}"))
+            result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}",
+                                                uid))
     return drop_duplicate_ids(result)
 
 
@@ -358,14 +359,15 @@ def _dates(component: icalendar.cal.Component, name: str, problems: list[ParsePr
     out: list[_When] = []
     for prop in _prop_list(component, name):
         if isinstance(prop, icalendar.prop.vBroken):
-            problems.append(ParseProblem(position, f"{name} {str(prop)!r} ignored: not a valid date list"))
+            problems.append(ParseProblem(position, f"{name} {str(prop)!r} ignored: not a valid date list",
+                                         skipped=False))
             continue
         params = getattr(prop, "params", {}) or {}
         for item in getattr(prop, "dts", []) or []:
             try:
                 out.append(_value_when(item.dt, params, name))
             except _Skip as exc:
-                problems.append(ParseProblem(position, f"{exc}; that {name} value is ignored"))
+                problems.append(ParseProblem(position, f"{exc}; that {name} value is ignored", skipped=False))
     return out
 
 
@@ -377,7 +379,8 @@ def _in_zone(when: _When, rule_zone: tzinfo | None, problems: list[ParseProblem]
         return format_local(when.value)
     if rule_zone is None:
         problems.append(ParseProblem(
-            position, f"{what} {format_local(when.value)} in {when.tz} kept as wall time: the rule is floating"))
+            position, f"{what} {format_local(when.value)} in {when.tz} kept as wall time: the rule is floating",
+            skipped=False))
         return format_local(when.value)
     return format_local(aware.astimezone(rule_zone).replace(tzinfo=None))
 

@@ -4,14 +4,14 @@ Expand-only: two nullable columns. Sweepers of the previous release never read o
 they keep running on the migrated store during a rolling deploy.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

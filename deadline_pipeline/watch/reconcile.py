@@ -1,0 +1,170 @@
+"""``reminders_owed``: an independent reconciliation of what was owed against what was sent.
+
+The other checks read the outbox (``alerts``) and ask whether its rows were handled. A reminder that
+was never *planned* has no row, so they cannot see it: a moved deadline whose new reminders were
+never written, or a rule withdrawn because its record failed to parse, stays green there. This check
+recomputes what is owed from the rule versions in force instead:
+
+1. **Rules in force**, per source, from ``rule_versions`` alone: the latest version of each rule —
+   unless that version is a withdrawal made by a snapshot that *skipped* a record which may have been
+   that rule (its ``parse_report``) and no human accepted it; then the last good version is in force
+   (only a parseable snapshot that lacks a rule withdraws it).
+2. **Owed reminders**: every (subscriber, rule, due instant, offset, channel) of the active
+   subscriptions whose send instant lies in ``[now - lookback, now - grace]``, expanded from those
+   rules with the planner's calendar arithmetic (zones, business-day rolling, quiet hours). Only
+   rules already planned for that subscriber at least once count (a subscriber added today is not
+   owed last week's reminders; a target never planned at all is ``horizon_planned``'s to catch), and
+   only instants due after the rule version came into force.
+3. **Explained**: the outbox holds, *for that due instant*, a delivered reminder with a ``sent``
+   receipt, or a recorded reason that agrees with the recomputation — ``skipped`` (late policy),
+   ``escalated`` (already loud), ``cancelled`` for another reason than a withdrawal. A reminder
+   ``superseded`` or ``cancelled`` as withdrawn while its rule and instant are in force is not
+   explained, nor is a missing row. A row still open (pending, claimed, waiting to retry) is in
+   flight: ``alerts_reconciled`` judges it (and pages for it) once it is overdue, so one stuck
+   reminder is one incident, not two.
+
+Any owed reminder not explained is red, with the offenders.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, and_, exists, select
+
+from deadline_pipeline.config import DeadlinesConfig
+from deadline_pipeline.ingest.parsers.base import ParseProblem
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets
+from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots
+from deadline_pipeline.watch.checks import CheckOutcome
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOOKBACK = timedelta(days=7)
+
+
+def _withdrawal_justified(rule_id: str, report: dict | None) -> bool:
+    """Whether a snapshot with this parse report may withdraw ``rule_id``: it skipped no record that
+    may have been the rule, or a human accepted its skipped records."""
+    if not report or report.get("accepted"):
+        return True
+    if report.get("skipped_count", 0) > len(report.get("skipped") or []):
+        # The stored list was capped: an unlisted skipped record may be this rule.
+        return False
+    return not any(ParseProblem(p.get("position", ""), p.get("message", ""), p.get("record_id")).may_be(rule_id)
+                   for p in report.get("skipped") or [])
+
+
+def rules_in_force(conn, source_id: int) -> list[tuple[int, RuleRecord, datetime]]:
+    """(version, record, valid_from) of every rule of a source in force, per the module docstring."""
+    rows = conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
+               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report)
+        .join(snapshots, snapshots.c.id == rule_versions.c.snapshot_id)
+        .where(rule_versions.c.source_id == source_id)
+        .order_by(rule_versions.c.rule_id, rule_versions.c.version)
+    ).all()
+    by_rule: dict[str, list] = {}
+    for r in rows:
+        by_rule.setdefault(r.rule_id, []).append(r)
+    out = []
+    for rule_id, versions in by_rule.items():
+        in_force = None
+        for v in versions:
+            if not v.withdrawn:
+                in_force = v
+            elif _withdrawal_justified(rule_id, v.parse_report):
+                in_force = None
+        if in_force is not None:
+            out.append((in_force.version, RuleRecord.from_payload(in_force.payload), in_force.valid_from))
+    return out
+
+
+def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: timedelta = timedelta(minutes=30),
+                   lookback: timedelta = DEFAULT_LOOKBACK, limit: int = 10) -> CheckOutcome:
+    """The reconciliation (module docstring) at ``now`` (aware UTC); ``grace`` and ``lookback`` bound
+    the send instants judged. Never raises for what it finds; offenders name subscriber, rule, due
+    instant, offset, channel and why the outbox does not explain the reminder."""
+    from deadline_pipeline.plan.planner import plan_target
+    from deadline_pipeline.plan.service import PlanOutcome, business_calendars, fold_overrides, targets_from_rows
+
+    lo, hi = now - lookback, now - grace
+    scratch = PlanOutcome()  # planning's own problems are reported by planning, not here
+    owed: dict[tuple, dict] = {}
+    with engine.connect() as conn:
+        targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
+        rules_cache: dict[int, tuple] = {}
+        planned_pairs = {(s, src, rid) for s, src, rid in conn.execute(
+            select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id).distinct())}
+        for t in targets:
+            if t.source_id not in rules_cache:
+                rules = rules_in_force(conn, t.source_id)
+                since = {r.rule_id: valid_from for _v, r, valid_from in rules}
+                rules_cache[t.source_id] = (fold_overrides([(v, r) for v, r, _f in rules], t.source, scratch), since)
+            rules, since = rules_cache[t.source_id]
+            # Due instants up to the latest offset after ``hi`` can have a send instant before it.
+            span = max((abs(o) for o in t.offsets_seconds), default=0)
+            obs, _problems = plan_target(t, rules, lo, lookback + timedelta(seconds=span))
+            for ob in obs:
+                if (t.subscriber_id, t.source_id, ob.rule_id) not in planned_pairs:
+                    continue
+                if ob.due_at < since.get(ob.rule_id, ob.due_at):
+                    continue  # due before this version was known: never owed
+                for a in ob.alerts:
+                    if lo <= a.send_at <= hi:
+                        key = (t.subscriber_id, t.source_id, ob.rule_id, ob.due_at, a.offset_seconds, a.channel)
+                        owed[key] = {"subscriber": t.subscriber, "source": t.source, "rule_id": ob.rule_id,
+                                     "title": ob.title, "due_at": ob.due_at.isoformat(),
+                                     "offset_seconds": a.offset_seconds, "channel": a.channel,
+                                     "send_at": a.send_at.isoformat()}
+        receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
+        have: dict[tuple, tuple] = {}
+        dues = [k[3] for k in owed]
+        for r in [] if not owed else conn.execute(
+            select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id, alerts.c.due_at,
+                   alerts.c.offset_seconds, alerts.c.channel, alerts.c.status, alerts.c.status_reason,
+                   receipt.label("receipt"))
+            .join(obligations, obligations.c.id == alerts.c.obligation_id)
+            # Only the due instants owed: the read stays small on a large outbox.
+            .where(and_(alerts.c.kind == "reminder", alerts.c.due_at >= min(dues), alerts.c.due_at <= max(dues)))
+        ):
+            have[(r.subscriber_id, r.source_id, r.rule_id, r.due_at, r.offset_seconds, r.channel)] = (
+                r.status, r.status_reason, r.receipt)
+    offenders = []
+    for key, info in sorted(owed.items(), key=lambda kv: kv[1]["send_at"]):
+        why = _unexplained(have.get(key))
+        if why:
+            offenders.append({**info, "reason": why})
+    count = len(offenders)
+    if count:
+        first = offenders[0]
+        summary = (f"{count} of {len(owed)} reminder(s) owed between {lo.isoformat()} and {hi.isoformat()} "
+                   f"(recomputed from the rule versions in force) have no receipt and no recorded reason; first: "
+                   f"{first['subscriber']} × {first['rule_id']} due {first['due_at']} offset "
+                   f"{first['offset_seconds']}s on {first['channel']}: {first['reason']}")
+    else:
+        summary = (f"all {len(owed)} reminder(s) owed between {lo.isoformat()} and {hi.isoformat()} (recomputed "
+                   "from the rule versions in force) were sent or have a recorded reason")
+    return CheckOutcome("reminders_owed", count == 0, count, summary, offenders[:limit])
+
+
+def _unexplained(row: tuple | None) -> str | None:
+    """Why an owed reminder's outbox row does not explain it, or None when it does."""
+    if row is None:
+        return "never planned: no alert row for this due instant"
+    status, reason, receipt = row
+    if status == "delivered":
+        return None if receipt else "marked delivered without a 'sent' receipt"
+    if status in ("skipped", "escalated"):
+        return None if (reason or status == "escalated") else f"{status} without a reason"
+    if status == "cancelled":
+        if reason and not reason.startswith(WITHDRAWN_REASON_PREFIX):
+            return None
+        return f"cancelled as withdrawn while its rule is in force ({reason})"
+    if status == "superseded":
+        return f"superseded while its due instant is in force ({reason})"
+    if status in ("pending", "claimed", "retry_wait"):
+        return None  # in flight: alerts_reconciled's to judge once overdue
+    return f"unknown status {status!r}"
