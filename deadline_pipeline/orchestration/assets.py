@@ -50,7 +50,8 @@ def _observer(src: SourceConfig) -> dg.AssetsDefinition:
         outcome = fetch_snapshot(engine, src, now)
         with engine.begin() as conn:
             health.beat(conn, f"ingest:{src.name}", started_at=started, completed_at=clock.now(),
-                        outcome="ok" if outcome.error is None else "failed", detail=outcome.error)
+                        outcome="ok" if outcome.error is None else "failed", detail=outcome.error,
+                        replay=clock.frozen)
         meta = {"status": outcome.status, "size_bytes": outcome.size}
         if outcome.snapshot_id is not None:
             meta["snapshot_id"] = outcome.snapshot_id
@@ -145,7 +146,7 @@ def build_assets(cfg: DeadlinesConfig) -> list:
             health.beat(conn, component, started_at=now, completed_at=clock.now(),
                         outcome="ok" if not out.problems else "partial",
                         detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
-                                f"{len(out.problems)} problem(s)"))
+                                f"{len(out.problems)} problem(s)"), replay=clock.frozen)
             states = health.alerts_by_state(conn)
         for p in out.problems[:20]:
             context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")

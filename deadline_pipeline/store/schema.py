@@ -237,4 +237,7 @@ heartbeats = Table(
     Column("last_completed_at", UtcDateTime),
     Column("last_outcome", String(20)),
     Column("detail", Text),
+    # "live" (the real clock) or "replay" (a run with --as-of): only live heartbeats prove a running
+    # pipeline, and a replay into a store that has them is refused unless forced.
+    Column("clock", String(10), nullable=False, server_default="live"),
 )

@@ -1,0 +1,25 @@
+"""heartbeats: which clock wrote each heartbeat (live or an --as-of replay)
+
+Revision ID: 0008
+Revises: 0005
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # Expand only: rows written before this column existed came from the real clock ("live"), and
+    # old code that does not write the column keeps writing "live" through the server default.
+    with op.batch_alter_table("heartbeats") as batch:
+        batch.add_column(sa.Column("clock", sa.String(10), nullable=False, server_default="live"))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("heartbeats") as batch:
+        batch.drop_column("clock")
