@@ -229,6 +229,9 @@ class SmtpChannel(_ChannelLimits):
     username_env: str | None = None
     password_env: str | None = None
     timeout_seconds: float = 30.0
+    # The server offers SMTPUTF8 (RFC 6531), so recipients with a non-ASCII local part are accepted
+    # at load; every session still checks the EHLO reply before sending to one.
+    smtputf8: bool = False
 
 
 class WebhookChannel(_ChannelLimits):
@@ -403,6 +406,9 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         raise ConfigError(f"{path}: (top level): expected a mapping of sections, got {type(raw).__name__}")
 
     base = path.parent
+    # Where each subscriber was written, for errors found after validation (addresses × channels).
+    origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
+               if isinstance(sub, dict)}
     for src in raw.get("sources") or []:
         if isinstance(src, dict) and isinstance(src.get("location"), str):
             src["location"] = _expand(src["location"], base)
@@ -425,6 +431,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         if problems:
             raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
+        origins.update({r.get("id"): f"{csv_path}: line {line}" for line, r in enumerate(from_csv, start=2)})
 
     try:
         cfg = DeadlinesConfig.model_validate(raw)
@@ -445,4 +452,10 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"{path}: subscribers: ids repeat: {dupes}")
+    from deadline_pipeline.deliver.addresses import address_problems
+
+    problems = address_problems(cfg, origins)
+    if problems:
+        raise ConfigError("\n".join(p if p.startswith(str(path)) or ": line " in p else f"{path}: {p}"
+                                     for p in problems))
     return cfg, path
