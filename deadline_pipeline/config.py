@@ -288,6 +288,16 @@ class WatchConfig(_Model):
 
 class PlanConfig(_Model):
     horizon_days: Annotated[int, Field(gt=0, le=3660)] = 366
+    # First due month (UTC, "YYYY-MM") of the plan partitions; default: the month of the first
+    # planning run recorded in the store. Replays (--as-of) before it are refused.
+    first_month: str | None = None
+
+    @field_validator("first_month")
+    @classmethod
+    def _first_month(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", str(v)):
+            raise ValueError(f"first_month {v!r}: expected a month 'YYYY-MM', e.g. '2026-01'")
+        return v
 
 
 class DeadlinesConfig(_Model):

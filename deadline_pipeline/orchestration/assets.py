@@ -13,7 +13,7 @@ import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range
+from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
 from deadline_pipeline.store import health
@@ -70,8 +70,16 @@ def _observer(src: SourceConfig) -> dg.AssetsDefinition:
     return observe
 
 
-def build_assets(cfg: DeadlinesConfig) -> list:
-    """The pipeline's assets for a configuration (one observed source asset per source)."""
+def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition | None = None) -> list:
+    """The pipeline's assets for a configuration (one observed source asset per source), the plan
+    assets partitioned by ``partitions_def`` (default: from ``plan.first_month`` or the current month)."""
+    if partitions_def is None:
+        from datetime import UTC, datetime
+
+        from deadline_pipeline.orchestration.partitions import month_key, plan_partitions
+
+        first = f"{cfg.plan.first_month}-01" if cfg.plan.first_month else month_key(datetime.now(UTC))
+        partitions_def = plan_partitions(first, cfg.plan.horizon_days)
     observers = [_observer(s) for s in cfg.sources]
     source_keys = [source_key(s.name) for s in cfg.sources]
 
@@ -123,7 +131,7 @@ def build_assets(cfg: DeadlinesConfig) -> list:
                                      "and cancellation notices."),
         ],
         name="plan_obligations",
-        partitions_def=PLAN_PARTITIONS,
+        partitions_def=partitions_def,
         # A range of months is planned in one run: one staging pass instead of one per month.
         backfill_policy=dg.BackfillPolicy.single_run(),
     )

@@ -31,9 +31,13 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
     proves nothing about the live pipeline."""
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome, detail=detail,
-                                   clock="replay" if replay else "live")],
+                                   clock="replay" if replay else "live", first_completed_at=completed_at)],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
                                            "clock"])
+    # A row created by beat_started has no first completion yet; this is it.
+    conn.execute(update(heartbeats).where(heartbeats.c.component == component,
+                                          heartbeats.c.first_completed_at.is_(None))
+                 .values(first_completed_at=completed_at))
 
 
 def live_heartbeats(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, datetime]:

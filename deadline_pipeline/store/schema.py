@@ -240,4 +240,6 @@ heartbeats = Table(
     # "live" (the real clock) or "replay" (a run with --as-of): only live heartbeats prove a running
     # pipeline, and a replay into a store that has them is refused unless forced.
     Column("clock", String(10), nullable=False, server_default="live"),
+    # Set by the first completed run, never updated: where the plan partitions start by default.
+    Column("first_completed_at", UtcDateTime),
 )

@@ -1,4 +1,4 @@
-"""heartbeats: which clock wrote each heartbeat (live or an --as-of replay)
+"""heartbeats: which clock wrote each heartbeat (live or an --as-of replay), and each component's first completion
 
 Revision ID: 0008
 Revises: 0005
@@ -18,8 +18,12 @@ def upgrade() -> None:
     # old code that does not write the column keeps writing "live" through the server default.
     with op.batch_alter_table("heartbeats") as batch:
         batch.add_column(sa.Column("clock", sa.String(10), nullable=False, server_default="live"))
+        batch.add_column(sa.Column("first_completed_at", sa.DateTime(timezone=True), nullable=True))
+    # The earliest completion known for rows that predate the column is their last one.
+    op.execute("UPDATE heartbeats SET first_completed_at = last_completed_at WHERE first_completed_at IS NULL")
 
 
 def downgrade() -> None:
     with op.batch_alter_table("heartbeats") as batch:
+        batch.drop_column("first_completed_at")
         batch.drop_column("clock")
