@@ -14,13 +14,12 @@ from deadline_pipeline.orchestration.resources import ClockResource, StoreResour
 from deadline_pipeline.watch.sources import SourceCheckOutcome, source_fresh, source_not_quarantined
 
 
-def _result(out: SourceCheckOutcome) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        passed=out.passed,
-        severity=dg.AssetCheckSeverity.ERROR,
-        description=out.summary,
-        metadata={**{k: v for k, v in out.metadata.items() if v is not None}, "summary": out.summary},
-    )
+def _result(out: SourceCheckOutcome, evaluated_at=None) -> dg.AssetCheckResult:
+    meta = {**{k: v for k, v in out.metadata.items() if v is not None}, "summary": out.summary}
+    if evaluated_at is not None:  # the instant judged (differs from the event's time under --as-of)
+        meta["evaluated_at"] = dg.MetadataValue.timestamp(evaluated_at)
+    return dg.AssetCheckResult(passed=out.passed, severity=dg.AssetCheckSeverity.ERROR, description=out.summary,
+                               metadata=meta)
 
 
 def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
@@ -30,7 +29,8 @@ def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
     @dg.asset_check(asset=key, name="source_fresh", blocking=False,
                     description=f"Source '{src.name}' was fresh within {window} and its last fetch/parse worked.")
     def fresh(store: StoreResource, clock: ClockResource) -> dg.AssetCheckResult:
-        return _result(source_fresh(store.engine(), src.name, clock.now(), window))
+        now = clock.now()
+        return _result(source_fresh(store.engine(), src.name, now, window), evaluated_at=now)
 
     @dg.asset_check(asset=key, name="source_not_quarantined", blocking=False,
                     description=f"Source '{src.name}' has no quarantined snapshot waiting for a human.")
