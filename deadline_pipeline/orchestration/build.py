@@ -13,6 +13,7 @@ from deadline_pipeline.orchestration.assets import (
     OBLIGATIONS,
     RULE_VERSIONS,
     build_assets,
+    snapshot_key,
     source_key,
 )
 from deadline_pipeline.orchestration.checks import ALL_CHECKS
@@ -77,8 +78,11 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
     assets = build_assets(cfg, partitions_def)
     ingest_job = dg.define_asset_job(
         INGEST_JOB,
-        selection=dg.AssetSelection.assets(*keys, RULE_VERSIONS),
-        description="Observe every source and apply new rule versions.",
+        # Without the checks: a source whose fetch failed confirms no snapshot, and its checks would
+        # be skipped rows; watch_checks_job evaluates them (the chain runs it right after ingest).
+        selection=dg.AssetSelection.assets(*keys, *[snapshot_key(s.name) for s in cfg.sources], RULE_VERSIONS)
+        .without_checks(),
+        description="Observe every source, confirm fresh snapshots and apply new rule versions.",
         tags={"stage": "ingest"},
     )
     plan_job = dg.define_asset_job(

@@ -72,7 +72,7 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
             if ev.event_type_value == "ASSET_CHECK_EVALUATION":
                 data = ev.event_specific_data
                 key = data.check_name
-                if data.asset_key.path[0] == "source":  # one check per source: name the source
+                if data.asset_key.path[0] in ("source", "snapshot"):  # one check per source: name it
                     key = f"{key}[{data.asset_key.path[-1]}]"
                 summary.checks[key] = (data.passed, data.description or "")
     return summary

@@ -1,4 +1,5 @@
-"""Dagster asset checks on each observed source: ``source_fresh`` and ``source_not_quarantined``.
+"""Dagster asset checks on each source's confirmed snapshot (``snapshot/<name>``, a materialized
+asset, so the graph node shows their pass/fail): ``source_fresh`` and ``source_not_quarantined``.
 
 Thin wrappers around :mod:`deadline_pipeline.watch.sources`. Add them to the Definitions with
 ``asset_checks=[*ALL_CHECKS, *SOURCE_CHECKS_FACTORY(cfg)]``.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
-from deadline_pipeline.orchestration.assets import source_key
+from deadline_pipeline.orchestration.assets import snapshot_key
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
 from deadline_pipeline.watch.sources import SourceCheckOutcome, source_fresh, source_not_quarantined
 
@@ -23,7 +24,7 @@ def _result(out: SourceCheckOutcome, evaluated_at=None) -> dg.AssetCheckResult:
 
 
 def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
-    key = source_key(src.name)
+    key = snapshot_key(src.name)
     window = src.freshness_window
 
     @dg.asset_check(asset=key, name="source_fresh", blocking=False,
@@ -34,8 +35,8 @@ def _checks_for(src: SourceConfig) -> list[dg.AssetChecksDefinition]:
 
     @dg.asset_check(asset=key, name="source_not_quarantined", blocking=False,
                     description=f"Source '{src.name}' has no quarantined snapshot waiting for a human.")
-    def not_quarantined(store: StoreResource) -> dg.AssetCheckResult:
-        return _result(source_not_quarantined(store.engine(), src.name))
+    def not_quarantined(store: StoreResource, clock: ClockResource) -> dg.AssetCheckResult:
+        return _result(source_not_quarantined(store.engine(), src.name), evaluated_at=clock.now())
 
     return [fresh, not_quarantined]
 
