@@ -77,7 +77,7 @@ def _materialize_once(config: Path, store_url: str, home: Path) -> dict[str, boo
     defs = build_definitions(config, db_url=store_url)
     with DagsterInstance.from_config(str(home)) as instance:
         assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
-        tags = range_tags(*horizon_range(datetime.now(UTC)))
+        tags = range_tags(*horizon_range(datetime.now(UTC), 366, defs.resolve_job_def(PLAN_JOB).partitions_def))
         assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
         checks = defs.resolve_job_def(CHECKS_JOB).execute_in_process(instance=instance, raise_on_error=False)
         return {e.check_name: e.passed for e in checks.get_asset_check_evaluations()}
@@ -113,6 +113,11 @@ def test_ui_shows_asset_graph_and_checks(tmp_path):
     home = tmp_path / "dagster_home"  # no dagster.yaml: SQLite storage under this folder
     home.mkdir()
     evaluations = _materialize_once(config, store_url, home)
+    from deadline_pipeline.orchestration.build import build_definitions
+
+    plan_months = len(build_definitions(config, db_url=store_url).resolve_job_def("plan_job").partitions_def
+                      .get_partition_keys())
+    assert plan_months <= 15, plan_months  # this month, the horizon, and nothing before the first run
     assert set(CHECK_NAMES) <= set(evaluations), evaluations
     assert not evaluations["alerts_reconciled"] and evaluations["fanout_complete"], evaluations
 
@@ -148,6 +153,10 @@ def test_ui_shows_asset_graph_and_checks(tmp_path):
                 expect(graph.get_by_text(re.compile("Loading"))).to_have_count(0, timeout=60_000)
                 passed = sum(evaluations[name] for name in CHECK_NAMES)
                 expect(graph.get_by_text(f"{passed} / {len(CHECK_NAMES)} Passed")).to_be_visible(timeout=60_000)
+                # The plan partitions start at the first planning run: every month shown was planned
+                # (a fixed 2019 start showed 94 of 108 months missing).
+                expect(graph.get_by_text("100% filled")).to_have_count(2)  # obligations and alerts
+                expect(graph.get_by_text(f"{plan_months} partitions")).to_have_count(2)
                 shots.append(_shot(page, "asset_graph_alerts_upstream.png"))
 
                 # The checks page of the alerts asset: each check by name with the state of its latest
