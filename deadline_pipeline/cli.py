@@ -223,7 +223,9 @@ def run(config: str | None, as_of: str | None, db_url: str | None, dagster_home:
 
 @main.command()
 @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant.")
-def demo(as_of: str | None) -> None:
+@click.option("--force-replay", is_flag=True,
+              help="Allow --as-of on a store a running pipeline wrote heartbeats into recently.")
+def demo(as_of: str | None, force_replay: bool) -> None:
     """`run` on the bundled examples, delivering to a maildir under .deadline/."""
     from deadline_pipeline.orchestration.build import EXAMPLES_CONFIG
     from deadline_pipeline.store.db import deadline_home
@@ -231,7 +233,7 @@ def demo(as_of: str | None) -> None:
     if not EXAMPLES_CONFIG.exists():
         _fail_input(f"the bundled examples are missing at {EXAMPLES_CONFIG}; install the project from a clone "
                     "with 'pip install -e .'")
-    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
+    code = _run(str(EXAMPLES_CONFIG), as_of, None, None, force_replay)
     maildir = deadline_home() / "maildir"
     count = sum(1 for _ in (maildir / "new").iterdir()) + sum(1 for _ in (maildir / "cur").iterdir()) \
         if (maildir / "new").exists() else 0

@@ -155,7 +155,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
                          description="Parsed rules, one version per change; withdrawals are versions, never deletes."),
         ],
         name="apply_snapshots",
-        # Rule versions alone (UI "Materialize" on rule_versions) re-apply without confirming anything.
+        # rule_versions alone (UI "Materialize") applies without confirming a snapshot; snapshot/<name>
+        # alone confirms what the store already shows, never twice.
         can_subset=True,
     )
     def apply_snapshots(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
@@ -165,7 +166,10 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         since = max_version_id(engine)
         totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
         lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
-        for src in cfg_now.sources:
+        # Applying creates rule versions, which the replan sensor only learns of from a rule_versions
+        # materialization: a subset without it (snapshot/<name> alone) confirms and applies nothing new.
+        applying = RULE_VERSIONS in context.selected_asset_keys
+        for src in cfg_now.sources if applying else []:
             out = apply_latest_snapshot(engine, src, now)
             totals["rules"] += out.rules
             totals["added"] += out.added
@@ -187,7 +191,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             result = _confirm_snapshot(context, engine, src, key)
             if result is not None:
                 yield result
-        if RULE_VERSIONS in context.selected_asset_keys:
+        if applying:
             # The months whose obligations these new versions touch: the replan sensor requests exactly those.
             affected = affected_partitions(engine, cfg_now, since, now)
             yield dg.MaterializeResult(asset_key=RULE_VERSIONS,
