@@ -131,7 +131,8 @@ def _refuse_replay_into_live_store(engine, cfg, as_of: str) -> None:
         _fail_input(f"--as-of {as_of}: the store {engine.url.render_as_string(hide_password=True)} is live "
                     f"({len(live)} heartbeat(s) of the running pipeline, newest {newest.isoformat()}: "
                     f"{', '.join(sorted(live))}); a replay would write its made-up instants among them. "
-                    "Replay into another store (--db-url), or pass --force-replay if you mean it")
+                    "Replay into another store (--db-url, or another DEADLINE_HOME), or pass --force-replay "
+                    "if you mean it")
 
 
 def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None,
