@@ -245,15 +245,15 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
                 # The snapshot asset's page: its freshness policy, evaluated by Dagster: Passing.
                 page.goto(f"{base}/assets/snapshot/cal")
                 _dismiss_welcome(page)
-                expect(page.get_by_text("Freshness policy").first).to_be_visible()
-                expect(page.get_by_text("Passing", exact=True).first).to_be_visible()
+                expect(page.get_by_text("Freshness policy").first).to_be_visible(timeout=60_000)
+                expect(page.get_by_text("Passing", exact=True).first).to_be_visible(timeout=60_000)
                 assert "Not evaluated" not in page.inner_text("body")
                 shots.append(_shot(page, "source_freshness_passing.png"))
 
                 # Its node in the lineage (source/cal → snapshot/cal → rule_versions): both source checks passed.
                 page.goto(f"{base}/assets/rule_versions?view=lineage&lineageScope=upstream&lineageDepth=3")
                 graph = page.locator("foreignObject")
-                expect(graph.get_by_text("2 / 2 Passed")).to_be_visible()
+                expect(graph.get_by_text("2 / 2 Passed")).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_checks_passed_on_node.png"))
 
                 # The source breaks. A replay two minutes ahead (past the one-minute window by the
@@ -276,20 +276,20 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
                     assert pool.submit(replay_and_evaluate).result() == "FAIL"
 
                 page.goto(f"{base}/assets/snapshot/cal")
-                expect(page.get_by_text("Freshness policy").first).to_be_visible()
-                expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
+                expect(page.get_by_text("Freshness policy").first).to_be_visible(timeout=60_000)
+                expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_freshness_failed.png"))
 
                 page.goto(f"{base}/assets/rule_versions?view=lineage&lineageScope=upstream&lineageDepth=3")
                 graph = page.locator("foreignObject")
-                expect(graph.get_by_text("1 / 2 Passed")).to_be_visible()
+                expect(graph.get_by_text("1 / 2 Passed")).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_check_failed_on_node.png"))
 
                 # The check itself, red with the pipeline's reason.
                 page.goto(f"{base}/assets/snapshot/cal?view=checks")
-                expect(page.get_by_text("source_fresh", exact=True).first).to_be_visible()
+                expect(page.get_by_text("source_fresh", exact=True).first).to_be_visible(timeout=60_000)
                 page.get_by_text("source_fresh", exact=True).first.click()
-                expect(page.get_by_text("longer than its window", exact=False).first).to_be_visible()
+                expect(page.get_by_text("longer than its window", exact=False).first).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_fresh_check_failed.png"))
             finally:
                 browser.close()
