@@ -147,7 +147,28 @@ def quiet_dagster() -> None:
         warnings.filterwarnings("ignore", category=category)
 
 
-def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None) -> int:
+def _refuse_replay_into_live_store(engine, cfg, as_of: str) -> None:
+    """Exit 2 when a running pipeline wrote heartbeats into this store recently (within the planning
+    interval plus the heartbeat grace, on the real clock): a replay would write heartbeats at the
+    replayed instant, and a future one made the watchdog report a dead sweep as healthy."""
+    from datetime import UTC, datetime, timedelta
+
+    from deadline_pipeline.store import health
+
+    window = timedelta(minutes=cfg.watch.plan_interval_minutes + cfg.watch.heartbeat_grace_minutes)
+    with engine.connect() as conn:
+        live = health.live_heartbeats(conn, datetime.now(UTC), window)
+    if live:
+        newest = max(live.values())
+        _fail_input(f"--as-of {as_of}: the store {engine.url.render_as_string(hide_password=True)} is live "
+                    f"({len(live)} heartbeat(s) of the running pipeline, newest {newest.isoformat()}: "
+                    f"{', '.join(sorted(live))}); a replay would write its made-up instants among them. "
+                    "Replay into another store (--db-url, or another DEADLINE_HOME), or pass --force-replay "
+                    "if you mean it")
+
+
+def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None,
+         force_replay: bool = False) -> int:
     quiet_dagster()
     from deadline_pipeline.orchestration.runner import dagster_instance, run_chain
     from deadline_pipeline.store.db import deadline_home
@@ -159,10 +180,20 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
         from deadline_pipeline.config import load_config
 
         config_path = require_config(config)
-        load_config(config_path)  # refuse a bad file before touching any store
+        cfg = load_config(config_path)[0]  # refuse a bad file before touching any store
     except ConfigError as exc:
         _fail_input(str(exc))
+    from deadline_pipeline.deliver.channels.environment import require_env
+
+    try:
+        # A missing credential found at send time escalated every due alert of its channel; here it
+        # stops the run before anything is sent, and the alerts stay due for the next run.
+        require_env(cfg)
+    except ConfigError as exc:
+        _fail_input(f"{Path(config_path).resolve()}: {exc}")
     engine = open_store(db_url)
+    if as_of and not force_replay:
+        _refuse_replay_into_live_store(engine, cfg, as_of)
     try:
         instance = dagster_instance(home)
     except OSError as exc:
@@ -240,14 +271,19 @@ def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | 
 @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant (e.g. 2026-05-01T12:00:00Z).")
 @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
 @click.option("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else .deadline/dagster_home).")
-def run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None) -> None:
+@click.option("--force-replay", is_flag=True,
+              help="Allow --as-of on a store a running pipeline wrote heartbeats into recently.")
+def run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None,
+        force_replay: bool) -> None:
     """Run the chain once: ingest every source, plan, deliver what is due, run the checks."""
-    sys.exit(_run(config, as_of, db_url, dagster_home))
+    sys.exit(_run(config, as_of, db_url, dagster_home, force_replay))
 
 
 @main.command()
 @click.option("--as-of", help="Evaluate as if now were this ISO 8601 instant.")
-def demo(as_of: str | None) -> None:
+@click.option("--force-replay", is_flag=True,
+              help="Allow --as-of on a store a running pipeline wrote heartbeats into recently.")
+def demo(as_of: str | None, force_replay: bool) -> None:
     """`run` on the bundled examples, delivering to a maildir under .deadline/."""
     from deadline_pipeline.orchestration.build import EXAMPLES_CONFIG
     from deadline_pipeline.store.db import deadline_home
@@ -257,7 +293,7 @@ def demo(as_of: str | None) -> None:
                     "with 'pip install -e .'")
     maildir = deadline_home() / "maildir"
     held = _maildir_count(maildir)
-    code = _run(str(EXAMPLES_CONFIG), as_of, None, None)
+    code = _run(str(EXAMPLES_CONFIG), as_of, None, None, force_replay)
     count = _maildir_count(maildir)
     click.echo(f"maildir: {maildir} holds {count} message(s), {count - held} new this run")
     sys.exit(code)

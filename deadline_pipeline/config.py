@@ -291,6 +291,9 @@ class SmtpChannel(_ChannelLimits, _MailHeaders):
     username_env: str | None = None
     password_env: str | None = None
     timeout_seconds: float = 30.0
+    # The server offers SMTPUTF8 (RFC 6531), so recipients with a non-ASCII local part are accepted
+    # at load; every session still checks the EHLO reply before sending to one.
+    smtputf8: bool = False
 
 
 class WebhookChannel(_ChannelLimits):
@@ -429,6 +432,16 @@ class NetworkConfig(_Model):
 
 class PlanConfig(_Model):
     horizon_days: Annotated[int, Field(gt=0, le=3660)] = 366
+    # First due month (UTC, "YYYY-MM") of the plan partitions; default: the month of the first
+    # planning run recorded in the store. Replays (--as-of) before it are refused.
+    first_month: str | None = None
+
+    @field_validator("first_month")
+    @classmethod
+    def _first_month(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", str(v)):
+            raise ValueError(f"first_month {v!r}: expected a month 'YYYY-MM', e.g. '2026-01'")
+        return v
 
 
 class DeadlinesConfig(_Model):
@@ -621,6 +634,9 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         raise ConfigError(f"{path}: (top level): expected a mapping of sections, got {type(raw).__name__}")
 
     base = path.parent
+    # Where each subscriber was written, for errors found after validation (addresses × channels).
+    origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
+               if isinstance(sub, dict)}
     for src in raw.get("sources") or []:
         if isinstance(src, dict) and isinstance(src.get("location"), str):
             src["location"] = _expand(src["location"], base)
@@ -643,6 +659,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         if problems:
             raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
+        origins.update({r.get("id"): f"{csv_path}: line {line}" for line, r in enumerate(from_csv, start=2)})
 
     try:
         cfg = DeadlinesConfig.model_validate(raw)
@@ -669,4 +686,10 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
 
     # Every value behind a *_env key is masked in any text this process writes from now on.
     register_config_secrets(cfg)
+    from deadline_pipeline.deliver.addresses import address_problems
+
+    problems = address_problems(cfg, origins)
+    if problems:
+        raise ConfigError("\n".join(p if p.startswith(str(path)) or ": line " in p else f"{path}: {p}"
+                                     for p in problems))
     return cfg, path

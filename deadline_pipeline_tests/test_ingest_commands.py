@@ -192,18 +192,18 @@ def test_source_checks_in_dagster(world):
     result = defs.resolve_job_def("checks").execute_in_process(instance=dg.DagsterInstance.ephemeral())
     evals = {(e.asset_key.to_user_string(), e.check_name): e for e in result.get_asset_check_evaluations()}
     assert {k: e.passed for k, e in evals.items()} == {
-        ("source/conf", "source_fresh"): False,  # last fresh 12 h ago, window 6 h
-        ("source/conf", "source_not_quarantined"): False,
-        ("source/uk", "source_fresh"): False,  # never ingested
-        ("source/uk", "source_not_quarantined"): True,
-        ("source/conf", "rules_complete"): True,
-        ("source/uk", "rules_complete"): True,
+        ("snapshot/conf", "source_fresh"): False,  # last fresh 12 h ago, window 6 h
+        ("snapshot/conf", "source_not_quarantined"): False,
+        ("snapshot/uk", "source_fresh"): False,  # never ingested
+        ("snapshot/uk", "source_not_quarantined"): True,
+        ("snapshot/conf", "rules_complete"): True,
+        ("snapshot/uk", "rules_complete"): True,
     }
     assert all(e.severity == dg.AssetCheckSeverity.ERROR for e in evals.values())
-    q = evals[("source/conf", "source_not_quarantined")]
+    q = evals[("snapshot/conf", "source_not_quarantined")]
     assert q.metadata["quarantined_snapshot_id"].value == quarantined
     assert f"snapshot {quarantined} is quarantined" in q.description
-    fresh = evals[("source/conf", "source_fresh")].metadata
+    fresh = evals[("snapshot/conf", "source_fresh")].metadata
     assert fresh["last_fresh_at"].value == T0.isoformat() and fresh["window"].value == "6:00:00"
 
 

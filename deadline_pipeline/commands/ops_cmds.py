@@ -192,7 +192,8 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
     lines = [f"status as of {now.isoformat()}", "sources:"]
     for s in srcs:
-        age = f"{human_duration(now - s.last_fresh_at)} ago" if s.last_fresh_at else "never"
+        age = ("never" if not s.last_fresh_at else f"{human_duration(now - s.last_fresh_at)} ago"
+               if s.last_fresh_at <= now else f"{human_duration(s.last_fresh_at - now)} IN THE FUTURE")
         err = f"  last error: {s.last_error}" if s.last_error else ""
         lines.append(f"  {s.name:<24} {s.status:<8} last fresh {age}{err}")
     lines.append("rule versions (active rules / versions / withdrawals):")
@@ -211,7 +212,11 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     lines.append("heartbeats:")
     for comp, b in sorted(beats.items()):
         done = b["last_completed_at"]
-        lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed "
-                     f"{(human_duration(now - done) + ' ago') if done else 'never'}"
+        # A heartbeat after now (a replay ahead of the clock) printed as "-1 day, 14:32:24 ago" and
+        # read as healthy; say what it is.
+        when = ("never" if not done else f"{human_duration(now - done)} ago" if done <= now else
+                f"{human_duration(done - now)} IN THE FUTURE (a replay wrote into this store, or clocks disagree)")
+        lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed {when}"
+                     f"{'  [replay]' if b.get('clock') == 'replay' else ''}"
                      f"{'  ' + b['detail'] if b['detail'] else ''}")
     return "\n".join(lines)

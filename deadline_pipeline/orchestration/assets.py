@@ -1,4 +1,14 @@
-"""Dagster assets of the pipeline: observed sources → rule versions → obligations and alerts.
+"""Dagster assets of the pipeline: observed sources → confirmed snapshots → rule versions →
+obligations and alerts.
+
+Freshness: Dagster's freshness daemon (1.13, ``dagster._daemon.freshness`` with the evaluators of
+``dagster._core.definitions.freshness_evaluator``) judges an asset only by the timestamp of its last
+*materialization*; observations never count, so a policy on an observed source asset stays "Not
+evaluated" forever. Each source therefore has a materialized ``snapshot/<name>`` asset, carrying the
+source's freshness policy, that is materialized exactly when a fresh snapshot was confirmed (fetched
+and parsed, or the same bytes served again); a failed fetch or parse materializes nothing, so the
+policy turns red once the window passes. Versioned raw snapshots (the observation's data version is
+the payload's sha256, and so is the snapshot's) stay upstream of the versioned rules.
 
 The stages' logic lives in ``ingest``, ``plan`` and ``store``; this module only wires it to Dagster,
 reports metadata the UI plots, and records heartbeats.
@@ -7,18 +17,18 @@ reports metadata the UI plots, and records heartbeats.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range
+from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import health
-from deadline_pipeline.store.sources import get_source, latest_snapshot
+from deadline_pipeline.store.sources import get_source, latest_snapshot, snapshot_meta
 
 RULE_VERSIONS = dg.AssetKey("rule_versions")
 
@@ -31,6 +41,22 @@ def source_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["source", re.sub(r"[^A-Za-z0-9_]", "_", name)])
 
 
+def snapshot_key(name: str) -> dg.AssetKey:
+    """The asset key of a source's confirmed snapshot: ``snapshot/<name>`` (same replacement)."""
+    return dg.AssetKey(["snapshot", source_key(name).path[-1]])
+
+
+def snapshot_confirmed(last_fresh_at: datetime | None, last_error: str | None,
+                       previous: datetime | None) -> bool:
+    """Whether the source's state confirms a fresh snapshot not confirmed before: it was fresh
+    (``last_fresh_at``, aware UTC) with no error since, later than the ``previous`` confirmation.
+    A repeated confirmation of the same fetch (materializing the asset by hand, a second run at the
+    same ``--as-of``) would restart Dagster's freshness window without any new data."""
+    if last_fresh_at is None or last_error is not None:
+        return False
+    return previous is None or last_fresh_at > previous
+
+
 def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
     spec = dg.AssetSpec(
         source_key(src.name),
@@ -38,9 +64,8 @@ def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
         group_name="ingest",
         kinds={src.format.replace("-", "_")},
         tags={"stage": "ingest", "tenant": src.tenant},
-        # Red in the UI when the source has not been fresh within its window, even if nothing errored.
-        # (Dagster refuses a fail window under one minute.)
-        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=max(src.freshness_window, timedelta(minutes=1))),
+        # No freshness policy here: Dagster evaluates policies on materializations only, never on
+        # observations; the policy lives on snapshot/<name>.
     )
 
     @dg.multi_observable_source_asset(specs=[spec], name=f"observe_{source_key(src.name).path[-1]}")
@@ -51,7 +76,8 @@ def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
         outcome = fetch_snapshot(engine, src, now, network=network)
         with engine.begin() as conn:
             health.beat(conn, f"ingest:{src.name}", started_at=started, completed_at=clock.now(),
-                        outcome="ok" if outcome.error is None else "failed", detail=outcome.error)
+                        outcome="ok" if outcome.error is None else "failed", detail=outcome.error,
+                        replay=clock.frozen)
         meta = {"status": outcome.status, "size_bytes": outcome.size}
         if outcome.snapshot_id is not None:
             meta["snapshot_id"] = outcome.snapshot_id
@@ -70,29 +96,82 @@ def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
     return observe
 
 
-def build_assets(cfg: DeadlinesConfig) -> list:
-    """The pipeline's assets for a configuration (one observed source asset per source)."""
+def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> dg.MaterializeResult | None:
+    """The materialization of ``snapshot/<name>`` when the store confirms a fresh snapshot not
+    confirmed before (see :func:`snapshot_confirmed`), else ``None`` with the reason logged: a
+    source that is not fresh must leave Dagster's freshness clock running."""
+    with engine.connect() as conn:
+        row = get_source(conn, src.name)
+        current = (snapshot_meta(conn, row.current_snapshot_id) if row.current_snapshot_id is not None
+                   else latest_snapshot(conn, row.id))
+    previous_event = context.instance.get_latest_materialization_event(key)
+    previous_meta = previous_event.asset_materialization.metadata if previous_event and \
+        previous_event.asset_materialization else {}
+    previous = previous_meta.get("last_fresh_at")
+    previous_at = datetime.fromtimestamp(previous.value, UTC) if previous is not None else None
+    if not snapshot_confirmed(row.last_fresh_at, row.last_error, previous_at):
+        why = (f"not fresh: {row.last_error}" if row.last_error else
+               "never fresh" if row.last_fresh_at is None else
+               f"no fresh snapshot since {row.last_fresh_at.isoformat()} (already confirmed)")
+        context.log.warning(f"source {src.name}: no snapshot confirmed ({why})")
+        return None
+    sha = current.sha256 if current is not None else "none"
+    return dg.MaterializeResult(
+        asset_key=key, data_version=dg.DataVersion(sha),
+        metadata={"last_fresh_at": dg.MetadataValue.timestamp(row.last_fresh_at), "sha256": sha,
+                  "snapshot_id": current.id if current is not None else -1, "status": row.status})
+
+
+def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition | None = None) -> list:
+    """The pipeline's assets for a configuration (one observed source asset per source), the plan
+    assets partitioned by ``partitions_def`` (default: from ``plan.first_month`` or the current month)."""
+    if partitions_def is None:
+        from deadline_pipeline.orchestration.partitions import month_key, plan_partitions
+
+        first = f"{cfg.plan.first_month}-01" if cfg.plan.first_month else month_key(datetime.now(UTC))
+        partitions_def = plan_partitions(first, cfg.plan.horizon_days)
     network = cfg.network.policy()
     observers = [_observer(s, network) for s in cfg.sources]
-    source_keys = [source_key(s.name) for s in cfg.sources]
 
-    @dg.asset(
-        key=RULE_VERSIONS,
-        deps=source_keys,
-        group_name="rules",
-        code_version="1",
-        kinds={"sql"},
-        tags={"stage": "ingest"},
-        description="Parsed rules, one version per change; withdrawals are versions, never deletes.",
+    snapshot_specs = [
+        dg.AssetSpec(
+            snapshot_key(src.name), deps=[source_key(src.name)], group_name="ingest", kinds={"sql"},
+            tags={"stage": "ingest", "tenant": src.tenant},
+            description=f"The snapshot of '{src.name}' in force, materialized each time a fresh one is confirmed "
+                        f"(fetched and parsed, or the same bytes served again); expected within {src.freshness}.",
+            # Red in the UI when no fresh snapshot was confirmed within the source's window, even if
+            # nothing errored. (Dagster refuses a fail window under one minute.)
+            freshness_policy=dg.FreshnessPolicy.time_window(
+                fail_window=max(src.freshness_window, timedelta(minutes=1))),
+            # A failed fetch or parse materializes nothing: that is what lets the policy turn red.
+            skippable=True,
+        )
+        for src in cfg.sources
+    ]
+
+    @dg.multi_asset(
+        specs=[
+            *snapshot_specs,
+            dg.AssetSpec(RULE_VERSIONS, deps=[spec.key for spec in snapshot_specs], group_name="rules",
+                         code_version="1", kinds={"sql"}, tags={"stage": "ingest"},
+                         description="Parsed rules, one version per change; withdrawals are versions, never deletes."),
+        ],
+        name="apply_snapshots",
+        # rule_versions alone (UI "Materialize") applies without confirming a snapshot; snapshot/<name>
+        # alone confirms what the store already shows, never twice.
+        can_subset=True,
     )
-    def rule_versions(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
+    def apply_snapshots(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
         cfg_now = settings.load()
         now = clock.now()
         engine = store.engine()
         since = max_version_id(engine)
         totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
         lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
-        for src in cfg_now.sources:
+        # Applying creates rule versions, which the replan sensor only learns of from a rule_versions
+        # materialization: a subset without it (snapshot/<name> alone) confirms and applies nothing new.
+        applying = RULE_VERSIONS in context.selected_asset_keys
+        for src in cfg_now.sources if applying else []:
             out = apply_latest_snapshot(engine, src, now)
             totals["rules"] += out.rules
             totals["added"] += out.added
@@ -106,11 +185,21 @@ def build_assets(cfg: DeadlinesConfig) -> list:
             note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
             lines.append(f"| {src.name} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
                          f"{out.withdrawn} | {note} |")
-        # The months whose obligations these new versions touch: the replan sensor requests exactly those.
-        affected = affected_partitions(engine, cfg_now, since, now)
-        return dg.MaterializeResult(metadata={**totals, "dagster/row_count": totals["rules"],
-                                              "changes": dg.MetadataValue.md("\n".join(lines)),
-                                              "affected_partitions": dg.MetadataValue.json(affected)})
+        # After applying: a new snapshot is fresh only once it parsed.
+        for src in cfg.sources:
+            key = snapshot_key(src.name)
+            if key not in context.selected_asset_keys:
+                continue
+            result = _confirm_snapshot(context, engine, src, key)
+            if result is not None:
+                yield result
+        if applying:
+            # The months whose obligations these new versions touch: the replan sensor requests exactly those.
+            affected = affected_partitions(engine, cfg_now, since, now)
+            yield dg.MaterializeResult(asset_key=RULE_VERSIONS,
+                                       metadata={**totals, "dagster/row_count": totals["rules"],
+                                                 "changes": dg.MetadataValue.md("\n".join(lines)),
+                                                 "affected_partitions": dg.MetadataValue.json(affected)})
 
     @dg.multi_asset(
         specs=[
@@ -124,7 +213,7 @@ def build_assets(cfg: DeadlinesConfig) -> list:
                                      "and cancellation notices."),
         ],
         name="plan_obligations",
-        partitions_def=PLAN_PARTITIONS,
+        partitions_def=partitions_def,
         # A range of months is planned in one run: one staging pass instead of one per month.
         backfill_policy=dg.BackfillPolicy.single_run(),
     )
@@ -147,7 +236,7 @@ def build_assets(cfg: DeadlinesConfig) -> list:
             health.beat(conn, component, started_at=now, completed_at=clock.now(),
                         outcome="ok" if not out.problems else "partial",
                         detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
-                                f"{len(out.problems)} problem(s)"))
+                                f"{len(out.problems)} problem(s)"), replay=clock.frozen)
             states = health.alerts_by_state(conn)
         for p in out.problems[:20]:
             context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")
@@ -164,4 +253,4 @@ def build_assets(cfg: DeadlinesConfig) -> list:
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 
-    return [*observers, rule_versions, plan_obligations]
+    return [*observers, apply_snapshots, plan_obligations]

@@ -13,12 +13,18 @@ from deadline_pipeline.orchestration.assets import (
     OBLIGATIONS,
     RULE_VERSIONS,
     build_assets,
+    snapshot_key,
     source_key,
 )
 from deadline_pipeline.orchestration.checks import ALL_CHECKS
 from deadline_pipeline.orchestration.deliver import deliver_job, deliver_sensor
 from deadline_pipeline.orchestration.paging import paging_sensor
-from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS
+from deadline_pipeline.orchestration.partitions import (
+    PartitionRangeError,
+    first_plan_month,
+    horizon_range,
+    plan_partitions,
+)
 from deadline_pipeline.orchestration.planning import PLAN_JOB, build_planning_automation
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.orchestration.source_checks import SOURCE_CHECKS_FACTORY
@@ -41,7 +47,13 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
                       as_of: str | None = None) -> dg.Definitions:
     """Definitions for the configuration at ``config_path``.
 
-    Raises :class:`deadline_pipeline.config.ConfigError` (naming file, key and problem) for a bad file.
+    The plan partitions start at ``plan.first_month`` or, by default, at the month of the first
+    planning run in the store (see :mod:`deadline_pipeline.orchestration.partitions`); with ``as_of``
+    they reach the end of that instant's horizon.
+
+    Raises :class:`deadline_pipeline.config.ConfigError` (naming file, key and problem) for a bad file,
+    and for an ``as_of`` whose horizon the partitions cannot cover (before ``plan.first_month``, or more
+    than a century ahead).
     Installs log redaction in this process (code servers, run workers and the daemon load this).
     """
     from deadline_pipeline.security.redact import install
@@ -53,21 +65,40 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
         from deadline_pipeline.config import ConfigError
 
         raise ConfigError(f"{path}: sources: two source names map to the same asset key {sorted(map(str, keys))}")
-    assets = build_assets(cfg)
+    clock = ClockResource(as_of=as_of)
+    try:
+        if cfg.plan.first_month:
+            first_month = f"{cfg.plan.first_month}-01"
+        else:
+            first_month = first_plan_month(db_url, clock.now())
+        partitions_def = plan_partitions(first_month, cfg.plan.horizon_days, clock.now() if as_of else None)
+        if as_of:
+            # A replay whose horizon has no partitions would plan part of it and say nothing.
+            horizon_range(clock.now(), cfg.plan.horizon_days, partitions_def)
+    except PartitionRangeError as exc:
+        from deadline_pipeline.config import ConfigError
+
+        raise ConfigError(f"{path}: plan.first_month / --as-of {as_of}: {exc}") from None
+    assets = build_assets(cfg, partitions_def)
     ingest_job = dg.define_asset_job(
         INGEST_JOB,
-        selection=dg.AssetSelection.assets(*keys, RULE_VERSIONS),
-        description="Observe every source and apply new rule versions.",
+        # Without the checks: a source whose fetch failed confirms no snapshot, and its checks would
+        # be skipped rows; watch_checks_job evaluates them (the chain runs it right after ingest).
+        selection=dg.AssetSelection.assets(*keys, *[snapshot_key(s.name) for s in cfg.sources], RULE_VERSIONS)
+        .without_checks(),
+        description="Observe every source, confirm fresh snapshots and apply new rule versions.",
         tags={"stage": "ingest"},
     )
     plan_job = dg.define_asset_job(
         PLAN_JOB,
-        selection=dg.AssetSelection.assets(OBLIGATIONS, ALERTS),
-        partitions_def=PLAN_PARTITIONS,
+        # Without the checks: a range run planned every check once per month and evaluated it once, so
+        # the check history was mostly "Skipped" rows. The checks run in watch_checks_job instead.
+        selection=dg.AssetSelection.assets(OBLIGATIONS, ALERTS).without_checks(),
+        partitions_def=partitions_def,
         description="Plan obligations and alerts of a range of due months (backfill-safe: idempotent).",
         tags={"stage": "plan"},
     )
-    plan_schedules, plan_sensors = build_planning_automation(plan_job)
+    plan_schedules, plan_sensors = build_planning_automation(plan_job, partitions_def, cfg.plan.horizon_days)
     checks_job = dg.define_asset_job(
         CHECKS_JOB, selection=dg.AssetSelection.all_asset_checks(),
         description="Evaluate every asset check without materializing anything.",
@@ -88,6 +119,6 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
         resources={
             "store": StoreResource(db_url=db_url),
             "settings": SettingsResource(config_path=str(path)),
-            "clock": ClockResource(as_of=as_of),
+            "clock": clock,
         },
     )

@@ -7,7 +7,7 @@ escalations a human has not yet taken over (the miss itself was already announce
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import dagster as dg
 
@@ -16,13 +16,15 @@ from deadline_pipeline.orchestration.resources import ClockResource, SettingsRes
 from deadline_pipeline.watch import checks as w
 
 
-def to_result(out: w.CheckOutcome, severity=dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        passed=out.passed, severity=severity,
-        metadata={"count": out.count, "summary": out.summary,
-                  "offenders": dg.MetadataValue.json(out.offenders)},
-        description=out.summary,
-    )
+def to_result(out: w.CheckOutcome, severity=dg.AssetCheckSeverity.ERROR,
+              evaluated_at: datetime | None = None) -> dg.AssetCheckResult:
+    """The Dagster result of one evaluation. ``evaluated_at`` (aware UTC): the instant the check
+    judged, recorded as ``evaluated_at`` metadata; under ``--as-of`` it differs from the event's own
+    time, which is what Dagster's history table and plots show."""
+    meta = {"count": out.count, "summary": out.summary, "offenders": dg.MetadataValue.json(out.offenders)}
+    if evaluated_at is not None:
+        meta["evaluated_at"] = dg.MetadataValue.timestamp(evaluated_at)
+    return dg.AssetCheckResult(passed=out.passed, severity=severity, metadata=meta, description=out.summary)
 
 
 @dg.asset_check(asset=ALERTS, name="alerts_reconciled",
@@ -30,24 +32,25 @@ def to_result(out: w.CheckOutcome, severity=dg.AssetCheckSeverity.ERROR) -> dg.A
                             "and every delivered alert must have its 'sent' receipt.")
 def alerts_reconciled_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     grace = timedelta(minutes=settings.load().watch.grace_minutes)
-    return to_result(w.alerts_reconciled(store.engine(), clock.now(), grace))
+    now = clock.now()
+    return to_result(w.alerts_reconciled(store.engine(), now, grace), evaluated_at=now)
 
 
 @dg.asset_check(asset=ALERTS, name="sweep_alive",
                 description="The delivery sweep completed, or found nothing to claim, within its interval plus grace.")
 def sweep_alive_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
-    cfg = settings.load().watch
-    return to_result(w.sweep_alive(store.engine(), clock.now(), timedelta(minutes=cfg.sweep_interval_minutes),
-                                   timedelta(minutes=cfg.heartbeat_grace_minutes)))
+    cfg, now = settings.load().watch, clock.now()
+    return to_result(w.sweep_alive(store.engine(), now, timedelta(minutes=cfg.sweep_interval_minutes),
+                                   timedelta(minutes=cfg.heartbeat_grace_minutes)), evaluated_at=now)
 
 
 @dg.asset_check(asset=OBLIGATIONS, name="horizon_planned",
                 description="Planning ran within its interval and every subscription with rules ahead has "
                             "obligations ahead.")
 def horizon_planned_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
-    cfg = settings.load()
-    return to_result(w.horizon_planned(store.engine(), clock.now(), timedelta(minutes=cfg.watch.plan_interval_minutes),
-                                       timedelta(days=cfg.plan.horizon_days)))
+    cfg, now = settings.load(), clock.now()
+    return to_result(w.horizon_planned(store.engine(), now, timedelta(minutes=cfg.watch.plan_interval_minutes),
+                                       timedelta(days=cfg.plan.horizon_days)), evaluated_at=now)
 
 
 @dg.asset_check(asset=ALERTS, name="fanout_complete",
@@ -55,7 +58,9 @@ def horizon_planned_check(store: StoreResource, settings: SettingsResource, cloc
 def fanout_complete_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     cfg = settings.load()
     types = {name: ch.type for name, ch in cfg.channels.items()}
-    return to_result(w.fanout_complete(store.engine(), clock.now(), timedelta(days=cfg.plan.horizon_days), types))
+    now = clock.now()
+    return to_result(w.fanout_complete(store.engine(), now, timedelta(days=cfg.plan.horizon_days), types),
+                     evaluated_at=now)
 
 
 @dg.asset_check(asset=ALERTS, name="reminders_owed",
@@ -71,7 +76,8 @@ def reminders_owed_check(store: StoreResource, settings: SettingsResource, clock
 @dg.asset_check(asset=ALERTS, name="escalations_acknowledged",
                 description="Escalated alerts a human has not acknowledged yet (deadline-pipeline acknowledge).")
 def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
-    return to_result(w.escalations_acknowledged(store.engine(), clock.now()), dg.AssetCheckSeverity.WARN)
+    now = clock.now()
+    return to_result(w.escalations_acknowledged(store.engine(), now), dg.AssetCheckSeverity.WARN, evaluated_at=now)
 
 
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, fanout_complete_check,

@@ -6,6 +6,7 @@ import logging
 
 import dagster as dg
 
+from deadline_pipeline.deliver.channels.environment import unresolved_env
 from deadline_pipeline.deliver.sweep import lease_owner, sweep
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
@@ -22,6 +23,12 @@ _sensor_failures = ThrottledLogger(logging.getLogger(__name__), every=20)
 @dg.op(tags={"stage": "deliver"}, description="Claim due alerts with a lease, send them, record each result.")
 def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clock: ClockResource):
     cfg = settings.load()
+    problems = unresolved_env(cfg)
+    if problems:
+        # Sending would fail on every alert of the channel and escalate each one as permanent:
+        # fail the run instead (red in the UI, paged once), with nothing claimed or escalated.
+        raise dg.Failure(description="configuration error, nothing was sent: " + "; ".join(map(str, problems)),
+                         metadata={"unresolved_env": [p.variable or p.key for p in problems]})
     engine = store.engine()
     started = clock.now()
     out = sweep(engine, cfg, started, owner=lease_owner(context.run_id),
@@ -31,7 +38,8 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
         health.beat(conn, "deliver", started_at=started, completed_at=finished,
                     outcome="ok" if not out.escalated else "escalations",
                     detail=f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
-                           f"released {out.released}, recovered unknown {out.recovered_unknown}")
+                           f"released {out.released}, recovered unknown {out.recovered_unknown}",
+                    replay=clock.frozen)
     late = sorted(out.lateness_seconds)
     p99 = late[min(len(late) - 1, int(len(late) * 0.99))] if late else 0.0
     for err in out.errors[:20]:
@@ -79,6 +87,6 @@ def deliver_sensor(context: dg.SensorEvaluationContext, store: StoreResource, cl
         now = clock.now()
         with store.engine().begin() as conn:
             health.beat(conn, "deliver:idle", started_at=now, completed_at=now, outcome="idle",
-                        detail="nothing claimable")
+                        detail="nothing claimable", replay=clock.frozen)
         return dg.SkipReason("no alert is claimable now")
     return dg.RunRequest(tags={"claimable_at_request": str(due)})

@@ -1,7 +1,18 @@
-"""The plan's partitions: due months, and the range that covers the planning horizon."""
+"""The plan's partitions: due months (UTC) from the first month with data to the end of the horizon,
+and the range of partition keys that covers the planning horizon at an instant.
+
+Where the partitions start: ``plan.first_month`` when configured (``YYYY-MM``), else the month of the
+first planning run recorded in the store (the ``plan`` heartbeat's first completion), else the month
+of the run being prepared. A fixed start years before any data made the catalog show almost every
+month missing and "Materialize all" target a century of empty months.
+
+Where they end: far enough ahead of the real clock for the configured horizon, and, for a replay
+(``--as-of``), for the horizon after that instant, so no month a run must plan lacks its partition.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -9,21 +20,85 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from deadline_pipeline.plan.occurrences import GRACE
 
-# Obligations and alerts are partitioned by due month (UTC); fourteen months ahead of the current one
-# cover the 366-day horizon from any day of the month.
-PLAN_PARTITIONS = dg.MonthlyPartitionsDefinition(start_date="2019-01-01", end_offset=14)
+log = logging.getLogger(__name__)
+
+# A replay further ahead than this is refused: Dagster enumerates monthly partitions one by one, and
+# nobody plans reminders a century ahead.
+MAX_YEARS_AHEAD = 100
 
 
-def horizon_range(now: datetime, horizon_days: int = 366) -> tuple[str, str]:
-    """First and last partition keys (``YYYY-MM-01``) covering ``[now - grace, now + horizon]``,
-    clamped to the partitions that exist."""
-    keys = PLAN_PARTITIONS.get_partition_keys()
-    first = f"{(now - GRACE).astimezone(UTC):%Y-%m}-01"
-    last = f"{(now + timedelta(days=horizon_days)).astimezone(UTC):%Y-%m}-01"
-    inside = [k for k in keys if first <= k <= last]
-    if not inside:
-        raise ValueError(f"no plan partition covers {first}..{last}; partitions run {keys[0]}..{keys[-1]}")
-    return inside[0], inside[-1]
+class PartitionRangeError(ValueError):
+    """An instant whose planning horizon the plan partitions cannot cover; the message says why and
+    what to change."""
+
+
+def month_key(instant: datetime) -> str:
+    """``YYYY-MM-01`` of the UTC month containing ``instant`` (aware)."""
+    return f"{instant.astimezone(UTC):%Y-%m}-01"
+
+
+def _months_between(first: str, last: str) -> int:
+    return (int(last[:4]) - int(first[:4])) * 12 + int(last[5:7]) - int(first[5:7])
+
+
+def first_plan_month(db_url: str | None, clock_now: datetime) -> str:
+    """The default start: the month (UTC) of the first completed planning run in the store, or of
+    ``clock_now`` when there was none (both less the 15-minute planning grace, whose occurrences a run
+    still plans). ``db_url``: the store (None: ``$DEADLINE_DB_URL`` or the embedded file). A store
+    that cannot be read falls back to ``clock_now``, logged at WARNING: the code location still loads."""
+    from sqlalchemy import func, select
+
+    from deadline_pipeline.store.db import get_engine
+    from deadline_pipeline.store.schema import heartbeats
+
+    first = None
+    try:
+        with get_engine(db_url).connect() as conn:
+            first = conn.execute(select(func.min(heartbeats.c.first_completed_at))
+                                 .where(heartbeats.c.component.like("plan%"))).scalar_one()
+    except Exception as exc:  # the partitions still load; the start is then this run's month
+        log.warning("plan partitions: cannot read the first planning run from the store (%s); "
+                    "starting at the current month", exc)
+    start = min(first, clock_now) if first is not None else clock_now
+    return month_key(start - GRACE)
+
+
+def plan_partitions(first_month: str, horizon_days: int = 366, through: datetime | None = None,
+                    real_now: datetime | None = None) -> dg.MonthlyPartitionsDefinition:
+    """Monthly partitions from ``first_month`` (``YYYY-MM-01``) to the month of ``real_now +
+    horizon_days`` (real clock, moving with it), extended to the month of ``through + horizon_days``
+    when a replay's instant is later. Raises :class:`PartitionRangeError` for ``through`` more than
+    :data:`MAX_YEARS_AHEAD` years ahead."""
+    real_now = real_now or datetime.now(UTC)
+    # end_offset counts months after the last complete one (the month before the current one).
+    current = month_key(real_now)
+    last = month_key(real_now + timedelta(days=horizon_days))
+    if through is not None:
+        if through > real_now + timedelta(days=365 * MAX_YEARS_AHEAD):
+            raise PartitionRangeError(f"{through.isoformat()} is more than {MAX_YEARS_AHEAD} years ahead; plan "
+                                      "partitions are not kept that far")
+        last = max(last, month_key(through + timedelta(days=horizon_days)))
+    return dg.MonthlyPartitionsDefinition(start_date=first_month, end_offset=_months_between(current, last) + 1)
+
+
+def horizon_range(now: datetime, horizon_days: int = 366,
+                  partitions_def: dg.MonthlyPartitionsDefinition | None = None) -> tuple[str, str]:
+    """First and last partition keys (``YYYY-MM-01``) covering ``[now - grace, now + horizon]``.
+
+    With ``partitions_def``, raises :class:`PartitionRangeError` when part of that range has no
+    partition (naming the range, the partitions and ``plan.first_month``): planning only part of the
+    horizon would leave months unplanned without a red check."""
+    first = month_key(now - GRACE)
+    last = month_key(now + timedelta(days=horizon_days))
+    if partitions_def is not None:
+        start = partitions_def.get_first_partition_key()
+        end = partitions_def.get_last_partition_key()
+        if start is None or end is None or first < start or last > end:
+            raise PartitionRangeError(
+                f"the planning horizon at {now.isoformat()} needs months {first[:7]}..{last[:7]}, but the plan "
+                f"partitions run {(start or '-')[:7]}..{(end or '-')[:7]}; set plan.first_month (YYYY-MM) no later "
+                f"than {first[:7]} to replay that far back")
+    return first, last
 
 
 def range_tags(first: str, last: str) -> dict[str, str]:

@@ -8,17 +8,19 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from deadline_pipeline.orchestration.assets import RULE_VERSIONS
-from deadline_pipeline.orchestration.partitions import PLAN_PARTITIONS, horizon_range, range_tags
+from deadline_pipeline.orchestration.partitions import horizon_range, range_tags
 
 PLAN_JOB = "plan_job"
 
 
-def build_planning_automation(plan_job, settings_key: str = "settings"):
+def build_planning_automation(plan_job, partitions_def: dg.MonthlyPartitionsDefinition, horizon_days: int = 366):
+    """The hourly horizon schedule and the revision sensor for ``plan_job`` over ``partitions_def``."""
+
     @dg.schedule(job=plan_job, cron_schedule="17 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING,
                  description="Re-plan the whole 366-day horizon every hour (idempotent; a no-op writes nothing).")
     def plan_horizon_hourly(context: dg.ScheduleEvaluationContext):
         now = context.scheduled_execution_time or datetime.now(UTC)
-        first, last = horizon_range(now.astimezone(UTC))
+        first, last = horizon_range(now.astimezone(UTC), horizon_days, partitions_def)
         return dg.RunRequest(run_key=None, tags=range_tags(first, last))
 
     @dg.asset_sensor(asset_key=RULE_VERSIONS, job=plan_job, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -28,7 +30,7 @@ def build_planning_automation(plan_job, settings_key: str = "settings"):
         mat = asset_event.asset_materialization
         value = mat.metadata.get("affected_partitions") if mat else None
         months = list(value.value) if value is not None else []
-        existing = set(PLAN_PARTITIONS.get_partition_keys())
+        existing = set(partitions_def.get_partition_keys())
         missing = [m for m in months if m not in existing]
         if missing:
             context.log.error(f"revision touches months without a plan partition: {missing}")

@@ -53,7 +53,7 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
     summary = RunSummary(success=True)
     now = ClockResource(as_of=as_of).now()
     horizon = load_config(config_path)[0].plan.horizon_days
-    first, last = horizon_range(now, horizon)
+    first, last = horizon_range(now, horizon, defs.resolve_job_def(PLAN_JOB).partitions_def)
     for job_name in (INGEST_JOB, PLAN_JOB, DELIVER_JOB, CHECKS_JOB):
         job = defs.resolve_job_def(job_name)
         # The console logger repeats every Dagster event at DEBUG; the events stay in the instance.
@@ -72,7 +72,7 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
             if ev.event_type_value == "ASSET_CHECK_EVALUATION":
                 data = ev.event_specific_data
                 key = data.check_name
-                if data.asset_key.path[0] == "source":  # one check per source: name the source
+                if data.asset_key.path[0] in ("source", "snapshot"):  # one check per source: name it
                     key = f"{key}[{data.asset_key.path[-1]}]"
                 summary.checks[key] = (data.passed, data.description or "")
     return summary

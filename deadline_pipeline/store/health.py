@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
@@ -26,12 +26,53 @@ HANDLED_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped"
 
 
 def beat(conn: Connection, component: str, *, started_at: datetime, completed_at: datetime, outcome: str,
-         detail: str | None = None) -> None:
-    """Record the end of one run of ``component`` (also when it found nothing to do)."""
+         detail: str | None = None, replay: bool = False) -> None:
+    """Record the end of one run of ``component`` (also when it found nothing to do). ``replay``:
+    the run's clock was frozen by ``--as-of`` (recorded as ``clock = 'replay'``), so the heartbeat
+    proves nothing about the live pipeline."""
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome,
-                                   detail=redact_optional(detail))],
-           conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail"])
+                                   detail=redact_optional(detail),
+                                   clock="replay" if replay else "live", first_completed_at=completed_at)],
+           conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
+                                           "clock"])
+    # A row created by beat_started has no first completion yet; this is it.
+    conn.execute(update(heartbeats).where(heartbeats.c.component == component,
+                                          heartbeats.c.first_completed_at.is_(None))
+                 .values(first_completed_at=completed_at))
+
+
+def live_heartbeats(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, datetime]:
+    """component → ``last_completed_at`` of every heartbeat written by the real clock that completed
+    within ``window`` before ``real_now`` (aware UTC): the store is being served by a running pipeline.
+    A replay (``--as-of``) writing heartbeats at another instant into such a store makes the
+    watchdog measure a live sweep against a made-up time (a future heartbeat hid a dead sweep)."""
+    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.last_completed_at)
+                        .where(heartbeats.c.clock == "live", heartbeats.c.last_completed_at >= real_now - window))
+    return {c: t for c, t in rows.all()}
+
+
+def future_instants(conn: Connection, now: datetime) -> list[tuple[str, datetime]]:
+    """Recorded instants later than ``now`` (aware UTC), newest first, as (what, instant): heartbeats
+    (start or completion), delivery receipts (attempt start or finish) and source fetches. Nothing
+    real can have happened after now: each one was written by a replay ahead of the clock (``--as-of``
+    into a live store) or by a machine whose clock disagrees with this one."""
+    found: list[tuple[str, datetime]] = []
+    for comp, started, done in conn.execute(
+            select(heartbeats.c.component, heartbeats.c.last_started_at, heartbeats.c.last_completed_at)
+            .where(or_(heartbeats.c.last_started_at > now, heartbeats.c.last_completed_at > now))).all():
+        found.append((f"heartbeat {comp}", max(t for t in (started, done) if t is not None)))
+    latest = conn.execute(select(func.count(), func.max(delivery_attempts.c.started_at),
+                                 func.max(delivery_attempts.c.finished_at))
+                          .where(or_(delivery_attempts.c.started_at > now,
+                                     delivery_attempts.c.finished_at > now))).one()
+    if latest[0]:
+        found.append((f"{latest[0]} delivery receipt(s)", max(t for t in latest[1:] if t is not None)))
+    for name, fresh, attempt in conn.execute(
+            select(sources.c.name, sources.c.last_fresh_at, sources.c.last_attempt_at)
+            .where(or_(sources.c.last_fresh_at > now, sources.c.last_attempt_at > now))).all():
+        found.append((f"source {name} fetch", max(t for t in (fresh, attempt) if t is not None)))
+    return sorted(found, key=lambda f: f[1], reverse=True)
 
 
 def beat_started(conn: Connection, component: str, started_at: datetime) -> None:
@@ -204,7 +245,8 @@ def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
     return rows[0] if rows else None
 
 
-__all__ = ["HANDLED_STATES", "beat", "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
+__all__ = ["HANDLED_STATES", "beat", "live_heartbeats", "future_instants",
+           "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
            "overdue_alerts", "unreceipted_deliveries", "escalated_unacknowledged", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
            "obligations_with_reminders", "oldest_open_alert"]

@@ -258,4 +258,9 @@ heartbeats = Table(
     Column("last_completed_at", UtcDateTime),
     Column("last_outcome", String(20)),
     Column("detail", Text),
+    # "live" (the real clock) or "replay" (a run with --as-of): only live heartbeats prove a running
+    # pipeline, and a replay into a store that has them is refused unless forced.
+    Column("clock", String(10), nullable=False, server_default="live"),
+    # Set by the first completed run, never updated: where the plan partitions start by default.
+    Column("first_completed_at", UtcDateTime),
 )

@@ -8,7 +8,11 @@ It reads the store with its own small queries over the schema's tables and evalu
   ``sent`` receipt;
 * heartbeats — the sweep (``deliver`` or ``deliver:idle``) within ``sweep_interval + grace``,
   planning (``plan``) and each source's ingest (``ingest:<name>``) within ``plan_interval + grace``;
-  a heartbeat whose last run ``crashed`` is red too;
+  a heartbeat whose last run ``crashed`` is red too, and so is one completed after the watchdog's now;
+* time travel — any heartbeat, delivery receipt or source fetch recorded after the watchdog's now
+  (beyond :data:`CLOCK_SKEW`) is red by itself: a replay (``--as-of``) wrote into a live store, or
+  clocks disagree. Without this a future heartbeat read as "completed -1 day ago (ok)" and hid a
+  dead sweep for as long as the replay was ahead;
 * escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``);
 * freshness and quarantine of each source, with the pure rules of
   :mod:`deadline_pipeline.watch.sources` (``evaluate_fresh`` / ``evaluate_not_quarantined``).
@@ -28,6 +32,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
+from deadline_pipeline.store.health import future_instants
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
@@ -36,6 +41,8 @@ from deadline_pipeline.wording import human_duration
 log = logging.getLogger(__name__)
 
 HANDLED = ("delivered", "escalated", "cancelled", "superseded", "skipped")
+# Machines' clocks drift by seconds under NTP; more than this ahead is not drift.
+CLOCK_SKEW = timedelta(minutes=2)
 SWEEP_COMPONENTS = ("deliver", "deliver:idle")
 
 
@@ -115,6 +122,10 @@ def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, 
         return WatchRow(check, target, False, f"never completed (no heartbeat {' / '.join(components)})")
     newest = max(seen, key=lambda b: b["last_completed_at"])
     age = now - newest["last_completed_at"]
+    if age < -CLOCK_SKEW:
+        return WatchRow(check, target, False, f"completed {newest['last_completed_at'].isoformat()}, "
+                        f"{-age} in the future of now: proves nothing (a replay wrote into a live store, "
+                        "or clocks disagree)")
     crashed = [b for b in (beats.get(c) for c in components) if b and b["last_outcome"] == "crashed"]
     if age > allowed:
         return WatchRow(check, target, False, f"stopped: last completed {newest['last_completed_at'].isoformat()}, "
@@ -154,10 +165,17 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
             report.rows.append(_escalations_row(conn))
             beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
             states = _source_states(conn, names)
+            ahead = future_instants(conn, now + CLOCK_SKEW)
     except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron
         log.error("watchdog: cannot read the store: %s", exc)
         report.rows.append(WatchRow("store", "-", False, f"cannot read the store: {exc.__class__.__name__}: {exc}"))
         return report
+    report.rows.append(WatchRow(
+        "time_travel", "store", not ahead,
+        (f"{len(ahead)} record(s) in the future of now: "
+         + ", ".join(f"{what} at {when.isoformat()}" for what, when in ahead[:5])
+         + "; a replay (--as-of) wrote into a live store, or clocks disagree") if ahead
+        else f"nothing recorded after now (+{CLOCK_SKEW} skew)"))
     report.rows.append(_heartbeat_row("sweep_alive", "deliver", beats, SWEEP_COMPONENTS, now,
                                       timedelta(minutes=watch.sweep_interval_minutes) + hb_grace))
     report.rows.append(_heartbeat_row("plan_alive", "plan", beats, ("plan",), now, plan_allowed))

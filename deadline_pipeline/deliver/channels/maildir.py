@@ -7,11 +7,13 @@ so a mail client can fold the copies.
 
 from __future__ import annotations
 
+import dataclasses
 import mailbox
 import os
 from pathlib import Path
 
 from deadline_pipeline.config import MaildirChannel
+from deadline_pipeline.deliver.addresses import AddressError, wire_address
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, build_email, mail_options
@@ -35,12 +37,19 @@ class MaildirSender:
 
     def send(self, n: Notification) -> SendResult:
         try:
-            msg = build_email(n, self.sender, **mail_options(self.cfg))
+            # IDNA domain in the To header: an encoded word there is not an address. (No address at
+            # all is reported by build_email, naming the alert's dedup key.)
+            wire = wire_address(n.email) if n.email else None
+            msg = build_email(dataclasses.replace(n, email=wire.address) if wire else n, self.sender,
+                              **mail_options(self.cfg))
+        except AddressError as exc:
+            raise DeliveryError(f"channel {self.name!r}: {exc}", permanent=True) from exc
         except RenderError as exc:
             raise DeliveryError(str(exc), permanent=True) from exc
         # Maildir files use the local line ending; the SMTP policy's CRLF would leave stray CRs
-        # in every line a mail client reads from the file.
-        data = msg.as_bytes(policy=msg.policy.clone(linesep="\n"))
+        # in every line a mail client reads from the file. A non-ASCII local part is written as
+        # UTF-8 (RFC 6532): a file needs no SMTPUTF8 session.
+        data = msg.as_bytes(policy=msg.policy.clone(linesep="\n", utf8=bool(wire and wire.needs_smtputf8)))
         try:
             os.makedirs(self.path.parent, exist_ok=True)
             box = mailbox.Maildir(self.path, create=True)

@@ -4,11 +4,23 @@ One connection per alert: a broken connection then costs one alert, and the phas
 happened in is known exactly, which decides the outcome:
 
 * before ``DATA`` (connect, greeting, STARTTLS, AUTH, ``MAIL FROM``, ``RCPT TO``): the server has not
-  taken the message, so the outcome is ``"failed"``; a 5xx reply is permanent, a 4xx reply or a
-  refused/broken connection is retryable;
+  taken the message, so the outcome is ``"failed"``; a refused/broken connection is retryable;
 * after ``DATA`` was issued: a disconnect or timeout leaves the outcome ``"unknown"`` (the server may
   have queued the message before the reply was lost); an explicit 4xx/5xx reply to the data is
   ``"failed"``.
+
+An explicit reply is classified by its code wherever it comes (greeting, AUTH, MAIL, RCPT, DATA), by
+:func:`reply_is_permanent`: RFC 5321 §4.2.1 makes every 4yz reply a transient negative completion
+(retried with backoff) and every 5yz reply permanent; RFC 3463's enhanced status codes say the same
+with their class digit (``4.x.x`` persistent transient, ``5.x.x`` permanent). So ``421`` on connect
+(service not available) and ``454 4.7.0 Temporary authentication failure`` at login are retried, and
+``535 5.7.8`` (credentials invalid) is escalated. A transient failure that never clears still ends:
+the sweep escalates it after its last attempt.
+
+Addresses: the recipient's domain goes out in IDNA form; a non-ASCII local part is sent with
+SMTPUTF8 (RFC 6531) and UTF-8 headers (RFC 6532) when the server's EHLO offers it, and is a
+permanent error when it does not (configuration refuses such an address at load unless the channel
+says ``smtputf8: true``).
 
 The ``Message-ID`` is derived from the dedup key, so a resend after ``"unknown"`` is recognisable as
 the same mail; it is also the ``provider_message_id``.
@@ -16,17 +28,34 @@ the same mail; it is also the ``provider_message_id``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import smtplib
 import ssl
 
 from deadline_pipeline.config import SmtpChannel
+from deadline_pipeline.deliver.addresses import AddressError, WireAddress, wire_address
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, build_email, mail_options
 
+_ENHANCED = re.compile(r"^\s*([245])\.\d{1,3}\.\d{1,3}(?:\s|$)")
 
-def _is_permanent(code: int) -> bool:
+
+def reply_is_permanent(code: int, text: bytes | str = b"") -> bool:
+    """Whether an SMTP reply refuses for good. ``code``: the three-digit reply code (smtplib uses -1
+    for a connection closed without one); ``text``: the reply text, which may start with an RFC 3463
+    enhanced status code.
+
+    Permanent only for a 5yz reply whose enhanced code (if any) is not of class 4. Every 4yz reply and
+    every enhanced ``4.x.x`` is transient (RFC 5321 §4.2.1, RFC 3463 §3.1); so is anything else (no
+    reply, an unexpected 2yz/3yz), because retrying costs a delay and the sweep escalates after its last
+    attempt, while calling it permanent would give up on a reminder that might still go out.
+    """
+    m = _ENHANCED.match(_text(text))
+    if m and m.group(1) == "4":
+        return False
     return 500 <= code <= 599
 
 
@@ -92,13 +121,25 @@ class SmtpSender:
     def send(self, n: Notification) -> SendResult:
         """Send ``n`` to ``n.email``. Returns the Message-ID; raises :class:`DeliveryError` (see module)."""
         try:
-            msg = build_email(n, self.cfg.sender, **mail_options(self.cfg))
+            # The To header carries the IDNA domain too: an encoded word there is not an address.
+            # (No address at all is reported by build_email, naming the alert's dedup key.)
+            wire = wire_address(n.email) if n.email else WireAddress("", needs_smtputf8=False)
+            msg = build_email(dataclasses.replace(n, email=wire.address) if n.email else n,
+                              self.cfg.sender, **mail_options(self.cfg))
+        except AddressError as exc:
+            raise self._error(str(exc), permanent=True) from exc
         except RenderError as exc:
             raise DeliveryError(str(exc), permanent=True) from exc
         mid = str(msg["Message-ID"])
         credentials = self._credentials()
-        data = msg.as_bytes()
-        recipient = n.email or ""
+        recipient = wire.address
+        esmtp_options: list[str] = []
+        if wire.needs_smtputf8:
+            # RFC 6532 headers: the local part is written as UTF-8, not as an encoded word.
+            data = msg.as_bytes(policy=msg.policy.clone(utf8=True))
+            esmtp_options = ["SMTPUTF8", "BODY=8BITMIME"]
+        else:
+            data = msg.as_bytes()
 
         smtp: smtplib.SMTP | None = None
         data_sent = False
@@ -106,9 +147,13 @@ class SmtpSender:
             smtp = self._connect()
             # mail() does not greet by itself (sendmail() would); without EHLO servers answer 503.
             smtp.ehlo_or_helo_if_needed()
+            if wire.needs_smtputf8 and not smtp.has_extn("smtputf8"):
+                # RFC 6531 §3.4: without the extension the address cannot be sent at all.
+                raise self._error(f"recipient {recipient!r} has a non-ASCII local part and the server does not "
+                                  "offer SMTPUTF8 (RFC 6531)", permanent=True)
             if credentials is not None:
                 smtp.login(*credentials)
-            code, reply = smtp.mail(self.cfg.sender)
+            code, reply = smtp.mail(self.cfg.sender, esmtp_options)
             if code != 250:
                 raise smtplib.SMTPSenderRefused(code, reply, self.cfg.sender)
             code, reply = smtp.rcpt(recipient)
@@ -124,11 +169,13 @@ class SmtpSender:
         except smtplib.SMTPRecipientsRefused as exc:
             code, reply = next(iter(exc.recipients.values()))
             raise self._error(
-                f"recipient {recipient} refused: {code} {_text(reply)}", permanent=_is_permanent(code)
+                f"recipient {recipient} refused: {code} {_text(reply)}", permanent=reply_is_permanent(code, reply)
             ) from exc
         except smtplib.SMTPAuthenticationError as exc:
-            # Wrong credentials do not fix themselves between retries.
-            raise self._error(f"login refused: {exc.smtp_code} {_text(exc.smtp_error)}", permanent=True) from exc
+            # 535 (wrong credentials) does not fix itself between retries; 454 (the server's
+            # authentication backend is down) does, and escalating it paged for every alert.
+            raise self._error(f"login refused: {exc.smtp_code} {_text(exc.smtp_error)}",
+                              permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error)) from exc
         except smtplib.SMTPNotSupportedError as exc:
             raise self._error(f"server does not support a configured feature: {exc}", permanent=True) from exc
         except smtplib.SMTPResponseException as exc:
@@ -136,12 +183,13 @@ class SmtpSender:
             # refusing the message, so it was not taken even when it came after DATA.
             raise self._error(
                 f"{type(exc).__name__}: {exc.smtp_code} {_text(exc.smtp_error)}",
-                permanent=_is_permanent(exc.smtp_code),
+                permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error),
             ) from exc
         except ssl.SSLCertVerificationError as exc:
             raise self._error(f"TLS certificate rejected: {exc}", permanent=True) from exc
         except UnicodeEncodeError as exc:
-            raise self._error(f"address {recipient!r} is not ASCII: {exc}", permanent=True) from exc
+            # Only the sender can get here (the recipient is IDNA / SMTPUTF8 above).
+            raise self._error(f"an address is not ASCII and SMTPUTF8 is not in use: {exc}", permanent=True) from exc
         except (smtplib.SMTPException, OSError) as exc:
             # OSError covers refused connections and timeouts (TimeoutError); smtplib turns a lost
             # connection while reading a reply into SMTPServerDisconnected.
