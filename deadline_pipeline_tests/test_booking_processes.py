@@ -33,7 +33,7 @@ def _config(batch_size: int) -> DeadlinesConfig:
     return DeadlinesConfig(
         channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER", password_env="CAL_PASS",
                                        timeout_seconds=5, max_concurrency=4)},
-        delivery={"batch_size": batch_size, "lease_seconds": LEASE})
+        delivery={"batch_size": batch_size, "lease_seconds": LEASE, "time_budget_seconds": LEASE - 10})
 
 
 class _StopAfterPut(CaldavSender):

@@ -26,6 +26,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.schema import alerts, delivery_attempts
 from deadline_pipeline.watch.watchdog import evaluate
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK
 from deadline_pipeline_tests.test_delivery_sweep import T0, FakeChannel, expire_leases, seed, states
 
 # --------------------------------------------------------------------------- a receiver per path
@@ -74,7 +75,7 @@ def hook_config(**delivery) -> DeadlinesConfig:
     # A generous timeout and few connections: the shared test machine must not turn a slow loopback
     # answer into an "unknown" outcome (and a legitimate resend) in tests that count sends.
     return DeadlinesConfig(channels={"hook": WebhookChannel(type="webhook", timeout_seconds=20, max_concurrency=8)},
-                           delivery={"batch_size": 100, **delivery})
+                           delivery={"batch_size": 100, **delivery}, network=LOOPBACK_NETWORK)
 
 
 # --------------------------------------------------------------------------- 1. results per alert

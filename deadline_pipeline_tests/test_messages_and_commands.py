@@ -30,7 +30,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.store.schema import alerts, obligations
-from deadline_pipeline_tests.factories import ai_deadlines, ics, write_config
+from deadline_pipeline_tests.factories import ai_deadlines, ics, loopback_policy, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "9b1c3e5f7a9d"
@@ -136,7 +136,7 @@ def receiver():
 
 def test_webhook_body_is_a_standard_webhooks_envelope(receiver):
     server, url = receiver
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5))
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=5), network=loopback_policy())
     for kind in ("reminder", "correction", "cancellation", "escalation"):
         ch.send(_notification(kind=kind, webhook_url=url))
     ch.close()
