@@ -70,7 +70,9 @@ def reminders_owed_check(store: StoreResource, settings: SettingsResource, clock
     from deadline_pipeline.watch.reconcile import reminders_owed
 
     cfg = settings.load()
-    return to_result(reminders_owed(store.engine(), cfg, clock.now(), timedelta(minutes=cfg.watch.grace_minutes)))
+    now = clock.now()
+    return to_result(reminders_owed(store.engine(), cfg, now, timedelta(minutes=cfg.watch.grace_minutes)),
+                     evaluated_at=now)
 
 
 @dg.asset_check(asset=ALERTS, name="escalations_acknowledged",
