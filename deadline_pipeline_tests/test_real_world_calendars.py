@@ -1,0 +1,160 @@
+"""Right instants on real-world calendars: RFC 5545 readings that common engines get wrong.
+
+Each test names the rule it pins. Small calendars from public bug reports live in
+``../shared/cases/calendar-and-yaml/`` and are checked against their stated right values.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from deadline_pipeline.ingest.parsers.ics import parse_ics
+from deadline_pipeline.plan import occurrences as occ_mod
+from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, budget_problem, expand
+from deadline_pipeline.plan.recurrence import COUNTERS, apply_overrides
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.timezones import resolve_zone
+
+FAR_PAST = datetime(1990, 1, 1, tzinfo=UTC)
+FAR_FUTURE = datetime(2100, 1, 1, tzinfo=UTC)
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def ics_instants(content: bytes, default_tz: str | None = None, **kw) -> list[tuple[str, datetime]]:
+    result = parse_ics(content, source="t", default_tz=default_tz)
+    out = []
+    for rule in apply_overrides(result.rules):
+        out += [(rule.rule_id, o.due_at) for o in expand(rule, resolve_zone(rule.tz or "UTC"),
+                                                        after=kw.get("after", FAR_PAST),
+                                                        before=kw.get("before", FAR_FUTURE))]
+    return sorted(out, key=lambda p: (p[1], p[0]))
+
+
+def calendar(*lines: str, head: tuple[str, ...] = ()) -> bytes:
+    return ("\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//t//EN", *head, *lines, "END:VCALENDAR"])
+            + "\r\n").encode()
+
+
+def event(uid: str, *props: str) -> list[str]:
+    return ["BEGIN:VEVENT", f"UID:{uid}", "DTSTAMP:20260101T000000Z", "SUMMARY:s", *props, "END:VEVENT"]
+
+
+@pytest.fixture(scope="module")
+def bugcases(shared_dir):
+    return shared_dir / "cases" / "calendar-and-yaml"
+
+
+# --- class 1: DTSTART that does not match its RRULE ------------------------------------------------
+
+
+def test_b01_dtstart_not_matching_rrule_is_the_first_instance_and_counts(bugcases):
+    got = [d for _r, d in ics_instants((bugcases / "b01_dtstart_count.ics").read_bytes())]
+    # RFC 5545 §3.8.5.3: DTSTART is the first instance and counts toward COUNT=3.
+    assert got == [utc("2026-05-28T18:00:00Z"), utc("2026-06-03T18:00:00Z"), utc("2026-06-10T18:00:00Z")]
+
+
+def test_dtstart_not_matching_without_count_is_kept_once():
+    rule = RuleRecord("r", "t", "2026-05-28T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;BYDAY=WE")
+    got = [o.due_at for o in expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST,
+                                    before=utc("2026-06-12T00:00:00Z"))]
+    assert got == [utc("2026-05-28T18:00:00Z"), utc("2026-06-03T18:00:00Z"), utc("2026-06-10T18:00:00Z")]
+
+
+def test_dtstart_matching_its_rule_is_not_doubled():
+    rule = RuleRecord("r", "t", "2026-06-03T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;COUNT=2;BYDAY=WE")
+    assert len(expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST, before=FAR_FUTURE)) == 2
+
+
+def test_count_1_with_mismatching_dtstart_is_dtstart_alone():
+    rule = RuleRecord("r", "t", "2026-05-28T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;COUNT=1;BYDAY=WE")
+    got = [o.due_at for o in expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST, before=FAR_FUTURE)]
+    assert got == [utc("2026-05-28T18:00:00Z")]
+
+
+# --- class 2: RDATE after UNTIL ----------------------------------------------------------------
+
+
+def test_rdate_after_until_is_an_instance():
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20200107T161500",
+                              "RRULE:FREQ=WEEKLY;UNTIL=20200204T151459Z",
+                              "RDATE;TZID=Europe/Berlin:20200204T161500"))
+    got = [d for _r, d in ics_instants(content)]
+    assert got[-1] == utc("2020-02-04T15:15:00Z")
+    assert len(got) == 5  # 01-07, 01-14, 01-21, 01-28 from the RRULE, 02-04 from the RDATE
+
+
+# --- bounded expansion ---------------------------------------------------------------------------
+
+
+def test_secondly_rule_from_a_past_start_jumps_to_the_window():
+    rule = RuleRecord("s", "t", "2025-01-01T00:00:00", "UTC", "FREQ=SECONDLY")
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    t0 = time.perf_counter()
+    got = expand(rule, UTC, after=now, before=now + timedelta(days=366), limit=3)
+    assert time.perf_counter() - t0 < 1.0
+    assert [o.due_at for o in got] == [now, now + timedelta(seconds=1), now + timedelta(seconds=2)]
+
+
+def test_count_is_computed_across_the_jump():
+    rule = RuleRecord("s", "t", "2026-01-01T00:00:00", "UTC", "FREQ=MINUTELY;INTERVAL=7;COUNT=33000")
+    after = datetime(2026, 6, 1, tzinfo=UTC)
+    got = expand(rule, UTC, after=after, before=FAR_FUTURE)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    # The last of 33000 occurrences is start + 32999 * 7 min, whatever the window.
+    assert got[-1].due_at == start + timedelta(minutes=7 * 32999)
+    assert (got[0].due_at - start) % timedelta(minutes=7) == timedelta(0) and got[0].due_at >= after
+    assert got[0].due_at - after < timedelta(minutes=7)
+
+
+def test_sub_daily_with_by_parts_jumps_in_whole_days():
+    rule = RuleRecord("s", "t", "2000-01-03T09:00:00", "Europe/Berlin", "FREQ=HOURLY;INTERVAL=5;BYHOUR=9,14")
+    after = datetime(2026, 3, 2, tzinfo=UTC)
+    got = expand(rule, resolve_zone("Europe/Berlin"), after=after, before=after + timedelta(days=2))
+    ref = [o for o in expand(rule, resolve_zone("Europe/Berlin"), after=datetime(2026, 2, 20, tzinfo=UTC),
+                             before=after + timedelta(days=2)) if o.due_at >= after]
+    assert got == ref and got
+
+
+def test_rule_over_budget_is_skipped_loudly_and_others_still_expand(monkeypatch, caplog):
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    heavy = RuleRecord("heavy", "t", "2020-01-01T00:00:00", "UTC", "FREQ=SECONDLY;BYSECOND=0,30;COUNT=99999999")
+    light = RuleRecord("light", "t", "2026-01-01T09:00:00", "UTC", "FREQ=DAILY")
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    before = COUNTERS["expansion_budget"]
+    with pytest.raises(ExpansionBudgetExceeded, match="rule 'heavy'.*more than 1000 steps"):
+        expand(heavy, UTC, after=now, before=now + timedelta(days=1))
+    assert COUNTERS["expansion_budget"] == before + 1
+    assert "heavy" in caplog.text
+    assert expand(light, UTC, after=now, before=now + timedelta(days=1))
+    assert budget_problem(heavy, UTC, now=now) is not None
+    assert budget_problem(light, UTC, now=now) is None
+
+
+def test_planner_skips_a_rule_over_budget_alone(monkeypatch):
+    from deadline_pipeline.plan.planner import Target, plan_target
+
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    target = Target(1, "s", "t", "UTC", 1, "src", None, ("*",), (0,), ("email",))
+    heavy = RuleRecord("heavy", "t", "2020-01-01T00:00:00", "UTC", "FREQ=HOURLY;BYMINUTE=0,30;COUNT=99999999")
+    light = RuleRecord("light", "t", "2026-12-01T09:00:00", "UTC")
+    obligations, problems = plan_target(target, [(1, heavy), (1, light)], datetime(2026, 12, 1, tzinfo=UTC))
+    assert [o.rule_id for o in obligations] == ["light"]
+    assert [p.rule_id for p in problems] == ["heavy"] and "steps" in problems[0].message
+
+
+def test_cli_secondly_count_answers_at_once():
+    from deadline_pipeline.cli import main
+
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["occurrences", "--dtstart", "20250101T000000Z", "--rrule", "FREQ=SECONDLY",
+                                    "--count", "3"])
+    assert res.exit_code == 0, res.output
+    assert len(res.output.split()) == 3
+    assert time.perf_counter() - t0 < 5
