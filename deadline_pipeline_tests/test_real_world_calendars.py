@@ -158,3 +158,37 @@ def test_cli_secondly_count_answers_at_once():
     assert res.exit_code == 0, res.output
     assert len(res.output.split()) == 3
     assert time.perf_counter() - t0 < 5
+
+
+# --- class 3: zones defined inside the file ------------------------------------------------------
+
+
+def test_b05_zone_defined_only_by_the_files_vtimezone(bugcases):
+    content = (bugcases / "b05_custom_vtimezone.ics").read_bytes()
+    result = parse_ics(content, source="t")
+    assert not result.problems, result.problems
+    (rule,) = result.rules
+    assert rule.extra["tzid"] == "(GMT+01.00) Sarajevo/Warsaw/Zagreb"
+    assert rule.tz in ("Europe/Sarajevo", "Europe/Warsaw", "Europe/Zagreb")
+    assert [d for _r, d in ics_instants(content)] == [
+        utc("2026-03-16T09:00:00Z"), utc("2026-03-23T09:00:00Z"), utc("2026-03-30T08:00:00Z"),
+        utc("2026-04-06T08:00:00Z")]
+
+
+def test_vtimezone_without_an_iana_equivalent_is_refused_clearly():
+    vtz = ["BEGIN:VTIMEZONE", "TZID:Odd", "BEGIN:STANDARD", "DTSTART:16010101T030000", "TZOFFSETFROM:+0117",
+           "TZOFFSETTO:+0117", "END:STANDARD", "END:VTIMEZONE"]
+    content = calendar(*vtz, *event("o", "DTSTART;TZID=Odd:20260316T100000", "RRULE:FREQ=WEEKLY;COUNT=2"))
+    result = parse_ics(content, source="t")
+    assert not result.rules
+    assert "no IANA zone has its offsets" in result.problems[0].message
+
+
+def test_mozilla_style_tzid_in_a_calendar():
+    content = calendar(*event("m", "DTSTART;TZID=/mozilla.org/20050126_1/Asia/Tokyo:20260316T100000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-03-16T01:00:00Z")]
+
+
+def test_cet_tzid_observes_summer_time():
+    content = calendar(*event("c", "DTSTART;TZID=CET:20260716T100000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-07-16T08:00:00Z")]

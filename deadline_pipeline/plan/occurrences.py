@@ -442,5 +442,6 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
     return now - GRACE, now + horizon
 
 
-__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "ExpansionBudgetExceeded", "budget_problem", "SANE_OCCURRENCES", "Occurrence", "expand",
+__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "ExpansionBudgetExceeded", "budget_problem",
+           "SANE_OCCURRENCES", "Occurrence", "expand",
            "normalise_until", "to_instant", "window"]

@@ -20,10 +20,12 @@ What becomes of each component (section numbers are RFC 5545's):
   its DTSTART and SUMMARY: **unstable** — editing the title or time of such an event makes it a new
   rule — because nothing else identifies it.
 
-A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE is accepted for a
-one-off rule by converting it to its exact UTC instant (``tz="UTC"``, original in
-``extra["tzid"]``); a recurring rule in such a zone is a problem, since expanding it needs the zone's
-rules, which the rule record cannot carry.
+A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (Outlook's
+``(GMT+01.00) Sarajevo/Warsaw/Zagreb``) is authoritative (§3.6.5): it is read as the IANA zone with
+the same offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`; the
+TZID as written is kept in ``extra["tzid"]``). When no IANA zone agrees, a one-off rule is converted
+to its exact UTC instant (``tz="UTC"``) and a recurring rule is a problem, since expanding it needs
+the zone's rules, which the rule record cannot carry.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ from deadline_pipeline.ingest.parsers.base import (
     drop_duplicate_ids,
 )
 from deadline_pipeline.rules import RuleRecord, format_local
-from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.timezones import (
+    EQUIVALENCE_YEARS,
+    UnknownTimeZone,
+    equivalent_iana_zone,
+    resolve_zone,
+)
 
 WHAT = "an iCalendar (RFC 5545) calendar"
 COMPONENTS = ("VEVENT", "VTODO")
@@ -73,6 +80,7 @@ class _When:
     tz: str | None  # the zone name for the rule ("Europe/Berlin", "UTC"), None when floating/date
     zone: tzinfo | None  # the tzinfo to compute instants with
     known: bool = True  # False: TZID unknown to resolve_zone, zone comes from a VTIMEZONE
+    written: str | None = None  # the TZID as written, when it was mapped to an equivalent IANA zone
 
     @property
     def aware(self) -> datetime | None:
@@ -170,6 +178,11 @@ def _value_when(value: object, params: dict, what: str) -> _When:
             if isinstance(value.tzinfo, ZoneInfo):  # the library mapped the name to an IANA zone
                 return _When(naive, value.tzinfo.key, value.tzinfo)
             if value.tzinfo is not None:  # defined by a VTIMEZONE of this calendar only
+                # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
+                # same offsets and transitions, so the rule can be planned like any other.
+                iana = equivalent_iana_zone(value.tzinfo, str(tzid))
+                if iana is not None:
+                    return _When(naive, iana, ZoneInfo(iana), written=str(tzid))
                 return _When(naive, str(tzid), value.tzinfo, known=False)
             raise _Skip(f"{what} has TZID {str(tzid)!r}, a zone that is neither known nor defined "
                         "by a VTIMEZONE in this calendar")
@@ -280,11 +293,14 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
     rdates = _dates(component, "RDATE", problems, position)
     recurring = rrule is not None or bool(rdates)
     extra: dict = {}
+    if start.written:
+        extra["tzid"] = start.written
     if start.known:
         tz = start.tz if start.tz is not None else floating_zone
     elif recurring:
-        raise _Skip(f"TZID {start.tz!r} is defined only by this calendar's VTIMEZONE; a recurring rule "
-                    "cannot be expanded in it (use an IANA zone name)")
+        raise _Skip(f"TZID {start.tz!r} is defined only by this calendar's VTIMEZONE and no IANA zone has "
+                    f"its offsets and transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}; a recurring "
+                    "rule cannot be expanded in it (use an IANA zone name)")
     else:
         # A one-off time converts exactly to its instant, so no meaning is lost.
         extra["tzid"] = start.tz
