@@ -192,3 +192,45 @@ def test_mozilla_style_tzid_in_a_calendar():
 def test_cet_tzid_observes_summer_time():
     content = calendar(*event("c", "DTSTART;TZID=CET:20260716T100000"))
     assert [d for _r, d in ics_instants(content)] == [utc("2026-07-16T08:00:00Z")]
+
+
+# --- class 4: folds, and one bad event among good ones ---------------------------------------------
+
+
+def test_b04_fold_that_splits_a_utf8_character(bugcases):
+    result = parse_ics((bugcases / "b04_fold_utf8.ics").read_bytes(), source="t")
+    assert not result.problems
+    (rule,) = result.rules
+    assert "\u00fcberpr\u00fcfen" in rule.note
+    assert [d for _r, d in ics_instants((bugcases / "b04_fold_utf8.ics").read_bytes())] == [
+        utc("2026-07-15T10:00:00Z")]
+
+
+def test_one_unreadable_event_is_reported_and_the_others_are_read():
+    content = calendar(*event("good1", "DTSTART:20260101T100000Z"),
+                       "BEGIN:VEVENT", "UID:bad", "DTSTART:20260102T100000Z",
+                       "DTSTART;TZID=\"Europe/Berlin:20260104T100000",
+                       "END:VEVENT",
+                       *event("good2", "DTSTART:20260103T100000Z"))
+    result = parse_ics(content, source="t")
+    assert sorted(r.rule_id for r in result.rules) == ["good1", "good2"]
+    (problem,) = result.problems
+    assert problem.position == "VEVENT UID=bad (line 10)" and problem.message.startswith("component skipped")
+    assert "Europe/Berlin:20260104T100000" in problem.message
+
+
+def test_an_unreadable_line_of_no_consequence_is_reported_and_the_event_read():
+    content = calendar(*event("e", "DTSTART:20260101T100000Z", "X-NOTE;A=\"b\"c:d"))
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["e"]
+    assert "X-NOTE" in result.problems[0].message
+
+
+def test_unfolding_is_linear():
+    # 6 MB of one folded DESCRIPTION: joined once, not re-concatenated per fold.
+    fold = "\r\n " + "x" * 73
+    content = calendar(*event("big", "DTSTART:20260101T100000Z", "DESCRIPTION:a" + fold * 80_000))
+    t0 = time.perf_counter()
+    (rule,) = parse_ics(content, source="t").rules
+    assert time.perf_counter() - t0 < 5
+    assert len(rule.note) == 1 + 73 * 80_000

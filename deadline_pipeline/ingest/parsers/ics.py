@@ -89,24 +89,43 @@ class _When:
         return None
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Unfold content lines (§3.1): a line starting with space or tab continues the previous one."""
-    out: list[tuple[int, str]] = []
-    for number, physical in enumerate(_LINE_BREAK.split(text), start=1):
-        if physical[:1] in (" ", "\t") and out:
-            out[-1] = (out[-1][0], out[-1][1] + physical[1:])
-        elif physical.strip():
-            out.append((number, physical))
+_PHYSICAL = re.compile(rb"\r\n|\r|\n")
+#: Properties whose loss changes which instants a component has: a component with an unreadable
+#: line of one of these is skipped (reported), not read without it.
+_MEANINGFUL = frozenset({"DTSTART", "DUE", "DTEND", "DURATION", "RRULE", "RDATE", "EXDATE", "RECURRENCE-ID",
+                         "UID", "SEQUENCE", "BEGIN", "END"})
+_UNREADABLE_NAME = re.compile(r"parts: '([^:;']*)")
+
+
+def _unfold(content: bytes) -> list[tuple[int, bytes]]:
+    """Unfold content lines on the *bytes* (RFC 5545 §3.1): ``(physical line number, logical line)``.
+
+    A fold may split a multi-octet UTF-8 character (§3.1 folds at 75 octets, not characters), so the
+    bytes are unfolded before they are decoded. Linear: the pieces of a logical line are joined once
+    (appending to a growing string made a 10 MB payload of folded lines take minutes).
+    """
+    out: list[tuple[int, bytes]] = []
+    pieces: list[bytes] = []
+    first = 0
+    for number, physical in enumerate(_PHYSICAL.split(content), start=1):
+        if physical[:1] in (b" ", b"\t") and pieces:
+            pieces.append(physical[1:])
+            continue
+        if pieces:
+            out.append((first, b"".join(pieces)))
+        pieces, first = ([physical], number) if physical.strip() else ([], 0)
+    if pieces:
+        out.append((first, b"".join(pieces)))
     return out
 
 
-def _scan(text: str, source: str) -> list[_ScannedComponent]:
-    """Check BEGIN/END nesting and note each VEVENT/VTODO's line and raw RRULEs, in document order.
+def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
+    """Check BEGIN/END nesting and note each VEVENT/VTODO's line, extent and raw RRULEs, in document order.
 
-    Raises ParseError for a payload without any BEGIN line, an END that closes nothing or the wrong
-    component, and a truncated payload (a component never closed).
+    ``lines``: the unfolded logical lines with their physical line numbers. Raises ParseError for a
+    payload without any BEGIN line, an END that closes nothing or the wrong component, and a
+    truncated payload (a component never closed).
     """
-    lines = _logical_lines(text)
     if not any(body.upper().startswith("BEGIN:") for _n, body in lines):
         number = lines[0][0] if lines else 1
         raise ParseError(f"source {source!r}: line {number}: not {WHAT} (no BEGIN line)")
@@ -147,14 +166,14 @@ def _scan(text: str, source: str) -> list[_ScannedComponent]:
     return found
 
 
-def _locate_library_error(text: str) -> str:
-    """The first content line the library cannot split into name, parameters and value."""
-    for number, body in _logical_lines(text):
+def _locate_library_error(lines: list[tuple[int, str]]) -> int | None:
+    """Index of the first content line the library cannot split into name, parameters and value."""
+    for index, (_number, body) in enumerate(lines):
         try:
             Contentline(body).parts()
         except Exception:  # noqa: BLE001 — any failure marks the line; the cause is reported by the caller
-            return f"line {number}"
-    return "position unknown"
+            return index
+    return None
 
 
 def _when(prop: object, what: str) -> _When:
@@ -232,20 +251,32 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     zones or malformed RRULEs are problems with position ``"VEVENT UID=… (line N)"``. Components
     found outside a VCALENDAR are read too, with a problem noting it. Raises :class:`ParseError`
     (naming source and line) for undecodable, empty, HTML, truncated or mis-nested payloads, payloads
-    without any calendar component and content lines the library cannot parse.
+    without any calendar component and content lines the library cannot parse at all. A content
+    line the library skips inside a VEVENT/VTODO is a problem of that component alone (with its
+    position); when the line is one of its dates or its rule, the component is skipped — its
+    instants are unknown — and the other components are read.
     """
-    text = decode_text(content, source=source, what=WHAT)
-    scanned = _scan(text, source)
+    if not isinstance(content, (bytes, bytearray)):
+        raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
+    raw_lines = _unfold(bytes(content))
+    try:
+        text = decode_text(b"\r\n".join(line for _n, line in raw_lines), source=source, what=WHAT)
+    except ParseError:
+        decode_text(bytes(content), source=source, what=WHAT)  # the message with the original position
+        raise
+    numbers = [n for n, _line in raw_lines]
+    lines = list(zip(numbers, text.split("\r\n"), strict=True)) if text else []
+    scanned = _scan(lines, source)
+    result = ParseResult()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tops = icalendar.Calendar.from_ical(text, multiple=True)
+            tops = icalendar.Calendar.from_ical("\r\n".join(body for _n, body in lines), multiple=True)
     except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError, IndexError…
-        where = _locate_library_error(text)
-        raise ParseError(
-            f"source {source!r}: {where}: not a usable iCalendar payload: {exc.__class__.__name__}: {exc}"
-        ) from None
-    result = ParseResult()
+        bad = _locate_library_error(lines)
+        where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
+        raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
+                         f"{exc.__class__.__name__}: {exc}") from None
     components: list[tuple[icalendar.cal.Component, str | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
@@ -270,6 +301,17 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         position = f"{component.name} UID={uid}" if uid else f"{component.name} #{n + 1} (no UID)"
         if scan is not None:
             position += f" (line {scan.line})"
+        # The library keeps going past a line it cannot split and lists it in ``errors``: never let
+        # that pass silently, and never read a component whose dates or rule lost a line.
+        unreadable = [str(message) for _prop, message in getattr(component, "errors", ()) or ()]
+        if unreadable:
+            names = {(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(text)) else "")
+                     for text in unreadable}
+            fatal = bool(names & _MEANINGFUL) or "" in names
+            result.problems.append(ParseProblem(position, ("component skipped: " if fatal else "")
+                                                + "; ".join(unreadable)))
+            if fatal:
+                continue
         try:
             result.rules.append(_component_rule(component, zone, uid, scan, result.problems, position))
         except _Skip as exc:
