@@ -234,3 +234,49 @@ def test_unfolding_is_linear():
     (rule,) = parse_ics(content, source="t").rules
     assert time.perf_counter() - t0 < 5
     assert len(rule.note) == 1 + 73 * 80_000
+
+
+# --- class 5: duplicate UIDs and overrides -------------------------------------------------------
+
+
+def test_duplicate_uid_highest_sequence_wins_not_the_first():
+    content = calendar(
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:2", "DTSTAMP:20260102T000000Z", "DTSTART:20260301T100000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:1", "DTSTAMP:20260103T000000Z", "DTSTART:20260301T090000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:3", "DTSTAMP:20260101T000000Z", "DTSTART:20260301T120000Z", "END:VEVENT",
+    )
+    result = parse_ics(content, source="t")
+    assert [r.start for r in result.rules] == ["2026-03-01T12:00:00"]
+    assert len(result.problems) == 2 and all("superseded" in p.message for p in result.problems)
+
+
+def test_duplicate_uid_same_sequence_latest_stamp_wins():
+    content = calendar(
+        "BEGIN:VEVENT", "UID:d", "DTSTAMP:20260105T000000Z", "DTSTART:20260301T100000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "DTSTAMP:20260101T000000Z", "LAST-MODIFIED:20260106T000000Z",
+        "DTSTART:20260301T110000Z", "END:VEVENT",
+    )
+    assert [r.start for r in parse_ics(content, source="t").rules] == ["2026-03-01T11:00:00"]
+
+
+def test_override_carrying_its_own_rrule_is_not_a_second_series():
+    content = calendar(
+        *event("m", "DTSTART;TZID=Europe/Berlin:20260105T090000", "RRULE:FREQ=WEEKLY;COUNT=4"),
+        *event("m", "RECURRENCE-ID;TZID=Europe/Berlin:20260112T090000", "DTSTART;TZID=Europe/Berlin:20260113T100000",
+               "RRULE:FREQ=WEEKLY;COUNT=4"),
+    )
+    got = [d for _r, d in ics_instants(content)]
+    assert got == [utc("2026-01-05T08:00:00Z"), utc("2026-01-13T09:00:00Z"), utc("2026-01-19T08:00:00Z"),
+                   utc("2026-01-26T08:00:00Z")]
+
+
+def test_date_master_with_a_date_time_recurrence_id_replaces_that_date():
+    content = calendar(
+        *event("a", "DTSTART;VALUE=DATE:20260105", "RRULE:FREQ=WEEKLY;COUNT=3"),
+        *event("a", "RECURRENCE-ID;TZID=GMT Standard Time:20260112T000000", "DTSTART;VALUE=DATE:20260114"),
+        head=("X-WR-TIMEZONE:America/New_York",),
+    )
+    ny = resolve_zone("America/New_York")
+    got = sorted(d.astimezone(ny).date().isoformat() for _r, d in ics_instants(content))
+    # 01-12 is replaced by 01-14 (no ghost on 01-12); the zone of the RECURRENCE-ID does not matter.
+    assert got == ["2026-01-05", "2026-01-14", "2026-01-19"]

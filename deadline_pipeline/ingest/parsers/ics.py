@@ -295,6 +295,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     paired = len(scanned) == len(components) and all(
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
+    ranks: list[tuple[tuple, str]] = []  # per rule read: its revision rank and position
     for n, (component, zone) in enumerate(components):
         scan = scanned[n] if paired else None
         uid = _text(component, "UID")
@@ -313,12 +314,61 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
             if fatal:
                 continue
         try:
-            result.rules.append(_component_rule(component, zone, uid, scan, result.problems, position))
+            rule = _component_rule(component, zone, uid, scan, result.problems, position)
+            result.rules.append(rule)
+            ranks.append((_revision_rank(component), position))
         except _Skip as exc:
             result.problems.append(ParseProblem(position, str(exc)))
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
             result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}"))
-    return drop_duplicate_ids(result)
+    return drop_duplicate_ids(_latest_revisions(result, ranks))
+
+
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def _revision_rank(component: icalendar.cal.Component) -> tuple[int, datetime]:
+    """How recent a revision of a component is: ``(SEQUENCE, latest of DTSTAMP and LAST-MODIFIED)``.
+
+    RFC 5545 §3.8.7.4 (SEQUENCE) and §3.8.7.2/§3.8.7.3 (DTSTAMP, LAST-MODIFIED); RFC 5546 §2.1.5 orders
+    revisions of one UID by SEQUENCE, then DTSTAMP. A missing or unreadable value ranks lowest.
+    """
+    try:
+        sequence = int(str(component.get("SEQUENCE", 0)))
+    except ValueError:
+        sequence = 0
+    stamps = [_EPOCH]
+    for name in ("DTSTAMP", "LAST-MODIFIED"):
+        value = getattr(component.get(name), "dt", None)
+        if isinstance(value, datetime):
+            stamps.append(value if value.tzinfo is not None else value.replace(tzinfo=UTC))
+    return sequence, max(stamps)
+
+
+def _latest_revisions(result: ParseResult, ranks: list[tuple[tuple, str]]) -> ParseResult:
+    """Of several components with one identity (UID, and RECURRENCE-ID for an override), keep the latest
+    revision (:func:`_revision_rank`; the first in the file on a tie) and report the others.
+
+    Keeping the first in the file instead would plan a superseded time when a feed appends the new
+    revision of an event after the old one.
+    """
+    best: dict[str, int] = {}
+    for i, rule in enumerate(result.rules):
+        j = best.get(rule.rule_id)
+        if j is None or ranks[i][0] > ranks[j][0]:
+            best[rule.rule_id] = i
+    kept = []
+    for i, rule in enumerate(result.rules):
+        j = best[rule.rule_id]
+        if i == j:
+            kept.append(rule)
+            continue
+        (seq, stamp), (seq_kept, stamp_kept) = ranks[i][0], ranks[j][0]
+        result.problems.append(ParseProblem(ranks[i][1], (
+            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {stamp.isoformat()}) is superseded by the one "
+            f"at {ranks[j][1]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept")))
+    result.rules = kept
+    return result
 
 
 def _component_rule(component: icalendar.cal.Component, floating_zone: str | None, uid: str | None,
@@ -367,6 +417,10 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         rid_text = _utc_iso(rid, rule_zone)
         rule_id = f"{rule_id}#{rid_text}"
         extra["recurrence_id"] = rid_text
+        if isinstance(rid.value, datetime):
+            # Its local date as written: what it names in an all-day master (Outlook writes a DATE-TIME
+            # RECURRENCE-ID, e.g. in TZID=GMT Standard Time, for occurrences of an all-day series).
+            extra["recurrence_id_date"] = rid.value.date().isoformat()
         # RANGE=THISANDFUTURE (§3.2.13) makes the override apply to every later occurrence too;
         # planning splits the series on it (plan.recurrence.apply_overrides).
         rng = recurrence_id.params.get("RANGE") if hasattr(recurrence_id, "params") else None
