@@ -106,7 +106,8 @@ SEEDS = {
            b"RRULE:FREQ=WEEKLY;COUNT=3\r\nEXDATE:20260108T090000Z\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n",
     "ai-deadlines": b"- id: a\n  title: A\n  deadline: '2026-01-01 23:59'\n  timezone: -12:00\n",
     "csv": b"title,due,timezone,rrule\nA,2026-01-01 10:00,UTC,FREQ=MONTHLY\n",
-    "govuk-bank-holidays": b'{"england-and-wales": {"division": "e", "events": [{"title": "x", "date": "2026-01-01"}]}}',
+    "govuk-bank-holidays": b'{"england-and-wales": {"division": "e", '
+                           b'"events": [{"title": "x", "date": "2026-01-01"}]}}',
 }
 
 _CHILD = r"""
