@@ -67,7 +67,7 @@ def _floating_zone(cal) -> tzinfo:
     return UTC
 
 
-def ours(content: bytes) -> set[Pair]:
+def ours(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set[Pair]:
     """Pairs as ``deadline-pipeline occurrences --ics FILE --tz UTC`` computes them."""
     from deadline_pipeline.ingest.parsers.ics import parse_ics
     from deadline_pipeline.plan.occurrences import expand
@@ -76,7 +76,7 @@ def ours(content: bytes) -> set[Pair]:
 
     result = parse_ics(content, source="differential", default_tz="UTC")
     out: set[Pair] = set()
-    lo, hi = WINDOW
+    lo, hi = window
     for rule in apply_overrides(result.rules):
         zone = resolve_zone(rule.tz) if rule.tz else UTC
         uid = str((rule.extra or {}).get("uid") or "")
@@ -85,7 +85,7 @@ def ours(content: bytes) -> set[Pair]:
     return out
 
 
-def reference(content: bytes) -> set[Pair]:
+def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set[Pair]:
     """Pairs as ``recurring-ical-events`` computes them (X-WR-TIMEZONE applied by ``x-wr-timezone``)."""
     import icalendar
     import recurring_ical_events
@@ -96,7 +96,7 @@ def reference(content: bytes) -> set[Pair]:
         cal = icalendar.Calendar.from_ical(content)
     floating = _floating_zone(cal)
     cal = x_wr_timezone.to_standard(cal)
-    lo, hi = WINDOW
+    lo, hi = window
     out: set[Pair] = set()
     query = recurring_ical_events.of(cal, components=["VEVENT", "VTODO"])
     # Widened by a day each side: the library selects by overlap, we select by due instant below.
@@ -116,24 +116,26 @@ def reference(content: bytes) -> set[Pair]:
     return out
 
 
-def compare(content: bytes) -> Outcome:
+def compare(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Outcome:
     """Both sides for one payload; an exception on a side is recorded as that side's error (empty set)."""
     outcome = Outcome()
     try:
-        outcome.ours = ours(content)
+        outcome.ours = ours(content, window)
     except Exception as exc:  # noqa: BLE001 — a refusal is an outcome to compare, not a crash
         outcome.ours_error = f"{exc.__class__.__name__}: {exc}"
     try:
-        outcome.reference = reference(content)
+        outcome.reference = reference(content, window)
     except Exception as exc:  # noqa: BLE001
         outcome.reference_error = f"{exc.__class__.__name__}: {exc}"
     return outcome
 
 
 def corpus(shared: Path, repo_root: Path) -> list[tuple[str, Path]]:
-    """``(name, path)`` of every .ics under the shared icalendar-tests folder and the repo's fixtures."""
+    """``(name, path)`` of every .ics under the shared icalendar-tests folder, the shared bug-report
+    cases and the repo's own fixtures."""
     files = [(f"icalendar-tests/{p.relative_to(shared / 'data' / 'icalendar-tests')}", p)
              for p in sorted((shared / "data" / "icalendar-tests").rglob("*.ics"))]
+    files += [(f"cases/{p.name}", p) for p in sorted((shared / "cases" / "calendar-and-yaml").glob("*.ics"))]
     files += [(f"repo/{p.relative_to(repo_root)}", p) for p in sorted(repo_root.rglob("*.ics"))
               if ".git" not in p.parts and ".venv" not in p.parts]
     return files

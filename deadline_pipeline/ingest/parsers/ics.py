@@ -23,9 +23,9 @@ What becomes of each component (section numbers are RFC 5545's):
 A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (Outlook's
 ``(GMT+01.00) Sarajevo/Warsaw/Zagreb``) is authoritative (§3.6.5): it is read as the IANA zone with
 the same offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`; the
-TZID as written is kept in ``extra["tzid"]``). When no IANA zone agrees, a one-off rule is converted
-to its exact UTC instant (``tz="UTC"``) and a recurring rule is a problem, since expanding it needs
-the zone's rules, which the rule record cannot carry.
+TZID as written is kept in ``extra["tzid"]``). When no IANA zone agrees, a one-off rule or an
+RDATE-only set is converted to its exact UTC instants (``tz="UTC"``) and a rule with an RRULE is a
+problem, since expanding it needs the zone's rules, which the rule record cannot carry.
 """
 
 from __future__ import annotations
@@ -383,18 +383,18 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
 
     rrule = _rrule(component, scan)
     rdates = _dates(component, "RDATE", problems, position)
-    recurring = rrule is not None or bool(rdates)
     extra: dict = {}
     if start.written:
         extra["tzid"] = start.written
     if start.known:
         tz = start.tz if start.tz is not None else floating_zone
-    elif recurring:
+    elif rrule is not None:
         raise _Skip(f"TZID {start.tz!r} is defined only by this calendar's VTIMEZONE and no IANA zone has "
                     f"its offsets and transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}; a recurring "
                     "rule cannot be expanded in it (use an IANA zone name)")
     else:
-        # A one-off time converts exactly to its instant, so no meaning is lost.
+        # A one-off time (or a set of RDATEs, each in its own zone) converts exactly to its instants,
+        # so no meaning is lost.
         extra["tzid"] = start.tz
         start = _When(start.aware.astimezone(UTC).replace(tzinfo=None), "UTC", UTC)
         tz = "UTC"
