@@ -280,3 +280,16 @@ def test_date_master_with_a_date_time_recurrence_id_replaces_that_date():
     got = sorted(d.astimezone(ny).date().isoformat() for _r, d in ics_instants(content))
     # 01-12 is replaced by 01-14 (no ghost on 01-12); the zone of the RECURRENCE-ID does not matter.
     assert got == ["2026-01-05", "2026-01-14", "2026-01-19"]
+
+
+def test_validate_refuses_a_rule_over_the_expansion_budget(tmp_path, monkeypatch):
+    from deadline_pipeline.cli import main
+
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    path = tmp_path / "feed.ics"
+    path.write_bytes(calendar(*event("heavy", "DTSTART:20200101T000000Z",
+                                     "RRULE:FREQ=HOURLY;BYMINUTE=0,30;COUNT=99999999"),
+                              *event("light", "DTSTART:20300101T000000Z")))
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert res.exit_code != 0
+    assert "rule 'heavy'" in res.output and "steps" in res.output and "INVALID" in res.output

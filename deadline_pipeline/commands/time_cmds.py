@@ -242,7 +242,7 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
     """
     from deadline_pipeline.ingest.parsers.base import ParseError
     from deadline_pipeline.ingest.parsers.ics import parse_ics
-    from deadline_pipeline.plan.occurrences import expand
+    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, expand
     from deadline_pipeline.plan.recurrence import apply_overrides
     from deadline_pipeline.timezones import resolve_zone
 
@@ -262,7 +262,10 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
             raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar declares no "
                              "X-WR-TIMEZONE; give --tz")
         zone = resolve_zone(rule.tz)
-        found.extend((rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
-                                                       limit=count))
+        try:
+            found.extend((rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
+                                                           limit=count))
+        except ExpansionBudgetExceeded as exc:  # that rule alone is skipped, as in planning
+            click.echo(f"warning: {path}: {exc}", err=True)
     found.sort(key=lambda pair: (pair[1].due_at, pair[0]))
     return found[:count] if count is not None else found

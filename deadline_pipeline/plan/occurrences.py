@@ -168,6 +168,29 @@ def budget_problem(rule: RuleRecord, zone: tzinfo, *, now: datetime, horizon: ti
     return None
 
 
+def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -> list[tuple[str, str]]:
+    """``(rule_id, message)`` for each recurring rule that :func:`budget_problem` flags from ``now``.
+
+    ``default_tz`` is the zone of floating rules (else UTC, only to measure the cost); ``now``
+    defaults to the current time (aware UTC). Rules with an unknown zone are left to the parser.
+    """
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    now = now or datetime.now(UTC)
+    out = []
+    for rule in rules:
+        if not rule.rrule:
+            continue
+        try:
+            zone = resolve_zone(rule.tz or default_tz or "UTC")
+        except UnknownTimeZone:
+            continue
+        message = budget_problem(rule, zone, now=now)
+        if message:
+            out.append((rule.rule_id, message))
+    return out
+
+
 BusinessDays = tuple  # (calendar spec | HolidayCalendar | iterable of dates, convention)
 
 
@@ -443,5 +466,5 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
 
 
 __all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "ExpansionBudgetExceeded", "budget_problem",
-           "SANE_OCCURRENCES", "Occurrence", "expand",
+           "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand",
            "normalise_until", "to_instant", "window"]
