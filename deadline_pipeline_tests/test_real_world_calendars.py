@@ -293,3 +293,70 @@ def test_validate_refuses_a_rule_over_the_expansion_budget(tmp_path, monkeypatch
     res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
     assert res.exit_code != 0
     assert "rule 'heavy'" in res.output and "steps" in res.output and "INVALID" in res.output
+
+
+# --- class 8: BYSETPOS with WKST, BYWEEKNO across New Year (checked against the RFC by brute force) --
+
+DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]
+
+
+def _iso_like_week(day, wkst):
+    """RFC 5545 week of ``day``, by brute force: the week holding January 4th is week 1."""
+    start = day - timedelta(days=(day.weekday() - wkst) % 7)
+    year = (start + timedelta(days=3)).year
+    jan4 = datetime(year, 1, 4).date()
+    first = jan4 - timedelta(days=(jan4.weekday() - wkst) % 7)
+    nxt = datetime(year + 1, 1, 4).date()
+    following = nxt - timedelta(days=(nxt.weekday() - wkst) % 7)
+    return (start - first).days // 7 + 1, (following - first).days // 7
+
+
+@pytest.mark.parametrize("wkst", [0, 2, 6])
+@pytest.mark.parametrize("weekno", [1, 52, 53, -1])
+@pytest.mark.parametrize("weekday", [0, 6])
+def test_byweekno_across_new_year_matches_the_rfc(wkst, weekno, weekday):
+    from deadline_pipeline.plan.recurrence import validate_rrule
+
+    recur = validate_rrule(f"FREQ=YEARLY;BYWEEKNO={weekno};BYDAY={DAYS[weekday]};WKST={DAYS[wkst]}")
+    got = [x.date() for x in occ_mod.series(recur, datetime(2015, 1, 5, 9), until=datetime(2035, 1, 1))]
+    expected, day = [], datetime(2015, 1, 5).date()
+    while day.year < 2035:
+        week, weeks = _iso_like_week(day, wkst)
+        if day.weekday() == weekday and weekno in (week, week - weeks - 1):
+            expected.append(day)
+        day += timedelta(days=1)
+    assert got == expected
+
+
+def test_byweekno_53_only_in_years_that_have_one():
+    rule = RuleRecord("w", "t", "2020-12-28T09:00:00", "UTC", "FREQ=YEARLY;BYWEEKNO=53;BYDAY=MO,SU;COUNT=4")
+    got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
+    # dateutil gave 2022-01-02 (week 52 of 2021) as a "week 53" day and let it consume COUNT.
+    assert got == ["2020-12-28", "2021-01-03", "2026-12-28", "2027-01-03"]
+
+
+@pytest.mark.parametrize("wkst", [0, 6])
+@pytest.mark.parametrize("days, pos", [(("MO", "WE", "FR"), 2), (("SU", "MO"), 1), (("TU", "SA", "SU"), -1)])
+@pytest.mark.parametrize("offset", range(7))
+def test_weekly_bysetpos_counts_positions_from_wkst(wkst, days, pos, offset):
+    from deadline_pipeline.plan.recurrence import validate_rrule
+
+    start = datetime(2026, 1, 5 + offset, 9)
+    end = datetime(2026, 3, 1)
+    recur = validate_rrule(f"FREQ=WEEKLY;BYDAY={','.join(days)};BYSETPOS={pos};WKST={DAYS[wkst]}")
+    got = list(occ_mod.series(recur, start, until=end))
+    expected, week = [], start.date() - timedelta(days=(start.weekday() - wkst) % 7)
+    while week < end.date():
+        chosen = [d for d in (week + timedelta(days=i) for i in range(7)) if DAYS[d.weekday()] in days]
+        pick = datetime.combine(chosen[pos - 1 if pos > 0 else pos], start.time())
+        if start <= pick <= end:
+            expected.append(pick)
+        week += timedelta(days=7)
+    assert got == expected
+
+
+def test_weekly_bysetpos_from_a_mid_week_dtstart():
+    rule = RuleRecord("p", "t", "2026-01-07T09:00:00", "UTC", "FREQ=WEEKLY;BYDAY=MO,WE,FR;BYSETPOS=2;COUNT=3")
+    got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
+    # The week of 2026-01-05 is {Mo 5, We 7, Fr 9}: position 2 is the DTSTART itself, not Friday 9th.
+    assert got == ["2026-01-07", "2026-01-14", "2026-01-21"]

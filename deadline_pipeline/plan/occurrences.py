@@ -168,6 +168,71 @@ def budget_problem(rule: RuleRecord, zone: tzinfo, *, now: datetime, horizon: ti
     return None
 
 
+def _week_start(day: date, wkst: int) -> date:
+    return day - timedelta(days=(day.weekday() - wkst) % 7)
+
+
+def rfc_week(day: date, wkst: int) -> tuple[int, int, int]:
+    """``(week-numbering year, week number, weeks in that year)`` of ``day`` for weeks starting on ``wkst``.
+
+    RFC 5545 §3.3.10 (BYWEEKNO): week 1 is the first week with at least four days in the year, i.e.
+    the week holding January 4th; with ``wkst`` Monday these are ISO 8601 weeks. A week straddling
+    New Year belongs to the year holding its fourth day.
+    """
+    start = _week_start(day, wkst)
+    year = (start + timedelta(days=3)).year
+    first = _week_start(date(year, 1, 4), wkst)
+    following = _week_start(date(year + 1, 1, 4), wkst)
+    return year, (start - first).days // 7 + 1, (following - first).days // 7
+
+
+def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: datetime | None = None):
+    """The RRULE's own instances from ``dtstart`` (naive, one frame), as dateutil yields them, corrected
+    where dateutil departs from RFC 5545 §3.3.10:
+
+    * ``FREQ=WEEKLY`` with BYSETPOS: dateutil starts the first week at DTSTART instead of at WKST, so
+      the positions of that week are counted from the wrong day (``BYDAY=MO,WE,FR;BYSETPOS=2`` from a
+      Wednesday gave that week's Friday). Expanded from the week's start, earlier dates dropped.
+    * BYWEEKNO: dateutil misnumbers the days of a week that straddles New Year (``BYWEEKNO=53`` gave
+      2022-01-02, which is in week 52 of 2021, and ``BYWEEKNO=52`` missed it). It is asked for the
+      neighbouring week numbers too, and each date is kept only when :func:`rfc_week` agrees.
+
+    COUNT is applied after the correction, so the dropped dates never consume it. Returns an iterable.
+    """
+    kwargs = recur.kwargs
+    weekly_setpos = recur.freq == "WEEKLY" and "BYSETPOS" in recur.parts
+    weekno = kwargs.get("byweekno")
+    if not weekly_setpos and not weekno:
+        return rrule(FREQS[recur.freq], dtstart=dtstart, count=count, until=until, **kwargs)
+    wkst = kwargs.get("wkst", 0)
+    begin = dtstart
+    if weekly_setpos:
+        begin = datetime.combine(_week_start(dtstart.date(), wkst), dtstart.time())
+    if weekno:
+        # dateutil also misnumbers days of a straddling week by one (it misses 2022-01-02 for
+        # BYWEEKNO=52): ask it for the neighbouring weeks too and keep the right days below.
+        wide = {m for n in weekno for m in (n - 1, n, n + 1) if 1 <= abs(m) <= 53}
+        kwargs = {**kwargs, "byweekno": sorted(wide)}
+    engine = rrule(FREQS[recur.freq], dtstart=begin, until=until, **kwargs)
+
+    def corrected():
+        left = count
+        for item in engine:
+            if item < dtstart:
+                continue
+            if weekno:
+                year, week, weeks = rfc_week(item.date(), wkst)
+                if week not in weekno and week - weeks - 1 not in weekno:
+                    continue
+            yield item
+            if left is not None:
+                left -= 1
+                if left <= 0:
+                    return
+
+    return corrected()
+
+
 def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -> list[tuple[str, str]]:
     """``(rule_id, message)`` for each recurring rule that :func:`budget_problem` flags from ``now``.
 
@@ -300,7 +365,7 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
     # counts toward COUNT. dateutil yields matching dates only, so such a DTSTART was silently lost.
     start_instance: datetime | None = None
     if recur is not None and recur.has_by_parts:
-        first = next(iter(rrule(FREQS[recur.freq], dtstart=dtstart, count=1, **recur.kwargs)), None)
+        first = next(iter(series(recur, dtstart, count=1)), None)
         if first != dtstart:
             start_instance = dtstart
             count = count - 1 if count is not None else None
@@ -328,8 +393,7 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
 
     try:
         if recur is not None and count != 0:
-            engine = rrule(FREQS[recur.freq], dtstart=series_start, count=count, until=engine_until,
-                           **recur.kwargs)
+            engine = series(recur, series_start, count=count, until=engine_until)
         else:
             engine = None
         if start_instance is not None:
@@ -444,8 +508,8 @@ def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], aft
     if recur.count is None:
         continues = until_instant is None or until_instant > before
     else:
-        probe = rrule(FREQS[recur.freq], dtstart=dtstart, count=count, **recur.kwargs) if count else None
-        continues = probe is not None and probe.after(hi) is not None
+        probe = series(recur, dtstart, count=count) if count else ()
+        continues = any(item > hi for item in probe)
     if not continues:
         return
     COUNTERS["horizon_truncations"] += 1
