@@ -375,7 +375,10 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
         # whole days that are also whole intervals when BYxxx parts filter on the wall clock.
         step = _UNIT_SECONDS[recur.freq] * int(recur.kwargs.get("interval", 1))
         if elapsed:
-            series_start, count = _jump(dtstart, lo, step, count)
+            # Items are UTC instants here: the day of wall-clock slack is not needed, only the shift and
+            # business-day roll that can move an instant into the window.
+            near = after - abs(shift) - (_ROLL_SLACK if business is not None else timedelta(0))
+            series_start, count = _jump(dtstart, max(lo, near.astimezone(UTC).replace(tzinfo=None)), step, count)
         elif count is None:
             series_start, count = _jump(dtstart, lo, math.lcm(step, 86400), None)
 
