@@ -585,15 +585,35 @@ def _expand(path: str, base: Path) -> str:
     return str(p if p.is_absolute() else (base / p).resolve())
 
 
+#: Largest subscriber file read (bytes); it is read up to this and refused beyond (``/dev/zero``
+#: once grew the process to 4 GB before failing). Rows: ``ingest.parsers.limits.MAX_CSV_ROWS``.
+MAX_SUBSCRIBERS_BYTES = 64 * 1024 * 1024
+
+
 def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
+    import io
+
     import pandas as pd
 
+    from deadline_pipeline.ingest.parsers.limits import MAX_CSV_ROWS
+
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SUBSCRIBERS_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{config_path}: subscribers_csv: file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{config_path}: subscribers_csv: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_SUBSCRIBERS_BYTES:
+        raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
+                          "(limit of the subscriber file)")
+    try:
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
         raise ConfigError(f"{config_path}: subscribers_csv: {path} is not a readable CSV file: {exc}") from None
+    if len(frame) > MAX_CSV_ROWS:
+        raise ConfigError(f"{config_path}: subscribers_csv: {path} has more than {MAX_CSV_ROWS:,} rows "
+                          "(limit of the subscriber file)")
     missing = {"id", "timezone"} - set(frame.columns)
     if missing:
         raise ConfigError(

@@ -2,7 +2,12 @@
 
 Accepted spellings:
 
-* IANA names (``America/Los_Angeles``), through :mod:`zoneinfo`;
+* IANA names (``America/Los_Angeles``), through :mod:`zoneinfo` — checked *before* abbreviations,
+  so the IANA zones ``CET``, ``EET``, ``MET``, ``WET``, ``EST5EDT``, ``CST6CDT``, ``MST7MDT`` and
+  ``PST8PDT`` are those zones with their daylight saving, never a fixed abbreviation offset (reading
+  ``CET`` as a fixed UTC+1 puts every summer deadline an hour late);
+* prefixed IANA names as Mozilla/Evolution write TZIDs (``/mozilla.org/20050126_1/Asia/Tokyo``,
+  ``/softwarestudio.org/Olson_20011030_5/America/New_York``): the IANA name at the end;
 * ``AoE`` ("Anywhere on Earth") = the fixed offset UTC-12, which never observes daylight saving
   (the convention of conference deadlines, e.g. the IEEE and NeurIPS calls for papers);
 * fixed offsets ``UTC``, ``UTC-12``, ``UTC+5:30``, ``GMT+8``, ``+02:00`` (``GMT+8`` means eight hours
@@ -24,9 +29,9 @@ floating time as UTC is the classic bug (shared case C14: 10:00 in Brisbane sent
 from __future__ import annotations
 
 import re
-from datetime import UTC, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 
 class UnknownTimeZone(ValueError):
@@ -204,6 +209,27 @@ def _fixed(hours: float, name: str) -> timezone:
     return timezone(timedelta(hours=hours)) if hours else UTC
 
 
+@lru_cache(maxsize=1)
+def _iana_names() -> frozenset[str]:
+    return frozenset(available_timezones())
+
+
+def _iana(text: str) -> ZoneInfo | None:
+    """The IANA zone ``text`` names exactly, or at the end of a ``/vendor/version/Area/City`` prefix."""
+    names = _iana_names()
+    if text in names:
+        return ZoneInfo(text)
+    if text.upper() in names and "/" not in text:  # "cet", "est5edt" as some producers write them
+        return ZoneInfo(text.upper())
+    if text.startswith("/"):
+        parts = [p for p in text.split("/") if p]
+        for i in range(1, len(parts)):
+            candidate = "/".join(parts[i:])
+            if candidate in names:
+                return ZoneInfo(candidate)
+    return None
+
+
 @lru_cache(maxsize=512)
 def resolve_zone(name: str) -> tzinfo:
     """Resolve a time-zone spelling to a ``tzinfo``.
@@ -216,6 +242,10 @@ def resolve_zone(name: str) -> tzinfo:
         raise UnknownTimeZone(f"time zone {name!r} is empty; a rule needs an IANA zone or a UTC offset")
     text = name.strip()
     upper = text.upper()
+    if upper not in ("UTC", "GMT", "Z", "UT", "UCT"):  # the UTC spellings stay the UTC singleton
+        iana = _iana(text)
+        if iana is not None:
+            return iana
     if upper in ABBREVIATIONS:
         return _fixed(ABBREVIATIONS[upper], text)
     m = _OFFSET.match(text)
@@ -234,3 +264,81 @@ def resolve_zone(name: str) -> tzinfo:
         f"unknown time zone {name!r}: expected an IANA name (Europe/Berlin), AoE, a UTC offset "
         "(UTC-12, GMT+8), a known abbreviation (PDT) or a Windows zone name"
     )
+
+
+# --- zones defined only by a calendar's VTIMEZONE ----------------------------------------------
+
+#: Years over which a VTIMEZONE must agree with an IANA zone, transition by transition, to be read as it.
+EQUIVALENCE_YEARS = (2020, 2040)
+_WEEK = timedelta(days=7)
+
+
+def _transitions(zone: tzinfo) -> tuple:
+    """``(offset at the start, ((instant, new offset), …))`` of ``zone`` over :data:`EQUIVALENCE_YEARS`.
+
+    Sampled weekly, each change located to the minute by bisection (UTC instants, naive).
+    """
+    def off(moment: datetime) -> timedelta | None:
+        return moment.replace(tzinfo=UTC).astimezone(zone).utcoffset()
+
+    t = datetime(EQUIVALENCE_YEARS[0], 1, 1)
+    end = datetime(EQUIVALENCE_YEARS[1], 1, 1)
+    first = current = off(t)
+    changes = []
+    while t < end:
+        nxt = t + _WEEK
+        new = off(nxt)
+        if new != current:
+            lo, hi = t, nxt
+            while hi - lo > timedelta(minutes=1):
+                mid = lo + (hi - lo) / 2
+                if off(mid) == current:
+                    lo = mid
+                else:
+                    hi = mid
+            changes.append((hi.replace(second=0, microsecond=0), new))
+            current = new
+        t = nxt
+    return first, tuple(changes)
+
+
+@lru_cache(maxsize=1)
+def _iana_signatures() -> dict[str, tuple]:
+    return {}
+
+
+@lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar
+def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
+    """The IANA zone whose UTC offsets and transitions equal ``zone``'s over :data:`EQUIVALENCE_YEARS`.
+
+    For a TZID that only the calendar's own VTIMEZONE defines (Outlook's ``(GMT+01.00)
+    Sarajevo/Warsaw/Zagreb``): RFC 5545 §3.6.5 makes that definition authoritative, and a rule must
+    carry a zone name planning can resolve, so the definition is matched against every IANA zone.
+    When several zones agree, the one whose city appears in ``tzid`` is preferred, else the first by
+    name. Returns ``None`` when no IANA zone agrees (the rule is then refused with a clear message).
+    """
+    own = _transitions(zone)
+    probes = [datetime(year, month, 15, 12) for year in (2026, 2035) for month in (1, 4, 7, 10)]
+    want = [p.replace(tzinfo=UTC).astimezone(zone).utcoffset() for p in probes]
+    cache = _iana_signatures()
+    matches = []
+    for name in sorted(_iana_names()):
+        if name.startswith(("posix/", "right/")) or name in ("localtime", "Factory"):
+            continue
+        try:
+            candidate = ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            continue
+        if [p.replace(tzinfo=UTC).astimezone(candidate).utcoffset() for p in probes] != want:
+            continue
+        if name not in cache:
+            cache[name] = _transitions(candidate)
+        if cache[name] == own:
+            matches.append(name)
+    if not matches:
+        return None
+    words = {w.casefold() for w in re.findall(r"[A-Za-z]+", tzid)}
+    for name in matches:
+        if name.rsplit("/", 1)[-1].replace("_", " ").casefold() in words:
+            return name
+    return matches[0]

@@ -225,7 +225,11 @@ def test_c05_last_business_day_of_month(cases):
     case = cases["C05"]
     rule = rule_from(case["input"]["DTSTART"], case["input"]["RRULE"])
     periods = [o.period for o in expand(rule, NY, after=FAR_PAST, before=FAR_FUTURE)]
-    assert periods == case["expected"]
+    # The case's DTSTART (Thursday 2004-05-27) is not a last business day. RFC 5545 §3.8.5.3 makes it
+    # the first instance all the same, counted in COUNT=12: it, then the first 11 month-ends.
+    assert periods == ["2004-05-27", *case["expected"][:11]]
+    synced = rule_from("DTSTART;VALUE=DATE:20040531", case["input"]["RRULE"])
+    assert [o.period for o in expand(synced, NY, after=FAR_PAST, before=FAR_FUTURE)] == case["expected"]
 
 
 def test_c07_month_end(cases):

@@ -17,7 +17,7 @@ def offset(name: str, when: datetime = datetime(2026, 1, 15, 12)) -> timedelta:
 @pytest.mark.parametrize("name, hours", [
     ("AoE", -12), ("aoe", -12), ("UTC-12", -12), ("UTC+5:30", 5.5), ("UTC+0530", 5.5), ("GMT+8", 8),
     ("GMT-5", -5), ("+02:00", 2), ("-03:30", -3.5), ("UTC", 0), ("Z", 0), ("PDT", -7), ("PST", -8),
-    ("CET", 1), ("CEST", 2), ("IST", 5.5), ("NZDT", 13),
+    ("CEST", 2), ("IST", 5.5), ("NZDT", 13),
 ])
 def test_fixed_offsets_and_abbreviations(name, hours):
     assert offset(name) == timedelta(hours=hours)
@@ -68,3 +68,22 @@ def test_unknown_names_are_refused_never_utc(name):
 def test_unknown_time_zone_is_a_value_error():
     assert issubclass(UnknownTimeZone, ValueError)
     assert resolve_zone("UTC") is UTC
+
+
+@pytest.mark.parametrize("name, winter, summer", [
+    ("CET", 1, 2), ("EET", 2, 3), ("MET", 1, 2), ("WET", 0, 1), ("EST5EDT", -5, -4), ("PST8PDT", -8, -7),
+    ("cet", 1, 2),
+])
+def test_iana_zones_named_like_abbreviations_observe_dst(name, winter, summer):
+    # These are real IANA zones with daylight saving; a fixed abbreviation offset is an hour off in summer.
+    assert offset(name, datetime(2026, 1, 15, 12)) == timedelta(hours=winter)
+    assert offset(name, datetime(2026, 7, 15, 12)) == timedelta(hours=summer)
+
+
+@pytest.mark.parametrize("name, iana", [
+    ("/mozilla.org/20050126_1/Asia/Tokyo", "Asia/Tokyo"),
+    ("/softwarestudio.org/Olson_20011030_5/America/New_York", "America/New_York"),
+    ("/citadel.org/20190914_1/Europe/Berlin", "Europe/Berlin"),
+])
+def test_vendor_prefixed_tzids_name_the_iana_zone(name, iana):
+    assert resolve_zone(name) == ZoneInfo(iana)

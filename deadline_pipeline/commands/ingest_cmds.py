@@ -311,6 +311,12 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
         return EXIT_RED
     except ValueError as exc:  # --timezone unknown
         raise _BadInput(str(exc)) from None
+    from deadline_pipeline.ingest.parsers.base import ParseProblem
+    from deadline_pipeline.plan.occurrences import over_budget
+
+    # A rule that planning would skip over the expansion budget is refused here, before it goes live.
+    parsed.problems += [ParseProblem(f"rule {rule_id!r}", message)
+                        for rule_id, message in over_budget(parsed.rules, timezone)]
     for p in parsed.problems:
         click.echo(f"{file}: {p.position}: {p.message}")
     if not parsed.rules:

@@ -277,7 +277,7 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
     """
     from deadline_pipeline.ingest.parsers.base import ParseError
     from deadline_pipeline.ingest.parsers.ics import parse_ics
-    from deadline_pipeline.plan.occurrences import expand
+    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, expand
     from deadline_pipeline.plan.recurrence import COUNTERS, apply_overrides
     from deadline_pipeline.timezones import resolve_zone
 
@@ -298,7 +298,11 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
                              "X-WR-TIMEZONE; give --tz")
         zone = resolve_zone(rule.tz)
         caps_before = COUNTERS["occurrence_cap"]
-        mine = expand(rule, zone, after=lo, before=hi, business_days=business, limit=count)
+        try:
+            mine = expand(rule, zone, after=lo, before=hi, business_days=business, limit=count)
+        except ExpansionBudgetExceeded as exc:  # that rule alone is skipped, as in planning
+            click.echo(f"warning: {path}: {exc}", err=True)
+            continue
         found.extend((rule.rule_id, o) for o in mine)
         if truncated is not None and COUNTERS["occurrence_cap"] > caps_before:
             truncated.append((rule.rule_id, *_count_rest(rule, zone, mine[-1].due_at, hi, business)))

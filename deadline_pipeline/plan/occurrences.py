@@ -33,11 +33,29 @@ logged at ERROR with the rule id, once per rule and process, and counted in
   366-day horizon (about four reminders a day, every day).
 
 Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR, ``COUNTERS["occurrence_cap"]``).
+
+Cost is bounded by the window, not by the rule's age: a sub-daily rule does not step from a DTSTART
+years back. A plain sub-daily rule (elapsed time) jumps to the window in whole INTERVALs and lowers
+its COUNT by the intervals jumped (computed, not stepped); a sub-daily rule with BYxxx parts and no
+COUNT jumps in whole multiples of both its interval and a day, so its wall-clock filters still
+match. Every expansion then has a work budget of :data:`MAX_STEPS` series items examined (those
+before the window included): a rule that needs more raises :class:`ExpansionBudgetExceeded` — the
+rule is skipped loudly (ERROR log, ``COUNTERS["expansion_budget"]``, a planning problem) and the other
+rules plan. :func:`budget_problem` tells ``validate`` about such rules before they go live.
+
+RFC 5545 readings (§3.8.5.3, §3.8.5.2):
+
+* DTSTART is always the first instance, even when it does not match its own RRULE (a Thursday
+  DTSTART with ``BYDAY=WE``), and it **counts toward COUNT**: ``COUNT=3`` gives DTSTART and the
+  first two matching dates. (Some expanders, ``recurring-ical-events`` among them, add DTSTART on top
+  of COUNT matches; that difference is listed in the differential test's justified differences.)
+* RDATEs are instances whatever the RRULE's bounds: an RDATE after UNTIL is kept.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -67,6 +85,8 @@ GRACE = timedelta(minutes=15)
 HORIZON = timedelta(days=366)
 #: Hard stop for one expansion: a rule yielding more is a data bug (FREQ=SECONDLY…), not a schedule.
 MAX_OCCURRENCES = 5000
+#: Work budget of one expansion: series items examined, the ones before the window included.
+MAX_STEPS = 200_000
 #: Occurrences per 366-day horizon above which a truncated series is logged at ERROR (≈ 4 a day).
 SANE_OCCURRENCES = 1500
 # How far a business-day convention may move a date; the expansion window is widened by it so an
@@ -108,6 +128,132 @@ def normalise_until(rrule_text: str, zone: tzinfo) -> str:
         return "UNTIL=" + local.strftime("%Y%m%dT%H%M%S")
 
     return re.sub(r"UNTIL=([0-9TZtz]+)", repl, rrule_text)
+
+
+class ExpansionBudgetExceeded(ValueError):
+    """An expansion needed more than :data:`MAX_STEPS` series items; the message names the rule."""
+
+
+_UNIT_SECONDS = {"HOURLY": 3600, "MINUTELY": 60, "SECONDLY": 1}
+
+
+def _jump(dtstart: datetime, lo: datetime, step_seconds: int, count: int | None) -> tuple[datetime, int | None]:
+    """Move ``dtstart`` forward to the last whole ``step_seconds`` at or before ``lo``; COUNT lowered to match.
+
+    Returns ``(new start, remaining count)``; a remaining count of 0 means the series ended before
+    the window. Naive datetimes in one frame (UTC for elapsed stepping, wall clock otherwise).
+    """
+    if lo <= dtstart:
+        return dtstart, count
+    steps = int((lo - dtstart).total_seconds()) // step_seconds
+    if count is not None:
+        steps = min(steps, count)
+        count -= steps
+    return dtstart + timedelta(seconds=steps * step_seconds), count
+
+
+def budget_problem(rule: RuleRecord, zone: tzinfo, *, now: datetime, horizon: timedelta = HORIZON) -> str | None:
+    """The reason ``rule`` would be skipped over the expansion budget in the window from ``now``, else None.
+
+    For ``validate``: the same expansion planning runs, so a warning here is a skip there. Other
+    errors (an unreadable RRULE) are reported by the parser and are not repeated here.
+    """
+    lo, hi = window(now, horizon)
+    try:
+        expand(rule, zone, after=lo, before=hi, strict=False)
+    except ExpansionBudgetExceeded as exc:
+        return str(exc)
+    except ValueError:
+        return None
+    return None
+
+
+def _week_start(day: date, wkst: int) -> date:
+    return day - timedelta(days=(day.weekday() - wkst) % 7)
+
+
+def rfc_week(day: date, wkst: int) -> tuple[int, int, int]:
+    """``(week-numbering year, week number, weeks in that year)`` of ``day`` for weeks starting on ``wkst``.
+
+    RFC 5545 §3.3.10 (BYWEEKNO): week 1 is the first week with at least four days in the year, i.e.
+    the week holding January 4th; with ``wkst`` Monday these are ISO 8601 weeks. A week straddling
+    New Year belongs to the year holding its fourth day.
+    """
+    start = _week_start(day, wkst)
+    year = (start + timedelta(days=3)).year
+    first = _week_start(date(year, 1, 4), wkst)
+    following = _week_start(date(year + 1, 1, 4), wkst)
+    return year, (start - first).days // 7 + 1, (following - first).days // 7
+
+
+def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: datetime | None = None):
+    """The RRULE's own instances from ``dtstart`` (naive, one frame), as dateutil yields them, corrected
+    where dateutil departs from RFC 5545 §3.3.10:
+
+    * ``FREQ=WEEKLY`` with BYSETPOS: dateutil starts the first week at DTSTART instead of at WKST, so
+      the positions of that week are counted from the wrong day (``BYDAY=MO,WE,FR;BYSETPOS=2`` from a
+      Wednesday gave that week's Friday). Expanded from the week's start, earlier dates dropped.
+    * BYWEEKNO: dateutil misnumbers the days of a week that straddles New Year (``BYWEEKNO=53`` gave
+      2022-01-02, which is in week 52 of 2021, and ``BYWEEKNO=52`` missed it). It is asked for the
+      neighbouring week numbers too, and each date is kept only when :func:`rfc_week` agrees.
+
+    COUNT is applied after the correction, so the dropped dates never consume it. Returns an iterable.
+    """
+    kwargs = recur.kwargs
+    weekly_setpos = recur.freq == "WEEKLY" and "BYSETPOS" in recur.parts
+    weekno = kwargs.get("byweekno")
+    if not weekly_setpos and not weekno:
+        return rrule(FREQS[recur.freq], dtstart=dtstart, count=count, until=until, **kwargs)
+    wkst = kwargs.get("wkst", 0)
+    begin = dtstart
+    if weekly_setpos:
+        begin = datetime.combine(_week_start(dtstart.date(), wkst), dtstart.time())
+    if weekno:
+        # dateutil also misnumbers days of a straddling week by one (it misses 2022-01-02 for
+        # BYWEEKNO=52): ask it for the neighbouring weeks too and keep the right days below.
+        wide = {m for n in weekno for m in (n - 1, n, n + 1) if 1 <= abs(m) <= 53}
+        kwargs = {**kwargs, "byweekno": sorted(wide)}
+    engine = rrule(FREQS[recur.freq], dtstart=begin, until=until, **kwargs)
+
+    def corrected():
+        left = count
+        for item in engine:
+            if item < dtstart:
+                continue
+            if weekno:
+                year, week, weeks = rfc_week(item.date(), wkst)
+                if week not in weekno and week - weeks - 1 not in weekno:
+                    continue
+            yield item
+            if left is not None:
+                left -= 1
+                if left <= 0:
+                    return
+
+    return corrected()
+
+
+def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -> list[tuple[str, str]]:
+    """``(rule_id, message)`` for each recurring rule that :func:`budget_problem` flags from ``now``.
+
+    ``default_tz`` is the zone of floating rules (else UTC, only to measure the cost); ``now``
+    defaults to the current time (aware UTC). Rules with an unknown zone are left to the parser.
+    """
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    now = now or datetime.now(UTC)
+    out = []
+    for rule in rules:
+        if not rule.rrule:
+            continue
+        try:
+            zone = resolve_zone(rule.tz or default_tz or "UTC")
+        except UnknownTimeZone:
+            continue
+        message = budget_problem(rule, zone, now=now)
+        if message:
+            out.append((rule.rule_id, message))
+    return out
 
 
 BusinessDays = tuple  # (calendar spec | HolidayCalendar | iterable of dates, convention)
@@ -214,6 +360,27 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
         # One day of slack: UNTIL is enforced below on instants, where a fold hour is unambiguous.
         cap = until_instant.astimezone(zone).replace(tzinfo=None) + _DAY if until_instant is not None else None
     engine_until = hi if cap is None else min(hi, cap)
+    count = recur.count if recur is not None else None
+    # RFC 5545 §3.8.5.3: DTSTART is the first instance even when it does not match the RRULE, and it
+    # counts toward COUNT. dateutil yields matching dates only, so such a DTSTART was silently lost.
+    start_instance: datetime | None = None
+    if recur is not None and recur.has_by_parts:
+        first = next(iter(series(recur, dtstart, count=1)), None)
+        if first != dtstart:
+            start_instance = dtstart
+            count = count - 1 if count is not None else None
+    series_start = dtstart
+    if recur is not None and recur.sub_daily and start_instance is None:
+        # Bounded by the window, not the rule's age: jump in whole intervals (elapsed stepping), or in
+        # whole days that are also whole intervals when BYxxx parts filter on the wall clock.
+        step = _UNIT_SECONDS[recur.freq] * int(recur.kwargs.get("interval", 1))
+        if elapsed:
+            # Items are UTC instants here: the day of wall-clock slack is not needed, only the shift and
+            # business-day roll that can move an instant into the window.
+            near = after - abs(shift) - (_ROLL_SLACK if business is not None else timedelta(0))
+            series_start, count = _jump(dtstart, max(lo, near.astimezone(UTC).replace(tzinfo=None)), step, count)
+        elif count is None:
+            series_start, count = _jump(dtstart, lo, math.lcm(step, 86400), None)
 
     # Dates to exclude by local date: a DATE EXDATE against a timed series matches that whole local
     # day (ical.net #830), and every EXDATE of an all-day series is a date.
@@ -228,16 +395,17 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
                            datetime.combine(x, time(23, 59, 59) if all_day else start.time())) for x in rdates]
 
     try:
-        if recur is not None:
-            engine = rrule(FREQS[recur.freq], dtstart=dtstart, count=recur.count, until=engine_until,
-                           **recur.kwargs)
+        if recur is not None and count != 0:
+            engine = series(recur, series_start, count=count, until=engine_until)
         else:
             engine = None
+        if start_instance is not None:
+            rdate_moments.append(start_instance)
         if ex_moments or rdate_moments or engine is None:
             rs = rruleset()
             if engine is not None:
                 rs.rrule(engine)
-            else:
+            elif recur is None:
                 rs.rdate(dtstart)  # DTSTART is the first occurrence of an RDATE-only set (RFC 5545 §3.8.5.2)
             for m in rdate_moments:
                 rs.rdate(m)
@@ -260,7 +428,21 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
     max_items = MAX_OCCURRENCES if limit is None else min(limit, MAX_OCCURRENCES)
     if limit is not None and limit <= 0:
         return []
-    for item in engine.xafter(lo, inc=True):
+    # RDATEs (and a DTSTART outside its RRULE) are instances whatever the RRULE's UNTIL (§3.8.5.2).
+    unbounded = frozenset(rdate_moments)
+    steps = 0
+    for item in engine:
+        steps += 1
+        if steps > MAX_STEPS:
+            COUNTERS["expansion_budget"] += 1
+            log.error("rule %s: RRULE %r needs more than %d steps to reach [%s, %s]; the rule is skipped",
+                      rule.rule_id, rule.rrule, MAX_STEPS, after.isoformat(), before.isoformat())
+            raise ExpansionBudgetExceeded(
+                f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} needs more than {MAX_STEPS} steps from its DTSTART "
+                f"{rule.start} to reach the window; it is skipped (bound it with a later DTSTART, UNTIL or a "
+                "coarser FREQ)")
+        if item < lo:
+            continue
         if item > hi:
             break
         local = local_of(item) if elapsed else item
@@ -277,7 +459,7 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
             due = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
             period = local.date().isoformat() if all_day else local.isoformat(timespec="seconds")
         # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
-        if until_instant is not None and due > until_instant:
+        if until_instant is not None and due > until_instant and item not in unbounded:
             continue
         if shift:
             due = due + shift if elapsed else (local + shift).replace(tzinfo=zone, fold=0).astimezone(UTC)
@@ -302,7 +484,7 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
         log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped there", rule.rule_id,
                   MAX_OCCURRENCES, after.isoformat(), before.isoformat())
     elif recur is not None and limit is None:
-        _check_truncation(rule, recur, out, after, before, until_instant, dtstart, engine_until, hi)
+        _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
     if unsorted:
         out.sort(key=lambda o: (o.due_at, o.period))
     return out
@@ -317,7 +499,7 @@ def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
 
 
 def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], after: datetime, before: datetime,
-                      until_instant: datetime | None, dtstart: datetime, engine_until: datetime,
+                      until_instant: datetime | None, dtstart: datetime, count: int | None,
                       hi: datetime) -> None:
     """Log (ERROR once per rule, counted every time) a suspicious series cut at ``before``."""
     window_days = max((before - after).total_seconds() / 86400, 1.0)
@@ -329,8 +511,8 @@ def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], aft
     if recur.count is None:
         continues = until_instant is None or until_instant > before
     else:
-        probe = rrule(FREQS[recur.freq], dtstart=dtstart, count=recur.count, **recur.kwargs)
-        continues = probe.after(hi) is not None
+        probe = series(recur, dtstart, count=count) if count else ()
+        continues = any(item > hi for item in probe)
     if not continues:
         return
     COUNTERS["horizon_truncations"] += 1
@@ -350,5 +532,6 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
     return now - GRACE, now + horizon
 
 
-__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "SANE_OCCURRENCES", "Occurrence", "expand",
+__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "ExpansionBudgetExceeded", "budget_problem",
+           "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand",
            "normalise_until", "to_instant", "window"]

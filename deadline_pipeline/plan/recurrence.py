@@ -353,6 +353,10 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
       RECURRENCE-ID on (``extra["series_from"]``), each occurrence shifted by the override's
       DTSTART − RECURRENCE-ID (``extra["shift_seconds"]``), or the override's own RRULE if it has one.
     * An override whose master is absent is kept as it is, logged and counted (``orphan_overrides``).
+    * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
+      (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
+    * An all-day master's occurrence is named by the RECURRENCE-ID's date as written, also when the
+      RECURRENCE-ID is a DATE-TIME (``extra["recurrence_id_date"]``, Outlook exports).
 
     Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
     override in place).
@@ -377,7 +381,12 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
             COUNTERS["orphan_overrides"] += 1
             log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
             continue
-        local = _rid_local(str(rid), zone(master))
+        if master.all_day:
+            # An all-day master's occurrences are dates: a DATE-TIME RECURRENCE-ID names the date it was
+            # written on, in any zone (else the original date stays as a ghost next to the override).
+            local = str(r.extra.get("recurrence_id_date") or str(rid)[:10])
+        else:
+            local = _rid_local(str(rid), zone(master))
         if _range(r) == "THISANDFUTURE":
             splits.setdefault(master.rule_id, []).append((local, r))
         else:
@@ -408,7 +417,18 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
                 replaced[override.rule_id] = replace(
                     master, rule_id=override.rule_id, title=override.title, url=override.url or master.url,
                     note=override.note or master.note, kind=override.kind, extra=extra)
-    return [replaced.get(r.rule_id, r) for r in rules]
+    out = []
+    for r in rules:
+        r = replaced.get(r.rule_id, r)
+        if "recurrence_id" in r.extra and _range(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
+            # An override is one instance (§3.8.4.4); an RRULE copied onto it by the producer is not a
+            # second series (expanding it planned every later date twice).
+            COUNTERS["override_rrule_ignored"] += 1
+            log.warning("override %s: its RRULE %r is ignored; an override replaces one occurrence",
+                        r.rule_id, r.rrule)
+            r = replace(r, rrule=None, rdates=())
+        out.append(r)
+    return out
 
 
 def shift_local(local: datetime, seconds: int) -> datetime:

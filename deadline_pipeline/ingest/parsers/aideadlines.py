@@ -32,6 +32,7 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
+from deadline_pipeline.ingest.parsers.limits import SafeLoader, load_yaml
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -51,19 +52,14 @@ _LOCAL = re.compile(
 )
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe YAML without implicit timestamps, so dates and times reach us exactly as written.
+class _Loader(SafeLoader):
+    """Safe YAML with YAML 1.2 scalars and the nesting limit (:class:`~.limits.SafeLoader`).
 
-    The default resolver turns ``2024-06-15 23:59:59`` into a ``datetime`` but leaves
-    ``2024-06-15 23:59`` a string; keeping every value a string gives one code path and no
-    accidental zone handling by the YAML library.
+    Without implicit timestamps dates and times reach us exactly as written (the YAML 1.1 resolver
+    turns ``2024-06-15 23:59:59`` into a ``datetime`` but leaves ``2024-06-15 23:59`` a string), and
+    without sexagesimal numbers an unquoted ``timezone: -12:00`` stays ``"-12:00"`` (YAML 1.1 read it
+    as -720, then UTC-07:20).
     """
-
-
-_Loader.yaml_implicit_resolvers = {
-    key: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
 
 
 def normalise_local(value: object) -> str:
@@ -91,23 +87,9 @@ def normalise_local(value: object) -> str:
 def _load(text: str, source: str) -> tuple[list, list[int]]:
     """Load the YAML list and the 1-based line of each entry; raise ParseError if unusable."""
     try:
-        loader = _Loader(text)
-    except yaml.reader.ReaderError as exc:  # a control character the YAML spec forbids
-        raise _reader_error(exc, text, source) from None
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        data, node = load_yaml(text, source=source, loader=_Loader)
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, source) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "position unknown"
-        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise ParseError(f"source {source!r}: {where}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ParseError(f"source {source!r}: position unknown: invalid YAML: {exc}") from None
-    finally:
-        loader.dispose()
     if not isinstance(data, list):
         raise ParseError(
             f"source {source!r}: line 1: expected a YAML list of conference entries, "

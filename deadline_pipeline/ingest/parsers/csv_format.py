@@ -32,6 +32,7 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
+from deadline_pipeline.ingest.parsers.limits import MAX_CSV_ROWS
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -79,6 +80,9 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
         row = re.search(r"row (\d+)", str(exc))
         where = f"line {line.group(1)}" if line else f"data row {row.group(1)}" if row else "position unknown"
         raise ParseError(f"source {source!r}: {where}: malformed CSV: {exc}") from None
+    if len(frame) > MAX_CSV_ROWS:
+        raise ParseError(f"source {source!r}: line {MAX_CSV_ROWS + 2}: more than {MAX_CSV_ROWS:,} data rows "
+                         "(limit of this reader)")
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:

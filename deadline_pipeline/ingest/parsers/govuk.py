@@ -42,6 +42,7 @@ from deadline_pipeline.ingest.parsers.base import (
     ParseResult,
     decode_text,
 )
+from deadline_pipeline.ingest.parsers.limits import check_json_depth
 from deadline_pipeline.rules import RuleRecord
 
 WHAT = "GOV.UK bank-holidays JSON"
@@ -135,6 +136,7 @@ def parse_govuk_bank_holidays(content: bytes, *, source: str, default_tz: str | 
     not an object of divisions, and when no division holds any event.
     """
     text = decode_text(content, source=source, what=WHAT)
+    check_json_depth(text, source=source)  # before json.loads recurses into a RecursionError
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -20,10 +20,12 @@ What becomes of each component (section numbers are RFC 5545's):
   its DTSTART and SUMMARY: **unstable** — editing the title or time of such an event makes it a new
   rule — because nothing else identifies it.
 
-A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE is accepted for a
-one-off rule by converting it to its exact UTC instant (``tz="UTC"``, original in
-``extra["tzid"]``); a recurring rule in such a zone is a problem, since expanding it needs the zone's
-rules, which the rule record cannot carry.
+A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (Outlook's
+``(GMT+01.00) Sarajevo/Warsaw/Zagreb``) is authoritative (§3.6.5): it is read as the IANA zone with
+the same offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`; the
+TZID as written is kept in ``extra["tzid"]``). When no IANA zone agrees, a one-off rule or an
+RDATE-only set is converted to its exact UTC instants (``tz="UTC"``) and a rule with an RRULE is a
+problem, since expanding it needs the zone's rules, which the rule record cannot carry.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ from deadline_pipeline.ingest.parsers.base import (
     drop_duplicate_ids,
 )
 from deadline_pipeline.rules import RuleRecord, format_local
-from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.timezones import (
+    EQUIVALENCE_YEARS,
+    UnknownTimeZone,
+    equivalent_iana_zone,
+    resolve_zone,
+)
 
 WHAT = "an iCalendar (RFC 5545) calendar"
 COMPONENTS = ("VEVENT", "VTODO")
@@ -73,6 +80,7 @@ class _When:
     tz: str | None  # the zone name for the rule ("Europe/Berlin", "UTC"), None when floating/date
     zone: tzinfo | None  # the tzinfo to compute instants with
     known: bool = True  # False: TZID unknown to resolve_zone, zone comes from a VTIMEZONE
+    written: str | None = None  # the TZID as written, when it was mapped to an equivalent IANA zone
 
     @property
     def aware(self) -> datetime | None:
@@ -81,24 +89,43 @@ class _When:
         return None
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Unfold content lines (§3.1): a line starting with space or tab continues the previous one."""
-    out: list[tuple[int, str]] = []
-    for number, physical in enumerate(_LINE_BREAK.split(text), start=1):
-        if physical[:1] in (" ", "\t") and out:
-            out[-1] = (out[-1][0], out[-1][1] + physical[1:])
-        elif physical.strip():
-            out.append((number, physical))
+_PHYSICAL = re.compile(rb"\r\n|\r|\n")
+#: Properties whose loss changes which instants a component has: a component with an unreadable
+#: line of one of these is skipped (reported), not read without it.
+_MEANINGFUL = frozenset({"DTSTART", "DUE", "DTEND", "DURATION", "RRULE", "RDATE", "EXDATE", "RECURRENCE-ID",
+                         "UID", "SEQUENCE", "BEGIN", "END"})
+_UNREADABLE_NAME = re.compile(r"parts: '([^:;']*)")
+
+
+def _unfold(content: bytes) -> list[tuple[int, bytes]]:
+    """Unfold content lines on the *bytes* (RFC 5545 §3.1): ``(physical line number, logical line)``.
+
+    A fold may split a multi-octet UTF-8 character (§3.1 folds at 75 octets, not characters), so the
+    bytes are unfolded before they are decoded. Linear: the pieces of a logical line are joined once
+    (appending to a growing string made a 10 MB payload of folded lines take minutes).
+    """
+    out: list[tuple[int, bytes]] = []
+    pieces: list[bytes] = []
+    first = 0
+    for number, physical in enumerate(_PHYSICAL.split(content), start=1):
+        if physical[:1] in (b" ", b"\t") and pieces:
+            pieces.append(physical[1:])
+            continue
+        if pieces:
+            out.append((first, b"".join(pieces)))
+        pieces, first = ([physical], number) if physical.strip() else ([], 0)
+    if pieces:
+        out.append((first, b"".join(pieces)))
     return out
 
 
-def _scan(text: str, source: str) -> list[_ScannedComponent]:
-    """Check BEGIN/END nesting and note each VEVENT/VTODO's line and raw RRULEs, in document order.
+def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
+    """Check BEGIN/END nesting and note each VEVENT/VTODO's line, extent and raw RRULEs, in document order.
 
-    Raises ParseError for a payload without any BEGIN line, an END that closes nothing or the wrong
-    component, and a truncated payload (a component never closed).
+    ``lines``: the unfolded logical lines with their physical line numbers. Raises ParseError for a
+    payload without any BEGIN line, an END that closes nothing or the wrong component, and a
+    truncated payload (a component never closed).
     """
-    lines = _logical_lines(text)
     if not any(body.upper().startswith("BEGIN:") for _n, body in lines):
         number = lines[0][0] if lines else 1
         raise ParseError(f"source {source!r}: line {number}: not {WHAT} (no BEGIN line)")
@@ -139,14 +166,14 @@ def _scan(text: str, source: str) -> list[_ScannedComponent]:
     return found
 
 
-def _locate_library_error(text: str) -> str:
-    """The first content line the library cannot split into name, parameters and value."""
-    for number, body in _logical_lines(text):
+def _locate_library_error(lines: list[tuple[int, str]]) -> int | None:
+    """Index of the first content line the library cannot split into name, parameters and value."""
+    for index, (_number, body) in enumerate(lines):
         try:
             Contentline(body).parts()
         except Exception:  # noqa: BLE001 — any failure marks the line; the cause is reported by the caller
-            return f"line {number}"
-    return "position unknown"
+            return index
+    return None
 
 
 def _when(prop: object, what: str) -> _When:
@@ -170,6 +197,11 @@ def _value_when(value: object, params: dict, what: str) -> _When:
             if isinstance(value.tzinfo, ZoneInfo):  # the library mapped the name to an IANA zone
                 return _When(naive, value.tzinfo.key, value.tzinfo)
             if value.tzinfo is not None:  # defined by a VTIMEZONE of this calendar only
+                # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
+                # same offsets and transitions, so the rule can be planned like any other.
+                iana = equivalent_iana_zone(value.tzinfo, str(tzid))
+                if iana is not None:
+                    return _When(naive, iana, ZoneInfo(iana), written=str(tzid))
                 return _When(naive, str(tzid), value.tzinfo, known=False)
             raise _Skip(f"{what} has TZID {str(tzid)!r}, a zone that is neither known nor defined "
                         "by a VTIMEZONE in this calendar")
@@ -219,20 +251,32 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     zones or malformed RRULEs are problems with position ``"VEVENT UID=… (line N)"``. Components
     found outside a VCALENDAR are read too, with a problem noting it. Raises :class:`ParseError`
     (naming source and line) for undecodable, empty, HTML, truncated or mis-nested payloads, payloads
-    without any calendar component and content lines the library cannot parse.
+    without any calendar component and content lines the library cannot parse at all. A content
+    line the library skips inside a VEVENT/VTODO is a problem of that component alone (with its
+    position); when the line is one of its dates or its rule, the component is skipped — its
+    instants are unknown — and the other components are read.
     """
-    text = decode_text(content, source=source, what=WHAT)
-    scanned = _scan(text, source)
+    if not isinstance(content, (bytes, bytearray)):
+        raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
+    raw_lines = _unfold(bytes(content))
+    try:
+        text = decode_text(b"\r\n".join(line for _n, line in raw_lines), source=source, what=WHAT)
+    except ParseError:
+        decode_text(bytes(content), source=source, what=WHAT)  # the message with the original position
+        raise
+    numbers = [n for n, _line in raw_lines]
+    lines = list(zip(numbers, text.split("\r\n"), strict=True)) if text else []
+    scanned = _scan(lines, source)
+    result = ParseResult()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tops = icalendar.Calendar.from_ical(text, multiple=True)
+            tops = icalendar.Calendar.from_ical("\r\n".join(body for _n, body in lines), multiple=True)
     except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError, IndexError…
-        where = _locate_library_error(text)
-        raise ParseError(
-            f"source {source!r}: {where}: not a usable iCalendar payload: {exc.__class__.__name__}: {exc}"
-        ) from None
-    result = ParseResult()
+        bad = _locate_library_error(lines)
+        where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
+        raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
+                         f"{exc.__class__.__name__}: {exc}") from None
     components: list[tuple[icalendar.cal.Component, str | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
@@ -251,20 +295,84 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     paired = len(scanned) == len(components) and all(
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
+    ranks: list[tuple[tuple, str]] = []  # per rule read: its revision rank and position
     for n, (component, zone) in enumerate(components):
         scan = scanned[n] if paired else None
         uid = _text(component, "UID")
         position = f"{component.name} UID={uid}" if uid else f"{component.name} #{n + 1} (no UID)"
         if scan is not None:
             position += f" (line {scan.line})"
+        # The library keeps going past a line it cannot split and lists it in ``errors``: never let
+        # that pass silently, and never read a component whose dates or rule lost a line.
+        unreadable = [str(message) for _prop, message in getattr(component, "errors", ()) or ()]
+        if unreadable:
+            names = {(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(text)) else "")
+                     for text in unreadable}
+            fatal = bool(names & _MEANINGFUL) or "" in names
+            # A line lost from the dates or the rule skips the component (its last good version stays
+            # in force); any other lost line is a note that skips nothing.
+            result.problems.append(ParseProblem(position, ("component skipped: " if fatal else "")
+                                                + "; ".join(unreadable), uid, skipped=fatal))
+            if fatal:
+                continue
         try:
-            result.rules.append(_component_rule(component, zone, uid, scan, result.problems, position))
+            rule = _component_rule(component, zone, uid, scan, result.problems, position)
+            result.rules.append(rule)
+            ranks.append((_revision_rank(component), position))
         except _Skip as exc:
             result.problems.append(ParseProblem(position, str(exc), uid))
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
             result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}",
                                                 uid))
-    return drop_duplicate_ids(result)
+    return drop_duplicate_ids(_latest_revisions(result, ranks))
+
+
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def _revision_rank(component: icalendar.cal.Component) -> tuple[int, datetime]:
+    """How recent a revision of a component is: ``(SEQUENCE, latest of DTSTAMP and LAST-MODIFIED)``.
+
+    RFC 5545 §3.8.7.4 (SEQUENCE) and §3.8.7.2/§3.8.7.3 (DTSTAMP, LAST-MODIFIED); RFC 5546 §2.1.5 orders
+    revisions of one UID by SEQUENCE, then DTSTAMP. A missing or unreadable value ranks lowest.
+    """
+    try:
+        sequence = int(str(component.get("SEQUENCE", 0)))
+    except ValueError:
+        sequence = 0
+    stamps = [_EPOCH]
+    for name in ("DTSTAMP", "LAST-MODIFIED"):
+        value = getattr(component.get(name), "dt", None)
+        if isinstance(value, datetime):
+            stamps.append(value if value.tzinfo is not None else value.replace(tzinfo=UTC))
+    return sequence, max(stamps)
+
+
+def _latest_revisions(result: ParseResult, ranks: list[tuple[tuple, str]]) -> ParseResult:
+    """Of several components with one identity (UID, and RECURRENCE-ID for an override), keep the latest
+    revision (:func:`_revision_rank`; the first in the file on a tie) and report the others.
+
+    Keeping the first in the file instead would plan a superseded time when a feed appends the new
+    revision of an event after the old one.
+    """
+    best: dict[str, int] = {}
+    for i, rule in enumerate(result.rules):
+        j = best.get(rule.rule_id)
+        if j is None or ranks[i][0] > ranks[j][0]:
+            best[rule.rule_id] = i
+    kept = []
+    for i, rule in enumerate(result.rules):
+        j = best[rule.rule_id]
+        if i == j:
+            kept.append(rule)
+            continue
+        (seq, stamp), (seq_kept, stamp_kept) = ranks[i][0], ranks[j][0]
+        result.problems.append(ParseProblem(ranks[i][1], (
+            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {stamp.isoformat()}) is superseded by the one "
+            f"at {ranks[j][1]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept"),
+            rule.rule_id, skipped=False))
+    result.rules = kept
+    return result
 
 
 def _component_rule(component: icalendar.cal.Component, floating_zone: str | None, uid: str | None,
@@ -279,15 +387,18 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
 
     rrule = _rrule(component, scan)
     rdates = _dates(component, "RDATE", problems, position)
-    recurring = rrule is not None or bool(rdates)
     extra: dict = {}
+    if start.written:
+        extra["tzid"] = start.written
     if start.known:
         tz = start.tz if start.tz is not None else floating_zone
-    elif recurring:
-        raise _Skip(f"TZID {start.tz!r} is defined only by this calendar's VTIMEZONE; a recurring rule "
-                    "cannot be expanded in it (use an IANA zone name)")
+    elif rrule is not None:
+        raise _Skip(f"TZID {start.tz!r} is defined only by this calendar's VTIMEZONE and no IANA zone has "
+                    f"its offsets and transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}; a recurring "
+                    "rule cannot be expanded in it (use an IANA zone name)")
     else:
-        # A one-off time converts exactly to its instant, so no meaning is lost.
+        # A one-off time (or a set of RDATEs, each in its own zone) converts exactly to its instants,
+        # so no meaning is lost.
         extra["tzid"] = start.tz
         start = _When(start.aware.astimezone(UTC).replace(tzinfo=None), "UTC", UTC)
         tz = "UTC"
@@ -310,6 +421,10 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         rid_text = _utc_iso(rid, rule_zone)
         rule_id = f"{rule_id}#{rid_text}"
         extra["recurrence_id"] = rid_text
+        if isinstance(rid.value, datetime):
+            # Its local date as written: what it names in an all-day master (Outlook writes a DATE-TIME
+            # RECURRENCE-ID, e.g. in TZID=GMT Standard Time, for occurrences of an all-day series).
+            extra["recurrence_id_date"] = rid.value.date().isoformat()
         # RANGE=THISANDFUTURE (§3.2.13) makes the override apply to every later occurrence too;
         # planning splits the series on it (plan.recurrence.apply_overrides).
         rng = recurrence_id.params.get("RANGE") if hasattr(recurrence_id, "params") else None

@@ -1,0 +1,362 @@
+"""Right instants on real-world calendars: RFC 5545 readings that common engines get wrong.
+
+Each test names the rule it pins. Small calendars from public bug reports live in
+``../shared/cases/calendar-and-yaml/`` and are checked against their stated right values.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from deadline_pipeline.ingest.parsers.ics import parse_ics
+from deadline_pipeline.plan import occurrences as occ_mod
+from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, budget_problem, expand
+from deadline_pipeline.plan.recurrence import COUNTERS, apply_overrides
+from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.timezones import resolve_zone
+
+FAR_PAST = datetime(1990, 1, 1, tzinfo=UTC)
+FAR_FUTURE = datetime(2100, 1, 1, tzinfo=UTC)
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def ics_instants(content: bytes, default_tz: str | None = None, **kw) -> list[tuple[str, datetime]]:
+    result = parse_ics(content, source="t", default_tz=default_tz)
+    out = []
+    for rule in apply_overrides(result.rules):
+        out += [(rule.rule_id, o.due_at) for o in expand(rule, resolve_zone(rule.tz or "UTC"),
+                                                        after=kw.get("after", FAR_PAST),
+                                                        before=kw.get("before", FAR_FUTURE))]
+    return sorted(out, key=lambda p: (p[1], p[0]))
+
+
+def calendar(*lines: str, head: tuple[str, ...] = ()) -> bytes:
+    return ("\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//t//EN", *head, *lines, "END:VCALENDAR"])
+            + "\r\n").encode()
+
+
+def event(uid: str, *props: str) -> list[str]:
+    return ["BEGIN:VEVENT", f"UID:{uid}", "DTSTAMP:20260101T000000Z", "SUMMARY:s", *props, "END:VEVENT"]
+
+
+@pytest.fixture(scope="module")
+def bugcases(shared_dir):
+    return shared_dir / "cases" / "calendar-and-yaml"
+
+
+# --- class 1: DTSTART that does not match its RRULE ------------------------------------------------
+
+
+def test_b01_dtstart_not_matching_rrule_is_the_first_instance_and_counts(bugcases):
+    got = [d for _r, d in ics_instants((bugcases / "b01_dtstart_count.ics").read_bytes())]
+    # RFC 5545 §3.8.5.3: DTSTART is the first instance and counts toward COUNT=3.
+    assert got == [utc("2026-05-28T18:00:00Z"), utc("2026-06-03T18:00:00Z"), utc("2026-06-10T18:00:00Z")]
+
+
+def test_dtstart_not_matching_without_count_is_kept_once():
+    rule = RuleRecord("r", "t", "2026-05-28T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;BYDAY=WE")
+    got = [o.due_at for o in expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST,
+                                    before=utc("2026-06-12T00:00:00Z"))]
+    assert got == [utc("2026-05-28T18:00:00Z"), utc("2026-06-03T18:00:00Z"), utc("2026-06-10T18:00:00Z")]
+
+
+def test_dtstart_matching_its_rule_is_not_doubled():
+    rule = RuleRecord("r", "t", "2026-06-03T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;COUNT=2;BYDAY=WE")
+    assert len(expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST, before=FAR_FUTURE)) == 2
+
+
+def test_count_1_with_mismatching_dtstart_is_dtstart_alone():
+    rule = RuleRecord("r", "t", "2026-05-28T20:00:00", "Europe/Berlin", "FREQ=WEEKLY;COUNT=1;BYDAY=WE")
+    got = [o.due_at for o in expand(rule, resolve_zone("Europe/Berlin"), after=FAR_PAST, before=FAR_FUTURE)]
+    assert got == [utc("2026-05-28T18:00:00Z")]
+
+
+# --- class 2: RDATE after UNTIL ----------------------------------------------------------------
+
+
+def test_rdate_after_until_is_an_instance():
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20200107T161500",
+                              "RRULE:FREQ=WEEKLY;UNTIL=20200204T151459Z",
+                              "RDATE;TZID=Europe/Berlin:20200204T161500"))
+    got = [d for _r, d in ics_instants(content)]
+    assert got[-1] == utc("2020-02-04T15:15:00Z")
+    assert len(got) == 5  # 01-07, 01-14, 01-21, 01-28 from the RRULE, 02-04 from the RDATE
+
+
+# --- bounded expansion ---------------------------------------------------------------------------
+
+
+def test_secondly_rule_from_a_past_start_jumps_to_the_window():
+    rule = RuleRecord("s", "t", "2025-01-01T00:00:00", "UTC", "FREQ=SECONDLY")
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    t0 = time.perf_counter()
+    got = expand(rule, UTC, after=now, before=now + timedelta(days=366), limit=3)
+    assert time.perf_counter() - t0 < 1.0
+    assert [o.due_at for o in got] == [now, now + timedelta(seconds=1), now + timedelta(seconds=2)]
+
+
+def test_count_is_computed_across_the_jump():
+    rule = RuleRecord("s", "t", "2026-01-01T00:00:00", "UTC", "FREQ=MINUTELY;INTERVAL=7;COUNT=33000")
+    after = datetime(2026, 6, 1, tzinfo=UTC)
+    got = expand(rule, UTC, after=after, before=FAR_FUTURE)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    # The last of 33000 occurrences is start + 32999 * 7 min, whatever the window.
+    assert got[-1].due_at == start + timedelta(minutes=7 * 32999)
+    assert (got[0].due_at - start) % timedelta(minutes=7) == timedelta(0) and got[0].due_at >= after
+    assert got[0].due_at - after < timedelta(minutes=7)
+
+
+def test_sub_daily_with_by_parts_jumps_in_whole_days():
+    rule = RuleRecord("s", "t", "2000-01-03T09:00:00", "Europe/Berlin", "FREQ=HOURLY;INTERVAL=5;BYHOUR=9,14")
+    after = datetime(2026, 3, 2, tzinfo=UTC)
+    got = expand(rule, resolve_zone("Europe/Berlin"), after=after, before=after + timedelta(days=2))
+    ref = [o for o in expand(rule, resolve_zone("Europe/Berlin"), after=datetime(2026, 2, 20, tzinfo=UTC),
+                             before=after + timedelta(days=2)) if o.due_at >= after]
+    assert got == ref and got
+
+
+def test_rule_over_budget_is_skipped_loudly_and_others_still_expand(monkeypatch, caplog):
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    heavy = RuleRecord("heavy", "t", "2020-01-01T00:00:00", "UTC", "FREQ=SECONDLY;BYSECOND=0,30;COUNT=99999999")
+    light = RuleRecord("light", "t", "2026-01-01T09:00:00", "UTC", "FREQ=DAILY")
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    before = COUNTERS["expansion_budget"]
+    with pytest.raises(ExpansionBudgetExceeded, match="rule 'heavy'.*more than 1000 steps"):
+        expand(heavy, UTC, after=now, before=now + timedelta(days=1))
+    assert COUNTERS["expansion_budget"] == before + 1
+    assert "heavy" in caplog.text
+    assert expand(light, UTC, after=now, before=now + timedelta(days=1))
+    assert budget_problem(heavy, UTC, now=now) is not None
+    assert budget_problem(light, UTC, now=now) is None
+
+
+def test_planner_skips_a_rule_over_budget_alone(monkeypatch):
+    from deadline_pipeline.plan.planner import Target, plan_target
+
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    target = Target(1, "s", "t", "UTC", 1, "src", None, ("*",), (0,), ("email",))
+    heavy = RuleRecord("heavy", "t", "2020-01-01T00:00:00", "UTC", "FREQ=HOURLY;BYMINUTE=0,30;COUNT=99999999")
+    light = RuleRecord("light", "t", "2026-12-01T09:00:00", "UTC")
+    obligations, problems = plan_target(target, [(1, heavy), (1, light)], datetime(2026, 12, 1, tzinfo=UTC))
+    assert [o.rule_id for o in obligations] == ["light"]
+    assert [p.rule_id for p in problems] == ["heavy"] and "steps" in problems[0].message
+
+
+def test_cli_secondly_count_answers_at_once():
+    from deadline_pipeline.cli import main
+
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["occurrences", "--dtstart", "20250101T000000Z", "--rrule", "FREQ=SECONDLY",
+                                    "--count", "3"])
+    assert res.exit_code == 0, res.output
+    assert len(res.output.split()) == 3
+    assert time.perf_counter() - t0 < 5
+
+
+# --- class 3: zones defined inside the file ------------------------------------------------------
+
+
+def test_b05_zone_defined_only_by_the_files_vtimezone(bugcases):
+    content = (bugcases / "b05_custom_vtimezone.ics").read_bytes()
+    result = parse_ics(content, source="t")
+    assert not result.problems, result.problems
+    (rule,) = result.rules
+    assert rule.extra["tzid"] == "(GMT+01.00) Sarajevo/Warsaw/Zagreb"
+    assert rule.tz in ("Europe/Sarajevo", "Europe/Warsaw", "Europe/Zagreb")
+    assert [d for _r, d in ics_instants(content)] == [
+        utc("2026-03-16T09:00:00Z"), utc("2026-03-23T09:00:00Z"), utc("2026-03-30T08:00:00Z"),
+        utc("2026-04-06T08:00:00Z")]
+
+
+def test_vtimezone_without_an_iana_equivalent_is_refused_clearly():
+    vtz = ["BEGIN:VTIMEZONE", "TZID:Odd", "BEGIN:STANDARD", "DTSTART:16010101T030000", "TZOFFSETFROM:+0117",
+           "TZOFFSETTO:+0117", "END:STANDARD", "END:VTIMEZONE"]
+    content = calendar(*vtz, *event("o", "DTSTART;TZID=Odd:20260316T100000", "RRULE:FREQ=WEEKLY;COUNT=2"))
+    result = parse_ics(content, source="t")
+    assert not result.rules
+    assert "no IANA zone has its offsets" in result.problems[0].message
+
+
+def test_mozilla_style_tzid_in_a_calendar():
+    content = calendar(*event("m", "DTSTART;TZID=/mozilla.org/20050126_1/Asia/Tokyo:20260316T100000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-03-16T01:00:00Z")]
+
+
+def test_cet_tzid_observes_summer_time():
+    content = calendar(*event("c", "DTSTART;TZID=CET:20260716T100000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-07-16T08:00:00Z")]
+
+
+# --- class 4: folds, and one bad event among good ones ---------------------------------------------
+
+
+def test_b04_fold_that_splits_a_utf8_character(bugcases):
+    result = parse_ics((bugcases / "b04_fold_utf8.ics").read_bytes(), source="t")
+    assert not result.problems
+    (rule,) = result.rules
+    assert "\u00fcberpr\u00fcfen" in rule.note
+    assert [d for _r, d in ics_instants((bugcases / "b04_fold_utf8.ics").read_bytes())] == [
+        utc("2026-07-15T10:00:00Z")]
+
+
+def test_one_unreadable_event_is_reported_and_the_others_are_read():
+    content = calendar(*event("good1", "DTSTART:20260101T100000Z"),
+                       "BEGIN:VEVENT", "UID:bad", "DTSTART:20260102T100000Z",
+                       "DTSTART;TZID=\"Europe/Berlin:20260104T100000",
+                       "END:VEVENT",
+                       *event("good2", "DTSTART:20260103T100000Z"))
+    result = parse_ics(content, source="t")
+    assert sorted(r.rule_id for r in result.rules) == ["good1", "good2"]
+    (problem,) = result.problems
+    assert problem.position == "VEVENT UID=bad (line 10)" and problem.message.startswith("component skipped")
+    assert "Europe/Berlin:20260104T100000" in problem.message
+
+
+def test_an_unreadable_line_of_no_consequence_is_reported_and_the_event_read():
+    content = calendar(*event("e", "DTSTART:20260101T100000Z", "X-NOTE;A=\"b\"c:d"))
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["e"]
+    assert "X-NOTE" in result.problems[0].message
+
+
+def test_unfolding_is_linear():
+    # 6 MB of one folded DESCRIPTION: joined once, not re-concatenated per fold.
+    fold = "\r\n " + "x" * 73
+    content = calendar(*event("big", "DTSTART:20260101T100000Z", "DESCRIPTION:a" + fold * 80_000))
+    t0 = time.perf_counter()
+    (rule,) = parse_ics(content, source="t").rules
+    assert time.perf_counter() - t0 < 5
+    assert len(rule.note) == 1 + 73 * 80_000
+
+
+# --- class 5: duplicate UIDs and overrides -------------------------------------------------------
+
+
+def test_duplicate_uid_highest_sequence_wins_not_the_first():
+    content = calendar(
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:2", "DTSTAMP:20260102T000000Z", "DTSTART:20260301T100000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:1", "DTSTAMP:20260103T000000Z", "DTSTART:20260301T090000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "SEQUENCE:3", "DTSTAMP:20260101T000000Z", "DTSTART:20260301T120000Z", "END:VEVENT",
+    )
+    result = parse_ics(content, source="t")
+    assert [r.start for r in result.rules] == ["2026-03-01T12:00:00"]
+    assert len(result.problems) == 2 and all("superseded" in p.message for p in result.problems)
+
+
+def test_duplicate_uid_same_sequence_latest_stamp_wins():
+    content = calendar(
+        "BEGIN:VEVENT", "UID:d", "DTSTAMP:20260105T000000Z", "DTSTART:20260301T100000Z", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:d", "DTSTAMP:20260101T000000Z", "LAST-MODIFIED:20260106T000000Z",
+        "DTSTART:20260301T110000Z", "END:VEVENT",
+    )
+    assert [r.start for r in parse_ics(content, source="t").rules] == ["2026-03-01T11:00:00"]
+
+
+def test_override_carrying_its_own_rrule_is_not_a_second_series():
+    content = calendar(
+        *event("m", "DTSTART;TZID=Europe/Berlin:20260105T090000", "RRULE:FREQ=WEEKLY;COUNT=4"),
+        *event("m", "RECURRENCE-ID;TZID=Europe/Berlin:20260112T090000", "DTSTART;TZID=Europe/Berlin:20260113T100000",
+               "RRULE:FREQ=WEEKLY;COUNT=4"),
+    )
+    got = [d for _r, d in ics_instants(content)]
+    assert got == [utc("2026-01-05T08:00:00Z"), utc("2026-01-13T09:00:00Z"), utc("2026-01-19T08:00:00Z"),
+                   utc("2026-01-26T08:00:00Z")]
+
+
+def test_date_master_with_a_date_time_recurrence_id_replaces_that_date():
+    content = calendar(
+        *event("a", "DTSTART;VALUE=DATE:20260105", "RRULE:FREQ=WEEKLY;COUNT=3"),
+        *event("a", "RECURRENCE-ID;TZID=GMT Standard Time:20260112T000000", "DTSTART;VALUE=DATE:20260114"),
+        head=("X-WR-TIMEZONE:America/New_York",),
+    )
+    ny = resolve_zone("America/New_York")
+    got = sorted(d.astimezone(ny).date().isoformat() for _r, d in ics_instants(content))
+    # 01-12 is replaced by 01-14 (no ghost on 01-12); the zone of the RECURRENCE-ID does not matter.
+    assert got == ["2026-01-05", "2026-01-14", "2026-01-19"]
+
+
+def test_validate_refuses_a_rule_over_the_expansion_budget(tmp_path, monkeypatch):
+    from deadline_pipeline.cli import main
+
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    path = tmp_path / "feed.ics"
+    path.write_bytes(calendar(*event("heavy", "DTSTART:20200101T000000Z",
+                                     "RRULE:FREQ=HOURLY;BYMINUTE=0,30;COUNT=99999999"),
+                              *event("light", "DTSTART:20300101T000000Z")))
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert res.exit_code != 0
+    assert "rule 'heavy'" in res.output and "steps" in res.output and "INVALID" in res.output
+
+
+# --- class 8: BYSETPOS with WKST, BYWEEKNO across New Year (checked against the RFC by brute force) --
+
+DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]
+
+
+def _iso_like_week(day, wkst):
+    """RFC 5545 week of ``day``, by brute force: the week holding January 4th is week 1."""
+    start = day - timedelta(days=(day.weekday() - wkst) % 7)
+    year = (start + timedelta(days=3)).year
+    jan4 = datetime(year, 1, 4).date()
+    first = jan4 - timedelta(days=(jan4.weekday() - wkst) % 7)
+    nxt = datetime(year + 1, 1, 4).date()
+    following = nxt - timedelta(days=(nxt.weekday() - wkst) % 7)
+    return (start - first).days // 7 + 1, (following - first).days // 7
+
+
+@pytest.mark.parametrize("wkst", [0, 2, 6])
+@pytest.mark.parametrize("weekno", [1, 52, 53, -1])
+@pytest.mark.parametrize("weekday", [0, 6])
+def test_byweekno_across_new_year_matches_the_rfc(wkst, weekno, weekday):
+    from deadline_pipeline.plan.recurrence import validate_rrule
+
+    recur = validate_rrule(f"FREQ=YEARLY;BYWEEKNO={weekno};BYDAY={DAYS[weekday]};WKST={DAYS[wkst]}")
+    got = [x.date() for x in occ_mod.series(recur, datetime(2015, 1, 5, 9), until=datetime(2035, 1, 1))]
+    expected, day = [], datetime(2015, 1, 5).date()
+    while day.year < 2035:
+        week, weeks = _iso_like_week(day, wkst)
+        if day.weekday() == weekday and weekno in (week, week - weeks - 1):
+            expected.append(day)
+        day += timedelta(days=1)
+    assert got == expected
+
+
+def test_byweekno_53_only_in_years_that_have_one():
+    rule = RuleRecord("w", "t", "2020-12-28T09:00:00", "UTC", "FREQ=YEARLY;BYWEEKNO=53;BYDAY=MO,SU;COUNT=4")
+    got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
+    # dateutil gave 2022-01-02 (week 52 of 2021) as a "week 53" day and let it consume COUNT.
+    assert got == ["2020-12-28", "2021-01-03", "2026-12-28", "2027-01-03"]
+
+
+@pytest.mark.parametrize("wkst", [0, 6])
+@pytest.mark.parametrize("days, pos", [(("MO", "WE", "FR"), 2), (("SU", "MO"), 1), (("TU", "SA", "SU"), -1)])
+@pytest.mark.parametrize("offset", range(7))
+def test_weekly_bysetpos_counts_positions_from_wkst(wkst, days, pos, offset):
+    from deadline_pipeline.plan.recurrence import validate_rrule
+
+    start = datetime(2026, 1, 5 + offset, 9)
+    end = datetime(2026, 3, 1)
+    recur = validate_rrule(f"FREQ=WEEKLY;BYDAY={','.join(days)};BYSETPOS={pos};WKST={DAYS[wkst]}")
+    got = list(occ_mod.series(recur, start, until=end))
+    expected, week = [], start.date() - timedelta(days=(start.weekday() - wkst) % 7)
+    while week < end.date():
+        chosen = [d for d in (week + timedelta(days=i) for i in range(7)) if DAYS[d.weekday()] in days]
+        pick = datetime.combine(chosen[pos - 1 if pos > 0 else pos], start.time())
+        if start <= pick <= end:
+            expected.append(pick)
+        week += timedelta(days=7)
+    assert got == expected
+
+
+def test_weekly_bysetpos_from_a_mid_week_dtstart():
+    rule = RuleRecord("p", "t", "2026-01-07T09:00:00", "UTC", "FREQ=WEEKLY;BYDAY=MO,WE,FR;BYSETPOS=2;COUNT=3")
+    got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
+    # The week of 2026-01-05 is {Mo 5, We 7, Fr 9}: position 2 is the DTSTART itself, not Friday 9th.
+    assert got == ["2026-01-07", "2026-01-14", "2026-01-21"]
