@@ -122,7 +122,7 @@ def test_watchdog_reports_heartbeats_and_receipts_in_the_future(engine, tmp_path
     assert "replay" in failing["time_travel"]
     assert "in the future" in failing["sweep_alive"]
     # Within the skew allowance it is clock drift, not time travel.
-    assert evaluate(engine, tomorrow - timedelta(minutes=1), cfg).rows[2].check == "time_travel"
+    assert "time_travel" in {r.check for r in evaluate(engine, tomorrow - timedelta(minutes=1), cfg).rows}
     assert all(r.ok for r in evaluate(engine, tomorrow - timedelta(minutes=1), cfg).rows
                if r.check == "time_travel")
     status = _cli(["status", "--db-url", engine.url.render_as_string(hide_password=False),
