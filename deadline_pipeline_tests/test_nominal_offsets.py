@@ -232,3 +232,42 @@ def test_preview_shows_the_offset_as_written_and_its_calendar(engine, db_url, tm
     assert "calendar days in the deadline's zone" in text.splitlines()[0]
     assert "-P7D, 7 days before, calendar days in America/New_York" in text
     assert "calendar days in" not in preview("bob").output.split("\n", 1)[1]  # exact hours: no calendar
+
+
+def _ingest_plan(engine, cfg, now=T0):
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, now)
+        apply_latest_snapshot(engine, s, now)
+    return plan_all(engine, cfg, now)
+
+
+def test_one_length_spelt_two_ways_by_two_subscriptions_keeps_the_earlier_instant(engine, tmp_path):
+    cfg, path = _configure(tmp_path)
+    raw = path.read_text().replace("subscribers:\n  - bob", "subscribers:\n  - ann")
+    path.write_text(raw)
+    cfg = load_config(path)[0]
+    assert [s.subscribers for s in cfg.subscriptions] == [["ann"], ["ann"]]
+    _ingest_plan(engine, cfg)
+    got = _reminders(engine)
+    # -P7D (14:00Z) and -PT168H (13:00Z) are one reminder to the store: sent once, never late.
+    assert got[("ann", "ny@test", -604800)] == z("2026-03-02T13:00Z")
+    with engine.connect() as conn:
+        n = conn.execute(select(alerts.c.id).join(obligations, obligations.c.id == alerts.c.obligation_id)
+                         .where(obligations.c.rule_id == "ny@test", alerts.c.offset_seconds == -604800)).all()
+    assert len(n) == 1
+
+
+def test_a_subscription_edited_since_planning_is_read_as_stored_seconds_loudly(engine, tmp_path, caplog):
+    from deadline_pipeline.plan.service import PlanOutcome, targets_from_rows
+    from deadline_pipeline.store.planning import active_targets
+
+    cfg, _ = _configure(tmp_path)
+    _ingest_plan(engine, cfg)
+    with engine.connect() as conn:
+        rows = active_targets(conn)
+    by = {t.subscriber: t for t in targets_from_rows(cfg, rows, PlanOutcome(), {})}
+    assert by["ann"].offsets == (Offset(-7, 0), Offset(0, -129600)) and by["bob"].offsets == (Offset(0, -604800),)
+    edited, _ = _configure(tmp_path, ann_offsets=("-P2D",))  # not planned yet: the store still says -P7D/-PT36H
+    by = {t.subscriber: t for t in targets_from_rows(edited, rows, PlanOutcome(), {})}
+    assert by["ann"].offsets == (Offset(0, -604800), Offset(0, -129600))
+    assert "do not match the stored" in caplog.text and "'nominal'" in caplog.text
