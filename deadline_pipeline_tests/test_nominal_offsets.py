@@ -268,6 +268,8 @@ def test_a_subscription_edited_since_planning_is_read_as_stored_seconds_loudly(e
     by = {t.subscriber: t for t in targets_from_rows(cfg, rows, PlanOutcome(), {})}
     assert by["ann"].offsets == (Offset(-7, 0), Offset(0, -129600)) and by["bob"].offsets == (Offset(0, -604800),)
     edited, _ = _configure(tmp_path, ann_offsets=("-P2D",))  # not planned yet: the store still says -P7D/-PT36H
-    by = {t.subscriber: t for t in targets_from_rows(edited, rows, PlanOutcome(), {})}
+    out = PlanOutcome()
+    by = {t.subscriber: t for t in targets_from_rows(edited, rows, out, {})}
     assert by["ann"].offsets == (Offset(0, -604800), Offset(0, -129600))
+    assert [p.source for p in out.problems] == ["cal"] and "exact seconds" in out.problems[0].message
     assert "do not match the stored" in caplog.text and "'nominal'" in caplog.text

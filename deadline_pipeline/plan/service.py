@@ -78,13 +78,7 @@ def offsets_seconds(subscription: SubscriptionConfig) -> list[int]:
     return sorted(int(parse_duration(o).total_seconds()) for o in subscription.offsets)
 
 
-def offsets_written(subscription: SubscriptionConfig) -> list[Offset]:
-    """The subscription's offsets as written (nominal days, exact seconds), sorted by nominal length
-    like :func:`offsets_seconds`. The configuration has validated every text."""
-    return sorted((Offset.parse(o) for o in subscription.offsets), key=lambda o: (o.nominal_seconds, o))
-
-
-def _target_offsets(cfg: DeadlinesConfig, row) -> tuple[Offset, ...]:
+def _target_offsets(cfg: DeadlinesConfig, row, out: PlanOutcome) -> tuple[Offset, ...]:
     """The offsets of a subscription row as written. The store keeps only their lengths in seconds;
     the written form (``-P7D`` calendar days vs ``-PT168H`` exact hours) comes from the
     configuration's subscription of that name. A row the configuration no longer matches (edited
@@ -99,9 +93,10 @@ def _target_offsets(cfg: DeadlinesConfig, row) -> tuple[Offset, ...]:
         parsed = sorted((Offset.parse(o) for o in written), key=lambda o: (o.nominal_seconds, o))
         if [o.nominal_seconds for o in parsed] == sorted(stored):
             return tuple(parsed)
-    log.warning("planning: subscription %r of %s: the configuration's offsets %s do not match the stored %s; "
-                "read as exact seconds until planning syncs the configuration", row.get("name"),
-                row.get("external_id"), written, stored)
+    msg = (f"subscription {row.get('name')!r} of {row.get('external_id')}: the configuration's offsets {written} "
+           f"do not match the stored lengths {stored}; read as exact seconds until planning syncs the configuration")
+    log.warning("planning: %s", msg)
+    out.problems.append(PlanProblem(row.get("source", "?"), "*", msg))
     return tuple(Offset.exact(o) for o in stored)
 
 
@@ -178,7 +173,7 @@ def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: d
                 usable.append(ch)
         targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
-                              _target_offsets(cfg, r), tuple(usable), r["quiet_hours"], r["late_policy"],
+                              _target_offsets(cfg, r, out), tuple(usable), r["quiet_hours"], r["late_policy"],
                               calendars.get(r["source"]), tuple(r["kinds"]) if r.get("kinds") else None,
                               tuple(r.get("exclude_kinds") or ())))
     return targets
@@ -319,7 +314,7 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
                 elif a.send_at < kept.send_at:
                     # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
                     # because a reminder may come early but never late.
-                    first.alerts[first.alerts.index(kept)] = a
+                    first.alerts[first.alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
             first.fingerprint = hashlib.sha256((first.fingerprint + o.fingerprint).encode()).hexdigest()
         out.targets += 1
     out.obligations_planned = len(planned)
