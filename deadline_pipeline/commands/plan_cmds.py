@@ -204,8 +204,8 @@ OFFSET_NOTE = ("offsets: days and weeks are calendar days in the deadline's zone
 
 def _offset_shown(row: dict) -> str:
     """``-P7D, 7 days before, calendar days in America/New_York`` when the offset has a day part."""
-    iso = row["offset"].split(",", 1)[0]
-    if row.get("offset_zone") and "D" in iso:
+    date_part = row["offset"].split(",", 1)[0].split("T", 1)[0]  # "-P1W", "-P7D", "-P1D" of "-P1DT12H"
+    if row.get("offset_zone") and ("D" in date_part or "W" in date_part):
         return f"{row['offset']}, calendar days in {row['offset_zone']}"
     return row["offset"]
 
