@@ -25,7 +25,8 @@ from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 DEFAULT_CONFIG_NAME = "deadlines.yaml"
 SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
 
-_DURATION = re.compile(
+#: ISO 8601 duration of weeks/days/hours/minutes/seconds (groups sign, weeks, days, hours, minutes, seconds).
+DURATION_PATTERN = _DURATION = re.compile(
     r"^(?P<sign>[+-])?P(?!$)(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
     r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+)S)?)?$"
 )
@@ -244,6 +245,15 @@ class SubscriptionConfig(_Model):
                 raise ValueError(f"offset {item!r} is after the deadline; reminders use '-P…' or 'PT0S'")
         if len(set(v)) != len(v):
             raise ValueError("offsets repeat a value")
+        # A reminder is identified by its offset's nominal length (a day = 86,400 s): '-P7D', '-P1W'
+        # and '-PT168H' are one reminder to the store, so two of them would collide on one identity.
+        seen: dict[int, str] = {}
+        for item in v:
+            length = int(parse_duration(item).total_seconds())
+            if length in seen:
+                raise ValueError(f"offsets {seen[length]!r} and {item!r} have the same length; a subscription "
+                                 "reminds once per length, give one of them")
+            seen[length] = item
         return v
 
 

@@ -41,6 +41,7 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
     )
     from deadline_pipeline.store.planning import active_rules
     from deadline_pipeline.store.schema import sources
+    from deadline_pipeline.wording import offset_text
 
     alerts_by_key: dict[str, dict] = {}
     due_by_obligation: dict[str, datetime] = {}
@@ -61,12 +62,14 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
                 email=sub.email, webhook_url=sub.webhook_url, quiet_hours=sub.quiet_hours,
                 caldav_url=sub.caldav_url,
                 source_id=source_ids[src_name], source=src_name, rule_patterns=list(subscription.rules),
-                offsets=offsets_seconds(subscription), channels=list(subscription.channels),
+                name=subscription.name, offsets=offsets_seconds(subscription),
+                offset_durations=list(subscription.offsets), channels=list(subscription.channels),
                 late_policy=subscription.late_policy, kinds=subscription.kinds,
                 exclude_kinds=subscription.exclude_kinds)], plan_out, calendars)
             rules, _ = active_rules(conn, source_ids[src_name])
             rules = fold_overrides(rules, src_name, plan_out)
-            lead = max((-o for o in target.offsets_seconds), default=0)
+            # A day of slack: calendar days across a DST change can be longer than their nominal length.
+            lead = max((-o for o in target.offsets_seconds), default=0) + 86400
             obligations_, plan_problems = plan_target(target, rules, now,
                                                       max(until - now, timedelta(0)) + timedelta(seconds=lead))
             for pr in [*plan_out.problems, *plan_problems]:
@@ -78,6 +81,8 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
                         "send_at": a.send_at, "channel": a.channel, "status": a.status, "kind": a.kind,
                         "why": a.status_reason, "title": ob.title, "due_at": ob.due_at, "source": src_name,
                         "rule": ob.rule_id, "offset_seconds": a.offset_seconds, "subscription": subscription.name,
+                        "offset": a.offset.text() if a.offset else offset_text(a.offset_seconds),
+                        "offset_zone": ob.zone,
                     }
     return alerts_by_key, due_by_obligation, problems
 
@@ -141,7 +146,9 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     delivered (with the delivery instant), pending and when, skipped, cancelled, escalated — each
     with what a re-plan at ``now`` (default: the current time) would change, followed by the
     reminders a re-plan would add. Times in the subscriber's zone and in UTC; offsets as ISO 8601
-    and words. Reads only. Raises ``KeyError`` for a subscriber not in the configuration.
+    and words as written (``-P7D, 7 days before``), with ``offset_zone``: the deadline's zone, whose
+    calendar days the offset's days are counted in (RFC 5545 §3.3.6; None when no re-plan shows the
+    row). Reads only. Raises ``KeyError`` for a subscriber not in the configuration.
 
     The state comes from the store, never from a fresh simulation, so a delivered reminder is
     shown as delivered (an earlier preview re-planned from ``start`` and called it pending).
@@ -163,11 +170,15 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     for a in stored:
         seen.add(a["dedup_key"])
         judged = now - GRACE <= a["due_at"]  # the re-plan only looks at deadlines still ahead
+        # The store keeps an offset's length only; the re-plan knows it as written (-P7D vs -PT168H).
+        twin = planned.get(a["dedup_key"])
         rows.append({
             "alert_id": a["id"], "status": a["status"], "kind": a["kind"], "channel": a["channel"],
             "send_at": _when(a["send_at"], zone), "delivered_at": _when(a["delivered_at"], zone),
             "next_attempt_at": _when(a["next_attempt_at"], zone), "title": a["title"],
-            "due_at": _when(a["due_at"], zone), "offset": offset_text(a["offset_seconds"]),
+            "due_at": _when(a["due_at"], zone),
+            "offset": twin["offset"] if twin else offset_text(a["offset_seconds"]),
+            "offset_zone": twin["offset_zone"] if twin else None,
             "offset_seconds": a["offset_seconds"], "source": a["source"], "rule": a["rule_id"],
             "why": a["status_reason"],
             "replan": _replan_note(a, planned.get(a["dedup_key"]), planned_due.get(a["obligation_key"]), judged),
@@ -179,11 +190,24 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "alert_id": None, "status": "not in the store", "kind": p["kind"], "channel": p["channel"],
             "send_at": _when(max(p["send_at"], now) if p["send_at"] < now else p["send_at"], zone),
             "delivered_at": _when(None, zone), "next_attempt_at": _when(None, zone), "title": p["title"],
-            "due_at": _when(p["due_at"], zone), "offset": offset_text(p["offset_seconds"]),
+            "due_at": _when(p["due_at"], zone), "offset": p["offset"], "offset_zone": p["offset_zone"],
             "offset_seconds": p["offset_seconds"], "source": p["source"], "rule": p["rule"], "why": p["why"],
             "replan": "a re-plan would add it",
         })
     return rows + problems
+
+
+#: How ``preview`` reads offsets, printed above its table (RFC 5545 §3.3.6, see plan.offsets).
+OFFSET_NOTE = ("offsets: days and weeks are calendar days in the deadline's zone (the same wall time across a "
+               "daylight-saving change); hours, minutes and seconds are exact")
+
+
+def _offset_shown(row: dict) -> str:
+    """``-P7D, 7 days before, calendar days in America/New_York`` when the offset has a day part."""
+    date_part = row["offset"].split(",", 1)[0].split("T", 1)[0]  # "-P1W", "-P7D", "-P1D" of "-P1DT12H"
+    if row.get("offset_zone") and ("D" in date_part or "W" in date_part):
+        return f"{row['offset']}, calendar days in {row['offset_zone']}"
+    return row["offset"]
 
 
 def register(main: click.Group) -> None:
@@ -224,11 +248,12 @@ def register(main: click.Group) -> None:
         if not rows:
             click.echo(f"no reminders for {subscriber} between {t0.isoformat()} and {t1.isoformat()}")
             return
+        click.echo(OFFSET_NOTE)
         for r in rows:
             if "problem" in r:
                 click.echo(f"PROBLEM  {r['source']} {r.get('rule', '')}: {r['problem']}")
                 continue
             when = r["delivered_at"]["text"] if r["status"] == "delivered" else r["send_at"]["text"]
             click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}; "
-                       f"{r['offset']}; {r['source']}/{r['rule']})"
+                       f"{_offset_shown(r)}; {r['source']}/{r['rule']})"
                        + (f" — {r['why']}" if r["why"] else "") + f"  | re-plan: {r['replan']}")

@@ -5,6 +5,8 @@ No database and no Dagster here, so every rule of planning is testable on its ow
 * late reminders fold (:func:`fold_late`): of the reminders already past at planning time only the
   most recent goes out, at once; the others are ``skipped`` with the reason — or all are skipped
   under the ``skip`` late policy;
+* offsets (:func:`~deadline_pipeline.plan.offsets.send_instant`): days and weeks are calendar days
+  in the deadline's own zone, hours and smaller are exact (RFC 5545 §3.3.6);
 * quiet hours (:func:`apply_quiet_hours`): a reminder inside the subscriber's local quiet window is
   deferred to the window's end, unless that would put it after the deadline — then it is not
   deferred. Never dropped.
@@ -22,6 +24,7 @@ from datetime import datetime, time, timedelta, tzinfo
 from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.plan.keys import alert_dedup_key, obligation_key
 from deadline_pipeline.plan.occurrences import HORIZON, Occurrence, expand, window
+from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.rules import RuleRecord, kinds_allow, rule_kinds
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -43,7 +46,8 @@ class Target:
     source: str
     source_tz: str | None
     rule_patterns: tuple[str, ...]
-    offsets_seconds: tuple[int, ...]
+    # Reminder offsets as written (nominal days + exact seconds); a bare int is exact seconds.
+    offsets: tuple[Offset, ...]
     channels: tuple[str, ...]
     quiet_hours: str | None = None
     late_policy: str = "send_latest"
@@ -52,6 +56,15 @@ class Target:
     # Rule kinds to include (None = all) and to exclude (see rules.rule_kinds).
     kinds: tuple[str, ...] | None = None
     exclude_kinds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offsets", tuple(o if isinstance(o, Offset) else Offset.exact(o)
+                                                  for o in self.offsets))
+
+    @property
+    def offsets_seconds(self) -> tuple[int, ...]:
+        """Each offset's nominal length in seconds (``-P7D`` → ``-604800``), as the store keys it."""
+        return tuple(o.nominal_seconds for o in self.offsets)
 
     def wants(self, rule_id: str) -> bool:
         return any(fnmatch.fnmatchcase(rule_id, p) for p in self.rule_patterns)
@@ -72,6 +85,8 @@ class PlannedAlert:
     status_reason: str | None = None
     # The due instant this reminder is owed for (aware UTC): part of the alert's identity.
     due_at: datetime | None = None
+    # The offset as written (``offset_seconds`` is its nominal length), for showing it.
+    offset: Offset | None = None
 
 
 @dataclass
@@ -87,6 +102,8 @@ class PlannedObligation:
     due_at: datetime
     fingerprint: str = ""
     alerts: list[PlannedAlert] = field(default_factory=list)
+    # The deadline's own zone (its calendar days carry the nominal part of every offset).
+    zone: str = ""
 
 
 @dataclass
@@ -157,10 +174,11 @@ def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
     return deferred, f"deferred from {send_at.isoformat()} by quiet hours {quiet}"
 
 
-def fingerprint(due_at: datetime, target: Target) -> str:
-    """What the alert rows of an obligation derive from; equal fingerprints mean equal alerts."""
-    parts = (due_at.isoformat(), target.offsets_seconds, target.channels, target.quiet_hours,
-             target.subscriber_tz, target.late_policy)
+def fingerprint(due_at: datetime, target: Target, zone: tzinfo | None = None) -> str:
+    """What the alert rows of an obligation derive from; equal fingerprints mean equal alerts.
+    ``zone``: the deadline's own zone, whose calendar the offsets' days are counted in."""
+    parts = (due_at.isoformat(), tuple((o.days, o.seconds) for o in target.offsets), target.channels,
+             target.quiet_hours, target.subscriber_tz, target.late_policy, str(zone))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -172,7 +190,9 @@ def _freq(rrule: str | None) -> str | None:
 
 
 def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
-    """A floating rule is read in the source's declared zone, else the subscriber's."""
+    """The deadline's own zone: the rule's ``tz``; a floating rule is read in the source's declared
+    zone, else the subscriber's. Its wall time is expanded in this zone, and the calendar days of
+    every offset are counted in it."""
     return resolve_zone(rule.tz or target.source_tz or target.subscriber_tz)
 
 
@@ -236,15 +256,17 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
             identity = lineage.get(rule.rule_id, rule.rule_id) if lineage else rule.rule_id
             key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
             ob = PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
-                                   version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target))
-            for offset in target.offsets_seconds:
-                send_at, reason = apply_quiet_hours(occ.due_at + timedelta(seconds=offset), occ.due_at,
+                                   version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target, zone),
+                                   zone=str(zone))
+            for offset in target.offsets:
+                seconds = offset.nominal_seconds
+                send_at, reason = apply_quiet_hours(send_instant(occ.due_at, offset, zone), occ.due_at,
                                                     target.quiet_hours, subscriber_zone)
                 for channel in target.channels:
                     ob.alerts.append(PlannedAlert(
-                        offset, channel, "reminder",
-                        alert_dedup_key(key, offset, channel, "reminder", due_at=occ.due_at),
-                        send_at, status_reason=reason, due_at=occ.due_at))
+                        seconds, channel, "reminder",
+                        alert_dedup_key(key, seconds, channel, "reminder", due_at=occ.due_at),
+                        send_at, status_reason=reason, due_at=occ.due_at, offset=offset))
             fold_late(ob.alerts, now, target.late_policy)
             if target.quiet_hours:
                 for a in ob.alerts:

@@ -30,6 +30,7 @@ from deadline_pipeline.config import (
 )
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
+from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
@@ -72,8 +73,31 @@ def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, s
 
 
 def offsets_seconds(subscription: SubscriptionConfig) -> list[int]:
-    """The subscription's reminder offsets in seconds (negative: before the due instant), sorted."""
+    """The subscription's reminder offsets as their nominal length in seconds (negative: before the
+    due instant; a day counts 86,400 s), sorted: what the store keeps and keys reminders on."""
     return sorted(int(parse_duration(o).total_seconds()) for o in subscription.offsets)
+
+
+def _target_offsets(cfg: DeadlinesConfig, row, out: PlanOutcome) -> tuple[Offset, ...]:
+    """The offsets of a subscription row as written. The store keeps only their lengths in seconds;
+    the written form (``-P7D`` calendar days vs ``-PT168H`` exact hours) comes from the
+    configuration's subscription of that name. A row the configuration no longer matches (edited
+    since planning last synced it) is read as exact seconds — loudly: it can put a reminder an
+    hour off across a DST change until the next planning run syncs the row."""
+    stored = [int(o) for o in row["offsets"]]
+    written = row.get("offset_durations")
+    if written is None:
+        sub = next((s for s in cfg.subscriptions if s.name == row.get("name")), None)
+        written = sub.offsets if sub is not None else None
+    if written is not None:
+        parsed = sorted((Offset.parse(o) for o in written), key=lambda o: (o.nominal_seconds, o))
+        if [o.nominal_seconds for o in parsed] == sorted(stored):
+            return tuple(parsed)
+    msg = (f"subscription {row.get('name')!r} of {row.get('external_id')}: the configuration's offsets {written} "
+           f"do not match the stored lengths {stored}; read as exact seconds until planning syncs the configuration")
+    log.warning("planning: %s", msg)
+    out.problems.append(PlanProblem(row.get("source", "?"), "*", msg))
+    return tuple(Offset.exact(o) for o in stored)
 
 
 class NothingToPlan(ValueError):
@@ -149,7 +173,7 @@ def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: d
                 usable.append(ch)
         targets.append(Target(r["subscriber_id"], r["external_id"], r["tenant"], r["timezone"], r["source_id"],
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
-                              tuple(r["offsets"]), tuple(usable), r["quiet_hours"], r["late_policy"],
+                              _target_offsets(cfg, r, out), tuple(usable), r["quiet_hours"], r["late_policy"],
                               calendars.get(r["source"]), tuple(r["kinds"]) if r.get("kinds") else None,
                               tuple(r.get("exclude_kinds") or ())))
     return targets
@@ -282,8 +306,15 @@ def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutco
                 seen[o.key] = o
                 planned.append(o)
                 continue
-            have = {(a.offset_seconds, a.channel) for a in first.alerts}
-            first.alerts.extend(a for a in o.alerts if (a.offset_seconds, a.channel) not in have)
+            have = {(a.offset_seconds, a.channel): a for a in first.alerts}
+            for a in o.alerts:
+                kept = have.get((a.offset_seconds, a.channel))
+                if kept is None:
+                    first.alerts.append(a)
+                elif a.send_at < kept.send_at:
+                    # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
+                    # because a reminder may come early but never late.
+                    first.alerts[first.alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
             first.fingerprint = hashlib.sha256((first.fingerprint + o.fingerprint).encode()).hexdigest()
         out.targets += 1
     out.obligations_planned = len(planned)

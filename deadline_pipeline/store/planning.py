@@ -114,9 +114,10 @@ def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
 def active_targets(conn: Connection):
     """Rows of active subscriptions joined with their active subscriber and source."""
     return conn.execute(
-        select(subscriptions.c.rule_patterns, subscriptions.c.offsets, subscriptions.c.channels,
-               subscriptions.c.late_policy, subscriptions.c.kinds, subscriptions.c.exclude_kinds,
-               subscribers.c.id.label("subscriber_id"), subscribers.c.external_id, subscribers.c.tenant,
+        select(subscriptions.c.name, subscriptions.c.rule_patterns, subscriptions.c.offsets,
+               subscriptions.c.channels, subscriptions.c.late_policy, subscriptions.c.kinds,
+               subscriptions.c.exclude_kinds, subscribers.c.id.label("subscriber_id"), subscribers.c.external_id,
+               subscribers.c.tenant,
                subscribers.c.timezone, subscribers.c.email, subscribers.c.webhook_url, subscribers.c.quiet_hours,
                subscribers.c.caldav_url,
                sources.c.id.label("source_id"), sources.c.name.label("source"))

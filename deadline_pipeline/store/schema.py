@@ -159,7 +159,9 @@ subscriptions = Table(
     Column("subscriber_id", ForeignKey("subscribers.id"), nullable=False),
     Column("source_id", ForeignKey("sources.id"), nullable=False),
     Column("rule_patterns", Json, nullable=False),  # list of fnmatch patterns on rule_id
-    Column("offsets", Json, nullable=False),  # list of ISO 8601 durations, e.g. "-P7D"
+    # Each offset's nominal length in seconds (-P7D → -604800), sorted: what identifies a reminder.
+    # The offsets as written (calendar days vs exact hours) come from the configuration's subscription.
+    Column("offsets", Json, nullable=False),
     Column("channels", Json, nullable=False),  # list of channel names from the configuration
     Column("late_policy", String(20), nullable=False, default="send_latest"),  # send_latest | skip
     Column("active", Boolean, nullable=False, default=True),

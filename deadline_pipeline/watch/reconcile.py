@@ -11,7 +11,8 @@ recomputes what is owed from the rule versions in force instead:
    (only a parseable snapshot that lacks a rule withdraws it).
 2. **Owed reminders**: every (subscriber, rule, due instant, offset, channel) of the active
    subscriptions whose send instant lies in ``[now - lookback, now - grace]``, expanded from those
-   rules with the planner's calendar arithmetic (zones, business-day rolling, quiet hours). Only
+   rules with the planner's calendar arithmetic (zones, business-day rolling, offsets whose days are
+   calendar days in the deadline's zone, quiet hours). Only
    rules already planned for that subscriber at least once count (a subscriber added today is not
    owed last week's reminders; a target never planned at all is ``horizon_planned``'s to catch), and
    only instants due after the rule version came into force.
@@ -104,8 +105,9 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
                 since = {r.rule_id: valid_from for _v, r, valid_from in rules}
                 rules_cache[t.source_id] = (fold_overrides([(v, r) for v, r, _f in rules], t.source, scratch), since)
             rules, since = rules_cache[t.source_id]
-            # Due instants up to the latest offset after ``hi`` can have a send instant before it.
-            span = max((abs(o) for o in t.offsets_seconds), default=0)
+            # Due instants up to the latest offset after ``hi`` can have a send instant before it; a
+            # day of slack because calendar days across a DST change outlast their nominal length.
+            span = max((abs(o) for o in t.offsets_seconds), default=0) + 86400
             obs, _problems = plan_target(t, rules, lo, lookback + timedelta(seconds=span))
             for ob in obs:
                 if (t.subscriber_id, t.source_id, ob.rule_id) not in planned_pairs:
