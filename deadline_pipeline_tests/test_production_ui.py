@@ -35,7 +35,7 @@ CHROMIUM = os.environ.get("DEADLINE_CHROMIUM", "/usr/bin/chromium")
 # No network, no GPU, nothing that phones home or writes a profile the test did not ask for.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-CHECK_NAMES = ["alerts_reconciled", "sweep_alive", "fanout_complete", "escalations_acknowledged"]
+CHECK_NAMES = ["alerts_reconciled", "sweep_alive", "fanout_complete", "escalations_acknowledged", "reminders_owed"]
 SHOTS = Path(os.environ.get("DEADLINE_UI_SCREENSHOTS")
              or Path(__file__).resolve().parents[1] / ".deadline" / "ui-screenshots")
 
@@ -202,7 +202,7 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
     """A source confirmed now is "Passing" in the UI (Dagster's freshness daemon evaluates its
     ``snapshot/cal`` asset) with both source checks green on its graph node; the source breaks, a
     replay ``--as-of`` two minutes later (past its one-minute window) confirms nothing, and once the
-    window has passed for real the UI shows freshness "Failed" and the node "1 / 2 Passed"."""
+    window has passed for real the UI shows freshness "Failed" and the node "2 / 3 Passed"."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -250,10 +250,10 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
                 assert "Not evaluated" not in page.inner_text("body")
                 shots.append(_shot(page, "source_freshness_passing.png"))
 
-                # Its node in the lineage (source/cal → snapshot/cal → rule_versions): both source checks passed.
+                # Its node in the lineage (source/cal → snapshot/cal → rule_versions): the three source checks passed.
                 page.goto(f"{base}/assets/rule_versions?view=lineage&lineageScope=upstream&lineageDepth=3")
                 graph = page.locator("foreignObject")
-                expect(graph.get_by_text("2 / 2 Passed")).to_be_visible(timeout=60_000)
+                expect(graph.get_by_text("3 / 3 Passed")).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_checks_passed_on_node.png"))
 
                 # The source breaks. A replay two minutes ahead (past the one-minute window by the
@@ -266,6 +266,7 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
                                           as_of=(now + timedelta(minutes=2)).isoformat())
                         assert later.checks["source_fresh[cal]"][0] is False, later.checks
                         assert later.checks["source_not_quarantined[cal]"][0] is True, later.checks
+                        assert later.checks["rules_complete[cal]"][0] is True, later.checks
                         assert instance.get_latest_materialization_event(SNAPSHOT).timestamp == confirmed_at
                         # Dagster's clock is the real one: wait until the window has passed for it too.
                         time.sleep(max(0.0, confirmed_at + 62 - time.time()))
@@ -282,7 +283,7 @@ def test_ui_shows_source_freshness_going_from_passing_to_failed(tmp_path):
 
                 page.goto(f"{base}/assets/rule_versions?view=lineage&lineageScope=upstream&lineageDepth=3")
                 graph = page.locator("foreignObject")
-                expect(graph.get_by_text("1 / 2 Passed")).to_be_visible(timeout=60_000)
+                expect(graph.get_by_text("2 / 3 Passed")).to_be_visible(timeout=60_000)
                 shots.append(_shot(page, "source_check_failed_on_node.png"))
 
                 # The check itself, red with the pipeline's reason.
