@@ -65,7 +65,7 @@ TARGET = "{target}"
 LOG_CHARS = 1000
 
 
-def with_timeouts(url: str, seconds: float) -> str:
+def with_send_options(url: str, seconds: float) -> str:
     """``url`` with Apprise's ``cto`` and ``rto`` query parameters set to ``seconds`` where absent,
     and ``redirect=no`` always (a redirect would reach a host the outbound guard never checked)."""
     parts = urlsplit(url)
@@ -82,8 +82,11 @@ def register_url_secrets(template: str) -> None:
     and requests' log lines show ``https://host/path/TOKEN/…``, not ``json://host/path/TOKEN/{target}``,
     and the token of ``tgram://TOKEN/{target}`` appears as ``…/botTOKEN/…``). Never raises."""
     for literal in template.split(TARGET):
+        rest = literal.partition("://")[2] if "://" in literal else literal
+        if not rest:
+            continue  # a bare "json://": no secret in it, and masking it everywhere would garble messages
         register_secret(literal)
-        register_secret(literal.partition("://")[2])
+        register_secret(rest)
 
 
 def connect_hosts(service) -> list[tuple[str, int]]:
@@ -129,7 +132,7 @@ class AppriseSender:
                 raise DeliveryError(f"channel {self.name!r}: ${self.cfg.url_env} needs {TARGET} and subscriber "
                                     f"{n.subscriber_id} has no apprise_target", permanent=True)
             url = url.replace(TARGET, quote(n.apprise_target, safe="@+-_.~"))
-        final = with_timeouts(url, self.cfg.timeout_seconds)
+        final = with_send_options(url, self.cfg.timeout_seconds)
         register_secret(url)
         register_secret(final)
         return final
