@@ -401,3 +401,10 @@ def test_a_redirect_to_a_disallowed_address_is_refused_and_not_followed(creds):
         inner.close()
     assert exc.value.permanent and exc.value.outcome == "failed", "the configured calendar URL is wrong"
     assert outer.seen == ["PUT"] and inner.accepted == 0, "the redirect was not followed"
+
+
+def test_a_calendar_url_without_http_is_a_permanent_configuration_error(creds):
+    # Not an unknown outcome: nothing can have left for a scheme httpx cannot speak.
+    with pytest.raises(DeliveryError, match="unusable URL") as exc:
+        _channel().send(_n(key=_key("ftp"), caldav_url="ftp://127.0.0.1/alice/cal/"))
+    assert exc.value.permanent and exc.value.outcome == "failed"
