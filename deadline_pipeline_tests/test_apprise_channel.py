@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select, update
 
 from deadline_pipeline.config import AppriseChannel, DeadlinesConfig
+from deadline_pipeline.deliver.channels.apprise_channel import register_url_secrets
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION, build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.sweep import sweep
@@ -294,3 +295,11 @@ def test_the_service_url_and_its_token_never_appear_in_errors(receiver, monkeypa
     # (Apprise's own log lines, a traceback) is masked too.
     assert token not in rd.redact(f"JSON POST URL: http://{host}/notify/{token}/ops-team (cert_verify=True)")
     assert token not in rd.redact(f"json://{host}/notify/{token}/ops-team?cto=3&rto=3&redirect=no")
+
+
+def test_a_token_in_the_hosts_place_is_masked_but_a_bare_server_address_is_not():
+    register_url_secrets("tgram://123456789:AAHtok-en_x/{target}")
+    assert "AAHtok-en_x" not in rd.redact("GET https://api.telegram.org/bot123456789:AAHtok-en_x/sendMessage")
+    # A server's address is no secret: masking it in every message would garble unrelated ones.
+    register_url_secrets("json://10.9.8.7:8080/{target}")
+    assert rd.redact("connect to 10.9.8.7:8080/x failed") == "connect to 10.9.8.7:8080/x failed"

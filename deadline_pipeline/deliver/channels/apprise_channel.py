@@ -44,14 +44,15 @@ changes between the check and the connection (DNS rebinding) can still reach an 
 would refuse, and ``requests`` honours ``HTTP(S)_PROXY`` from the environment (the proxy is then
 what connects). Where that matters, give Apprise literal IP addresses or use the webhook channel.
 
-Secrets: the URL read from ``url_env`` is registered as a secret, and so are the final URL and the
-literal parts of the URL around ``{target}`` (the bot token or webhook key is in them), so no log
-line or error can print them (:func:`register_url_secrets`); messages name the variable, never the URL.
+Secrets: the URL read from ``url_env`` is registered as a secret, and so are the parts of it that
+hold the bot token or webhook key in the forms log lines print (:func:`register_url_secrets`), so no
+log line or error can show them; messages name the variable, never the URL.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from deadline_pipeline.config import AppriseChannel
@@ -77,16 +78,38 @@ def with_send_options(url: str, seconds: float) -> str:
 
 
 def register_url_secrets(template: str) -> None:
-    """Register as secrets the parts of an Apprise URL ``template`` that survive into what gets
-    printed: each literal part around ``{target}``, with and without its ``scheme://`` (Apprise's
-    and requests' log lines show ``https://host/path/TOKEN/…``, not ``json://host/path/TOKEN/{target}``,
-    and the token of ``tgram://TOKEN/{target}`` appears as ``…/botTOKEN/…``). Never raises."""
+    """Register as secrets the parts of an Apprise URL ``template`` (``{target}`` unfilled) that
+    survive into what gets printed. Apprise's and requests' log lines show
+    ``https://host/path/TOKEN/<target>``, not ``json://host/path/TOKEN/{target}``, and the token of
+    ``tgram://TOKEN/{target}`` appears as ``…/botTOKEN/…``. So, for each literal part around
+    ``{target}``: the part itself, its ``host/path`` when it has a path (the path holds the key),
+    and its host field when that is no host name (a token in the host's place).
+
+    Bounded by the template, not by the subscribers (every registered value is searched in every
+    log line); a bare ``host:port/`` is not registered (a server's address is no secret, and
+    masking it everywhere would garble unrelated messages). Never raises.
+    """
     for literal in template.split(TARGET):
-        rest = literal.partition("://")[2] if "://" in literal else literal
-        if not rest:
-            continue  # a bare "json://": no secret in it, and masking it everywhere would garble messages
+        # The remainder after {target} ("/x", "?format=text") holds no token in any Apprise URL form,
+        # and masking such a fragment everywhere would garble unrelated messages.
+        netloc, _, path = literal.partition("://")[2].partition("/")
+        if not netloc:
+            continue
         register_secret(literal)
-        register_secret(rest)
+        if path:
+            register_secret(f"{netloc}/{path}")
+        if not _is_host(netloc.rpartition("@")[2]):
+            register_secret(netloc.rpartition("@")[2])
+
+
+def _is_host(netloc: str) -> bool:
+    """Whether ``netloc`` (no user info) reads as ``host[:port]`` with a numeric port."""
+    try:
+        parts = urlsplit("//" + netloc)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number (a token)
+    except ValueError:
+        return False
+    return bool(parts.hostname) and re.fullmatch(r"[a-z0-9.\-:\[\]]+", parts.hostname) is not None
 
 
 def connect_hosts(service) -> list[tuple[str, int]]:
@@ -132,10 +155,10 @@ class AppriseSender:
                 raise DeliveryError(f"channel {self.name!r}: ${self.cfg.url_env} needs {TARGET} and subscriber "
                                     f"{n.subscriber_id} has no apprise_target", permanent=True)
             url = url.replace(TARGET, quote(n.apprise_target, safe="@+-_.~"))
-        final = with_send_options(url, self.cfg.timeout_seconds)
-        register_secret(url)
-        register_secret(final)
-        return final
+        else:
+            # One URL for every alert: registering the filled-in form stays bounded (not per subscriber).
+            register_secret(with_send_options(url, self.cfg.timeout_seconds))
+        return with_send_options(url, self.cfg.timeout_seconds)
 
     def _check_network(self, service, shown: str) -> None:
         """Resolve and check every host ``service`` names (:func:`connect_hosts`) against the
