@@ -24,6 +24,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, loopback_policy
 from deadline_pipeline_tests.test_delivery_sweep import T0, expire_leases, seed
 
 LEASE = 60
@@ -33,7 +34,8 @@ def _config(batch_size: int) -> DeadlinesConfig:
     return DeadlinesConfig(
         channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER", password_env="CAL_PASS",
                                        timeout_seconds=5, max_concurrency=4)},
-        delivery={"batch_size": batch_size, "lease_seconds": LEASE, "time_budget_seconds": LEASE - 10})
+        delivery={"batch_size": batch_size, "lease_seconds": LEASE, "time_budget_seconds": LEASE - 10},
+        network=LOOPBACK_NETWORK)  # Radicale listens on loopback, which the outbound guard refuses by default
 
 
 class _StopAfterPut(CaldavSender):
@@ -41,7 +43,7 @@ class _StopAfterPut(CaldavSender):
     can record it) it tells the test, which SIGKILLs this process, and waits."""
 
     def __init__(self, kill_after: int, landed) -> None:
-        super().__init__("cal", _config(1).channels["cal"])
+        super().__init__("cal", _config(1).channels["cal"], network=loopback_policy())
         self.kill_after, self.landed, self.count = kill_after, landed, 0
 
     def _book(self, n):

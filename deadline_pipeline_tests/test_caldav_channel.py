@@ -1,8 +1,10 @@
 """The caldav booking channel against a real Radicale server on loopback: create, duplicate create
 (412 = already booked), one event per obligation, corrections (same UID, SEQUENCE + 1),
 cancellations (STATUS:CANCELLED or delete), the VALARM, unknown outcomes resolved by asking the
-server (a loopback proxy drops the answer after the write, or the write itself), and the sweep's
-lookup of a dead sender's attempt (SQLite and PostgreSQL).
+server (a loopback proxy drops the answer after the write, or the write itself), the sweep's
+lookup of a dead sender's attempt (SQLite and PostgreSQL), and the outbound guard: Radicale is
+reached because ``network.allow`` admits 127.0.0.1; without it a calendar on loopback, in any
+spelling, is refused permanently before a connection, and a redirect is never followed.
 
 What the server holds is read back with an independent client, the ``caldav`` library.
 """
@@ -23,9 +25,12 @@ from deadline_pipeline.deliver.channels.base import build_channel
 from deadline_pipeline.deliver.channels.caldav import CaldavSender, event_uid
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.sweep import sweep
+from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, loopback_policy
+from deadline_pipeline_tests.test_apprise_channel import ConnectionCounter
 from deadline_pipeline_tests.test_delivery_sweep import T0, expire_leases, seed
 
 DUE = datetime(2027, 4, 15, 21, 59, tzinfo=UTC)
@@ -44,10 +49,11 @@ def creds(monkeypatch):
     monkeypatch.setenv("CAL_PASS", PASSWORD)
 
 
-def _channel(url: str | None = None, **kw) -> CaldavSender:
+def _channel(url: str | None = None, network: NetworkPolicy | None = None, **kw) -> CaldavSender:
     cfg = CaldavChannel(type="caldav", url_template=url, username_env="CAL_USER", password_env="CAL_PASS",
                         timeout_seconds=kw.pop("timeout_seconds", 5), **kw)
-    return build_channel("cal", cfg)
+    # Radicale listens on loopback, which the outbound guard refuses unless network.allow admits it.
+    return build_channel("cal", cfg, network=network or loopback_policy())
 
 
 def _n(kind="reminder", *, key="a" * 64, obligation="b" * 64, due=DUE, offset=-86400, caldav_url=None,
@@ -286,7 +292,8 @@ def test_sweep_resolves_a_dead_senders_booking_by_lookup(engine, radicale, creds
     # The dead sender's PUT of the first alert landed; the second never left.
     _channel().send(_notification_of(engine, booked, cal))
     cfg = DeadlinesConfig(channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER",
-                                                         password_env="CAL_PASS")})
+                                                         password_env="CAL_PASS")},
+                          network=LOOPBACK_NETWORK)
     expire_leases(engine)  # leases run on the database clock, which the test does not advance
     out = sweep(engine, cfg, T0 + timedelta(seconds=301))
     assert (out.recovered_unknown, out.unknown_found, out.unknown_absent, out.delivered) == (2, 1, 1, 2)
@@ -306,10 +313,98 @@ def test_sweep_escalates_when_the_lookup_is_impossible(engine, creds):
     with engine.begin() as conn:
         conn.execute(update(subscribers).values(caldav_url=dark))
     cfg = DeadlinesConfig(channels={"cal": CaldavChannel(type="caldav", username_env="CAL_USER",
-                                                         password_env="CAL_PASS", timeout_seconds=1)})
+                                                         password_env="CAL_PASS", timeout_seconds=1)},
+                          network=LOOPBACK_NETWORK)
     expire_leases(engine)  # leases run on the database clock, which the test does not advance
     out = sweep(engine, cfg, T0 + timedelta(seconds=301))
     assert (out.recovered_unknown, out.escalated, out.delivered) == (1, 1, 0)
     with engine.connect() as conn:
         status, reason = conn.execute(select(alerts.c.status, alerts.c.status_reason).where(alerts.c.id == a)).one()
     assert status == "escalated" and "lookup" in reason
+
+
+# --------------------------------------------------------------------------- the outbound guard
+
+
+def _to_loopback(host: str, port: int) -> list[str]:
+    # Every name resolves to this machine's loopback: were the guard broken, the packet stays here.
+    return ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("template, rule", [
+    ("http://127.0.0.1:{port}/alice/cal/", "loopback"),
+    ("http://0x7f000001:{port}/alice/cal/", "loopback"),
+    ("http://[::ffff:127.0.0.1]:{port}/alice/cal/", "IPv4-mapped loopback"),
+    ("http://calendar.test:{port}/alice/cal/", r"'calendar\.test'.* loopback"),
+    ("http://alice:pw-7e7e7e@127.0.0.1:{port}/alice/cal/?token=tk-7e7e7e", "loopback"),
+])
+@pytest.mark.parametrize("kind", ["reminder", "cancellation"])
+def test_a_calendar_on_a_refused_address_is_permanent_before_any_connection(creds, template, rule, kind):
+    counter = ConnectionCounter()
+    try:
+        ch = _channel(template.format(port=counter.port), network=DEFAULT_POLICY.with_resolver(_to_loopback))
+        with pytest.raises(DeliveryError, match=rule) as exc:
+            ch.send(_n(kind, key=_key(f"refused-{kind}"), offset=0 if kind != "reminder" else -86400))
+        ch.close()
+    finally:
+        counter.close()
+    assert exc.value.permanent and exc.value.outcome == "failed", "refused: never retried"
+    text = str(exc.value)
+    assert "network.allow" in text and "pw-7e7e7e" not in text and "tk-7e7e7e" not in text
+    assert counter.accepted == 0, "the guard decided on the address before connecting"
+
+
+def test_the_lookup_after_a_crash_refused_by_the_guard_escalates_as_unknown(creds):
+    counter = ConnectionCounter()
+    try:
+        ch = _channel(f"http://127.0.0.1:{counter.port}/alice/cal/", network=DEFAULT_POLICY)
+        with pytest.raises(DeliveryError, match="lookup.* loopback") as exc:
+            ch.resolve_unknown(_n(key=_key("refused-lookup")))
+    finally:
+        counter.close()
+    # An earlier attempt may have booked (under another policy): not "failed", a human decides.
+    assert exc.value.permanent and exc.value.outcome == "unknown" and counter.accepted == 0
+
+
+class _Redirect(BaseHTTPRequestHandler):
+    """Answers every request with 307 (method kept) to ``server.location``."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _handle(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
+        self.server.seen.append(self.command)
+        self.send_response(307)
+        self.send_header("Location", self.server.location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_PUT = do_REPORT = do_DELETE = _handle
+
+
+def test_a_redirect_to_a_disallowed_address_is_refused_and_not_followed(creds):
+    # The allowed server (127.0.0.1) redirects to 127.0.0.2: loopback too, but outside network.allow.
+    inner = ConnectionCounter("127.0.0.2")
+    outer = ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
+    outer.daemon_threads, outer.seen = True, []
+    outer.location = f"http://127.0.0.2:{inner.port}/alice/cal/{_key('moved')}.ics"
+    threading.Thread(target=outer.serve_forever, daemon=True).start()
+    try:
+        ch = _channel(f"http://127.0.0.1:{outer.server_address[1]}/alice/cal/")
+        with pytest.raises(DeliveryError, match="307") as exc:
+            ch.send(_n(key=_key("moved")))
+        ch.close()
+    finally:
+        outer.shutdown()
+        outer.server_close()
+        inner.close()
+    assert exc.value.permanent and exc.value.outcome == "failed", "the configured calendar URL is wrong"
+    assert outer.seen == ["PUT"] and inner.accepted == 0, "the redirect was not followed"
+
+
+def test_a_calendar_url_without_http_is_a_permanent_configuration_error(creds):
+    # Not an unknown outcome: nothing can have left for a scheme httpx cannot speak.
+    with pytest.raises(DeliveryError, match="unusable URL") as exc:
+        _channel().send(_n(key=_key("ftp"), caldav_url="ftp://127.0.0.1/alice/cal/"))
+    assert exc.value.permanent and exc.value.outcome == "failed"

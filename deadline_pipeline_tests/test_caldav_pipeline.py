@@ -14,7 +14,7 @@ from deadline_pipeline.config import load_config
 from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.store.schema import alerts, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, ics, write_config
 from deadline_pipeline_tests.test_planning import T0, A, B, C, D, _ingest_plan
 
 
@@ -34,6 +34,7 @@ def _configure(tmp_path, events, cal_url: str):
                      {"id": "bob", "tenant": "t", "timezone": "UTC"}],
         subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P7D", "-P1D"], "channels": ["cal"]}],
         channels={"cal": {"type": "caldav", "username_env": "CAL_USER", "password_env": "CAL_PASS"}},
+        network=LOOPBACK_NETWORK,  # Radicale listens on loopback, which the outbound guard refuses by default
     )
     return load_config(path)[0]
 

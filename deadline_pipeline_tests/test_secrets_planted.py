@@ -9,6 +9,8 @@ fail on purpose so that errors are logged, stored and escalated:
   answering 500 (retry, error stored);
 * a Slack incoming webhook (the URL is the secret) answering 404 (permanent, escalated);
 * SMTP with a login the server refuses (permanent, escalated);
+* an Apprise ``json://`` service URL carrying a token in its path, answering 500 (unknown outcome,
+  retried, error stored);
 * escalation notices to a maildir.
 
 Everything written is then searched, raw and in its URL-encoded and base64 forms: the CLI's output,
@@ -47,6 +49,7 @@ def _planted() -> dict[str, str]:
         "webhook_token": f"hooktokenplanted{tag}",
         "source_password": f"srcpwplanted{tag}",
         "smtp_password": f"smtppwplanted{tag}",
+        "apprise_token": f"apprisetokenplanted{tag}",
         "signing_secret": base64.b64encode(f"signingplanted{tag}-key".encode()).decode(),
     }
 
@@ -139,11 +142,12 @@ def test_planted_secrets_appear_nowhere_a_run_writes(tmp_path, db_url):
             subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin",
                           "webhook_url": f"{receivers.base}/hook?token=${{DP_PLANT_HOOK_TOKEN}}"}],
             subscriptions=[{"name": "all", "sources": ["feed", "broken"], "offsets": ["-P1D"],
-                            "channels": ["mail", "hook", "chat", "box"]}],
+                            "channels": ["mail", "hook", "chat", "push", "box"]}],
             channels={"mail": {"type": "smtp", "host": "127.0.0.1", "port": smtp.port, "timeout_seconds": 5,
                                "username_env": "DP_PLANT_SMTP_USER", "password_env": "DP_PLANT_SMTP_PASSWORD"},
                       "hook": {"type": "webhook", "timeout_seconds": 5, "secret_env": "DP_PLANT_SIGNING"},
                       "chat": {"type": "slack", "url_env": "DP_PLANT_SLACK_URL", "timeout_seconds": 5},
+                      "push": {"type": "apprise", "url_env": "DP_PLANT_APPRISE_URL", "timeout_seconds": 5},
                       "box": {"type": "maildir", "path": str(work / "maildir")},
                       "ops": {"type": "maildir", "path": str(work / "ops-maildir")}},
             escalation={"channels": ["ops"], "email": "ops@example.org"},
@@ -156,6 +160,7 @@ def test_planted_secrets_appear_nowhere_a_run_writes(tmp_path, db_url):
             DP_PLANT_HOOK_TOKEN=secrets["webhook_token"], DP_PLANT_SIGNING="whsec_" + secrets["signing_secret"],
             DP_PLANT_SLACK_URL=f"{receivers.base}/services/T0PLANT/B0PLANT/{secrets['slack_url_path']}",
             DP_PLANT_SMTP_USER="mailer", DP_PLANT_SMTP_PASSWORD=secrets["smtp_password"],
+            DP_PLANT_APPRISE_URL=f"json://{receivers.base.partition('://')[2]}/apprise/{secrets['apprise_token']}",
         )
         home = tmp_path / "dagster_home"
         res = subprocess.run(
@@ -173,10 +178,12 @@ def test_planted_secrets_appear_nowhere_a_run_writes(tmp_path, db_url):
     paths = [p for _m, p, _h in receivers.seen]
     assert f"/hook?token={secrets['webhook_token']}" in paths, paths
     assert any(p.endswith(secrets["slack_url_path"]) for p in paths), paths
+    assert any(p.startswith(f"/apprise/{secrets['apprise_token']}") for p in paths), paths
     assert any(h.get("webhook-signature", "").startswith("v1,") for _m, _p, h in receivers.seen)
     assert "/broken.ics" in paths and "/feed.ics" in paths
     stored = _dump_tables(db_url)
-    for expected in ("receiver crashed", "no_service", "login refused", "HTTP 503"):
+    for expected in ("receiver crashed", "no_service", "login refused", "HTTP 503",
+                     "(apprise JSON $DP_PLANT_APPRISE_URL)"):
         assert expected in stored, f"{expected!r} not stored: the failure paths were not exercised"
     assert "INFO" in cli_output, "the run was not verbose"
 

@@ -24,30 +24,110 @@ timeout); it does not say whether a failed request reached the service. So:
   request was sent is reported the same way as a refused connection, and for ``mailto://`` a
   dropped connection after DATA likewise: the message may have been posted, and a retry may post it
   twice. Apprise's log lines for the call are kept in the error message for the operator.
+
+Outbound guard, as far as a library that opens its own connections allows. Apprise sends with
+``requests``, which cannot be given the guarded transport, so before each send:
+
+* the host(s) the service URL names are resolved and every address is checked against ``network``
+  (:func:`connect_hosts`: the ``{host}`` of self-hosted services - ``json``/``form``/``xml``,
+  ntfy on an own server, Gotify, Mattermost, Rocket.Chat, Matrix, Home Assistant, Signal, the
+  Apprise API … - and the SMTP server of ``mailto``). A refused address is a permanent ``"failed"``
+  naming the rule, and Apprise is not called; a host that does not resolve is a retryable
+  ``"failed"`` (nothing was sent). Services whose host Apprise fixes (Telegram, Discord, Slack,
+  Pushover, ntfy.sh …) connect to that public API host, which the URL cannot change: nothing to check;
+* redirects are never followed: ``redirect=no`` is forced into the URL (Apprise 2.x follows 3xx by
+  default, per URL or through ``AppriseAsset.http_redirects``), so the checked host is the only one.
+
+What this does **not** give, unlike the other HTTP channels: the connection is not pinned to the
+checked address. ``requests`` resolves the name again when it connects, so a name whose DNS answer
+changes between the check and the connection (DNS rebinding) can still reach an address the guard
+would refuse, and ``requests`` honours ``HTTP(S)_PROXY`` from the environment (the proxy is then
+what connects). Where that matters, give Apprise literal IP addresses or use the webhook channel.
+
+Secrets: the URL read from ``url_env`` is registered as a secret, and so are the parts of it that
+hold the bot token or webhook key in the forms log lines print (:func:`register_url_secrets`), so no
+log line or error can show them; messages name the variable, never the URL.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import re
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from deadline_pipeline.config import AppriseChannel
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, render
+from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, resolve_checked
+from deadline_pipeline.security.redact import register_secret, secret_from_env
 
 TARGET = "{target}"
 LOG_CHARS = 1000
 
 
-def with_timeouts(url: str, seconds: float) -> str:
-    """``url`` with Apprise's ``cto`` and ``rto`` query parameters set to ``seconds`` where absent."""
+def with_send_options(url: str, seconds: float) -> str:
+    """``url`` with Apprise's ``cto`` and ``rto`` query parameters set to ``seconds`` where absent,
+    and ``redirect=no`` always (a redirect would reach a host the outbound guard never checked)."""
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     for key in ("cto", "rto"):
         query.setdefault(key, f"{seconds:g}")
+    query["redirect"] = "no"
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def register_url_secrets(template: str) -> None:
+    """Register as secrets the parts of an Apprise URL ``template`` (``{target}`` unfilled) that
+    survive into what gets printed. Apprise's and requests' log lines show
+    ``https://host/path/TOKEN/<target>``, not ``json://host/path/TOKEN/{target}``, and the token of
+    ``tgram://TOKEN/{target}`` appears as ``…/botTOKEN/…``. So, for each literal part around
+    ``{target}``: the part itself, its ``host/path`` when it has a path (the path holds the key),
+    and its host field when that is no host name (a token in the host's place).
+
+    Bounded by the template, not by the subscribers (every registered value is searched in every
+    log line); a bare ``host:port/`` is not registered (a server's address is no secret, and
+    masking it everywhere would garble unrelated messages). Never raises.
+    """
+    for literal in template.split(TARGET):
+        # The remainder after {target} ("/x", "?format=text") holds no token in any Apprise URL form,
+        # and masking such a fragment everywhere would garble unrelated messages.
+        netloc, _, path = literal.partition("://")[2].partition("/")
+        if not netloc:
+            continue
+        register_secret(literal)
+        if path:
+            register_secret(f"{netloc}/{path}")
+        if not _is_host(netloc.rpartition("@")[2]):
+            register_secret(netloc.rpartition("@")[2])
+
+
+def _is_host(netloc: str) -> bool:
+    """Whether ``netloc`` (no user info) reads as ``host[:port]`` with a numeric port."""
+    try:
+        parts = urlsplit("//" + netloc)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number (a token)
+    except ValueError:
+        return False
+    return bool(parts.hostname) and re.fullmatch(r"[a-z0-9.\-:\[\]]+", parts.hostname) is not None
+
+
+def connect_hosts(service) -> list[tuple[str, int]]:
+    """``(host, port)`` of every server an Apprise service object (an entry of ``apprise.Apprise``)
+    connects to that its URL names; ``[]`` when Apprise fixes the host itself (Telegram's
+    api.telegram.org, Discord, Slack, Pushover, ntfy.sh in cloud mode, Matrix through t2bot).
+
+    A service names its server when its URL templates have a ``{host}`` token; for e-mail the
+    server is the SMTP host (``smtp=`` or the provider's, which Apprise fills in), not the address
+    domain. ``port`` is the URL's, else 443/80 by ``secure`` (only used to resolve the name).
+    """
+    host = getattr(service, "smtp_host", None) or getattr(service, "host", None)
+    if not host or "host" not in getattr(service, "template_tokens", {}):
+        return []
+    if getattr(service, "mode", None) == "t2bot":  # Matrix via webhooks.t2bot.io: the "host" is a token
+        return []
+    port = getattr(service, "port", None) or (443 if getattr(service, "secure", False) else 80)
+    return [(str(host), int(port))]
 
 
 class AppriseSender:
@@ -55,24 +135,44 @@ class AppriseSender:
 
     idempotency_class = IDEMPOTENCY_NOTIFICATION
 
-    def __init__(self, name: str, cfg: AppriseChannel) -> None:
+    def __init__(self, name: str, cfg: AppriseChannel, network: NetworkPolicy | None = None) -> None:
         self.name = name
         self.cfg = cfg
+        # Checked before each send (see the module docstring: not pinned during Apprise's own connection).
+        self.network = network or DEFAULT_POLICY
 
     def service_url(self, n: Notification) -> str:
         """The Apprise URL for ``n``'s subscriber. Raises :class:`DeliveryError` (permanent) for an unset
         variable or a ``{target}`` the subscriber has no value for. The URL is a secret: messages name
         the variable only."""
-        url = os.environ.get(self.cfg.url_env)
+        url = secret_from_env(self.cfg.url_env)
         if not url:
             raise DeliveryError(f"channel {self.name!r}: environment variable {self.cfg.url_env} (named in the "
                                 "configuration as url_env) is not set", permanent=True)
+        register_url_secrets(url)
         if TARGET in url:
             if not n.apprise_target:
                 raise DeliveryError(f"channel {self.name!r}: ${self.cfg.url_env} needs {TARGET} and subscriber "
                                     f"{n.subscriber_id} has no apprise_target", permanent=True)
             url = url.replace(TARGET, quote(n.apprise_target, safe="@+-_.~"))
-        return with_timeouts(url, self.cfg.timeout_seconds)
+        else:
+            # One URL for every alert: registering the filled-in form stays bounded (not per subscriber).
+            register_secret(with_send_options(url, self.cfg.timeout_seconds))
+        return with_send_options(url, self.cfg.timeout_seconds)
+
+    def _check_network(self, service, shown: str) -> None:
+        """Resolve and check every host ``service`` names (:func:`connect_hosts`) against the
+        outbound policy. Raises :class:`DeliveryError`: permanent when an address is refused,
+        retryable ``"failed"`` when a name does not resolve (nothing was sent either way)."""
+        for host, port in connect_hosts(service):
+            try:
+                resolve_checked(host, port, self.network)
+            except OutboundRefused as exc:
+                raise DeliveryError(f"channel {self.name!r} (apprise {service.service_name} {shown}): not sent: {exc}",
+                                    permanent=True) from None
+            except OSError as exc:
+                raise DeliveryError(f"channel {self.name!r} (apprise {service.service_name} {shown}): not sent: "
+                                    f"cannot resolve {host!r}: {exc}", permanent=False) from None
 
     def send(self, n: Notification) -> SendResult:
         """Send ``n`` to the subscriber's Apprise service. Raises :class:`DeliveryError`."""
@@ -87,10 +187,13 @@ class AppriseSender:
         except RenderError as exc:
             raise DeliveryError(str(exc), permanent=True) from exc
         shown = f"${self.cfg.url_env}"
-        # In memory: Apprise's default persistent store would write cache files under $HOME.
-        app = apprise.Apprise(asset=apprise.AppriseAsset(storage_mode="memory"))
+        # In memory: Apprise's default persistent store would write cache files under $HOME. No
+        # redirects (also forced per URL): a 3xx would lead to a host the guard never checked.
+        app = apprise.Apprise(asset=apprise.AppriseAsset(storage_mode="memory", http_redirects=False))
         if not app.add(url):
             raise DeliveryError(f"channel {self.name!r}: {shown} is not a URL Apprise supports", permanent=True)
+        for entry in app:
+            self._check_network(entry, shown)
         service = next(iter(app)).service_name
         with apprise.LogCapture(level=logging.WARNING, fmt="%(levelname)s %(message)s") as logs:
             result = app.notify(title=message.subject, body=message.text.strip(),

@@ -102,9 +102,9 @@ def build_channel(name: str, cfg, network=None) -> Channel:
     if isinstance(cfg, CaldavChannel):
         from deadline_pipeline.deliver.channels.caldav import CaldavSender
 
-        return CaldavSender(name, cfg)
+        return CaldavSender(name, cfg, network=network)
     if isinstance(cfg, AppriseChannel):
         from deadline_pipeline.deliver.channels.apprise_channel import AppriseSender
 
-        return AppriseSender(name, cfg)
+        return AppriseSender(name, cfg, network=network)
     raise TypeError(f"channel {name!r}: unsupported configuration {type(cfg).__name__}")

@@ -35,8 +35,16 @@ The body is built with ``icalendar``; no iCalendar text is written by hand.
 
 Answers: 2xx done; 408/429/503 retryable ``"failed"`` (``Retry-After`` honoured); other 5xx and
 transport errors after sending are unknown and resolved as above; 401/403 and other 4xx permanent
-(bad credentials, no such calendar: the same request would fail again). Credentials: HTTP Basic
-from ``username_env`` / ``password_env``. All HTTP goes through :meth:`CaldavSender._request`.
+(bad credentials, no such calendar: the same request would fail again); redirects (3xx) are not
+followed and are permanent (the configured calendar URL is wrong). Credentials: HTTP Basic from
+``username_env`` / ``password_env`` (the password is registered as a secret when read).
+
+Outbound guard: every connection passes ``network`` (the
+:class:`~deadline_pipeline.security.outbound.NetworkPolicy` of the configuration): the calendar's
+host is resolved, every address checked and the checked address connected to. A refused target
+(a calendar on loopback, a private or link-local address not in ``network.allow``) is a permanent
+``"failed"`` naming the rule, never retried, and no connection is made. Every error names the URL
+redacted. All HTTP goes through :meth:`CaldavSender._request`.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING
 from deadline_pipeline.deliver.channels.webhook import NOT_PROCESSED_STATUSES, parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import multi_line, one_line
+from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, guarded_httpx_client
+from deadline_pipeline.security.redact import redact_url, secret_from_env
 
 PRODID = "-//deadline-pipeline//caldav channel//EN"
 UID_DOMAIN = "deadline-pipeline"
@@ -164,14 +174,16 @@ class CaldavSender:
     (``booked, ETag "…"``, ``already booked (412)``, ``found by lookup, ETag "…"``, ``corrected 1
     event(s)``…). ``resolve_unknown(n)``: the lookup the sweep calls after a crash. Both raise
     :class:`DeliveryError`. Escalation notices are refused (permanent): an operator's notice is no
-    event to book.
+    event to book. ``network``: the outbound policy every request must pass (``None``: only
+    globally routable addresses).
     """
 
     idempotency_class = IDEMPOTENCY_BOOKING
 
-    def __init__(self, name: str, cfg: CaldavChannel) -> None:
+    def __init__(self, name: str, cfg: CaldavChannel, network: NetworkPolicy | None = None) -> None:
         self.name = name
         self.cfg = cfg
+        self.network = network or DEFAULT_POLICY
         self._client: httpx.Client | None = None
 
     # ------------------------------------------------------------------ HTTP, in one place
@@ -180,8 +192,9 @@ class CaldavSender:
         if not self.cfg.username_env and not self.cfg.password_env:
             return None
         values = []
-        for var in (self.cfg.username_env, self.cfg.password_env):
-            value = os.environ.get(var) if var else None
+        for var, read in ((self.cfg.username_env, os.environ.get), (self.cfg.password_env, secret_from_env)):
+            # The password is registered as a secret: no later log line or error can show it.
+            value = read(var) if var else None
             if value is None:
                 missing = var or "username_env/password_env (only one is named)"
                 raise DeliveryError(f"channel {self.name!r}: credential variable {missing} is not set", permanent=True)
@@ -190,14 +203,24 @@ class CaldavSender:
 
     def _request(self, method: str, url: str, *, headers: dict[str, str] | None = None,
                  content: bytes | None = None) -> httpx.Response:
-        """One HTTP request to the CalDAV server. Raises :class:`DeliveryError` (retryable
-        ``"failed"``) when nothing was sent, :class:`_MaybeSent` when the request left and no answer
-        came back."""
+        """One HTTP request to the CalDAV server, through the outbound guard. Raises
+        :class:`DeliveryError`: permanent ``"failed"`` when the guard refuses the target (naming the
+        rule) or the URL is unusable, retryable ``"failed"`` when nothing was sent; raises
+        :class:`_MaybeSent` when the request left and no answer came back."""
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(self.cfg.timeout_seconds), follow_redirects=False,
-                                        auth=self._auth())
+            # Redirects are not followed: a booking PUT must land where the configuration says, and
+            # each hop would be another target to trust.
+            self._client = guarded_httpx_client(self.network, timeout=httpx.Timeout(self.cfg.timeout_seconds),
+                                                follow_redirects=False, auth=self._auth())
         try:
             return self._client.request(method, url, headers=headers, content=content)
+        except OutboundRefused as exc:
+            # Decided before any connection; the same target would be refused again: never retried.
+            raise DeliveryError(f"channel {self.name!r} (caldav {_shown(url)}): {method} not sent: {exc}",
+                                permanent=True) from None
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise DeliveryError(f"channel {self.name!r} (caldav {_shown(url)}): unusable URL: {exc}",
+                                permanent=True) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:
             raise DeliveryError(f"channel {self.name!r} (caldav {_shown(url)}): {method} not sent: "
                                 f"{type(exc).__name__}: {exc}", permanent=False) from exc
@@ -413,6 +436,5 @@ def _bump(ev: icalendar.Event) -> None:
 
 
 def _shown(url: str) -> str:
-    """A URL for messages: without user info, which may hold a password."""
-    p = urlparse(url)
-    return p._replace(netloc=p.hostname + (f":{p.port}" if p.port else "") if p.hostname else p.netloc).geturl()
+    """A URL for messages: user info (a password), query values and fragment masked."""
+    return redact_url(url)
