@@ -208,22 +208,54 @@ def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: 
     begin = dtstart
     if weekly_setpos:
         begin = datetime.combine(_week_start(dtstart.date(), wkst), dtstart.time())
+    setpos = None
     if weekno:
         # dateutil also misnumbers days of a straddling week by one (it misses 2022-01-02 for
         # BYWEEKNO=52): ask it for the neighbouring weeks too and keep the right days below.
         wide = {m for n in weekno for m in (n - 1, n, n + 1) if 1 <= abs(m) <= 53}
         kwargs = {**kwargs, "byweekno": sorted(wide)}
+        # BYSETPOS picks from each year's set *after* the weeks are right: left to dateutil it
+        # picked from the widened set (a neighbouring week's day, then dropped below), so
+        # BYWEEKNO=52;BYSETPOS=1 gave nothing and BYWEEKNO=2;BYSETPOS=1 searched to year 9999.
+        setpos = kwargs.pop("bysetpos", None)
+        if isinstance(setpos, int):
+            setpos = (setpos,)
+        if setpos:
+            # The first year's set starts on 1 January, not at DTSTART: positions count from there
+            # (dates before DTSTART are dropped below, after the pick).
+            begin = begin.replace(month=1, day=1)
     engine = rrule(FREQS[recur.freq], dtstart=begin, until=until, **kwargs)
+
+    def in_weeks(item) -> tuple[bool, int]:
+        year, week, weeks = rfc_week(item.date(), wkst)
+        return week in weekno or week - weeks - 1 in weekno, year
+
+    def right_weeks():
+        if not setpos:
+            for item in engine:
+                if in_weeks(item)[0]:
+                    yield item
+            return
+        # BYWEEKNO is YEARLY only, and BYSETPOS picks "within the set of recurrence instances in
+        # the interval of FREQ" (RFC 5545 §3.3.10): the calendar year's matching instants.
+        current, group = None, []
+        for item in engine:
+            keep, _week_year = in_weeks(item)
+            if not keep:
+                continue
+            year = item.year
+            if current is not None and year != current:
+                yield from _positions(group, setpos)
+                group = []
+            current = year
+            group.append(item)
+        yield from _positions(group, setpos)
 
     def corrected():
         left = count
-        for item in engine:
+        for item in (right_weeks() if weekno else engine):
             if item < dtstart:
                 continue
-            if weekno:
-                year, week, weeks = rfc_week(item.date(), wkst)
-                if week not in weekno and week - weeks - 1 not in weekno:
-                    continue
             yield item
             if left is not None:
                 left -= 1
@@ -231,6 +263,13 @@ def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: 
                     return
 
     return corrected()
+
+
+def _positions(group: list, setpos) -> list:
+    """The members of one recurrence set that BYSETPOS selects (1-based, negative from the end;
+    RFC 5545 §3.3.10), in order, without repeats."""
+    picked = {group[p - 1 if p > 0 else p] for p in setpos if -len(group) <= (p - 1 if p > 0 else p) < len(group)}
+    return sorted(picked)
 
 
 def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -> list[tuple[str, str]]:
