@@ -24,7 +24,7 @@ Printed: the Markdown table of medians and min-max per contender, the sweep's la
 (sent - send_at, whose ``send_at`` is the moment the backlog was seeded), each goal as a ratio of
 same-run medians (sweep >= 1.5x pgqueuer, >= 10x Procrastinate, >= 0.75x the aiohttp ceiling), a
 one-line summary, and as the very last line one line of JSON with each contender's median rate.
-``--quick``: 1,500 jobs per contender and 3 rounds (under a minute), the same shape.
+``--quick``: 1,000 jobs per contender and 3 rounds (under a minute), the same shape.
 ``--profile FILE``: cProfile of the sweep rounds (``python -m pstats FILE``).
 """
 
@@ -276,11 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pg", default=os.environ.get("DEADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--n", type=int, default=20_000, help="jobs per contender per round (default 20,000)")
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"rounds (at least {MIN_ROUNDS})")
-    ap.add_argument("--quick", action="store_true", help="1,500 jobs, 3 rounds, under a minute; same shape")
+    ap.add_argument("--quick", action="store_true", help="1,000 jobs, 3 rounds, under a minute; same shape")
     ap.add_argument("--skip-queues", action="store_true", help="skip Procrastinate and pgqueuer")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the sweep's rounds into FILE (pstats)")
     args = ap.parse_args(argv)
-    n = 1_500 if args.quick else args.n
+    n = 1_000 if args.quick else args.n
 
     ctx = multiprocessing.get_context("spawn")
     port_queue, counter = ctx.Queue(), ctx.Value("q", 0)
