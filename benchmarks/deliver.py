@@ -1,27 +1,38 @@
-"""Delivery throughput on PostgreSQL with a webhook receiver on loopback.
+"""Delivery throughput on PostgreSQL with a webhook receiver on loopback, contenders in rounds.
 
-    python benchmarks/deliver.py [--pg URL] [--n 20000] [--quick]
+    python benchmarks/deliver.py [--pg URL] [--n 20000] [--rounds 3] [--quick] [--profile FILE]
 
 ``--pg`` defaults to ``$DEADLINE_TEST_PG_URL`` or ``postgresql://postgres@127.0.0.1:5432/postgres``;
 every measurement gets a throwaway database, dropped at the end. The receiver is a bare asyncio
-HTTP/1.1 server in a separate process (it answers ``200 {}`` and counts requests), so the client
-side is what is measured. In one run:
+HTTP/1.1 server in a separate process (it answers ``200 {}`` and counts requests, and each contender
+is checked to have made exactly one request per job), so the client side is what is measured.
 
-1. the raw HTTP client ceilings (aiohttp and one httpx client, concurrency 64, no database);
-2. the database-only ceiling: claim 500 with ``FOR UPDATE SKIP LOCKED`` + mark delivered, no send;
-3. the sweep (``deadline_pipeline.deliver.sweep.sweep``): claim → attempt rows → send (aiohttp,
-   concurrency 64) → record; alerts/s and p50/p99 of (sent − send_at) in seconds;
-4. the same jobs through Procrastinate and through pgqueuer, each task POSTing the same body with
-   the same aiohttp client at the same concurrency.
+Contenders, interleaved in rounds (A, B, C, D, E, A, B, ...; see ``benchmarks/rounds.py``), each on
+``n`` jobs per round:
 
-``--quick`` runs the same figures at 3,000 jobs (1,000 for the two job-queue workers; under a
-minute). The last line is a summary.
+* ``aiohttp_ceiling``: the raw aiohttp client, concurrency 64, no database - the most any
+  aiohttp-based sender can reach on this machine at that minute;
+* ``sweep``: :func:`deadline_pipeline.deliver.sweep.sweep` with full bookkeeping: claim -> attempt
+  rows committed before the send and lease-checked -> render + sign -> send (aiohttp, 64) -> record;
+* ``pgqueuer``: asyncpg driver, one bulk ``enqueue``, drain mode, ``batch_size=32``,
+  ``max_concurrent_tasks=64``, the same aiohttp client and receiver (its documented setup);
+* ``procrastinate``: ``run_worker_async(concurrency=64, wait=False)`` after one ``batch_defer_async``;
+* ``db_only``: claim 500 with ``FOR UPDATE SKIP LOCKED`` + mark delivered, no send (a floor of the
+  database side).
+
+Printed: the Markdown table of medians and min-max per contender, the sweep's lateness
+(sent - send_at, whose ``send_at`` is the moment the backlog was seeded), each goal as a ratio of
+same-run medians (sweep >= 1.5x pgqueuer, >= 10x Procrastinate, >= 0.75x the aiohttp ceiling), a
+one-line summary, and as the very last line one line of JSON with each contender's median rate.
+``--quick``: 1,000 jobs per contender and 3 rounds (under a minute), the same shape.
+``--profile FILE``: cProfile of the sweep rounds (``python -m pstats FILE``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import multiprocessing
 import os
@@ -30,16 +41,21 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from sqlalchemy import create_engine, insert, select, text
-from sqlalchemy.engine import make_url
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deadline_pipeline.config import DeadlinesConfig, WebhookChannel
-from deadline_pipeline.deliver.sweep import sweep
-from deadline_pipeline.store import delivery as dsql
-from deadline_pipeline.store.db import make_engine, normalise_url, upgrade
-from deadline_pipeline.store.schema import alerts, obligations, sources, subscribers
+from rounds import MIN_ROUNDS, goal_line, json_line, ratio, run_rounds, table  # noqa: E402
+from sqlalchemy import create_engine, insert, select, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from deadline_pipeline.config import DeadlinesConfig, WebhookChannel  # noqa: E402
+from deadline_pipeline.deliver.sweep import sweep  # noqa: E402
+from deadline_pipeline.store import delivery as dsql  # noqa: E402
+from deadline_pipeline.store.db import make_engine, normalise_url, upgrade  # noqa: E402
+from deadline_pipeline.store.schema import alerts, obligations, sources, subscribers  # noqa: E402
 
 CONCURRENCY = 64
 BODY = json.dumps({"id": "x" * 64, "kind": "reminder", "title": "A deadline", "due_at": "2027-01-01T00:00:00Z"})
@@ -137,20 +153,6 @@ async def _aiohttp_posts(url: str, n: int) -> float:
         return time.perf_counter() - t
 
 
-async def _httpx_posts(url: str, n: int) -> float:
-    import httpx
-
-    sem = asyncio.Semaphore(CONCURRENCY)
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
-        async def one():
-            async with sem:
-                (await client.post(url, content=BODY, headers={"Content-Type": "application/json"})).read()
-
-        t = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
-        return time.perf_counter() - t
-
-
 def db_only(url: str, n: int, hook: str) -> float:
     engine = make_engine(url)
     now = datetime.now(UTC)
@@ -172,7 +174,9 @@ def db_only(url: str, n: int, hook: str) -> float:
     return elapsed
 
 
-def sweep_run(url: str, n: int, hook: str) -> tuple[float, list[float], int]:
+def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=None) -> float:
+    """Seconds for :func:`sweep` to deliver ``n`` due alerts with full bookkeeping; the lateness of
+    each alert (sent - send_at, seconds) goes to ``box["late"]``."""
     engine = make_engine(url)
     cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
                           channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
@@ -180,18 +184,26 @@ def sweep_run(url: str, n: int, hook: str) -> tuple[float, list[float], int]:
     send_at = datetime.now(UTC)
     seed(engine, n, hook, send_at)
     # send_at = the moment the backlog is due; (sent - send_at) then includes the wait in the backlog.
+    if profiler is not None:
+        profiler.enable()
     t = time.perf_counter()
     out = sweep(engine, cfg, datetime.now(UTC), clock=lambda: datetime.now(UTC))
     elapsed = time.perf_counter() - t
+    if profiler is not None:
+        profiler.disable()
     with engine.connect() as conn:
         delivered = conn.execute(select(text("count(*)")).select_from(alerts).where(alerts.c.status == "delivered")
                                  ).scalar_one()
     assert delivered == n == out.delivered, (delivered, n, out)
     engine.dispose()
-    return elapsed, out.lateness_seconds, out.batches
+    if box is not None:
+        box["late"] = out.lateness_seconds
+    return elapsed
 
 
 def procrastinate_run(url: str, n: int, hook: str) -> float:
+    """Procrastinate's recommended worker: ``run_worker_async`` with ``concurrency`` coroutines on one
+    connector, draining (``wait=False``); jobs deferred in one ``batch_defer_async`` before timing."""
     import aiohttp
     import procrastinate
 
@@ -207,8 +219,7 @@ def procrastinate_run(url: str, n: int, hook: str) -> float:
     async def main() -> float:
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
-            for start in range(0, n, 5000):
-                await post.batch_defer_async(*({"i": i} for i in range(start, min(n, start + 5000))))
+            await post.batch_defer_async(*({"i": i} for i in range(n)))
             state["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY))
             t = time.perf_counter()
             await app.run_worker_async(concurrency=CONCURRENCY, wait=False, install_signal_handlers=False,
@@ -221,22 +232,23 @@ def procrastinate_run(url: str, n: int, hook: str) -> float:
 
 
 def pgqueuer_run(url: str, n: int, hook: str) -> float:
+    """pgqueuer as its documentation recommends: the asyncpg driver, one bulk ``enqueue``, then
+    ``QueueManager.run`` in drain mode with ``batch_size=32`` and ``max_concurrent_tasks=64``; each
+    job POSTs the same body with the same aiohttp client (connector limit 64) as the sweep."""
     import aiohttp
-    import psycopg
-    from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
+    import asyncpg
+    from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
     from pgqueuer.adapters.persistence.queries import Queries
     from pgqueuer.core.qm import QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
 
-    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
     async def main() -> float:
-        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        queries = Queries(PsycopgDriver(conn))
+        conn = await asyncpg.connect(dsn)
+        queries = Queries(AsyncpgDriver(conn))
         await queries.install()
-        for start in range(0, n, 5000):
-            m = min(n, start + 5000) - start
-            await queries.enqueue(["post"] * m, [BODY.encode()] * m, [0] * m, [None] * m, [None] * m, [None] * m)
+        await queries.enqueue(["post"] * n, [BODY.encode()] * n, [0] * n)  # one bulk enqueue
         qm = QueueManager(queries)
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY))
 
@@ -246,9 +258,8 @@ def pgqueuer_run(url: str, n: int, hook: str) -> float:
                 await r.read()
 
         t = time.perf_counter()
-        # Concurrency is bounded by the shared aiohttp connector (64), as in the sweep.
-        await qm.run(mode=QueueExecutionMode.drain, batch_size=CONCURRENCY,
-                     dequeue_timeout=__import__("datetime").timedelta(seconds=0.2))
+        await qm.run(mode=QueueExecutionMode.drain, batch_size=32, max_concurrent_tasks=CONCURRENCY,
+                     dequeue_timeout=timedelta(seconds=0.2))
         elapsed = time.perf_counter() - t
         await session.close()
         await conn.close()
@@ -263,66 +274,84 @@ def pgqueuer_run(url: str, n: int, hook: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pg", default=os.environ.get("DEADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
-    ap.add_argument("--n", type=int, default=20_000)
-    ap.add_argument("--quick", action="store_true", help="3,000 jobs, under a minute")
+    ap.add_argument("--n", type=int, default=20_000, help="jobs per contender per round (default 20,000)")
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"rounds (at least {MIN_ROUNDS})")
+    ap.add_argument("--quick", action="store_true", help="1,000 jobs, 3 rounds, under a minute; same shape")
     ap.add_argument("--skip-queues", action="store_true", help="skip Procrastinate and pgqueuer")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the sweep's rounds into FILE (pstats)")
     args = ap.parse_args(argv)
-    n = 3_000 if args.quick else args.n
-    # The job-queue workers run at ~100 jobs/s here: --quick gives them fewer jobs to stay under a minute.
-    n_queue = 1_000 if args.quick else n
+    n = 1_000 if args.quick else args.n
 
     ctx = multiprocessing.get_context("spawn")
     port_queue, counter = ctx.Queue(), ctx.Value("q", 0)
     receiver = ctx.Process(target=_receiver_main, args=(port_queue, counter), daemon=True)
     receiver.start()
     hook = f"http://127.0.0.1:{port_queue.get(timeout=30)}/hook"
-    rows: list[tuple[str, str]] = []
+    lateness_p50: list[float] = []
+    lateness_p99: list[float] = []
+    profiler = cProfile.Profile() if args.profile else None
 
-    def rate(label: str, count: int, seconds: float, extra: str = "") -> float:
-        r = count / seconds
-        rows.append((label, f"{r:8.0f} /s  ({count} in {seconds:.2f} s){extra}"))
-        print(f"{label:<44} {rows[-1][1]}", flush=True)
-        return r
+    def counted(fn, *a) -> float:
+        """Run one contender on a throwaway database; its rate, after checking the receiver saw n."""
+        before = counter.value
+        with throwaway_db(args.pg, fn.__name__[:12]) as url:
+            if fn in (db_only, sweep_run):
+                upgrade(make_engine(url))
+            secs = fn(url, n, hook, *a)
+        if fn is not db_only:
+            seen = counter.value - before
+            if seen != n:
+                raise AssertionError(f"the receiver saw {seen} requests for {n} jobs")
+        return n / secs
 
+    def aiohttp_ceiling() -> float:
+        before = counter.value
+        secs = asyncio.run(_aiohttp_posts(hook, n))
+        assert counter.value - before == n
+        return n / secs
+
+    def the_sweep() -> float:
+        box: dict = {}
+        rate = counted(sweep_run, box, profiler)
+        lateness_p50.append(statistics.median(box["late"]))
+        lateness_p99.append(pct(box["late"], 0.99))
+        return rate
+
+    contenders = {"aiohttp_ceiling": aiohttp_ceiling, "sweep": the_sweep}
+    if not args.skip_queues:
+        contenders["pgqueuer"] = lambda: counted(pgqueuer_run)
+        contenders["procrastinate"] = lambda: counted(procrastinate_run)
+    contenders["db_only"] = lambda: counted(db_only)
     try:
-        raw_aiohttp = rate("raw client ceiling: aiohttp, conc 64", n, asyncio.run(_aiohttp_posts(hook, n)))
-        m = min(n, 2_000)
-        rate("raw client ceiling: httpx (1 client), conc 64", m, asyncio.run(_httpx_posts(hook, m)))
-        with throwaway_db(args.pg, "db") as url:
-            upgrade(make_engine(url))
-            db_rate = rate("database only: claim 500 + mark delivered", n, db_only(url, n, hook))
-        with throwaway_db(args.pg, "sweep") as url:
-            upgrade(make_engine(url))
-            before = counter.value
-            elapsed, late, batches = sweep_run(url, n, hook)
-            assert counter.value - before == n, "the receiver saw exactly one request per alert"
-            sweep_rate = rate("sweep: claimed -> sent -> recorded", n, elapsed,
-                              f"; sent - send_at p50 {statistics.median(late):.2f} s, p99 {pct(late, 0.99):.2f} s,"
-                              f" {batches} batches")
-        queue_rates: dict[str, float | str] = {}
-        if not args.skip_queues:
-            for name, fn in (("procrastinate", procrastinate_run), ("pgqueuer", pgqueuer_run)):
-                try:
-                    with throwaway_db(args.pg, name) as url:
-                        before = counter.value
-                        secs = fn(url, n_queue, hook)
-                        seen = counter.value - before
-                        queue_rates[name] = rate(f"{name} worker, aiohttp task, conc 64", n_queue, secs,
-                                                 f"; receiver saw {seen}")
-                except Exception as exc:  # report honestly, keep the other figures
-                    queue_rates[name] = f"failed: {type(exc).__name__}: {exc}"
-                    print(f"{name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
+        figs = run_rounds(contenders, rounds=args.rounds)
     finally:
         receiver.terminate()
         receiver.join(5)
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
 
-    def vs(name: str) -> str:
-        v = queue_rates.get(name)
-        return f"{sweep_rate / v:.1f}x {name}" if isinstance(v, float) else f"{name} n/a"
-
-    print(f"SUMMARY n={n}: sweep {sweep_rate:.0f} alerts/s with full bookkeeping (goal 2000; db-only ceiling "
-          f"{db_rate:.0f}/s, aiohttp ceiling {raw_aiohttp:.0f}/s; {vs('procrastinate')}, {vs('pgqueuer')}); "
-          f"p50/p99 sent-send_at {statistics.median(late):.2f}/{pct(late, 0.99):.2f} s")
+    labels = {"aiohttp_ceiling": "raw aiohttp client ceiling, conc 64 (no database)",
+              "sweep": "sweep: claim -> attempt rows -> render/sign -> send -> record",
+              "pgqueuer": "pgqueuer (asyncpg, batch 32, 64 tasks, drain)",
+              "procrastinate": "Procrastinate worker (concurrency 64, drain)",
+              "db_only": "database only: claim 500 + mark delivered, no send"}
+    print(f"\nn = {n:,} jobs per contender per round, {args.rounds} rounds, interleaved")
+    print(table(figs, labels=labels))
+    p99 = statistics.median(lateness_p99) if lateness_p99 else float("nan")
+    p50 = statistics.median(lateness_p50) if lateness_p50 else float("nan")
+    lo, hi = min(lateness_p99, default=float("nan")), max(lateness_p99, default=float("nan"))
+    print(f"sweep lateness (sent - send_at): p50 median {p50:.2f} s, p99 median {p99:.2f} s (p99 min-max "
+          f"{lo:.2f}-{hi:.2f} s)")
+    goals = [("sweep / pgqueuer", ratio(figs, "sweep", "pgqueuer"), ">=", 1.5),
+             ("sweep / procrastinate", ratio(figs, "sweep", "procrastinate"), ">=", 10),
+             ("sweep / aiohttp ceiling", ratio(figs, "sweep", "aiohttp_ceiling"), ">=", 0.75)]
+    for g in goals:
+        print(goal_line(*g))
+    met = sum(1 for _, v, op, tgt in goals if v == v and (v >= tgt))
+    print(f"SUMMARY n={n}: sweep {figs['sweep'].median:,.0f}/s median = {goals[2][1]:.0%} of the same-run aiohttp "
+          f"ceiling, {goals[0][1]:.2f}x pgqueuer, {goals[1][1]:.1f}x Procrastinate ({met} of 3 goals met); "
+          f"lateness p99 {p99:.2f} s")
+    print(json_line(figs, extra={"sweep_lateness_p99_s": round(p99, 3), "n": n, "rounds": args.rounds}))
     return 0
 
 

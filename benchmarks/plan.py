@@ -2,12 +2,17 @@
 ``COPY`` floor of the same rows in the same run.
 
 Shape: N subscribers × 10 monthly recurring rules × 12 monthly periods × 2 offsets × 2 channels
-(N = 2,000 → 240,000 obligations, 960,000 alerts), and the same at a tenth of the size.
+(N = 2,000 → 240,000 obligations, 960,000 alerts).
 The 5% revision adds an EXDATE list that drops 6 of the 12 dates of one rule (5% of obligations).
 
-    python benchmarks/plan.py [--quick] [--pg URL]
+    python benchmarks/plan.py [--quick] [--n 2000] [--rounds 3] [--pg URL]
 
-``--quick`` runs N = 200 and 20 (under a minute). The last line is a one-line summary.
+Each round plans a fresh database from scratch (first plan), re-plans it unchanged (no-op), applies
+the 5% revision, and COPYs the same number of alert rows into a table with the alerts' indexes (the
+floor): four contenders interleaved per round (``benchmarks/rounds.py``), each reported as the
+median and min-max of alerts/s. Goals as same-run ratios of time: first plan <= 2.5x the COPY floor,
+no-op re-plan <= 1.0x; peak RSS < 1 GiB. A summary line, then one line of JSON.
+``--quick`` runs N = 200 (96,000 alerts; under a minute), the same shape.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rounds import MIN_ROUNDS, goal_line, json_line, ratio, run_rounds, table  # noqa: E402
 
 from deadline_pipeline.config import DeadlinesConfig  # noqa: E402
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot  # noqa: E402
@@ -93,73 +101,116 @@ def copy_floor(url: str, rows: int) -> float:
     return took
 
 
-def run_size(admin_url: str, n: int) -> dict:
-    name = f"dp_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        engine = make_engine(url)
-        upgrade(engine)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            (folder / "bench.ics").write_text(calendar(), newline="")
-            cfg = config(folder, n)
-            src = cfg.sources[0]
-            fetch_snapshot(engine, src, NOW)
-            apply_latest_snapshot(engine, src, NOW)
+class Store:
+    """One throwaway database per round, planned from scratch: the state the contenders share."""
 
-            t0 = time.perf_counter()
-            first = plan_all(engine, cfg, NOW)
-            t_first = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            noop = plan_all(engine, cfg, NOW)
-            t_noop = time.perf_counter() - t0
-            assert noop.alerts_written == 0 and noop.obligations_inserted == 0, noop
+    def __init__(self, admin_url: str, n: int) -> None:
+        self.admin_url, self.n = admin_url, n
+        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        self.name: str | None = None
+        self.tmp = tempfile.TemporaryDirectory()
+        self.folder = Path(self.tmp.name)
+        self.cfg = config(self.folder, n)
+        self.alerts = 0
+        self.rows = 0
+        self.extra: dict = {}
 
-            months = [f"2027{m:02d}10T120000" for m in range(7, 13)]
-            (folder / "bench.ics").write_text(calendar(months), newline="")
-            fetch_snapshot(engine, src, NOW)
-            apply_latest_snapshot(engine, src, NOW)
-            t0 = time.perf_counter()
-            rev = plan_all(engine, cfg, NOW)
-            t_rev = time.perf_counter() - t0
-        rows = first.obligations_planned + first.alerts_planned
-        floor = copy_floor(url, first.alerts_planned)
-        engine.dispose()
-        return dict(n=n, obligations=first.obligations_planned, alerts=first.alerts_planned, first_s=t_first,
-                    rows_per_s=rows / t_first, noop_s=t_noop, rev_s=t_rev, rev_withdrawn=rev.obligations_withdrawn,
-                    rev_cancelled=rev.alerts_cancelled, copy_floor_s=floor, ratio=t_first / floor,
-                    rss_mib=peak_rss_mib())
-    finally:
-        with admin.connect() as c:
-            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    def fresh(self) -> None:
+        """Drop the previous round's database, create an empty one and ingest the calendar."""
+        self.drop()
+        self.name = f"dp_bench_{uuid.uuid4().hex[:10]}"
+        with self.admin.connect() as c:
+            c.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+        self.url = make_url(self.admin_url).set(database=self.name).render_as_string(hide_password=False)
+        self.engine = make_engine(self.url)
+        upgrade(self.engine)
+        (self.folder / "bench.ics").write_text(calendar(), newline="")
+        self.ingest()
+
+    def ingest(self) -> None:
+        src = self.cfg.sources[0]
+        fetch_snapshot(self.engine, src, NOW)
+        apply_latest_snapshot(self.engine, src, NOW)
+
+    def drop(self) -> None:
+        if self.name is None:
+            return
+        self.engine.dispose()
+        with self.admin.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self.name = None
+
+    # Contenders: each returns alerts per second (the first plan's alert count over its seconds).
+
+    def first_plan(self) -> float:
+        self.fresh()
+        t0 = time.perf_counter()
+        first = plan_all(self.engine, self.cfg, NOW)
+        took = time.perf_counter() - t0
+        self.alerts, self.rows = first.alerts_planned, first.alerts_planned + first.obligations_planned
+        self.extra["obligations"] = first.obligations_planned
+        self.extra.setdefault("rows_per_s", []).append(self.rows / took)
+        return self.alerts / took
+
+    def noop_replan(self) -> float:
+        t0 = time.perf_counter()
+        noop = plan_all(self.engine, self.cfg, NOW)
+        took = time.perf_counter() - t0
+        if noop.alerts_written or noop.obligations_inserted:
+            raise AssertionError(f"the re-plan of an unchanged store wrote: {noop}")
+        return self.alerts / took
+
+    def revision(self) -> float:
+        """A 5% revision: an EXDATE list drops 6 of the 12 dates of one rule."""
+        months = [f"2027{m:02d}10T120000" for m in range(7, 13)]
+        (self.folder / "bench.ics").write_text(calendar(months), newline="")
+        self.ingest()
+        t0 = time.perf_counter()
+        rev = plan_all(self.engine, self.cfg, NOW)
+        took = time.perf_counter() - t0
+        self.extra["rev_withdrawn"], self.extra["rev_cancelled"] = rev.obligations_withdrawn, rev.alerts_cancelled
+        return self.alerts / took
+
+    def copy_floor(self) -> float:
+        return self.alerts / copy_floor(self.url, self.alerts)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="N = 200 and 20 instead of 2,000 and 200")
+    ap.add_argument("--quick", action="store_true", help="N = 200 (96,000 alerts), under a minute; same shape")
+    ap.add_argument("--n", type=int, default=2000, help="subscribers (default 2,000 = 960,000 alerts)")
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"rounds (at least {MIN_ROUNDS})")
     ap.add_argument("--pg", default=os.environ.get("DEADLINE_TEST_PG_URL",
                                                   "postgresql://postgres@127.0.0.1:5432/postgres"))
-    args = ap.parse_args()
-    admin_url = normalise_url(args.pg)
-    sizes = [200, 20] if args.quick else [2000, 200]
-    results = []
-    for n in sorted(sizes):
-        r = run_size(admin_url, n)
-        results.append(r)
-        print(f"N={r['n']:>5}: {r['obligations']:>7} obligations, {r['alerts']:>7} alerts | first plan "
-              f"{r['first_s']:6.1f} s ({r['rows_per_s']:,.0f} rows/s) | no-op re-plan {r['noop_s']:5.1f} s | "
-              f"5% revision {r['rev_s']:5.1f} s ({r['rev_withdrawn']} obligations withdrawn, "
-              f"{r['rev_cancelled']} alerts cancelled) | COPY floor {r['copy_floor_s']:5.1f} s "
-              f"(first plan = {r['ratio']:.2f}x) | peak RSS {r['rss_mib']:.0f} MiB", flush=True)
-    big = results[-1]
-    print(f"summary: {big['alerts']:,} alerts planned in {big['first_s']:.1f} s ({big['rows_per_s']:,.0f} rows/s), "
-          f"no-op {big['noop_s']:.1f} s, 5% revision {big['rev_s']:.1f} s, {big['ratio']:.2f}x COPY floor, "
-          f"peak RSS {big['rss_mib']:.0f} MiB")
+    args = ap.parse_args(argv)
+    n = 200 if args.quick else args.n
+    store = Store(normalise_url(args.pg), n)
+    try:
+        figs = run_rounds({"first_plan": store.first_plan, "noop_replan": store.noop_replan,
+                           "revision_5pct": store.revision, "copy_floor": store.copy_floor}, rounds=args.rounds)
+    finally:
+        store.drop()
+        store.admin.dispose()
+        store.tmp.cleanup()
+    rss = peak_rss_mib()
+    print(f"\nN = {n:,} subscribers: {store.extra.get('obligations', 0):,} obligations, {store.alerts:,} alerts; "
+          f"{args.rounds} rounds, interleaved; figures in alerts/s (the first plan's alert count / seconds)")
+    print(table(figs, labels={"first_plan": "first plan (empty store)", "noop_replan": "no-op re-plan",
+                              "revision_5pct": "5% revision (EXDATEs on one rule)",
+                              "copy_floor": "COPY floor (same rows, alerts' indexes)"}))
+    # Goals in time: plan seconds / COPY seconds = COPY rate / plan rate.
+    first_x = ratio(figs, "copy_floor", "first_plan")
+    noop_x = ratio(figs, "copy_floor", "noop_replan")
+    print(goal_line("first plan / COPY floor (time)", first_x, "<=", 2.5))
+    print(goal_line("no-op re-plan / COPY floor (time)", noop_x, "<=", 1.0))
+    print(f"peak RSS {rss:,.0f} MiB (goal < 1024 MiB): {'met' if rss < 1024 else 'NOT met'}; 5% revision withdrew "
+          f"{store.extra.get('rev_withdrawn')} obligations and cancelled {store.extra.get('rev_cancelled')} alerts")
+    print(f"SUMMARY N={n}: {store.alerts:,} alerts, first plan {figs['first_plan'].median:,.0f} alerts/s = "
+          f"{first_x:.2f}x the COPY floor's time, no-op re-plan {noop_x:.2f}x, peak RSS {rss:,.0f} MiB")
+    print(json_line(figs, extra={"first_plan_vs_copy_x": round(first_x, 3), "noop_vs_copy_x": round(noop_x, 3),
+                                 "peak_rss_mib": round(rss), "alerts": store.alerts, "rounds": args.rounds}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,21 +10,28 @@ or period labels. Goal: ours costs at most 1.3× plain dateutil.
     python benchmarks/recurrence.py            # 10,000 rules
     python benchmarks/recurrence.py --quick    # 1,000 rules, under a minute
 
-The last line is a one-line summary.
+Both run interleaved in rounds (``benchmarks/rounds.py``): median and min-max of occurrences per
+CPU second, the cost ratio of the medians, a summary line, and one line of JSON last.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from dateutil.rrule import rruleset, rrulestr
 
-from deadline_pipeline.plan.occurrences import expand, window
-from deadline_pipeline.rules import RuleRecord, parse_local
-from deadline_pipeline.timezones import resolve_zone
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rounds import MIN_ROUNDS, goal_line, json_line, ratio, run_rounds, table  # noqa: E402
+
+from deadline_pipeline.plan.occurrences import expand, window  # noqa: E402
+from deadline_pipeline.rules import RuleRecord, parse_local  # noqa: E402
+from deadline_pipeline.timezones import resolve_zone  # noqa: E402
 
 ZONES = ["America/New_York", "Europe/London", "Europe/Berlin", "Australia/Sydney", "America/Santiago",
          "Asia/Tehran", "Asia/Kolkata", "America/Los_Angeles", "Pacific/Auckland", "UTC", "AoE", "Asia/Tokyo"]
@@ -99,34 +106,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1,000 rules instead of 10,000 (under a minute)")
     parser.add_argument("--rules", type=int, help="number of rules (overrides --quick)")
+    parser.add_argument("--rounds", type=int, default=5, help=f"rounds (at least {MIN_ROUNDS}; default 5)")
     args = parser.parse_args()
     n = args.rules or (1_000 if args.quick else 10_000)
-    repeats = 5 if args.quick else 3
     now = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
     lo, hi = window(now)
     rules = make_rules(n, now)
     ours(rules[:50], lo, hi)  # warm caches (zone resolution) for both sides alike
     plain_dateutil(rules[:50], lo, hi)
-    # Alternate the two and keep each one's best round, so a burst of load on a shared machine
-    # during one round does not land on one side only.
-    t_plain = t_ours = float("inf")
-    n_plain = n_ours = 0
-    for _ in range(repeats):
-        t, n_plain = timed(plain_dateutil, rules, lo, hi)
-        t_plain = min(t_plain, t)
-        t, n_ours = timed(ours, rules, lo, hi)
-        t_ours = min(t_ours, t)
-    ratio = t_ours / t_plain
-    print(f"rules: {n}, horizon: 366 days from {now.isoformat()}, best of {repeats}")
-    print(f"plain dateutil: {n_plain} occurrences in {t_plain:.3f} s = {n_plain / t_plain:,.0f} occurrences/s")
-    print(f"ours (expand):  {n_ours} occurrences in {t_ours:.3f} s = {n_ours / t_ours:,.0f} occurrences/s")
-    print(f"cost ratio ours/dateutil: {ratio:.2f}x (goal <= 1.3x)")
-    if n_plain != n_ours:
-        print(f"note: occurrence counts differ by {n_ours - n_plain}: ours compares a UTC UNTIL of an all-day series "
-              "by date (inclusive), plain dateutil against 23:59:59 local")
-    verdict = "OK" if ratio <= 1.3 else "OVER GOAL"
-    print(f"SUMMARY rules={n} ours={n_ours / t_ours:,.0f}/s dateutil={n_plain / t_plain:,.0f}/s "
-          f"ratio={ratio:.2f}x goal<=1.3x {verdict}")
+    counts: dict[str, int] = {}
+
+    def contender(name, fn):
+        def run() -> float:
+            t, counts[name] = timed(fn, rules, lo, hi)
+            return counts[name] / t  # occurrences per CPU second
+        return run
+
+    # Interleaved rounds (dateutil, ours, dateutil, ours, ...): a burst of load on a shared machine
+    # lands on both sides alike; the medians are compared.
+    figs = run_rounds({"dateutil": contender("dateutil", plain_dateutil), "ours": contender("ours", ours)},
+                      rounds=args.rounds)
+    cost = ratio(figs, "dateutil", "ours")  # ours' time / dateutil's time = dateutil's rate / ours'
+    print(f"rules: {n}, horizon: 366 days from {now.isoformat()}, {args.rounds} rounds, occurrences per CPU second")
+    print(table(figs, labels={"dateutil": "plain dateutil", "ours": "ours (expand)"}))
+    print(goal_line("cost ours / dateutil", cost, "<=", 1.3))
+    if counts["dateutil"] != counts["ours"]:
+        print(f"note: occurrence counts differ by {counts['ours'] - counts['dateutil']}: ours compares a UTC UNTIL of "
+              "an all-day series by date (inclusive), plain dateutil against 23:59:59 local")
+    print(f"SUMMARY rules={n} ours={figs['ours'].median:,.0f}/s dateutil={figs['dateutil'].median:,.0f}/s "
+          f"cost ratio={cost:.2f}x (goal <= 1.3x)")
+    print(json_line(figs, extra={"cost_ratio_x": round(cost, 3), "rules": n, "rounds": args.rounds}))
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def test_sigkill_mid_batch_loses_nothing_and_repeats_only_the_killed_batch(pg_ur
     server.release.set()
     with engine.connect() as conn:
         claimed = set(conn.execute(select(alerts.c.dedup_key).where(alerts.c.status == "claimed")).scalars())
-    assert len(claimed) == batch, "exactly the killed batch is left claimed"
+    # The sweep pipelines two batches (the next is claimed while the current one sends): the killed
+    # batch is left claimed, and at most one batch ahead of it, never more.
+    assert batch <= len(claimed) <= 2 * batch and len(claimed) % batch == 0, len(claimed)
     before = len(server.keys)
     # Sends of the killed batch that reached the receiver (requests 101-130): they surely started.
     reached = {k for k, _ in server.keys[100:]} & claimed
@@ -137,17 +139,17 @@ def test_sigkill_mid_batch_loses_nothing_and_repeats_only_the_killed_batch(pg_ur
     # channel), same keys.
     expire_leases(engine)
     out = sweep(engine, _config(batch_size=batch), T0 + timedelta(seconds=61))
-    assert out.claimed == out.delivered == batch
+    assert out.claimed == out.delivered == len(claimed)
     # Only the sends that started are charged an "unknown" attempt: at least those that reached the
     # receiver (the others of the batch keep sending until the kill lands; test_delivery_isolation
     # shows the never-started ones going uncharged).
-    assert len(reached) <= out.recovered_unknown <= batch
+    assert len(reached) <= out.recovered_unknown <= len(claimed)
     counts = Counter(k for k, _ in server.keys)
     assert len(counts) == n, "nothing lost"
     duplicated = {k for k, c in counts.items() if c > 1}
-    assert duplicated and duplicated <= claimed, "duplicates only for the killed batch"
+    assert duplicated and duplicated <= claimed, "duplicates only for the batches claimed at the kill"
     assert all(k == body_id for k, body_id in server.keys), "every copy carries the same idempotency key"
-    assert len(server.keys) - before == unclaimed + batch
+    assert len(server.keys) - before == unclaimed + len(claimed)
     with engine.connect() as conn:
         assert set(conn.execute(select(alerts.c.status)).scalars()) == {"delivered"}
         unknown = conn.execute(select(delivery_attempts.c.alert_id)

@@ -580,3 +580,24 @@ def test_update_guard_late_writer_cannot_overwrite(engine):
         conn.execute(update(alerts).where(alerts.c.id == a).values(updated_at=T0))
         assert conn.execute(select(alerts.c.lease_owner).where(alerts.c.id == a)).scalar_one() == "new#2#r"
     assert [o for _, o, _ in attempts_of(engine, a)] == ["sent"], "the late writer records its attempt"
+
+
+def test_one_slow_receiver_does_not_hold_back_the_following_batches(engine, receiver):
+    """The sweep pipelines batches: while one send of the first batch waits on a slow receiver, the
+    next batches are claimed, sent and recorded around it (with a barrier per batch, nothing after
+    the first batch could start before that send ended). The slow alert is delivered too."""
+    server, base = receiver
+    server.delay = 4.0
+    [slow] = seed(engine, 1, webhook_url=f"{base}/slow", send_at=T0 - timedelta(minutes=1))  # first claimed
+    rest = seed(engine, 40, webhook_url=f"{base}/ok")
+    hook = WebhookChannel(type="webhook", timeout_seconds=10, max_concurrency=4)
+    out = sweep(engine, config({"hook": hook}, batch_size=5), T0)
+    assert out.delivered == 41 and states(engine) == {"delivered": 41}
+    slow_at = next(r["at"] for r in server.requests if r["path"] == "/slow")
+    last_ok = max(r["at"] for r in server.requests if r["path"] == "/ok")
+    assert last_ok - slow_at < server.delay, "the other batches went out while the slow send was pending"
+    with engine.connect() as conn:
+        # Every other alert was recorded in its own batch's transaction, each with one attempt row.
+        assert conn.execute(select(func.count()).select_from(delivery_attempts)
+                            .where(delivery_attempts.c.alert_id.in_(rest + [slow]),
+                                   delivery_attempts.c.outcome == "sent")).scalar_one() == 41

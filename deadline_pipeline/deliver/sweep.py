@@ -37,6 +37,12 @@ One batch, in order:
 Lease time is the database's clock (:func:`~deadline_pipeline.store.db.db_clock`); ``now`` and
 ``clock`` only decide what is due (they may be replayed instants).
 
+Batches are pipelined, at most two claimed at once: the next batch is claimed (and its sends queued
+on the channel limiters) while the current batch's sends are in flight, and each batch is recorded
+as soon as its own sends have ended. A sweep killed mid-send therefore leaves at most two batches
+claimed until their lease expires: their started sends have attempt rows (charged, resent as unknown
+outcomes with the same key), their never-started ones have none (sent once, not charged).
+
 Batches repeat until nothing is claimable or ``delivery.time_budget_seconds`` is spent. A batch that
 fails as a whole (database down) is logged through a :class:`ThrottledLogger` and retried after a
 pause until the budget is spent; then :class:`SweepFailed` is raised.
@@ -213,6 +219,15 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     return box["out"]
 
 
+@dataclass
+class _Batch:
+    """One claim whose sends are running: its lease owner, its results, and the task of its sends."""
+
+    owner: str
+    results: list[_Result]
+    sends: asyncio.Future
+
+
 class _StartGate:
     """Commits the attempt rows of sends about to start, grouped: every send that reaches its start in
     the same moment waits for one shared transaction (group commit), then starts only if its row was
@@ -312,7 +327,18 @@ class _Sweep:
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> SweepOutcome:
-        pending_write: asyncio.Task | None = None
+        # A pipeline two batches deep instead of a barrier per batch. With one batch at a time,
+        # every batch waited for its slowest send (up to the channel timeout when one receiver
+        # hangs) and then for the next claim, while the channel's other send slots stood idle. Now
+        # the next batch is claimed while the current one's sends are in flight, and its sends queue
+        # on the same channel limiter at once, so they fill the slots the stragglers leave free
+        # (benchmarks/README.md: +4% on a fast loopback receiver, where the sweep is CPU-bound; the
+        # gain is in the slow-straggler case). At most two claims are held at once;
+        # each keeps its own lease owner, start gate and recording, so every guarantee of a single
+        # batch holds for each (attempt row committed and the lease re-checked before each send,
+        # owner-checked result writes, per-alert recording).
+        sending: list[_Batch] = []  # claimed batches whose sends run (at most two)
+        pending_write: asyncio.Task | None = None  # the last finished batch's recording (overlaps the rest)
         last_error: BaseException | None = None
         pause = 1.0
         try:
@@ -328,24 +354,30 @@ class _Sweep:
                     # judged like a dead sender's.
                     self.claims += 1
                     owner = f"{self.owner}#c{self.claims}.{uuid.uuid4().hex[:6]}"
+                    # In a thread, while the previous batch's sends go on on this loop.
                     rows, results = await asyncio.to_thread(self._claim, t, owner)
+                    if rows:
+                        self.out.batches += 1
+                        self.out.claimed += len(rows)
+                        # Sends start now (queued behind the older batch's on the limiter), before
+                        # anything below can fail: a claimed batch is never left without its sends.
+                        sending.append(self._launch(results, owner, claimed_at))
                     if pending_write is not None:
-                        # The previous batch's bookkeeping overlapped this claim; its failure is this
-                        # batch's failure too (same database).
+                        # The earlier batch's bookkeeping overlapped this claim; its failure is this
+                        # round's failure too (same database).
                         task, pending_write = pending_write, None
                         await task
-                    if not rows:
-                        break
-                    self.out.batches += 1
-                    self.out.claimed += len(rows)
-                    await asyncio.gather(*(self._send(r, claimed_at) for r in results
-                                           if r.escalate_reason is None))
-                    pending_write = asyncio.create_task(asyncio.to_thread(self._record, results, owner))
+                    if len(sending) == 2 or (not rows and sending):
+                        # Wait for whichever batch ends first, the other keeps sending meanwhile: one
+                        # send hanging until its timeout must not hold back recording the other
+                        # batch's finished sends (sent but unrecorded alerts are resent after a crash).
+                        pending_write = await self._finish(await self._first_done(sending))
+                    if not rows and not sending:
+                        break  # nothing claimable and nothing in flight
                     _batch_failures.success("delivery sweep")
                     last_error = None
                     pause = 1.0
                 except Exception as exc:  # database down, a bookkeeping bug: the next batch may succeed
-                    pending_write = None
                     last_error = exc
                     self.out.batch_failures += 1
                     _batch_failures.failure("delivery sweep", f"delivery batch failed: {type(exc).__name__}: {exc}",
@@ -353,20 +385,50 @@ class _Sweep:
                     wait = min(pause, max(0.0, self.deadline - time.monotonic()))
                     pause = min(pause * 2, 30.0)
                     await asyncio.sleep(wait)
-            if pending_write is not None:
-                try:
-                    await pending_write
-                except Exception as exc:  # the sent alerts stay claimed; lease expiry recovers them
-                    last_error = exc
-                    self.out.batch_failures += 1
-                    _batch_failures.failure("delivery sweep", f"recording a delivery batch failed: "
-                                            f"{type(exc).__name__}: {exc}", exc)
+            # The budget or max_batches ended the loop with batches still sending: their sends end
+            # (or are released past the budget) and their results are recorded, never dropped.
+            while sending or pending_write is not None:
+                if pending_write is not None:
+                    task, pending_write = pending_write, None
+                    try:
+                        await task
+                    except Exception as exc:  # the sent alerts stay claimed; lease expiry recovers them
+                        last_error = exc
+                        self.out.batch_failures += 1
+                        _batch_failures.failure("delivery sweep", f"recording a delivery batch failed: "
+                                                f"{type(exc).__name__}: {exc}", exc)
+                if sending:
+                    pending_write = await self._finish(await self._first_done(sending))
         finally:
+            for b in sending:
+                # Only on an escaping error (cancellation, the process being killed): stop like a crash,
+                # as a single batch did. Sends not yet started never start (no attempt row, not charged);
+                # started ones have their attempt row and are recovered after the lease as unknown.
+                b.sends.cancel()
             await self._close()
         if last_error is not None:
             raise SweepFailed(f"delivery sweep gave up after {self.out.batch_failures} failed batch(es): "
                               f"{type(last_error).__name__}: {last_error}") from last_error
         return self.out
+
+    def _launch(self, results: list[_Result], owner: str, claimed_at: float) -> _Batch:
+        """Start the sends of one claimed batch on this loop (escalations are only recorded)."""
+        sends = asyncio.gather(*(self._send(r, claimed_at) for r in results if r.escalate_reason is None))
+        return _Batch(owner, results, sends)
+
+    @staticmethod
+    async def _first_done(sending: list[_Batch]) -> _Batch:
+        """Wait until one batch of ``sending`` has ended all its sends; remove it and return it."""
+        await asyncio.wait([b.sends for b in sending], return_when=asyncio.FIRST_COMPLETED)
+        batch = next(b for b in sending if b.sends.done())
+        sending.remove(batch)
+        return batch
+
+    async def _finish(self, batch: _Batch) -> asyncio.Task:
+        """Wait for ``batch``'s sends (``_send`` never raises for one alert) and start recording its
+        results in a thread; returns the recording task."""
+        await batch.sends
+        return asyncio.create_task(asyncio.to_thread(self._record, batch.results, batch.owner))
 
     async def _close(self) -> None:
         for ch in self.built.values():
