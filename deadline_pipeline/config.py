@@ -636,6 +636,29 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     return rows
 
 
+def _parse_yaml(text: str, path: Path):
+    """The configuration document, read by the sources' safe YAML reader
+    (:func:`deadline_pipeline.ingest.parsers.limits.load_yaml`): YAML 1.2 scalars (an unquoted
+    ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
+    nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
+    file, line and column — a 900-level nested list once ended in ``RecursionError`` without a file."""
+    from deadline_pipeline.ingest.parsers.base import ParseError
+    from deadline_pipeline.ingest.parsers.limits import load_yaml
+
+    label = str(path)
+    try:
+        return load_yaml(text, source=label)[0]
+    except ParseError as exc:
+        # The reader names a "source"; here the input is the configuration file.
+        raise ConfigError(f"{path}: {str(exc).removeprefix(f'source {label!r}: ')}") from None
+    except yaml.reader.ReaderError as exc:  # a forbidden character: the reader gives an offset only
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
+                          "is not allowed in YAML") from None
+
+
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
     """Read and validate a configuration file.
 
@@ -652,12 +675,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         raise ConfigError(f"{path}: configuration file does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    raw = _parse_yaml(text, path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
