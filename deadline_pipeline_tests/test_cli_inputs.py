@@ -139,6 +139,11 @@ def test_ui_command_works_from_any_folder(tmp_path, monkeypatch):
                          text=True, timeout=300,
                          env={**os.environ, **env, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-2000:]
+    # A store named by --db-url reaches the UI too, its password masked.
+    with_store = ui_command(tmp_path / "state" / "dagster_home", EXAMPLES / "deadlines.yaml",
+                            "postgresql+psycopg://ops:s3cret@db.example/deadlines")
+    assert "DEADLINE_DB_URL='postgresql+psycopg://ops:***@db.example/deadlines' dg dev" in with_store
+    assert "s3cret" not in with_store
     readme = (REPO / "README.md").read_text()
     block = readme.split("## Browse it in the Dagster UI")[1].split("```bash")[1].split("```")[0]
     assert "workspace.yaml" not in block and "-m deadline_pipeline.definitions -a defs" in block
