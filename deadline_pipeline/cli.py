@@ -204,9 +204,34 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
     except ConfigError as exc:
         _fail_input(str(exc))
     _print_summary(engine, summary, as_of, before)
-    click.echo(f"\nDagster home: {home}  (browse the runs: DAGSTER_HOME={home} dg dev -w workspace.yaml)")
+    click.echo(f"\nDagster home: {home}\nbrowse the runs: {ui_command(home, Path(config_path), db_url)}")
     red = not summary.success or any(not ok for ok, _ in summary.checks.values())
     return EXIT_RED if red else EXIT_OK
+
+
+def ui_command(dagster_home: Path, config_path: Path, db_url: str | None = None) -> str:
+    """The shell command that opens the Dagster UI on what ``run`` just did, working from any folder.
+
+    Absolute paths only, and the code location named by module (``-m deadline_pipeline.definitions``,
+    which the installed package provides) rather than by ``workspace.yaml``: a relative
+    ``-w workspace.yaml`` failed with "Path 'workspace.yaml' does not exist" everywhere but the
+    repository's root. It starts in the project's home folder so a ``dagster.yaml`` in the current
+    folder does not shadow ``DAGSTER_HOME``. A store given by ``--db-url`` (not already
+    ``$DEADLINE_DB_URL``) is passed as ``DEADLINE_DB_URL`` with its password shown as ``***``."""
+    import shlex
+
+    from deadline_pipeline.store.db import deadline_home
+
+    home = deadline_home()
+    q = shlex.quote
+    store = ""
+    if db_url and db_url != os.environ.get("DEADLINE_DB_URL"):
+        from sqlalchemy.engine import make_url
+
+        store = f"DEADLINE_DB_URL={q(make_url(db_url).render_as_string(hide_password=True))} "
+    return (f"cd {q(str(home))} && DEADLINE_HOME={q(str(home))} DAGSTER_HOME={q(str(dagster_home.resolve()))} "
+            f"DEADLINE_CONFIG={q(str(config_path.resolve()))} {store}"
+            "dg dev -m deadline_pipeline.definitions -a defs")
 
 
 def store_counts(engine) -> dict[str, int]:

@@ -88,6 +88,35 @@ def _check_zone(value: str) -> str:
     return value
 
 
+def _refuse_legacy_ipv4(url: str) -> None:
+    """Raise ``ValueError`` when ``url``'s host is an IPv4 address in a legacy ``inet_aton`` spelling
+    (``2130706433``, ``127.1``, ``0x7f.1``, ``0177.0.0.1``).
+
+    Such a host passed loading and was refused at send time, escalating every reminder to that
+    subscriber; HTTP clients and the outbound guard read these spellings differently, so the only
+    safe reading is none: the dotted-quad form is required, and the error gives it.
+    """
+    import ipaddress
+
+    from deadline_pipeline.security.outbound import literal_address
+
+    try:
+        host = urlparse(url).hostname
+    except ValueError:
+        return  # an unparseable URL: refused with its own message at send time
+    if not host or host.startswith("["):
+        return
+    try:
+        ipaddress.ip_address(host)
+        return  # canonical
+    except ValueError:
+        pass
+    meant = literal_address(host)
+    if meant is not None:
+        raise ValueError(f"host {host!r} is a legacy spelling of the IPv4 address {meant}; write the address "
+                         f"as {meant}")
+
+
 class _Model(BaseModel):
     # A misspelt key is an error, not a silently ignored setting.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -219,6 +248,8 @@ class SubscriberConfig(_Model):
     def _url(cls, v: str | None) -> str | None:
         if v is not None and urlparse(v).scheme not in ("http", "https"):
             raise ValueError(f"{v!r} is not an http(s) URL")
+        if v is not None:
+            _refuse_legacy_ipv4(v)
         return v
 
 
@@ -600,6 +631,30 @@ def _expand(path: str, base: Path) -> str:
 MAX_SUBSCRIBERS_BYTES = 64 * 1024 * 1024
 
 
+def _check_field_counts(data: bytes, path: Path) -> None:
+    """Raise :class:`ConfigError` for a subscriber row with more fields than the header
+    (``line 7: 6 fields, the header has 5``). pandas takes the surplus first field as the row's index
+    and shifts every other value one column left, so the error named the wrong column (an id read as
+    a tenant, an address as a zone), or none at all. A row with fewer fields leaves the rest empty."""
+    import csv
+    import io
+
+    try:
+        reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""))
+        header = next(reader, None)
+        if header is None:
+            return
+        problems = []
+        for row in reader:
+            if len(row) > len(header):
+                problems.append(f"{path}: line {reader.line_num}: {len(row)} fields, the header has {len(header)}")
+    except (UnicodeDecodeError, csv.Error):
+        return  # the CSV reader below names the problem
+    if problems:
+        raise ConfigError("\n".join(problems[:20]) + (f"\n… and {len(problems) - 20} more row(s)" if len(problems) > 20
+                                                       else ""))
+
+
 def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     import io
 
@@ -617,6 +672,7 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     if len(data) > MAX_SUBSCRIBERS_BYTES:
         raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
                           "(limit of the subscriber file)")
+    _check_field_counts(data, path)
     try:
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
@@ -636,6 +692,29 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     return rows
 
 
+def _parse_yaml(text: str, path: Path):
+    """The configuration document, read by the sources' safe YAML reader
+    (:func:`deadline_pipeline.ingest.parsers.limits.load_yaml`): YAML 1.2 scalars (an unquoted
+    ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
+    nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
+    file, line and column — a 900-level nested list once ended in ``RecursionError`` without a file."""
+    from deadline_pipeline.ingest.parsers.base import ParseError
+    from deadline_pipeline.ingest.parsers.limits import load_yaml
+
+    label = str(path)
+    try:
+        return load_yaml(text, source=label)[0]
+    except ParseError as exc:
+        # The reader names a "source"; here the input is the configuration file.
+        raise ConfigError(f"{path}: {str(exc).removeprefix(f'source {label!r}: ')}") from None
+    except yaml.reader.ReaderError as exc:  # a forbidden character: the reader gives an offset only
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
+                          "is not allowed in YAML") from None
+
+
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
     """Read and validate a configuration file.
 
@@ -652,12 +731,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         raise ConfigError(f"{path}: configuration file does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    raw = _parse_yaml(text, path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -372,7 +372,7 @@ def test_version():
 def test_local_ui_command_and_code_location_load_without_avoidable_warnings():
     readme = (REPO / "README.md").read_text()
     block = readme.split("## Browse it in the Dagster UI")[1].split("```bash")[1].split("```")[0]
-    assert "dg dev -w ../workspace.yaml" in block and "dagster dev" not in block
+    assert "dg dev -m deadline_pipeline.definitions -a defs" in block and "dagster dev" not in block
     # Loading the code location with every warning shown prints none (Dagster's beta notices for the
     # APIs it uses on purpose are silenced there, by category).
     out = subprocess.run([sys.executable, "-W", "always", "-c", "import deadline_pipeline.definitions"],

@@ -349,7 +349,10 @@ def register(main: click.Group) -> None:
     @_guarded
     def diff_cmd(source_name, from_id, to_id, as_json, db_url, config):
         """Show what changed between two snapshots of SOURCE: added, moved (old -> new instant, UTC),
-        withdrawn, and reworded rules. A renamed id shows as withdrawn plus added."""
+        withdrawn, reworded, renamed (old id -> new id: one rule whose id changed, due at the same
+        time and naming the same thing; it keeps its reminders), and unparsed (kept in force: its
+        record in the newer snapshot failed to parse, so the last good version stays). A rename
+        that cannot be paired unambiguously shows as withdrawn plus added."""
         sys.exit(rules_diff(source_name, from_id, to_id, as_json, db_url, config))
 
     @source.command("accept")

@@ -58,9 +58,41 @@ def _config(path: str | None, required: bool):
 
 
 def _engine(db_url: str | None):
-    from deadline_pipeline.store.db import make_engine
+    """``(engine, None)`` for a store with the schema, ``(engine or None, reason)`` for one without.
 
-    return make_engine(db_url)
+    A read-only command neither applies migrations nor creates the store: an embedded SQLite file
+    that does not exist is reported without being opened (opening it would leave an empty file
+    behind), and a store without the ``sources`` table is reported in one line instead of
+    ``OperationalError: no such table`` and the SQL statement. A store that cannot be reached at all
+    is left to the caller (engine returned, no reason)."""
+    import os
+
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    from deadline_pipeline.store.db import deadline_home, make_engine, normalise_url
+
+    url = normalise_url(db_url or os.environ.get("DEADLINE_DB_URL") or
+                        f"sqlite:///{deadline_home() / 'store.sqlite3'}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        _fail_input(f"--db-url / DEADLINE_DB_URL: {url!r} is not a database URL "
+                    "(e.g. postgresql+psycopg://user@host/db or sqlite:///path/store.sqlite3)")
+    shown = parsed.render_as_string(hide_password=True)
+    missing = (f"the store at {shown} has no schema yet: run `deadline-pipeline db upgrade` or "
+               "`deadline-pipeline run` first")
+    if (parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+            and not parsed.query.get("uri") and not Path(parsed.database).exists()):
+        return None, missing
+    engine = make_engine(url)
+    try:
+        if not inspect(engine).has_table("sources"):
+            return engine, missing
+    except DBAPIError:  # unreachable: the command's own error path names it
+        pass
+    return engine, None
 
 
 def _ping(url: str, ok: bool, cfg=None) -> str | None:
@@ -135,7 +167,14 @@ def register(main: click.Group) -> None:
 
         now = _now(as_of)
         cfg = _config(config, required=notify)
-        report = evaluate(_engine(db_url), now, cfg)
+        engine, no_schema = _engine(db_url)
+        if no_schema:
+            from deadline_pipeline.watch.watchdog import WatchReport, WatchRow
+
+            # A monitor pointed at an empty store has found something: one red row, no SQL dump.
+            report = WatchReport(now, [WatchRow("store", "schema", False, no_schema)])
+        else:
+            report = evaluate(engine, now, cfg)
         click.echo(f"watchdog as of {now.isoformat()}")
         click.echo(report.table())
         problems = []
@@ -164,7 +203,10 @@ def register(main: click.Group) -> None:
         Without a configuration it uses the default horizon and grace window."""
         now = _now(as_of)
         cfg = _config(config, required=False)
-        click.echo(status_text(_engine(db_url), now, cfg))
+        engine, no_schema = _engine(db_url)
+        if no_schema:
+            _fail_input(no_schema)
+        click.echo(status_text(engine, now, cfg))
 
 
 def status_text(engine, now: datetime, cfg=None) -> str:

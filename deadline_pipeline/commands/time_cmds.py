@@ -8,6 +8,7 @@ Exit codes: 0 printed; 2 bad input (the strict error names the offending part).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -258,14 +259,30 @@ def _count_rest(rule, zone: tzinfo, last: datetime, hi: datetime, business) -> t
     decades cannot keep the command busy."""
     from deadline_pipeline.plan.occurrences import MAX_OCCURRENCES, expand
 
+    # Each batch below hits the cap on purpose, and expand() logs every cap at ERROR: a MINUTELY rule
+    # printed ~100 identical lines before the one message that says what happened. The first
+    # expansion's line (already printed) and the summary error after the list are what the user needs.
+    expand_log = logging.getLogger("deadline_pipeline.plan.occurrences")
+    repeat = _DropRecords()
+    expand_log.addFilter(repeat)
     rest = 0
-    while rest < COUNT_REST_LIMIT:
-        batch = expand(rule, zone, after=last + timedelta(microseconds=1), before=hi, business_days=business)
-        rest += len(batch)
-        if len(batch) < MAX_OCCURRENCES:
-            return rest, True
-        last = batch[-1].due_at
-    return rest, False
+    try:
+        while rest < COUNT_REST_LIMIT:
+            batch = expand(rule, zone, after=last + timedelta(microseconds=1), before=hi, business_days=business)
+            rest += len(batch)
+            if len(batch) < MAX_OCCURRENCES:
+                return rest, True
+            last = batch[-1].due_at
+        return rest, False
+    finally:
+        expand_log.removeFilter(repeat)
+
+
+class _DropRecords(logging.Filter):
+    """Drops every record: while counting, they repeat a message already logged once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, business, count: int | None,

@@ -1,4 +1,5 @@
-"""Start-up resolution of the environment variables a configuration names (``*_env`` keys).
+"""Start-up resolution of the environment variables a configuration names (``*_env`` keys, and
+``${VAR}`` references in ``webhook_url``).
 
 Credentials never live in the configuration file: a channel names the variable that holds them
 (``username_env``/``password_env`` for SMTP, ``secret_env`` for webhooks, ``url_env`` for Slack).
@@ -24,9 +25,11 @@ class EnvProblem:
     key: str
     variable: str | None
     reason: str
+    #: Where the variable is named when it is not a channel key: ``subscribers (ana).webhook_url``.
+    where: str | None = None
 
     def __str__(self) -> str:
-        return f"channels.{self.channel}.{self.key}: {self.reason}"
+        return f"{self.where or f'channels.{self.channel}.{self.key}'}: {self.reason}"
 
 
 def env_keys(channel_cfg) -> dict[str, str | None]:
@@ -38,8 +41,10 @@ def env_keys(channel_cfg) -> dict[str, str | None]:
 
 def unresolved_env(cfg, environ: Mapping[str, str] | None = None) -> list[EnvProblem]:
     """Every ``*_env`` variable named by ``cfg.channels`` that is unset or empty in ``environ``
-    (default ``os.environ``), plus an SMTP login configured by half (only one of ``username_env`` /
-    ``password_env``). Empty list = every credential resolves. Raises nothing."""
+    (default ``os.environ``), an SMTP login configured by half (only one of ``username_env`` /
+    ``password_env``), and every ``${VAR}`` in a subscriber's or the escalation's ``webhook_url``
+    whose variable is unset or empty (when a webhook channel is configured). Empty list = every
+    credential resolves. Raises nothing."""
     env = os.environ if environ is None else environ
     problems: list[EnvProblem] = []
     for name, ch in sorted(cfg.channels.items()):
@@ -52,6 +57,27 @@ def unresolved_env(cfg, environ: Mapping[str, str] | None = None) -> list[EnvPro
             missing = "password_env" if "username_env" in named else "username_env"
             problems.append(EnvProblem(name, missing, None, f"channel {name!r} (smtp) names only one of "
                                        "username_env / password_env; login needs both"))
+    problems += _unresolved_url_refs(cfg, env)
+    return problems
+
+
+def _unresolved_url_refs(cfg, env: Mapping[str, str]) -> list[EnvProblem]:
+    """``${VAR}`` references in the ``webhook_url`` of subscribers and of ``escalation`` whose variable
+    is unset or empty, when a webhook channel is configured (the only sender that expands them). Found
+    at send time, each was a permanent failure: every alert to that subscriber escalated."""
+    from deadline_pipeline.security.redact import _ENV_REF  # the pattern the webhook sender expands
+
+    webhook = sorted(name for name, ch in cfg.channels.items() if getattr(ch, "type", None) == "webhook")
+    if not webhook:
+        return []
+    owners = [(f"subscribers ({s.id}).webhook_url", s.webhook_url) for s in cfg.subscribers]
+    owners.append(("escalation.webhook_url", cfg.escalation.webhook_url))
+    problems = []
+    for where, url in owners:
+        for var in dict.fromkeys(_ENV_REF.findall(url or "")):
+            if not env.get(var):
+                problems.append(EnvProblem(webhook[0], "webhook_url", var, f"environment variable {var} "
+                                           f"(referenced in webhook_url) is not set", where=where))
     return problems
 
 

@@ -1,0 +1,266 @@
+"""Commands and configuration on inputs a new user meets: each error names the input (file and line,
+key path, option) with the documented exit code (0 ok, 1 red, 2 bad input), never a bare exception."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from deadline_pipeline.cli import main, ui_command
+from deadline_pipeline.config import ConfigError, load_config
+from deadline_pipeline.deliver.channels.environment import unresolved_env
+from deadline_pipeline.store import health
+from deadline_pipeline.store.db import make_engine
+from deadline_pipeline.store.schema import delivery_attempts
+from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.test_watch_checks import EVENT_A
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+HEADER = "id,tenant,email,webhook_url,timezone\n"
+
+
+def _examples_copy(tmp_path: Path) -> Path:
+    for f in EXAMPLES.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    return tmp_path / "deadlines.yaml"
+
+
+def _run(args, tmp_path, **env):
+    base = {"DEADLINE_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    return CliRunner().invoke(main, args, env={**base, **env})
+
+
+# --------------------------------------------------------------------------- configuration YAML
+
+
+def test_deeply_nested_configuration_is_refused_with_file_and_line(tmp_path):
+    path = _examples_copy(tmp_path)
+    lines = path.read_text().count("\n")
+    with path.open("a") as fh:
+        fh.write("x: " + "[" * 900 + "]" * 900 + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert re.match(rf"{re.escape(str(path))}: line {lines + 1}, column \d+: invalid YAML: nesting deeper than 64",
+                    str(err.value)), str(err.value)
+    res = _run(["preview", "--config", str(path), "--subscriber", "x", "--from", "2027-01-01T00:00Z",
+                "--to", "2027-02-01T00:00Z"], tmp_path)
+    assert res.exit_code == 2, res.output
+    assert "RecursionError" not in res.output and f"{path}: line {lines + 1}" in res.output
+
+
+def test_unquoted_offset_zone_in_configuration_is_the_offset(tmp_path):
+    """YAML 1.2 scalars, as in the sources: ``timezone: -12:00`` is UTC-12, not the integer -720."""
+    path = _examples_copy(tmp_path)
+    text = path.read_text()
+    assert "    # timezone: America/New_York" in text
+    path.write_text(text.replace("    # timezone: America/New_York", "    timezone: -12:00 #", 1))
+    cfg = load_config(path)[0]
+    assert cfg.sources[0].timezone == "-12:00"
+
+
+def test_forbidden_character_in_configuration_is_positioned(tmp_path):
+    path = tmp_path / "deadlines.yaml"
+    path.write_text("sources:\n  - name: \x01\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))}: line 2, column 11: .*U\+0001"):
+        load_config(path)
+
+
+# --------------------------------------------------------------------------- a store without schema
+
+
+def test_status_and_watchdog_on_a_store_that_was_never_initialised(tmp_path, db_url):
+    """SQLite: the file is not created by looking. Both stores: status exits 2 with one line;
+    watchdog reports one red row (exit 1), without the SQL statement."""
+    home = tmp_path / "never"
+    args = [] if db_url.startswith("sqlite") else ["--db-url", db_url]
+    env = {"DEADLINE_HOME": str(home), "DEADLINE_DB_URL": None}
+    status = CliRunner().invoke(main, ["status", *args], env=env)
+    assert status.exit_code == 2, status.output
+    lines = [ln for ln in status.output.splitlines() if ln.strip() and not ln.startswith("note: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: the store at ") and "has no schema yet" in lines[0]
+    assert "deadline-pipeline db upgrade" in lines[0] and "OperationalError" not in status.output
+    watchdog = CliRunner().invoke(main, ["watchdog", *args], env=env)
+    assert watchdog.exit_code == 1, watchdog.output
+    fail_rows = [ln for ln in watchdog.output.splitlines() if ln.startswith("FAIL")]
+    assert len(fail_rows) == 1 and "has no schema yet" in fail_rows[0]
+    assert "SELECT" not in watchdog.output and "no such table" not in watchdog.output
+    if db_url.startswith("sqlite"):
+        assert not home.exists()  # neither the folder nor an empty store file
+
+
+# --------------------------------------------------------------------------- preview window
+
+
+@pytest.mark.parametrize(("window", "option"), [
+    (["--from", "0001-01-01T00:00Z", "--to", "9999-12-31T00:00Z"], "--from '0001-01-01T00:00Z'"),
+    (["--from", "2027-01-01T00:00Z", "--to", "9999-12-31T00:00Z"], "--to '9999-12-31T00:00Z'"),
+    (["--from", "0001-01-01T00:00+01:00", "--to", "2027-01-01T00:00Z"], "--from '0001-01-01T00:00+01:00'"),
+])
+def test_preview_window_out_of_range_names_the_option(tmp_path, window, option):
+    res = _run(["preview", "--config", str(EXAMPLES / "deadlines.yaml"), "--subscriber", "ops-new-york",
+                *window], tmp_path)
+    assert res.exit_code == 2, res.output
+    assert f"error: {option}: out of range (years 1900 to 9000)" in res.output
+    assert "OverflowError" not in res.output
+
+
+# --------------------------------------------------------------------------- the UI command
+
+
+def test_ui_command_works_from_any_folder(tmp_path, monkeypatch):
+    """The printed command names absolute paths and the code location by module; its environment
+    and module load the definitions from an unrelated folder (a relative ``-w workspace.yaml`` did
+    not exist there)."""
+    monkeypatch.setenv("DEADLINE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state" / "dagster_home").mkdir(parents=True)  # `run` creates it
+    command = ui_command(tmp_path / "state" / "dagster_home", EXAMPLES / "deadlines.yaml")
+    cd, rest = command.split(" && ", 1)
+    words = shlex.split(rest)
+    env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+    args = [w for w in words if "=" not in w or w.startswith("-")]
+    assert cd == f"cd {tmp_path / 'state'}"
+    assert args == ["dg", "dev", "-m", "deadline_pipeline.definitions", "-a", "defs"]
+    assert all(Path(v).is_absolute() for v in env.values()), env
+    assert env["DEADLINE_CONFIG"] == str(EXAMPLES / "deadlines.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # `dg dev` with a target runs Dagster's own loader; `definitions validate` loads the same way and exits.
+    out = subprocess.run(["dagster", "definitions", "validate", *args[2:]], cwd=elsewhere, capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, **env, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    # A store named by --db-url reaches the UI too, its password masked.
+    with_store = ui_command(tmp_path / "state" / "dagster_home", EXAMPLES / "deadlines.yaml",
+                            "postgresql+psycopg://ops:s3cret@db.example/deadlines")
+    assert "DEADLINE_DB_URL='postgresql+psycopg://ops:***@db.example/deadlines' dg dev" in with_store
+    assert "s3cret" not in with_store
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Browse it in the Dagster UI")[1].split("```bash")[1].split("```")[0]
+    assert "workspace.yaml" not in block and "-m deadline_pipeline.definitions -a defs" in block
+
+
+# --------------------------------------------------------------------------- rules diff help
+
+
+def test_rules_diff_help_lists_every_kind_it_reports():
+    res = CliRunner().invoke(main, ["rules", "diff", "--help"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0
+    for kind in ("added", "moved", "withdrawn", "reworded", "renamed", "unparsed (kept in force"):
+        assert kind in text, kind
+    assert "A renamed id shows as withdrawn plus added" not in text
+
+
+# --------------------------------------------------------------------------- subscribers
+
+
+@pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f000001", "0177.0.0.1"])
+def test_legacy_ipv4_webhook_host_is_refused_at_load_naming_the_line(tmp_path, host):
+    (tmp_path / "subs.csv").write_text(HEADER + "ok,demo,,http://127.0.0.1:9/h,UTC\n"
+                                       f"bad,demo,,http://{host}:9/hook,UTC\n")
+    path = _write_with_csv(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"subs.csv: line 3 (id 'bad'), column webhook_url: host '{host}' is a legacy spelling of the IPv4 " \
+           "address 127.0.0.1" in str(err.value)
+
+
+def test_subscriber_row_with_more_fields_than_the_header(tmp_path):
+    (tmp_path / "subs.csv").write_text(HEADER + "ann,demo,ann@example.org,,UTC\n"
+                                       "bob,demo,bob@example.org,,UTC,Europe/Berlin\n")
+    path = _write_with_csv(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{tmp_path / 'subs.csv'}: line 3: 6 fields, the header has 5"
+
+
+def _write_with_csv(tmp_path: Path) -> Path:
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
+    path = tmp_path / "deadlines.yaml"
+    path.write_text("sources:\n  - {name: cal, format: ics, location: cal.ics, tenant: demo}\n"
+                    "subscribers_csv: subs.csv\n")
+    return path
+
+
+TOKEN_VAR = "DP_T_CLI_HOOK_TOKEN"
+
+
+def _hook_config(tmp_path):
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
+    return write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "webhook_url": "http://127.0.0.1:9/hook?token=${" + TOKEN_VAR + "}",
+                      "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["hook"]}],
+        channels={"hook": {"type": "webhook"}},
+    )
+
+
+def test_webhook_url_variable_is_resolved_at_start_up(tmp_path, monkeypatch):
+    """An unset ``${VAR}`` in a webhook_url stops the run before sending (exit 2, naming the variable
+    and the subscriber); the alert planned earlier stays pending, nothing is attempted or escalated."""
+    path = _hook_config(tmp_path)
+    cfg = load_config(path)[0]
+    problems = unresolved_env(cfg, environ={})
+    assert [str(p) for p in problems] == [
+        f"subscribers (ann).webhook_url: environment variable {TOKEN_VAR} (referenced in webhook_url) is not set"]
+    assert unresolved_env(cfg, environ={TOKEN_VAR: "t"}) == []
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    first = _run(["run", "--config", str(path), "--db-url", url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path,
+                 **{TOKEN_VAR: "t0ken"})
+    assert first.exit_code == 0, first.output
+    monkeypatch.delenv(TOKEN_VAR, raising=False)
+    res = _run(["run", "--config", str(path), "--db-url", url, "--as-of", "2027-01-14T12:00:00Z"], tmp_path,
+               **{TOKEN_VAR: None})
+    assert res.exit_code == 2, res.output
+    assert f"subscribers (ann).webhook_url: environment variable {TOKEN_VAR}" in res.output
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert health.alerts_by_state(conn) == {"pending": 1}
+        assert conn.execute(select(func.count()).select_from(delivery_attempts)).scalar_one() == 0
+    engine.dispose()
+
+
+# --------------------------------------------------------------------------- occurrences
+
+
+def test_occurrences_logs_the_cap_once_while_counting_the_rest(caplog):
+    caplog.set_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences")
+    # 43,200 minutes in the window: the first 5,000 printed, the rest counted in ~8 capped batches.
+    res = CliRunner().invoke(main, ["occurrences", "--dtstart", "20260101T000000Z", "--rrule", "FREQ=MINUTELY",
+                                    "--after", "2026-01-01T00:00:00Z", "--before", "2026-01-31T00:00:00Z"])
+    assert res.exit_code == 1
+    assert "stopped at 5000 occurrences; 38201 more in the window were not printed" in res.stderr
+    caps = [r for r in caplog.records if "occurrences in" in r.getMessage()]
+    assert len(caps) == 1, [r.getMessage() for r in caps]
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+def test_documented_source_formats_match_the_parsers():
+    from deadline_pipeline.ingest.parsers import PARSERS
+    from deadline_pipeline.ingest.parsers.csv_format import OPTIONAL, REQUIRED, parse_csv
+
+    readme = (REPO / "README.md").read_text()
+    listed = re.search(r"format: \S+\s+# (.+)", readme).group(1)
+    assert sorted(listed.split(" | ")) == sorted(PARSERS)
+    doc = (REPO / "docs" / "source-formats.md").read_text()
+    section = doc.split("### CSV (`parsers/csv_format.py`)")[1].split("\n### ")[0]
+    columns = re.findall(r"^\| `(\w+)` \| (yes|no)", section, flags=re.MULTILINE)
+    assert [c for c, req in columns if req == "yes"] == list(REQUIRED)
+    assert [c for c, req in columns if req == "no"] == list(OPTIONAL)
+    example = section.split("```csv\n")[1].split("```")[0]
+    result = parse_csv(example.encode(), source="doc")
+    assert not result.problems and len(result.rules) == example.count("\n") - 1
