@@ -25,7 +25,7 @@ from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
-from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
+from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all, record_plan_run
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import get_source, latest_snapshot, snapshot_meta
@@ -232,11 +232,10 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         # Only a run covering the whole horizon proves the planner alive; a one-month backfill must not
         # hide a stopped hourly planner from horizon_planned.
         component = "plan" if covers else "plan:backfill"
-        with engine.begin() as conn:
-            health.beat(conn, component, started_at=now, completed_at=clock.now(),
-                        outcome="ok" if not out.problems else "partial",
-                        detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
-                                f"{len(out.problems)} problem(s)"), replay=clock.frozen)
+        record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
+                        label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
+                        problems=out.problems, replay=clock.frozen)
+        with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         for p in out.problems[:20]:
             context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")
