@@ -46,13 +46,17 @@ def snapshot_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["snapshot", source_key(name).path[-1]])
 
 
-def snapshot_confirmed(last_fresh_at: datetime | None, last_error: str | None,
+def snapshot_confirmed(last_fresh_at: datetime | None, status: str | None,
                        previous: datetime | None) -> bool:
-    """Whether the source's state confirms a fresh snapshot not confirmed before: it was fresh
-    (``last_fresh_at``, aware UTC) with no error since, later than the ``previous`` confirmation.
-    A repeated confirmation of the same fetch (materializing the asset by hand, a second run at the
-    same ``--as-of``) would restart Dagster's freshness window without any new data."""
-    if last_fresh_at is None or last_error is not None:
+    """Whether the source's state confirms a fresh snapshot not confirmed before: its ``status`` is
+    ``fresh`` (not ``stale`` after a failed fetch or parse, not ``suspect`` while quarantined) at
+    ``last_fresh_at`` (aware UTC), later than the ``previous`` confirmation. The same judgment as
+    the ``source_fresh`` check: judged on ``last_error`` instead, a snapshot with a skipped record
+    was never confirmed, so the UI showed the source failed while ``source_fresh`` passed (the
+    skipped record is ``rules_complete``'s to report). A repeated confirmation of the same fetch
+    (materializing the asset by hand, a second run at the same ``--as-of``) would restart Dagster's
+    freshness window without any new data."""
+    if last_fresh_at is None or status != "fresh":
         return False
     return previous is None or last_fresh_at > previous
 
@@ -109,8 +113,8 @@ def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> d
         previous_event.asset_materialization else {}
     previous = previous_meta.get("last_fresh_at")
     previous_at = datetime.fromtimestamp(previous.value, UTC) if previous is not None else None
-    if not snapshot_confirmed(row.last_fresh_at, row.last_error, previous_at):
-        why = (f"not fresh: {row.last_error}" if row.last_error else
+    if not snapshot_confirmed(row.last_fresh_at, row.status, previous_at):
+        why = (f"not fresh ({row.status}): {row.last_error}" if row.status != "fresh" else
                "never fresh" if row.last_fresh_at is None else
                f"no fresh snapshot since {row.last_fresh_at.isoformat()} (already confirmed)")
         context.log.warning(f"source {src.name}: no snapshot confirmed ({why})")

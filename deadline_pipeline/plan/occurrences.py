@@ -269,7 +269,8 @@ def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
     """
     from deadline_pipeline.timezones import resolve_zone
 
-    rule = RuleRecord.from_payload(payload)
+    # Only the timing fields matter here; a payload stored without a title or zone is still readable.
+    rule = RuleRecord.from_payload({"title": "", "tz": None, "rule_id": "?", **payload})
     zone = resolve_zone(rule.tz or "UTC")
     return bool(expand(rule, zone, after=after, before=before, limit=1, strict=True))
 
