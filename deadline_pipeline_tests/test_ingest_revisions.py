@@ -472,7 +472,7 @@ def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
     withdrawn, its reminders not cancelled), rules_complete is red, and the source stays fresh."""
     from deadline_pipeline.watch.sources import rules_complete
 
-    editions = [_edition(i) for i in range(1, 4)]
+    editions = [_edition(i) for i in range(1, 6)]  # one of five: under the quarantine's share
     cfg = _planned_world(tmp_path, ai_deadlines(*editions))
     src = cfg.sources[0]
     _ingest(engine, src, T0)
@@ -480,7 +480,7 @@ def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
     before = {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
     assert before
     lost = {k: v for k, v in editions[1].items() if k != "deadline"}
-    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], lost, editions[2]))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], lost, *editions[2:]))
     _, out = _ingest(engine, src, T0 + timedelta(hours=1))
     assert out.status == "applied" and out.withdrawn == 0 and out.held == ["c227/submission/deadline"], out
     with engine.connect() as conn:
