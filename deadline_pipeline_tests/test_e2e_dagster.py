@@ -64,8 +64,12 @@ def config_path(tmp_path, smtp_server, webhook_server):
             {"id": "bob", "tenant": "t1", "email": "bob@example.org", "webhook_url": f"{url}/hooks/bob",
              "timezone": "America/New_York"},
         ],
-        subscriptions=[{"name": "everything", "sources": ["cal", "confs"], "offsets": ["-P7D", "-P1D"],
-                        "channels": ["email", "hook"]}],
+        # ann has no webhook: she subscribes by mail only (a channel without its contact is a
+        # planning problem that turns plan_complete red).
+        subscriptions=[{"name": "everything", "subscribers": ["ann"], "sources": ["cal", "confs"],
+                        "offsets": ["-P7D", "-P1D"], "channels": ["email"]},
+                       {"name": "everything-hooked", "subscribers": ["bob"], "sources": ["cal", "confs"],
+                        "offsets": ["-P7D", "-P1D"], "channels": ["email", "hook"]}],
         channels={"email": {"type": "smtp", "host": "127.0.0.1", "port": controller.port,
                             "sender": "reminders@example.org"},
                   "hook": {"type": "webhook", "timeout_seconds": 5}},

@@ -463,3 +463,54 @@ def test_freshness_window_is_judged_at_now(engine, tmp_path):
     late = evaluate_fresh("src", state, T0 + timedelta(days=3), window)
     assert not late.passed and "longer than its window" in late.summary
     assert late.metadata["last_fresh_at"] == T0.isoformat() and late.metadata["window_seconds"] == 86400
+
+
+# --- entries that announce no deadline ----------------------------------------------------------------
+
+def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
+    """An entry still present with its id but without ``deadline``: the rule in force is held (not
+    withdrawn, its reminders not cancelled), rules_complete is red, and the source stays fresh."""
+    from deadline_pipeline.watch.sources import rules_complete
+
+    editions = [_edition(i) for i in range(1, 6)]  # one of five: under the quarantine's share
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    src = cfg.sources[0]
+    _ingest(engine, src, T0)
+    plan_all(engine, cfg, T0)
+    before = {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
+    assert before
+    lost = {k: v for k, v in editions[1].items() if k != "deadline"}
+    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], lost, *editions[2:]))
+    _, out = _ingest(engine, src, T0 + timedelta(hours=1))
+    assert out.status == "applied" and out.withdrawn == 0 and out.held == ["c227/submission/deadline"], out
+    with engine.connect() as conn:
+        withdrawn = conn.execute(select(rule_versions.c.rule_id).where(rule_versions.c.withdrawn.is_(True))).all()
+        row = ssql.get_source(conn, "conf")
+    assert withdrawn == []
+    plan_all(engine, cfg, T0 + timedelta(hours=1))
+    assert {k for k, v in _alerts(engine).items() if v[2] == "pending"} == set(before)
+    complete = rules_complete(engine, "conf")
+    assert not complete.passed and "c227" in complete.summary, complete.summary
+    assert row.status == "fresh" and row.last_error and "no 'deadline'" in row.last_error
+
+
+def test_not_yet_announced_entry_is_information_only(engine, tmp_path, shared_dir):
+    """The real feed's cvpr27 (no deadline announced yet) matches no rule in force: nothing red, no
+    source error, and the snapshot asset is confirmed (the Dagster freshness agrees with source_fresh)."""
+    from deadline_pipeline.orchestration.assets import snapshot_confirmed
+    from deadline_pipeline.watch.sources import rules_complete
+
+    cfg, dest = _source_config(tmp_path, "ai-deadlines")
+    dest.write_bytes((shared_dir / "data" / "ai-deadlines-hf" / "conferences" / "cvpr.yml").read_bytes())
+    src = cfg.sources[0]
+    _, out = _ingest(engine, src, T0)
+    assert out.status == "applied" and out.skipped == 0 and out.held == [], out
+    assert any("cvpr27" in p and "no 'deadline'" in p for p in out.problems), out.problems
+    with engine.connect() as conn:
+        row = ssql.get_source(conn, "src")
+        report = ssql.snapshot_meta(conn, row.current_snapshot_id).parse_report
+    assert row.last_error is None and row.status == "fresh"
+    assert [p["record_id"] for p in report["informational"]] == ["cvpr27"] and report["skipped_count"] == 0
+    assert rules_complete(engine, "src").passed
+    assert source_fresh(engine, "src", T0).passed
+    assert snapshot_confirmed(row.last_fresh_at, row.status, None)

@@ -62,9 +62,10 @@ def test_the_freshness_policy_sits_on_a_materialized_snapshot_upstream_of_the_ru
 
 def test_confirmation_rule():
     t = datetime(2027, 1, 10, tzinfo=UTC)
-    assert snapshot_confirmed(t, None, None) and snapshot_confirmed(t, None, t - timedelta(hours=1))
-    assert not snapshot_confirmed(t, None, t)  # the same fetch twice restarts no window
-    assert not snapshot_confirmed(t, "HTTP 500", None) and not snapshot_confirmed(None, None, None)
+    assert snapshot_confirmed(t, "fresh", None) and snapshot_confirmed(t, "fresh", t - timedelta(hours=1))
+    assert not snapshot_confirmed(t, "fresh", t)  # the same fetch twice restarts no window
+    assert not snapshot_confirmed(t, "stale", None) and not snapshot_confirmed(None, "fresh", None)
+    assert not snapshot_confirmed(t, "suspect", None)  # quarantined
 
 
 def test_snapshot_materializes_only_on_confirmation_and_dagster_judges_it(tmp_path):

@@ -18,6 +18,7 @@ from deadline_pipeline.config import SourceConfig
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
+from deadline_pipeline.ingest.parsers.base import counted_problems
 from deadline_pipeline.ingest.versions import (
     DEFAULT_MAX_WITHDRAW_SHARE,
     RuleDiff,
@@ -219,14 +220,20 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
             f"{src.format!r} ({len(skipped)} record(s) skipped{first})")
     # Only a parseable snapshot that lacks a rule withdraws it: a rule whose record failed to parse
     # keeps its last good version (until the source is fixed, or a human accepts the withdrawal).
-    held = [] if force else held_back(diff.withdrawn, parsed.problems)
+    # Only skipped records that may be a rule in force count; an entry announcing no deadline yet
+    # (a real feed's "not announced") is information: not red, not an error keeping the source unconfirmed.
+    counted = counted_problems(parsed.problems, diff.withdrawn)
+    held = [] if force else held_back(diff.withdrawn, counted)
     if held:
         diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
         log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",
                   src.name, snapshot_id, len(held), ", ".join(held[:5]))
-    report = {"rules": len(rules), "skipped_count": len(skipped), "held": held[:200], "accepted": force,
+    info = [p for p in skipped if p not in counted]
+    report = {"rules": len(rules), "skipped_count": len(counted), "held": held[:200], "accepted": force,
               "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
-                           "message": sql.safe_text(p.message)} for p in skipped[:50]]}
+                           "message": sql.safe_text(p.message)} for p in counted[:50]],
+              "informational": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                                 "message": sql.safe_text(p.message)} for p in info[:50]]}
     # A rule whose id changed (same due time, same kind, same thing; ingest.diff.pair_renames) is a
     # rename: the new id inherits the old one's lineage, so its obligations and history carry over.
     renames = pair_renames([RuleRecord.from_payload(latest[rid]["payload"]) for rid in diff.withdrawn], diff.added)
@@ -264,11 +271,12 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
         sql.set_parse_report(conn, snapshot_id, report)
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
-                        last_error=(f"{len(problems)} record(s) skipped: {problems[0]}" if problems else None))
+                        last_error=(f"{len(counted)} record(s) skipped: {sql.safe_text(str(counted[0]))}"
+                                    if counted else None))
     return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
                         changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
                         unchanged=diff.unchanged, renamed=len(renames),
-                        problems=problems, forced_over=reason if force else None, skipped=len(skipped),
+                        problems=problems, forced_over=reason if force else None, skipped=len(counted),
                         held=held)
 
 

@@ -63,6 +63,8 @@ def held_back(withdrawn: Iterable[str], problems: Iterable) -> list[str]:
 
 # Slack around "now" when judging whether a rule is still ahead: a zone offset is at most ±14 h.
 _ZONE_SLACK = timedelta(days=1)
+# How far ahead a rule's next instant is looked for (a rule whose next instant is later is past).
+_FAR_AHEAD = timedelta(days=366 * 100)
 
 
 def is_future(payload: dict, now: datetime) -> bool:
@@ -71,15 +73,12 @@ def is_future(payload: dict, now: datetime) -> bool:
     Wall-clock times are compared with a day of slack, so a rule near ``now`` counts as future; a
     payload that cannot be read counts as future too (the quarantine then errs on the safe side).
     """
-    from dateutil.rrule import rrulestr
+    from deadline_pipeline.plan.occurrences import occurs_between
 
     try:
-        start = datetime.fromisoformat(str(payload["start"]))
-        limit = (now - _ZONE_SLACK).replace(tzinfo=None)
-        if payload.get("rrule"):
-            return rrulestr(payload["rrule"], dtstart=start.replace(tzinfo=None)).after(limit, inc=True) is not None
-        dates = [start] + [datetime.fromisoformat(str(d)) for d in payload.get("rdates") or ()]
-        return any(d.replace(tzinfo=None) >= limit for d in dates)
+        # Bounded expansion: an unbounded dateutil ``after()`` stepped a FREQ=SECONDLY rule through
+        # every second since its DTSTART. A rule over the budget raises and counts as future below.
+        return occurs_between(payload, now - _ZONE_SLACK, now + _FAR_AHEAD)
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("quarantine: rule payload %s unreadable, counted as future: %s", payload.get("rule_id"), exc)
         return True

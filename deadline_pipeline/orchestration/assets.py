@@ -25,7 +25,7 @@ from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
-from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all
+from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all, record_plan_run
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import get_source, latest_snapshot, snapshot_meta
@@ -46,13 +46,17 @@ def snapshot_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["snapshot", source_key(name).path[-1]])
 
 
-def snapshot_confirmed(last_fresh_at: datetime | None, last_error: str | None,
+def snapshot_confirmed(last_fresh_at: datetime | None, status: str | None,
                        previous: datetime | None) -> bool:
-    """Whether the source's state confirms a fresh snapshot not confirmed before: it was fresh
-    (``last_fresh_at``, aware UTC) with no error since, later than the ``previous`` confirmation.
-    A repeated confirmation of the same fetch (materializing the asset by hand, a second run at the
-    same ``--as-of``) would restart Dagster's freshness window without any new data."""
-    if last_fresh_at is None or last_error is not None:
+    """Whether the source's state confirms a fresh snapshot not confirmed before: its ``status`` is
+    ``fresh`` (not ``stale`` after a failed fetch or parse, not ``suspect`` while quarantined) at
+    ``last_fresh_at`` (aware UTC), later than the ``previous`` confirmation. The same judgment as
+    the ``source_fresh`` check: judged on ``last_error`` instead, a snapshot with a skipped record
+    was never confirmed, so the UI showed the source failed while ``source_fresh`` passed (the
+    skipped record is ``rules_complete``'s to report). A repeated confirmation of the same fetch
+    (materializing the asset by hand, a second run at the same ``--as-of``) would restart Dagster's
+    freshness window without any new data."""
+    if last_fresh_at is None or status != "fresh":
         return False
     return previous is None or last_fresh_at > previous
 
@@ -109,8 +113,8 @@ def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> d
         previous_event.asset_materialization else {}
     previous = previous_meta.get("last_fresh_at")
     previous_at = datetime.fromtimestamp(previous.value, UTC) if previous is not None else None
-    if not snapshot_confirmed(row.last_fresh_at, row.last_error, previous_at):
-        why = (f"not fresh: {row.last_error}" if row.last_error else
+    if not snapshot_confirmed(row.last_fresh_at, row.status, previous_at):
+        why = (f"not fresh ({row.status}): {row.last_error}" if row.status != "fresh" else
                "never fresh" if row.last_fresh_at is None else
                f"no fresh snapshot since {row.last_fresh_at.isoformat()} (already confirmed)")
         context.log.warning(f"source {src.name}: no snapshot confirmed ({why})")
@@ -232,11 +236,10 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         # Only a run covering the whole horizon proves the planner alive; a one-month backfill must not
         # hide a stopped hourly planner from horizon_planned.
         component = "plan" if covers else "plan:backfill"
-        with engine.begin() as conn:
-            health.beat(conn, component, started_at=now, completed_at=clock.now(),
-                        outcome="ok" if not out.problems else "partial",
-                        detail=(f"{context.partition_key_range.start}..{context.partition_key_range.end}; "
-                                f"{len(out.problems)} problem(s)"), replay=clock.frozen)
+        record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
+                        label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
+                        problems=out.problems, replay=clock.frozen)
+        with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         for p in out.problems[:20]:
             context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")

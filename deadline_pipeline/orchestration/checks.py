@@ -53,6 +53,14 @@ def horizon_planned_check(store: StoreResource, settings: SettingsResource, cloc
                                        timedelta(days=cfg.plan.horizon_days)), evaluated_at=now)
 
 
+@dg.asset_check(asset=OBLIGATIONS, name="plan_complete",
+                description="The last planning run planned every reminder asked for: no subscriber without the "
+                            "contact its channel needs, no kinds matching no rule, no rule refused by the planner.")
+def plan_complete_check(store: StoreResource, clock: ClockResource):
+    now = clock.now()
+    return to_result(w.plan_complete(store.engine(), now), evaluated_at=now)
+
+
 @dg.asset_check(asset=ALERTS, name="fanout_complete",
                 description="Every obligation due in the horizon has one reminder per offset and usable channel.")
 def fanout_complete_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
@@ -82,5 +90,6 @@ def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
     return to_result(w.escalations_acknowledged(store.engine(), now), dg.AssetCheckSeverity.WARN, evaluated_at=now)
 
 
-ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, fanout_complete_check,
+ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, plan_complete_check,
+              fanout_complete_check,
               reminders_owed_check, escalations_acknowledged_check]

@@ -295,6 +295,25 @@ def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -
     return out
 
 
+def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
+    """Whether the stored rule ``payload`` (``RuleRecord.to_payload``) has an instant in
+    ``[after, before]`` (aware datetimes), read with the bounded expansion: the rule's zone, or UTC
+    for a floating rule (callers pass bounds with a day of slack for that), no business-day shift.
+
+    For the watchers and the quarantine, which must not hang on a rule planning refuses (an
+    unbounded ``rrulestr(...).after()`` on ``FREQ=SECONDLY`` from an old DTSTART stepped through
+    every second). Raises :class:`ExpansionBudgetExceeded` for a rule over the work budget, and
+    ``ValueError`` (``RRuleError``, ``UnknownTimeZone``…) or ``KeyError``/``TypeError`` for an
+    unreadable payload; the caller decides what such a rule counts as.
+    """
+    from deadline_pipeline.timezones import resolve_zone
+
+    # Only the timing fields matter here; a payload stored without a title or zone is still readable.
+    rule = RuleRecord.from_payload({"title": "", "tz": None, "rule_id": "?", **payload})
+    zone = resolve_zone(rule.tz or "UTC")
+    return bool(expand(rule, zone, after=after, before=before, limit=1, strict=True))
+
+
 BusinessDays = tuple  # (calendar spec | HolidayCalendar | iterable of dates, convention)
 
 

@@ -65,6 +65,28 @@ class PlanOutcome:
         return self.alerts_inserted + self.alerts_moved
 
 
+def problems_detail(problems: list[PlanProblem], limit: int = 5) -> str:
+    """``"N problem(s): source/rule: message; ..."`` with the first ``limit`` problems, or
+    ``"0 problem(s)"``: the ``plan`` heartbeat's detail, which the ``plan_complete`` check and the
+    watchdog read back (the count is parsed from ``N problem(s)``)."""
+    head = "; ".join(f"{p.source}/{p.rule_id}: {p.message}" for p in problems[:limit])
+    more = f"; and {len(problems) - limit} more" if len(problems) > limit else ""
+    return f"{len(problems)} problem(s)" + (f": {head}{more}" if problems else "")
+
+
+def record_plan_run(engine: Engine, component: str, *, started_at: datetime, completed_at: datetime, label: str,
+                    problems: list[PlanProblem], replay: bool = False) -> None:
+    """Write the heartbeat of one completed planning run: outcome ``partial`` when it reported
+    problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``. The ``plan_complete``
+    check and the watchdog read it back, so a problem known only to the run's log turns red."""
+    from deadline_pipeline.store import health
+
+    with engine.begin() as conn:
+        health.beat(conn, component, started_at=started_at, completed_at=completed_at,
+                    outcome="partial" if problems else "ok", detail=f"{label}; {problems_detail(problems)}",
+                    replay=replay)
+
+
 def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, source: SourceConfig) -> bool:
     """Whether ``subscription`` applies to ``subscriber`` for ``source``: listed by id, or ``"*"`` for
     every subscriber of the source's tenant."""

@@ -28,6 +28,13 @@ Checks and what exactly they promise:
     patterns match its rule — none missing, and no *open* reminder for a pair nobody asks for.
     A channel is usable when it is configured and the subscriber has its contact (email for smtp
     and maildir, webhook_url for webhook).
+``plan_complete``
+    the last planning run (the newest of the heartbeats ``plan`` and ``plan:backfill``) reported no
+    planning problem: its outcome is not ``partial``. A problem is a reminder planning knowingly
+    did not plan (a subscriber without the contact a channel needs, ``kinds`` matching no rule, a
+    rule the planner refuses or cannot expand within its work budget); the heartbeat's ``detail``
+    names the count and the first offenders. Read from the store, so the UI, ``run`` and the
+    ``watchdog`` agree.
 ``escalations_acknowledged``
     zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
     that a human took it over).
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -51,6 +59,7 @@ log = logging.getLogger(__name__)
 # Heartbeat components the sweep writes: a completed sweep, or a sensor tick with nothing to claim.
 SWEEP_COMPONENTS = ("deliver", "deliver:idle")
 PLAN_COMPONENT = "plan"
+PLAN_COMPONENTS = ("plan", "plan:backfill")
 # Channel type → the subscriber contact it needs (planning skips a channel whose contact is missing).
 CONTACT_OF_TYPE = {"smtp": "email", "maildir": "email", "webhook": "webhook_url", "slack": None}
 
@@ -129,27 +138,53 @@ def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(m
 
 def _occurs_within(payload: dict, lo: datetime, hi: datetime) -> bool | None:
     """Whether a rule (its stored payload) has an occurrence between ``lo`` and ``hi`` (aware UTC):
-    True, False, or None when the payload cannot be read (planning reports that rule itself).
+    True, False, or None when the payload cannot be read or is over the expansion budget (planning
+    reports that rule itself, and ``plan_complete`` turns red for it).
 
-    Deliberately independent of the planner (dateutil directly, local wall time compared with UTC
-    bounds): callers pass bounds shrunk by a day on each side, which absorbs any zone offset, so a
-    rule at the edge of the window is never *expected* by mistake.
+    Read with the bounded expansion (:func:`~deadline_pipeline.plan.occurrences.occurs_between`):
+    a ``FREQ=SECONDLY`` rule read with an unbounded ``rrulestr(...).after()`` hung the check, and
+    with it ``run``. Callers pass bounds shrunk by a day on each side, so a rule at the edge of the
+    window is never *expected* by mistake.
     """
-    from dateutil.rrule import rrulestr
+    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, occurs_between
 
     try:
-        start = datetime.fromisoformat(str(payload["start"]))
-        lo_n, hi_n = lo.replace(tzinfo=None), hi.replace(tzinfo=None)
-        dates = [datetime.fromisoformat(str(d)) for d in payload.get("rdates") or ()]
-        if payload.get("rrule"):
-            nxt = rrulestr(payload["rrule"], dtstart=start).after(lo_n, inc=True)
-            dates.append(nxt) if nxt is not None else None
-        elif not dates:
-            dates = [start]
-        return any(lo_n <= d.replace(tzinfo=None) <= hi_n for d in dates)
+        return occurs_between(payload, lo, hi)
+    except ExpansionBudgetExceeded as exc:
+        log.warning("horizon_planned: rule %s not judged (planning reports it): %s", payload.get("rule_id"), exc)
+        return None
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("horizon_planned: cannot read rule payload %s: %s", payload.get("rule_id"), exc)
         return None
+
+
+_PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
+
+
+def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
+    """The last completed planning run had no planning problem (see the module docstring).
+
+    Red for a run whose outcome is ``partial``: each problem is a reminder not planned on purpose
+    but not by the subscriber's choice, e.g. a subscriber without an email on a mail channel, which
+    left ``fanout_complete`` and ``reminders_owed`` green (both only expect what can be planned).
+    Green when planning has never run (``horizon_planned`` is red for that)."""
+    with engine.connect() as conn:
+        beats = health.read_heartbeats(conn)
+    done = [beats[c] for c in PLAN_COMPONENTS if c in beats and beats[c].get("last_completed_at")]
+    if not done:
+        return CheckOutcome("plan_complete", True, 0, "planning has not completed yet (see horizon_planned)")
+    last = max(done, key=lambda b: b["last_completed_at"])
+    detail = last.get("detail") or ""
+    offender = {"component": last["component"], "last_completed_at": _iso(last["last_completed_at"]),
+                "last_outcome": last.get("last_outcome"), "detail": detail[:2000]}
+    if last.get("last_outcome") == "partial":
+        found = _PROBLEM_COUNT.search(detail)
+        count = int(found.group(1)) if found else 1
+        return CheckOutcome("plan_complete", False, max(count, 1),
+                            f"the planning run completed {last['last_completed_at'].isoformat()} left reminders "
+                            f"unplanned: {detail[:500]}", [offender])
+    return CheckOutcome("plan_complete", True, 0, f"the planning run completed "
+                        f"{last['last_completed_at'].isoformat()} reported no problem", [])
 
 
 def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = timedelta(minutes=90),

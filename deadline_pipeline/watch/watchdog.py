@@ -34,6 +34,7 @@ from sqlalchemy import Engine, and_, exists, func, select
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.store.health import future_instants
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
+from deadline_pipeline.watch.checks import plan_complete
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
@@ -179,6 +180,9 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     report.rows.append(_heartbeat_row("sweep_alive", "deliver", beats, SWEEP_COMPONENTS, now,
                                       timedelta(minutes=watch.sweep_interval_minutes) + hb_grace))
     report.rows.append(_heartbeat_row("plan_alive", "plan", beats, ("plan",), now, plan_allowed))
+    # Planning that ran on time but knowingly left reminders unplanned (its heartbeat says "partial").
+    planned = plan_complete(engine, now)
+    report.rows.append(WatchRow("plan_complete", "plan", planned.passed, planned.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
     for name in names if names is not None else sorted(states):
         state = states.get(name)

@@ -187,9 +187,11 @@ def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None
         specs = []
         for key, kind, label in FLAT_KEYS:
             if key == "deadline" and entry.get(key) is None:
-                # A readable entry that announces no deadline: nothing was skipped.
+                # A readable entry that announces no deadline. Not announced yet, it is information;
+                # but an entry whose deadline in force lost its key must not withdraw that rule
+                # (ingest holds it and turns rules_complete red: ParseProblem.unannounced).
                 result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
-                                                    skipped=False))
+                                                    unannounced=True))
                 continue
             if entry.get(key) is None:
                 continue  # abstract_deadline is optional; `null` means "none"

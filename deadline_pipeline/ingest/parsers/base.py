@@ -36,12 +36,17 @@ class ParseProblem:
     ``skipped``: False for a note that skips nothing (a part ignored, a duplicate whose first copy was
     kept). A skipped record is not a withdrawal: ingest keeps the last good version of every rule it
     may have yielded (all the missing ones when ``record_id`` is ``None``), and a check turns red.
+    ``unannounced``: the record is readable but announces no instant yet (an ai-deadlines entry
+    without ``deadline``: "not announced yet" in a real feed). It counts as skipped — rules held in
+    force, ``rules_complete`` red, the source's ``last_error`` — only when it may be a rule in force
+    that the snapshot lacks (:func:`counted_problems`); otherwise it is listed as information.
     """
 
     position: str
     message: str
     record_id: str | None = None
     skipped: bool = True
+    unannounced: bool = False
 
     def may_be(self, rule_id: str) -> bool:
         """Whether ``rule_id`` may be one of the rules this skipped record would have yielded."""
@@ -54,6 +59,14 @@ class ParseProblem:
 
     def __str__(self) -> str:
         return f"{self.position}: {self.message}"
+
+
+def counted_problems(problems, missing) -> list[ParseProblem]:
+    """The skipped records of ``problems`` that count (see :class:`ParseProblem`): every skipped
+    record, except an ``unannounced`` one that may be none of the rule ids in ``missing`` (rules in
+    force the snapshot lacks). Pure."""
+    missing = list(missing)
+    return [p for p in problems if p.skipped and (not p.unannounced or any(p.may_be(r) for r in missing))]
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""Planning problems are red, not log lines: the ``plan_complete`` check, the watchdog row and the
+exit code of ``run`` (SQLite and PostgreSQL), and the watchers' bounded reading of a rule planning
+refuses (a ``FREQ=SECONDLY`` rule hung ``horizon_planned``)."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from datetime import timedelta
+
+from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest.versions import is_future
+from deadline_pipeline.plan.service import plan_all, record_plan_run
+from deadline_pipeline.watch import checks as w
+from deadline_pipeline.watch.watchdog import evaluate
+from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.test_watch_checks import EVENT_A, EVENT_B, T0, _run_cli, ingest
+
+SECONDLY = dict(uid="s@test", tzid="Europe/Berlin", dtstart="20200101T000000", summary="Every second",
+                rrule="FREQ=SECONDLY")
+
+
+def _config(tmp_path, *, bob_email="bob@example.org", kinds=None, events=(EVENT_A, EVENT_B)):
+    (tmp_path / "cal.ics").write_text(ics(*events), newline="")
+    sub = {"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["box"]}
+    if kinds:
+        sub["kinds"] = kinds
+    bob = {"id": "bob", "tenant": "t1", "timezone": "America/Chicago"}
+    if bob_email:
+        bob["email"] = bob_email
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1", "freshness": "P1D"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}, bob],
+        subscriptions=[sub],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+    return load_config(path)[0], path
+
+
+def _plan(engine, cfg, now):
+    """One planning run recorded exactly as the ``plan_obligations`` asset records it."""
+    out = plan_all(engine, cfg, now)
+    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="test", problems=out.problems)
+    return out
+
+
+@contextmanager
+def _deadline(seconds: int):
+    """Fail (instead of hanging the suite) when the body runs longer than ``seconds``."""
+    def _raise(*_):
+        raise TimeoutError(f"took more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_run_exits_1_when_a_subscriber_lacks_the_contact_of_a_channel(tmp_path, db_url):
+    """bob has no email and the subscription's channel is a maildir: `run` exits 1 naming
+    plan_complete, and the watchdog has a red plan_complete row."""
+    _, path = _config(tmp_path, bob_email=None)
+    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path)
+    assert res.exit_code == 1, res.output
+    assert "plan_complete" in res.output and "bob" in res.output, res.output
+    dog = _run_cli(["watchdog", "--config", str(path), "--db-url", db_url, "--as-of", "2027-01-10T00:05:00Z"],
+                   tmp_path)
+    assert dog.exit_code == 1, dog.output
+    failing = [line for line in dog.output.splitlines() if line.startswith("FAIL")]
+    assert any("plan_complete" in line and "no email" in line for line in failing), dog.output
+
+
+def test_a_clean_plan_is_complete(engine, tmp_path):
+    cfg, _ = _config(tmp_path)
+    ingest(engine, cfg, T0)
+    _plan(engine, cfg, T0)
+    out = w.plan_complete(engine, T0)
+    assert out.passed and out.count == 0, out.summary
+    assert "plan_complete" in {r.check for r in evaluate(engine, T0, cfg).rows}
+
+
+def test_kinds_matching_no_rule_turn_plan_complete_red(engine, tmp_path):
+    cfg, _ = _config(tmp_path, kinds=["papr"])
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned == 0
+    out = w.plan_complete(engine, T0)
+    assert not out.passed and out.count == 2, out.summary  # one problem per subscriber
+    assert "papr" in out.summary and "papr" in out.offenders[0]["detail"]
+    rows = {r.check: r for r in evaluate(engine, T0, cfg).rows}
+    assert not rows["plan_complete"].ok and not evaluate(engine, T0, cfg).healthy
+
+
+def test_a_refused_rule_is_red_and_does_not_hang_the_watchers(engine, tmp_path):
+    """A FREQ=SECONDLY rule from 2020: planning refuses it (a problem → plan_complete red), and
+    horizon_planned and the quarantine's is_future read it bounded instead of stepping through
+    every second since its DTSTART."""
+    cfg, _ = _config(tmp_path, events=(EVENT_A, EVENT_B, SECONDLY))
+    ingest(engine, cfg, T0)
+    _plan(engine, cfg, T0)
+    out = w.plan_complete(engine, T0)
+    assert not out.passed and "s@test" in out.summary, out.summary
+    with _deadline(60):
+        horizon = w.horizon_planned(engine, T0, timedelta(minutes=90), timedelta(days=366))
+    assert horizon.passed, horizon.summary  # the other rules are planned; the refused one is plan_complete's
+    payload = {"rule_id": "s@test", "title": "x", "start": "2020-01-01T00:00:00", "tz": "Europe/Berlin",
+               "rrule": "FREQ=SECONDLY"}
+    with _deadline(60):
+        assert is_future(payload, T0)  # over the work budget: counted as future, the safe side
