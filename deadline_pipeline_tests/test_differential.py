@@ -131,13 +131,34 @@ def _dtstart_outside_rule(content: bytes) -> bool:
 GENERATED_WINDOW = (datetime(2023, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=UTC))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _weekly_setpos_first_week(content: bytes, outcome) -> bool:
+    """True when the only difference is the reference's pick in DTSTART's own week of a
+    ``FREQ=WEEKLY`` rule with BYSETPOS and no COUNT. RFC 5545 §3.3.10 applies BYSETPOS to the set of
+    the whole week (starting at WKST, default MO); dateutil, and so the reference, starts that first
+    set at DTSTART and picks a later day of the week (see ``series`` in plan/occurrences.py)."""
+    text = content.decode()
+    rule = next(line for line in text.split("\r\n") if line.startswith("RRULE"))
+    if "FREQ=WEEKLY" not in rule or "BYSETPOS=" not in rule or "COUNT=" in rule or outcome.only_ours:
+        return False
+    start = datetime.strptime(next(line for line in text.split("\r\n") if line.startswith("DTSTART"))
+                              .rsplit(":", 1)[1], "%Y%m%dT%H%M%S")
+    wkst = {"MO": 0, "TU": 1, "WE": 2, "TH": 3, "FR": 4, "SA": 5, "SU": 6}[
+        next((p[5:] for p in rule[6:].split(";") if p.startswith("WKST=")), "MO")]
+    week_start = (start - timedelta(days=(start.weekday() - wkst) % 7)).date()
+    # Compared by date with a day's slack either side: the pairs are UTC instants of local times.
+    return all(week_start - timedelta(days=1) <= datetime.fromisoformat(t.replace("Z", "+00:00")).date()
+               <= week_start + timedelta(days=7) for _uid, t in outcome.only_reference)
+
+
+# Derandomized so CI runs the same 100 examples every time: a new difference found while exploring
+# (``--hypothesis-seed=N``) is fixed or justified here, never left to fail one run in three.
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(content=calendars())
 def test_generated_rules_agree_with_the_reference(content):
     outcome = compare(content, GENERATED_WINDOW)
     assert outcome.ours_error is None and outcome.reference_error is None, (outcome.ours_error,
                                                                             outcome.reference_error)
-    if outcome.identical:
+    if outcome.identical or _weekly_setpos_first_week(content, outcome):
         return
     # The one reading that differs on purpose (RFC 5545 §3.8.5.3, listed for b01): a DTSTART outside
     # its RRULE counts toward COUNT here, so the reference has exactly one more instance (its last
