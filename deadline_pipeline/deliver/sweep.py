@@ -164,10 +164,6 @@ class _Result:
     owner: str = ""  # the lease owner of the claim this alert came in (one per claim)
 
 
-def _notification(row: dict, sent_at: datetime, cfg: DeadlinesConfig | None = None) -> Notification:
-    return notification_from_row(row, sent_at, cfg)
-
-
 class _Limiter:
     """At most ``concurrency`` holders at once and at most ``rate`` acquisitions per second."""
 
@@ -522,7 +518,7 @@ class _Sweep:
                     # unstarted attempt row, so nothing is charged).
                     r.released = True
                     return
-                n = _notification(row, self.clock(), self.cfg)
+                n = notification_from_row(row, self.clock(), self.cfg)
                 if r.resolve_first:
                     found = await asyncio.get_running_loop().run_in_executor(self.pool, _resolve_unknown, ch, n)
                     if found is not None:  # booked by the dead sender: record it, never book twice
