@@ -52,7 +52,7 @@ from sqlalchemy import create_engine, insert, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from deadline_pipeline.config import DeadlinesConfig, WebhookChannel  # noqa: E402
-from deadline_pipeline.deliver.sweep import sweep  # noqa: E402
+from deadline_pipeline.deliver.sweep import sweep, utcnow  # noqa: E402
 from deadline_pipeline.store import delivery as dsql  # noqa: E402
 from deadline_pipeline.store.db import make_engine, normalise_url, upgrade  # noqa: E402
 from deadline_pipeline.store.schema import alerts, obligations, sources, subscribers  # noqa: E402
@@ -174,20 +174,20 @@ def db_only(url: str, n: int, hook: str) -> float:
     return elapsed
 
 
-def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=None) -> float:
+def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=None, processes: int = 1) -> float:
     """Seconds for :func:`sweep` to deliver ``n`` due alerts with full bookkeeping; the lateness of
     each alert (sent - send_at, seconds) goes to ``box["late"]``."""
     engine = make_engine(url)
     cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
                           channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
-                          delivery={"batch_size": 500})
+                          delivery={"batch_size": 500, "processes": processes})
     send_at = datetime.now(UTC)
     seed(engine, n, hook, send_at)
     # send_at = the moment the backlog is due; (sent - send_at) then includes the wait in the backlog.
     if profiler is not None:
         profiler.enable()
     t = time.perf_counter()
-    out = sweep(engine, cfg, datetime.now(UTC), clock=lambda: datetime.now(UTC))
+    out = sweep(engine, cfg, datetime.now(UTC), clock=utcnow)
     elapsed = time.perf_counter() - t
     if profiler is not None:
         profiler.disable()
@@ -195,6 +195,7 @@ def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=Non
         delivered = conn.execute(select(text("count(*)")).select_from(alerts).where(alerts.c.status == "delivered")
                                  ).scalar_one()
     assert delivered == n == out.delivered, (delivered, n, out)
+    assert out.processes == processes, out
     engine.dispose()
     if box is not None:
         box["late"] = out.lateness_seconds

@@ -429,6 +429,9 @@ class DeliveryConfig(_Model):
     # Longest wait a receiver's Retry-After may impose, in seconds (default: backoff_cap_seconds); a
     # "Retry-After: <a date in 9999>" would otherwise park an alert until then, never escalated.
     retry_after_cap_seconds: float | None = None
+    # Processes one sweep runs in (PostgreSQL; see deliver/workers.py): the sweep is CPU-bound in one
+    # interpreter, so on an n-core host up to n processes add throughput. Each claims its own batches.
+    processes: Annotated[int, Field(ge=1, le=64)] = 1
 
     @property
     def retry_after_cap(self) -> float:

@@ -127,7 +127,9 @@ class SweepOutcome:
     ``unknown_found`` / ``unknown_absent``: of those on booking channels, the ones the provider lookup
     found booked (recorded delivered, not resent) / proved absent (booked again with the same key).
     ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels.
-    ``batch_failures``: batches that failed as a whole (database or bookkeeping error).
+    ``batch_failures``: batches that failed as a whole (database or bookkeeping error), plus worker
+    processes that ended without a result.
+    ``processes``: how many processes swept (``delivery.processes``; 1 on SQLite).
     """
 
     claimed: int = 0
@@ -145,6 +147,7 @@ class SweepOutcome:
     escalation_notice_failures: int = 0
     retry_after_capped: int = 0
     results_unstorable: int = 0
+    processes: int = 1
     lateness_seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -198,9 +201,47 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     instances by name (tests, custom channels); the others are built from ``cfg.channels`` and
     closed at the end. Never raises for one alert's failure; raises :class:`SweepFailed` when every
     batch attempted failed as a whole.
+
+    With ``delivery.processes`` > 1 (PostgreSQL) the sweep runs in that many processes
+    (:mod:`deadline_pipeline.deliver.workers`), each claiming its own batches; ``max_batches`` and the
+    time budget apply to each. Their outcomes are added up; a worker that ends without a result is
+    logged, listed in ``errors`` and counted in ``batch_failures``, and :class:`SweepFailed` is raised
+    when any worker gave up on the database. Raises ``ValueError`` for ``channels`` or an unpicklable
+    ``clock`` (use :func:`utcnow`) with more than one process.
     """
-    runner = _Sweep(engine, cfg, now, owner or lease_owner(), clock or (lambda: now), max_batches,
-                    dict(channels or {}))
+    owner = owner or lease_owner()
+    processes = cfg.delivery.processes
+    if processes > 1 and channels:
+        raise ValueError("delivery.processes > 1 cannot use channel instances passed in `channels` (each worker "
+                         "process builds its own from the configuration); set delivery.processes: 1")
+    if processes > 1 and engine.dialect.name != "postgresql":
+        # SQLite admits one writer at a time: more processes would only queue on its lock.
+        log.warning("delivery.processes is %d, but the store is %s: sweeping in one process", processes,
+                    engine.dialect.name)
+        processes = 1
+    if processes == 1:
+        return _run_one(_Sweep(engine, cfg, now, owner, clock or (lambda: now), max_batches, dict(channels or {})))
+    from deadline_pipeline.deliver.workers import merge_outcomes, run_in_processes
+
+    results = run_in_processes(
+        engine, cfg, now, owner=owner, clock=clock, max_batches=max_batches,
+        run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})))
+    out = SweepOutcome(processes=processes)
+    merge_outcomes([v for status, v in results if status == "ok"], out)
+    problems = [str(v) for status, v in results if status != "ok"]
+    for p in problems:
+        log.error("delivery worker: %s", p)
+        out.errors.append(p)
+    out.batch_failures += sum(1 for status, _ in results if status == "lost")
+    if any(status == "failed" for status, _ in results):
+        # A worker gave up on the database while others swept: as loud as a one-process failure.
+        exc = SweepFailed("delivery worker(s) gave up: " + "; ".join(problems))
+        exc.outcome = out  # what the other workers did, for the caller's report
+        raise exc
+    return out
+
+
+def _run_one(runner: _Sweep) -> SweepOutcome:
     try:
         asyncio.get_running_loop()
     except RuntimeError:

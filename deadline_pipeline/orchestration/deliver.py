@@ -7,7 +7,7 @@ import logging
 import dagster as dg
 
 from deadline_pipeline.deliver.channels.environment import unresolved_env
-from deadline_pipeline.deliver.sweep import lease_owner, sweep
+from deadline_pipeline.deliver.sweep import lease_owner, sweep, utcnow
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.store import health
@@ -32,7 +32,8 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
     engine = store.engine()
     started = clock.now()
     out = sweep(engine, cfg, started, owner=lease_owner(context.run_id),
-                clock=clock.now if not clock.frozen else None)
+                # utcnow, not clock.now: it can be sent to the worker processes (delivery.processes).
+                clock=utcnow if not clock.frozen else None)
     finished = clock.now()
     with engine.begin() as conn:
         health.beat(conn, "deliver", started_at=started, completed_at=finished,
@@ -50,6 +51,8 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
         "escalation_notices": out.escalation_notices,
         "escalation_notice_failures": out.escalation_notice_failures, "batches": out.batches,
         "batch_failures": out.batch_failures, "lateness_p99_seconds": float(p99),
+        "retry_after_capped": out.retry_after_capped, "results_unstorable": out.results_unstorable,
+        "processes": out.processes,
     })
     yield dg.Output(None)
 

@@ -1,0 +1,197 @@
+"""One sweep spread over several processes (``delivery.processes``), to use every core.
+
+Why processes, not threads or a bigger event loop: a sweep is CPU-bound in one interpreter - the
+HTTP client, rendering and signing, and the database driver share one core through the GIL
+(``benchmarks/README.md``: the event loop is busy more than 90% of the time). Each worker process
+runs the whole sweep of :mod:`deadline_pipeline.deliver.sweep` on its own event loop and its own
+database connections, and claims its own batches under a lease owner of its own
+(``<owner>#w<i>.<pid>``); ``FOR UPDATE SKIP LOCKED`` gives the workers disjoint batches. So every
+guarantee of one sweep holds in each worker unchanged (attempt row committed and the lease re-checked
+before each send, owner-checked writes, per-alert recording), and a worker that dies is exactly a
+crashed sweeper: its claimed alerts are taken up again after their lease expires.
+
+The calling process is worker 0 and starts sending at once; workers 1..n-1 are started from a
+``forkserver`` (a clean single-threaded process, so no lock held by a thread of the caller - a Dagster
+run worker has several - is inherited locked) that has this package imported already. Each worker
+gets the caller's environment as it is at the call (secrets named by ``secret_env`` and ``${VAR}``
+references are read at send time), and its log records are passed to the caller's loggers, so they
+reach Dagster's log capture like the caller's own.
+
+PostgreSQL only: SQLite admits one writer at a time, so extra workers would only wait on each
+other's locks; there the sweep runs in one process and says so in the log and in
+``SweepOutcome.processes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import logging.handlers
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from datetime import datetime
+
+from sqlalchemy import Engine
+
+from deadline_pipeline.config import DeadlinesConfig
+
+log = logging.getLogger(__name__)
+
+# Seconds a worker may take beyond the time budget before it is judged hung: the budget only stops
+# new sends, so the last sends may run up to their channel's timeout, then the results are recorded.
+_JOIN_SLACK_SECONDS = 60.0
+
+
+@dataclass
+class _WorkerSpec:
+    """Everything a worker process needs, picklable (no engine, no channel instances)."""
+
+    url: str
+    cfg: DeadlinesConfig
+    now: datetime
+    owner: str
+    clock: Callable[[], datetime] | None
+    max_batches: int | None
+    env: dict[str, str]
+    log_level: int
+
+
+def check_picklable_clock(clock: Callable[[], datetime] | None) -> None:
+    """Raise ``ValueError`` when ``clock`` cannot be sent to a worker process (a lambda, a bound
+    method of an unpicklable object); ``None`` (the fixed ``now``) and module-level functions such
+    as :func:`deadline_pipeline.deliver.sweep.utcnow` can."""
+    if clock is None:
+        return
+    try:
+        pickle.dumps(clock)
+    except Exception as exc:
+        raise ValueError(f"delivery.processes > 1 needs a clock that can be sent to a worker process (a "
+                         f"module-level function such as deliver.sweep.utcnow), not {clock!r}: {exc}") from None
+
+
+def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str,
+                     clock: Callable[[], datetime] | None, max_batches: int | None,
+                     run_here: Callable[[], object]) -> list[tuple[str, object]]:
+    """Run ``cfg.delivery.processes - 1`` worker processes beside ``run_here()`` (worker 0, in this
+    process) and wait for all of them.
+
+    Returns one ``(status, value)`` per worker, worker 0 first: ``("ok", SweepOutcome)``,
+    ``("failed", message)`` for a sweep that raised ``SweepFailed`` (or anything else), or
+    ``("lost", message)`` for a worker that died or hung without a result (it was killed; its claimed
+    alerts are taken up again after their lease expires). Never raises for a worker's failure;
+    raises ``ValueError`` for a clock that cannot be sent to a worker.
+    """
+    check_picklable_clock(clock)
+    n = cfg.delivery.processes
+    spec = _WorkerSpec(url=engine.url.render_as_string(hide_password=False), cfg=cfg, now=now, owner=owner,
+                       clock=clock, max_batches=max_batches, env=dict(os.environ),
+                       log_level=logging.getLogger().getEffectiveLevel())
+    ctx = multiprocessing.get_context("forkserver")
+    # Workers fork from a server that has the sweep imported: a fork costs milliseconds, an import
+    # of the sweep's dependencies about a second of CPU that the sending workers would lose.
+    ctx.set_forkserver_preload(["deadline_pipeline.deliver.sweep"])
+    logq = ctx.Queue()
+    forwarder = threading.Thread(target=_forward_logs, args=(logq,), name="deliver-worker-logs", daemon=True)
+    forwarder.start()
+    workers: list[tuple[multiprocessing.process.BaseProcess, object]] = []
+    start_errors: list[str] = []
+
+    def start_workers() -> None:
+        # In a thread: the first start waits for the forkserver to import the sweep, while worker 0
+        # is already sending.
+        for i in range(1, n):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker_main, args=(spec, i, logq, send), name=f"deliver-worker-{i}",
+                            daemon=True)
+            try:
+                p.start()
+            except Exception as exc:  # no process for this worker: the others still sweep everything
+                start_errors.append(f"worker {i} could not start: {type(exc).__name__}: {exc}")
+                continue
+            send.close()
+            workers.append((p, recv))
+
+    starter = threading.Thread(target=start_workers, name="deliver-worker-start", daemon=True)
+    starter.start()
+    results: list[tuple[str, object]] = []
+    try:
+        results.append(("ok", run_here()))
+    except Exception as exc:
+        results.append(("failed", f"worker 0: {type(exc).__name__}: {exc}"))
+    starter.join()
+    give_up = time.monotonic() + cfg.delivery.time_budget_seconds + _JOIN_SLACK_SECONDS
+    for p, recv in workers:
+        results.append(_collect(p, recv, give_up))
+    results += [("lost", e) for e in start_errors]
+    logq.put(None)
+    forwarder.join(5)
+    logq.close()
+    return results
+
+
+def _collect(p, recv, give_up: float) -> tuple[str, object]:
+    try:
+        if recv.poll(max(0.0, give_up - time.monotonic())):
+            status, value = recv.recv()
+            p.join(10)
+            return status, value
+    except (EOFError, OSError):  # the worker died before sending its result
+        pass
+    if p.is_alive():
+        p.kill()  # hung past its budget: stop it like a crashed sweeper (leases recover its alerts)
+    p.join(10)
+    return "lost", (f"{p.name} ended without a result (exit code {p.exitcode}); the alerts it had claimed are "
+                    "taken up again when their lease expires")
+
+
+def _forward_logs(logq) -> None:
+    # The logging cookbook's listener: each record goes to the logger of its name in this process.
+    while True:
+        try:
+            record = logq.get()
+        except (EOFError, OSError):
+            return
+        if record is None:
+            return
+        logging.getLogger(record.name).handle(record)
+
+
+def _worker_main(spec: _WorkerSpec, index: int, logq, send) -> None:
+    from deadline_pipeline.deliver.sweep import _Sweep
+    from deadline_pipeline.store.db import make_engine
+
+    # The caller's environment at the call, not the forkserver's from when it started: a secret
+    # rotated (or set by a test) since then must be the one used.
+    os.environ.clear()
+    os.environ.update(spec.env)
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(logq)]
+    root.setLevel(spec.log_level)
+    engine = make_engine(spec.url)
+    now = spec.now
+    try:
+        runner = _Sweep(engine, spec.cfg, now, f"{spec.owner}#w{index}.{os.getpid()}",
+                        spec.clock or (lambda: now), spec.max_batches, {})
+        send.send(("ok", asyncio.run(runner.run())))
+    except Exception as exc:
+        send.send(("failed", f"worker {index}: {type(exc).__name__}: {exc}"))
+    finally:
+        engine.dispose()
+
+
+def merge_outcomes(outcomes: list, into) -> None:
+    """Add each field of every outcome in ``outcomes`` to ``into`` (counts summed, lists joined)."""
+    for out in outcomes:
+        for f in fields(into):
+            if f.name == "processes":
+                continue
+            value = getattr(out, f.name)
+            if isinstance(value, list):
+                getattr(into, f.name).extend(value)
+            else:
+                setattr(into, f.name, getattr(into, f.name) + value)
