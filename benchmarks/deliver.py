@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1,000 jobs, 3 rounds, under a minute; same shape")
     ap.add_argument("--skip-queues", action="store_true", help="skip Procrastinate and pgqueuer")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the sweep's rounds into FILE (pstats)")
+    ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+                    help="delivery.processes of the sweep (default: this machine's cores, %(default)s)")
     args = ap.parse_args(argv)
     n = 1_000 if args.quick else args.n
 
@@ -313,12 +315,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def the_sweep() -> float:
         box: dict = {}
-        rate = counted(sweep_run, box, profiler)
+        rate = counted(sweep_run, box, profiler, args.processes)
         lateness_p50.append(statistics.median(box["late"]))
         lateness_p99.append(pct(box["late"], 0.99))
         return rate
 
     contenders = {"aiohttp_ceiling": aiohttp_ceiling, "sweep": the_sweep}
+    if args.processes > 1:
+        # The same sweep in one process, for comparison: what the extra processes add.
+        contenders["sweep_one_process"] = lambda: counted(sweep_run, None, None, 1)
     if not args.skip_queues:
         contenders["pgqueuer"] = lambda: counted(pgqueuer_run)
         contenders["procrastinate"] = lambda: counted(procrastinate_run)
@@ -332,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         profiler.dump_stats(args.profile)
 
     labels = {"aiohttp_ceiling": "raw aiohttp client ceiling, conc 64 (no database)",
-              "sweep": "sweep: claim -> attempt rows -> render/sign -> send -> record",
+              "sweep": f"sweep: claim -> attempt rows -> render/sign -> send -> record, {args.processes} process(es)",
+              "sweep_one_process": "the same sweep in one process (delivery.processes: 1)",
               "pgqueuer": "pgqueuer (asyncpg, batch 32, 64 tasks, drain)",
               "procrastinate": "Procrastinate worker (concurrency 64, drain)",
               "db_only": "database only: claim 500 + mark delivered, no send"}

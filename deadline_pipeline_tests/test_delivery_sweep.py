@@ -37,6 +37,7 @@ from deadline_pipeline.deliver.notification import DeliveryError, SendResult
 from deadline_pipeline.deliver.sweep import lease_owner, sweep
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as dsql
+from deadline_pipeline.store.db import db_clock
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -203,6 +204,42 @@ def test_claim_honours_the_batch_limit(engine):
         third = dsql.claim_batch(conn, owner="c#1#r", now=T0, lease_seconds=60, limit=50)
     assert (len(first), len(second), len(third)) == (50, 50, 20)
     assert not set(first) & set(second)
+
+
+def test_claim_and_load_is_the_step_by_step_claim_in_one_statement(engine):
+    """The sweep's claim (one statement on PostgreSQL) returns what claim_batch + load_claimed +
+    close_stale_attempts + add_attempts did: the oldest due alerts up to the limit, never one held
+    on a live lease, each row's attempts counting a dead holder's unfinished attempt, which is
+    closed as unknown."""
+    ids = seed(engine, 6)
+    dead, held = ids[1], ids[2]
+    with engine.begin() as conn:
+        clock = db_clock(conn)
+        conn.execute(update(alerts).where(alerts.c.id == dead).values(
+            status="claimed", lease_owner="dead#1#r", lease_expires_at=clock - timedelta(hours=1)))
+        conn.execute(insert(delivery_attempts).values(alert_id=dead, attempt=1, lease_owner="dead#1#r",
+                                                      started_at=T0))
+        conn.execute(update(alerts).where(alerts.c.id == held).values(
+            status="claimed", lease_owner="live#2#r", lease_expires_at=clock + timedelta(hours=1)))
+    with engine.begin() as conn:
+        rows, stale = dsql.claim_and_load(conn, owner="me#1#r", now=T0, lease_seconds=60, limit=3)
+    assert [r["id"] for r in rows] == [ids[0], dead, ids[3]]
+    assert stale == {dead: 1}
+    assert {r["id"]: r["attempts"] for r in rows} == {ids[0]: 0, dead: 1, ids[3]: 0}
+    with engine.begin() as conn:
+        loaded = {r["id"]: r for r in dsql.load_claimed(conn, [r["id"] for r in rows])}
+        assert rows == [loaded[r["id"]] for r in rows], "the same columns and values as load_claimed"
+        held_rows = conn.execute(select(alerts.c.id, alerts.c.lease_owner, alerts.c.attempts)
+                                 .where(alerts.c.id.in_(ids)).order_by(alerts.c.id)).all()
+        assert [(i, o) for i, o, _ in held_rows] == [
+            (ids[0], "me#1#r"), (dead, "me#1#r"), (held, "live#2#r"), (ids[3], "me#1#r"), (ids[4], None),
+            (ids[5], None)]
+        assert conn.execute(select(delivery_attempts.c.outcome, delivery_attempts.c.finished_at.is_not(None))
+                            .where(delivery_attempts.c.alert_id == dead)).all() == [("unknown", True)]
+    with engine.begin() as conn:
+        rest, stale = dsql.claim_and_load(conn, owner="me#2#r", now=T0, lease_seconds=60, limit=10)
+        assert ([r["id"] for r in rest], stale) == ([ids[4], ids[5]], {})
+        assert dsql.claim_and_load(conn, owner="me#3#r", now=T0, lease_seconds=60, limit=10) == ([], {})
 
 
 # --------------------------------------------------------------------------- attempts and escalation

@@ -299,8 +299,9 @@ class _StartGate:
                     by_owner.setdefault(r.owner, []).append((r, fut))
                 for owner, items in by_owner.items():
                     try:
-                        started = await asyncio.to_thread(self.sweep._start_attempts, owner,
-                                                          [(r.row["id"], r.attempt_no) for r, _ in items])
+                        started = await asyncio.get_running_loop().run_in_executor(
+                            self.sweep.gate_pool, self.sweep._start_attempts, owner,
+                            [(r.row["id"], r.attempt_no) for r, _ in items])
                     except Exception as exc:  # database down: these sends do not start (not charged)
                         for _, fut in items:
                             if not fut.done():
@@ -331,6 +332,11 @@ class _Sweep:
         self.gate = _StartGate(self)
         workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
         self.pool = ThreadPoolExecutor(max_workers=min(64, workers), thread_name_prefix="deliver-send")
+        # The attempt rows' group commits run in one thread on one connection kept for the sweep: a
+        # pool checkout per group cost a pre-ping round trip and most of the gate's time (profile in
+        # benchmarks/README.md). Broken, it is dropped and the next group connects afresh.
+        self.gate_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deliver-gate")
+        self._gate_conn = None
 
     # ------------------------------------------------------------------ channels
 
@@ -476,22 +482,19 @@ class _Sweep:
             except Exception:  # closing must not hide the sweep's own result
                 log.warning("closing channel %s failed", ch.name, exc_info=True)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        # Closed in its own thread, after any group commit still running there.
+        self.gate_pool.submit(self._drop_gate_conn)
+        self.gate_pool.shutdown(wait=True, cancel_futures=False)
 
     # ------------------------------------------------------------------ 1. claim
 
     def _claim(self, t: datetime, owner: str) -> tuple[list[dict], list[_Result]]:
         with self.engine.begin() as conn:
-            ids = sql.claim_batch(conn, owner=owner, now=t, lease_seconds=self.d.lease_seconds,
-                                  limit=self.d.batch_size)
-            if not ids:
-                return [], []
-            rows = sql.load_claimed(conn, ids)
-            stale = sql.close_stale_attempts(conn, ids, owner=owner, now=t)
-            sql.add_attempts(conn, stale, owner=owner, now=t)
+            rows, stale = sql.claim_and_load(conn, owner=owner, now=t, lease_seconds=self.d.lease_seconds,
+                                             limit=self.d.batch_size)
             results = []
             for row in rows:
-                n_stale = stale.get(row["id"], 0)
-                row["attempts"] += n_stale
+                n_stale = stale.get(row["id"], 0)  # already counted in row["attempts"]
                 r = _Result(row=row, attempt_no=row["attempts"] + 1, owner=owner)
                 if n_stale:
                     self.out.recovered_unknown += 1
@@ -530,9 +533,25 @@ class _Sweep:
     # ------------------------------------------------------------------ 3. send
 
     def _start_attempts(self, owner: str, items: list[tuple[int, int]]) -> dict[int, int]:
-        # held_only: the ownership check right before the send, on the database clock.
-        with self.engine.begin() as conn:
-            return sql.start_attempts(conn, items, owner=owner, now=self.clock(), held_only=True)
+        """In ``gate_pool``'s one thread: commit the attempt rows of ``items`` on the kept connection."""
+        if self._gate_conn is None:
+            self._gate_conn = self.engine.connect()
+        conn = self._gate_conn
+        try:
+            with conn.begin():
+                # held_only: the ownership check right before the send, on the database clock.
+                return sql.start_attempts(conn, items, owner=owner, now=self.clock(), held_only=True)
+        except Exception:
+            self._drop_gate_conn()
+            raise
+
+    def _drop_gate_conn(self) -> None:
+        conn, self._gate_conn = self._gate_conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already broken: closing it is only tidying up
+                log.debug("closing the attempt-row connection failed", exc_info=True)
 
     async def _send(self, r: _Result, claimed_at: float) -> None:
         row = r.row
