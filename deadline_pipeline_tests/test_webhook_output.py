@@ -101,7 +101,8 @@ def _notification(**changes) -> Notification:
     fields = {"dedup_key": KEY, "kind": "reminder", "subscriber_id": "ana", "email": None,
               "webhook_url": "http://127.0.0.1:9/hook", "subscriber_tz": "Europe/Berlin", "source": "conf-feed",
               "rule_id": "icml-2026", "title": "ICML 2026 paper – “camera-ready” ✓", "due_at": DUE,
-              "offset_seconds": -604800, "url": "https://icml.cc/Conferences/2026", "note": "Abstract first.\nThen PDF.",
+              "offset_seconds": -604800, "url": "https://icml.cc/Conferences/2026",
+              "note": "Abstract first.\nThen PDF.",
               "sent_at": datetime(2026, 4, 30, 11, 59, 3, 250000, tzinfo=UTC), "rule_tz": "AoE",
               "planned_at": datetime(2026, 4, 30, 11, 59, tzinfo=UTC)}
     return Notification(**(fields | changes))
@@ -142,7 +143,8 @@ def test_body_and_headers_are_the_documented_bytes(monkeypatch, body, signed):
         before = int(time.time())
         url, sent_body, headers = sender._prepare(n)
         after = int(time.time())
-        if n.sent_at is None and body != "legacy":  # the timestamp is "now": take it from the body, check it, then compare the rest
+        if n.sent_at is None and body != "legacy":
+            # The timestamp is "now": take it from the body, check it, then compare the rest.
             stamp = json.loads(sent_body)["timestamp"]
             assert before <= datetime.fromisoformat(stamp).timestamp() <= after + 1
             n = Notification(**{**n.__dict__, "sent_at": datetime.fromisoformat(stamp)})
