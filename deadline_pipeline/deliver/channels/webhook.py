@@ -110,6 +110,14 @@ def _local_iso(when: datetime | None, tz_name: str | None) -> str | None:
     return None if zone is None else when.astimezone(zone).isoformat()
 
 
+# typed=True: only a datetime equal in instant *and* type shares an entry (the texts depend on the instant only).
+@lru_cache(maxsize=4096, typed=True)
+def _due_texts(due_at: datetime, subscriber_tz: str | None, rule_tz: str | None) -> tuple[str | None, ...]:
+    """``(due_at as UTC "Z", in the subscriber's zone, in the deadline's zone)``; cached because a
+    sweep sends the same deadline to many subscribers and at several offsets."""
+    return iso_z(due_at), _local_iso(due_at, subscriber_tz), _local_iso(due_at, rule_tz)
+
+
 def payload(n: Notification, body: str = "standard-webhooks") -> dict:
     """The JSON body for ``n``: the Standard Webhooks envelope (``body="standard-webhooks"``) or the
     earlier flat body (``body="legacy"``); see the module docstring. ``timestamp`` is the send
@@ -118,6 +126,7 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
         return legacy_payload(n)
     late = (n.kind == "reminder" and n.sent_at is not None and n.planned_at is not None
             and n.sent_at - n.planned_at > LATE_AFTER)
+    due_at, due_local, due_in_deadline_timezone = _due_texts(n.due_at, n.subscriber_tz, n.rule_tz)
     return {
         "type": EVENT_TYPES[n.kind],
         "timestamp": iso_z(n.sent_at or datetime.now(UTC)),
@@ -127,15 +136,15 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
             "source": n.source,
             "rule_id": n.rule_id,
             "title": n.title,
-            "due_at": iso_z(n.due_at),
+            "due_at": due_at,
             "previous_due_at": iso_z(n.previous_due_at),
             "offset": iso_duration(n.offset_seconds),
             "offset_seconds": n.offset_seconds,
             "offset_words": offset_words(n.offset_seconds),
             "subscriber_timezone": n.subscriber_tz,
-            "due_local": _local_iso(n.due_at, n.subscriber_tz),
+            "due_local": due_local,
             "deadline_timezone": n.rule_tz,
-            "due_in_deadline_timezone": _local_iso(n.due_at, n.rule_tz),
+            "due_in_deadline_timezone": due_in_deadline_timezone,
             "business_day_note": n.roll_note,
             "planned_send_at": iso_z(n.planned_at),
             "late": late,
