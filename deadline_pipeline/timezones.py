@@ -230,7 +230,6 @@ def _iana(text: str) -> ZoneInfo | None:
     return None
 
 
-@lru_cache(maxsize=512)
 def resolve_zone(name: str) -> tzinfo:
     """Resolve a time-zone spelling to a ``tzinfo``.
 
@@ -238,6 +237,25 @@ def resolve_zone(name: str) -> tzinfo:
     abbreviation (``PDT``) or a Windows zone name. Returns a ``ZoneInfo`` or a fixed ``timezone``.
     Raises :class:`UnknownTimeZone` naming the input when none applies; it never falls back to UTC.
     """
+    zone = _resolve_or_problem(name)
+    if isinstance(zone, UnknownTimeZone):
+        # A fresh exception each time (a cached one would carry the traceback of every earlier raise).
+        raise UnknownTimeZone(*zone.args)
+    return zone
+
+
+@lru_cache(maxsize=512)
+def _resolve_or_problem(name: str) -> tzinfo | UnknownTimeZone:
+    """:func:`resolve_zone`'s answer, with an unknown name's error returned instead of raised, so that
+    it is cached too: a subscriber with an unknown zone is looked up again for every alert (and a
+    miss costs a directory lookup for ``ZoneInfo``)."""
+    try:
+        return _resolve(name)
+    except UnknownTimeZone as exc:
+        return exc
+
+
+def _resolve(name: str) -> tzinfo:
     if not isinstance(name, str) or not name.strip():
         raise UnknownTimeZone(f"time zone {name!r} is empty; a rule needs an IANA zone or a UTC offset")
     text = name.strip()

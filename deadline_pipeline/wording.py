@@ -8,6 +8,7 @@ reminder offset both as the ISO 8601 duration the configuration uses and in word
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import lru_cache
 
 _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
@@ -37,6 +38,9 @@ def human_duration(seconds: float | timedelta | None) -> str:
     return f"{sign}{whole} s"  # pragma: no cover - unreachable (whole >= 60 here)
 
 
+# Cached: a sweep words the same few configured offsets for every alert. typed=True keeps 3600 and
+# 3600.0 apart, so a cached answer is always the one the call itself would compute.
+@lru_cache(maxsize=1024, typed=True)
 def iso_duration(seconds: int) -> str:
     """An offset in seconds as the ISO 8601 duration the configuration accepts: ``-604800`` →
     ``"-P7D"``, ``-5400`` → ``"-PT1H30M"``, ``0`` → ``"PT0S"``, ``-93600`` → ``"-P1DT2H"``."""
@@ -70,6 +74,7 @@ def duration_words(seconds: int) -> str:
     return " ".join(parts[:2])
 
 
+@lru_cache(maxsize=1024, typed=True)
 def offset_words(seconds: int) -> str:
     """Which reminder an offset is: ``-604800`` → ``"7 days before"``, ``0`` → ``"at the deadline"``,
     ``3600`` → ``"1 hour after"``."""

@@ -65,6 +65,17 @@ def test_unknown_names_are_refused_never_utc(name):
     assert repr(name.strip() if name.strip() else name)[1:-1] in str(info.value) or name.strip() == ""
 
 
+def test_an_unknown_name_is_refused_on_every_lookup_not_only_the_first():
+    # Answers are cached, unknown ones too; each lookup still raises, with its own exception.
+    errors = []
+    for _ in range(3):
+        with pytest.raises(UnknownTimeZone, match="Mars/Cached_Crater") as info:
+            resolve_zone("Mars/Cached_Crater")
+        errors.append(info.value)
+    assert errors[0] is not errors[1] and str(errors[0]) == str(errors[2])
+    assert errors[2].__traceback__ is not None and errors[2].__context__ is None
+
+
 def test_unknown_time_zone_is_a_value_error():
     assert issubclass(UnknownTimeZone, ValueError)
     assert resolve_zone("UTC") is UTC

@@ -19,7 +19,10 @@ Outcomes of a failed send (:class:`DeliveryError`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+
+from deadline_pipeline.plan.business_days import describe_roll
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 # "escalation": the operator's notice that an alert could not be delivered (sent by the sweep itself).
 KINDS = ("reminder", "correction", "cancellation", "escalation")
@@ -27,6 +30,8 @@ OUTCOMES = ("failed", "unknown")
 
 
 def _utc(value: datetime, field: str) -> datetime:
+    if value.tzinfo is UTC:  # already normalised (what the store returns): astimezone(UTC) would return it as is
+        return value
     # A naive datetime here would be read as host-local time by astimezone() and shift the
     # reminder by the host's UTC offset without any error.
     if value.tzinfo is None or value.utcoffset() is None:
@@ -88,20 +93,18 @@ class Notification:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Notification {self.dedup_key}: kind {self.kind!r} is not one of {KINDS}")
-        object.__setattr__(self, "due_at", _utc(self.due_at, "due_at"))
-        if self.previous_due_at is not None:
-            object.__setattr__(self, "previous_due_at", _utc(self.previous_due_at, "previous_due_at"))
-        if self.sent_at is not None:
-            object.__setattr__(self, "sent_at", _utc(self.sent_at, "sent_at"))
-        if self.planned_at is not None:
-            object.__setattr__(self, "planned_at", _utc(self.planned_at, "planned_at"))
+        for field in ("due_at", "previous_due_at", "sent_at", "planned_at"):
+            value = getattr(self, field)
+            if value is None and field != "due_at":
+                continue
+            utc = _utc(value, field)
+            if utc is not value:
+                object.__setattr__(self, field, utc)
 
 
 def _nominal_date(period: str | None, payload: dict):
     """The local date the source published for an occurrence: the period (its original local start)
     for a series, the rule's ``start`` for a one-off; ``None`` when unknown (a UTC-instant period)."""
-    from datetime import date
-
     text = period if period and period != "once" and not period.endswith("Z") else payload.get("start")
     try:
         return date.fromisoformat(str(text)[:10]) if text else None
@@ -117,11 +120,10 @@ def roll_note_for(row: dict, cfg) -> str | None:
     (``source``, ``period``, ``payload``, ``due_at``, ``timezone``). Never raises for bad data: a note
     that cannot be worked out is left out (the due instant itself is always shown).
     """
-    from deadline_pipeline.plan.business_days import describe_roll
-    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
-
+    if cfg is None:
+        return None
     try:
-        bd = cfg.source(row["source"]).business_days if cfg is not None else None
+        bd = cfg.source(row["source"]).business_days
     except KeyError:
         return None
     if bd is None or bd.convention == "none":

@@ -48,8 +48,9 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from email.utils import parsedate_to_datetime
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 import httpx
@@ -57,6 +58,7 @@ import httpx
 from deadline_pipeline.config import WebhookChannel
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
+from deadline_pipeline.deliver.render import LATE_AFTER
 from deadline_pipeline.security.outbound import (
     DEFAULT_POLICY,
     NetworkPolicy,
@@ -65,16 +67,23 @@ from deadline_pipeline.security.outbound import (
     guarded_httpx_client,
 )
 from deadline_pipeline.security.redact import expand_secret_refs, redact_url, register_secret, secret_from_env
+from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.wording import iso_duration, offset_words
 
 NOT_PROCESSED_STATUSES = (408, 429, 503)
 SECRET_PREFIX = "whsec_"
+
+# json.dumps(..., ensure_ascii=False, separators=(",", ":")) builds this same encoder on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def iso_z(when: datetime | None) -> str | None:
     """An aware datetime as ISO 8601 UTC with a ``Z`` suffix (``2024-06-15T21:59:00Z``), ``None`` as ``None``."""
     if when is None:
         return None
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if when.tzinfo is not UTC:  # a Notification's times are already UTC (normalised on construction)
+        when = when.astimezone(UTC)
+    return when.isoformat().replace("+00:00", "Z")
 
 
 # Standard Webhooks event types, "<group>.<event>" (https://www.standardwebhooks.com, "Payload structure").
@@ -82,17 +91,31 @@ EVENT_TYPES = {"reminder": "reminder.due", "correction": "reminder.corrected",
                "cancellation": "reminder.cancelled", "escalation": "reminder.escalated"}
 
 
+@lru_cache(maxsize=1024)
+def _zone_or_none(tz_name: str) -> tzinfo | None:
+    # Cached with the unknown answer too: raising and catching UnknownTimeZone for a subscriber with
+    # an unknown zone on every alert costs more than the rest of the conversion.
+    try:
+        return resolve_zone(tz_name)
+    except UnknownTimeZone:
+        return None
+
+
 def _local_iso(when: datetime | None, tz_name: str | None) -> str | None:
     """``when`` as ISO 8601 with the offset of ``tz_name`` (``2026-05-06T23:59:59-12:00``); None when
     either is missing or the zone is unknown (the UTC instant is always in the body)."""
-    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
-
     if when is None or not tz_name:
         return None
-    try:
-        return when.astimezone(resolve_zone(tz_name)).isoformat()
-    except UnknownTimeZone:
-        return None
+    zone = _zone_or_none(tz_name)
+    return None if zone is None else when.astimezone(zone).isoformat()
+
+
+# typed=True: only a datetime equal in instant *and* type shares an entry (the texts depend on the instant only).
+@lru_cache(maxsize=4096, typed=True)
+def _due_texts(due_at: datetime, subscriber_tz: str | None, rule_tz: str | None) -> tuple[str | None, ...]:
+    """``(due_at as UTC "Z", in the subscriber's zone, in the deadline's zone)``; cached because a
+    sweep sends the same deadline to many subscribers and at several offsets."""
+    return iso_z(due_at), _local_iso(due_at, subscriber_tz), _local_iso(due_at, rule_tz)
 
 
 def payload(n: Notification, body: str = "standard-webhooks") -> dict:
@@ -101,11 +124,9 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
     attempt (``n.sent_at``, else now), ISO 8601 UTC."""
     if body == "legacy":
         return legacy_payload(n)
-    from deadline_pipeline.deliver.render import LATE_AFTER
-    from deadline_pipeline.wording import iso_duration, offset_words
-
     late = (n.kind == "reminder" and n.sent_at is not None and n.planned_at is not None
             and n.sent_at - n.planned_at > LATE_AFTER)
+    due_at, due_local, due_in_deadline_timezone = _due_texts(n.due_at, n.subscriber_tz, n.rule_tz)
     return {
         "type": EVENT_TYPES[n.kind],
         "timestamp": iso_z(n.sent_at or datetime.now(UTC)),
@@ -115,15 +136,15 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
             "source": n.source,
             "rule_id": n.rule_id,
             "title": n.title,
-            "due_at": iso_z(n.due_at),
+            "due_at": due_at,
             "previous_due_at": iso_z(n.previous_due_at),
             "offset": iso_duration(n.offset_seconds),
             "offset_seconds": n.offset_seconds,
             "offset_words": offset_words(n.offset_seconds),
             "subscriber_timezone": n.subscriber_tz,
-            "due_local": _local_iso(n.due_at, n.subscriber_tz),
+            "due_local": due_local,
             "deadline_timezone": n.rule_tz,
-            "due_in_deadline_timezone": _local_iso(n.due_at, n.rule_tz),
+            "due_in_deadline_timezone": due_in_deadline_timezone,
             "business_day_note": n.roll_note,
             "planned_send_at": iso_z(n.planned_at),
             "late": late,
@@ -189,7 +210,8 @@ def decode_secret(text: str) -> bytes:
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """``v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")>`` (Standard Webhooks, version 1)."""
     to_sign = f"{msg_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(key, to_sign, hashlib.sha256).digest()).decode("ascii")
+    # hmac.digest: the one-shot C implementation of hmac.new(...).digest(), same bytes.
+    return "v1," + base64.b64encode(hmac.digest(key, to_sign, hashlib.sha256)).decode("ascii")
 
 
 def classify(channel: str, url: str, status: int, reason: str, headers: Mapping[str, str], text: str,
@@ -240,6 +262,9 @@ class WebhookSender:
         # follow_redirects=False: a redirected POST could land the alert (and its signature) elsewhere.
         self._client: httpx.Client | None = None
         self._session = None  # aiohttp.ClientSession, created on the loop that uses it
+        # (secret text, its decoded key): the variable is read on every send, so a rotated secret
+        # signs the next alert, but decoded only when its text changes.
+        self._signing_key: tuple[str, bytes] | None = None
 
     def _error(self, url: str, what: str, *, permanent: bool, outcome: str = "failed",
                retry_after: float | None = None) -> DeliveryError:
@@ -261,7 +286,7 @@ class WebhookSender:
             register_secret(urlsplit(url).password if "@" in url else None)
         except ValueError:  # unparseable: the HTTP client refuses it below as an unusable URL
             pass
-        body = json.dumps(payload(n, self.cfg.body), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        body = _JSON.encode(payload(n, self.cfg.body)).encode("utf-8")
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
                    "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}
@@ -272,11 +297,16 @@ class WebhookSender:
                 # that should not trust it.
                 raise self._error(url, f"environment variable {self.cfg.secret_env} (named in the "
                                   "configuration as secret_env) is not set", permanent=True)
-            try:
-                key = decode_secret(secret)
-            except ValueError as exc:
-                raise self._error(url, f"environment variable {self.cfg.secret_env} does not hold a "
-                                  f"Standard Webhooks secret ('whsec_<base64>'): {exc}", permanent=True) from None
+            cached = self._signing_key
+            if cached is not None and cached[0] == secret:
+                key = cached[1]
+            else:
+                try:
+                    key = decode_secret(secret)
+                except ValueError as exc:
+                    raise self._error(url, f"environment variable {self.cfg.secret_env} does not hold a Standard "
+                                      f"Webhooks secret ('whsec_<base64>'): {exc}", permanent=True) from None
+                self._signing_key = (secret, key)
             headers["webhook-signature"] = sign(key, n.dedup_key, timestamp, body)
         return url, body, headers
 
