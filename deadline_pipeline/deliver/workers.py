@@ -90,31 +90,35 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     n = cfg.delivery.processes
     spec = _WorkerSpec(url=engine.url.render_as_string(hide_password=False), cfg=cfg, now=now, owner=owner,
                        clock=clock, max_batches=max_batches, env=dict(os.environ),
-                       log_level=logging.getLogger().getEffectiveLevel())
+                       # The level our own loggers run at here (a caller may set it on the package only).
+                       log_level=logging.getLogger("deadline_pipeline").getEffectiveLevel())
     ctx = multiprocessing.get_context("forkserver")
     # Workers fork from a server that has the sweep imported: a fork costs milliseconds, an import
     # of the sweep's dependencies about a second of CPU that the sending workers would lose.
     ctx.set_forkserver_preload(["deadline_pipeline.deliver.sweep"])
-    logq = ctx.Queue()
-    forwarder = threading.Thread(target=_forward_logs, args=(logq,), name="deliver-worker-logs", daemon=True)
-    forwarder.start()
-    workers: list[tuple[multiprocessing.process.BaseProcess, object]] = []
+    workers: list[_Worker] = []
     start_errors: list[str] = []
 
     def start_workers() -> None:
         # In a thread: the first start waits for the forkserver to import the sweep, while worker 0
         # is already sending.
         for i in range(1, n):
+            # A pipe of its own per worker, for its log records and then its result: a worker killed
+            # mid-write (the OOM killer) can break only its own stream, never hold a lock that the
+            # other workers or this process would wait on for ever, as a shared queue's would.
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker_main, args=(spec, i, logq, send), name=f"deliver-worker-{i}",
-                            daemon=True)
+            p = ctx.Process(target=_worker_main, args=(spec, i, send), name=f"deliver-worker-{i}", daemon=True)
             try:
                 p.start()
             except Exception as exc:  # no process for this worker: the others still sweep everything
                 start_errors.append(f"worker {i} could not start: {type(exc).__name__}: {exc}")
+                recv.close()
                 continue
-            send.close()
-            workers.append((p, recv))
+            finally:
+                send.close()
+            w = _Worker(p, recv)
+            w.reader.start()
+            workers.append(w)
 
     starter = threading.Thread(target=start_workers, name="deliver-worker-start", daemon=True)
     starter.start()
@@ -125,43 +129,66 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
         results.append(("failed", f"worker 0: {type(exc).__name__}: {exc}"))
     starter.join()
     give_up = time.monotonic() + cfg.delivery.time_budget_seconds + _JOIN_SLACK_SECONDS
-    for p, recv in workers:
-        results.append(_collect(p, recv, give_up))
+    results += [w.collect(give_up) for w in workers]
     results += [("lost", e) for e in start_errors]
-    logq.put(None)
-    forwarder.join(5)
-    logq.close()
     return results
 
 
-def _collect(p, recv, give_up: float) -> tuple[str, object]:
-    try:
-        if recv.poll(max(0.0, give_up - time.monotonic())):
-            status, value = recv.recv()
-            p.join(10)
-            return status, value
-    except (EOFError, OSError):  # the worker died before sending its result
-        pass
-    if p.is_alive():
-        p.kill()  # hung past its budget: stop it like a crashed sweeper (leases recover its alerts)
-    p.join(10)
-    return "lost", (f"{p.name} ended without a result (exit code {p.exitcode}); the alerts it had claimed are "
-                    "taken up again when their lease expires")
+class _Worker:
+    """A started worker process and the thread that reads its pipe: log records are handed to this
+    process's loggers (the logging cookbook's listener: ``logger.handle(record)``) as they come, the
+    result is kept."""
 
+    def __init__(self, process, recv) -> None:
+        self.process = process
+        self.recv = recv
+        self.result: tuple[str, object] | None = None
+        self.reader = threading.Thread(target=self._read, name=f"{process.name}-pipe", daemon=True)
 
-def _forward_logs(logq) -> None:
-    # The logging cookbook's listener: each record goes to the logger of its name in this process.
-    while True:
+    def _read(self) -> None:
         try:
-            record = logq.get()
-        except (EOFError, OSError):
-            return
-        if record is None:
-            return
-        logging.getLogger(record.name).handle(record)
+            while True:
+                kind, *rest = self.recv.recv()
+                if kind == "log":
+                    logging.getLogger(rest[0].name).handle(rest[0])
+                else:
+                    self.result = (rest[0], rest[1])
+        except (EOFError, OSError):  # the worker ended (or died): nothing more will come
+            pass
+        except Exception:  # a broken message: this worker's stream is unusable, the others are not
+            log.error("reading %s's pipe failed", self.process.name, exc_info=True)
+        finally:
+            self.recv.close()
+
+    def collect(self, give_up: float) -> tuple[str, object]:
+        self.reader.join(max(0.0, give_up - time.monotonic()))
+        if self.reader.is_alive():
+            self.process.kill()  # hung past its budget: stop it like a crashed sweeper (leases recover)
+            self.reader.join(10)
+        self.process.join(10)
+        if self.result is not None:
+            return self.result
+        return "lost", (f"{self.process.name} ended without a result (exit code {self.process.exitcode}); the "
+                        "alerts it had claimed are taken up again when their lease expires")
 
 
-def _worker_main(spec: _WorkerSpec, index: int, logq, send) -> None:
+class _PipeQueue:
+    """The ``put_nowait`` a :class:`logging.handlers.QueueHandler` needs, sending on the worker's pipe
+    (one lock: the sweep's threads log too)."""
+
+    def __init__(self, send) -> None:
+        self.send = send
+        self.lock = threading.Lock()
+
+    def put_nowait(self, record) -> None:
+        self.put("log", record)
+
+    def put(self, *message) -> None:
+        with self.lock:
+            self.send.send(message)
+
+
+def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     from deadline_pipeline.deliver.sweep import _Sweep
     from deadline_pipeline.store.db import make_engine
 
@@ -169,17 +196,18 @@ def _worker_main(spec: _WorkerSpec, index: int, logq, send) -> None:
     # rotated (or set by a test) since then must be the one used.
     os.environ.clear()
     os.environ.update(spec.env)
+    pipe = _PipeQueue(send)
     root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(logq)]
+    root.handlers[:] = [logging.handlers.QueueHandler(pipe)]
     root.setLevel(spec.log_level)
     engine = make_engine(spec.url)
     now = spec.now
     try:
         runner = _Sweep(engine, spec.cfg, now, f"{spec.owner}#w{index}.{os.getpid()}",
                         spec.clock or (lambda: now), spec.max_batches, {})
-        send.send(("ok", asyncio.run(runner.run())))
+        pipe.put("result", "ok", asyncio.run(runner.run()))
     except Exception as exc:
-        send.send(("failed", f"worker {index}: {type(exc).__name__}: {exc}"))
+        pipe.put("result", "failed", f"worker {index}: {type(exc).__name__}: {exc}")
     finally:
         engine.dispose()
 
