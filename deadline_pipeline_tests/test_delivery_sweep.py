@@ -242,6 +242,27 @@ def test_claim_and_load_is_the_step_by_step_claim_in_one_statement(engine):
         assert dsql.claim_and_load(conn, owner="me#3#r", now=T0, lease_seconds=60, limit=10) == ([], {})
 
 
+def test_attempt_rows_start_only_on_a_lease_still_held(engine):
+    """The check right before a send: an attempt row is written only for an alert this owner holds
+    on an unexpired lease by the database clock; the others get none and must not be sent."""
+    mine, expired, other, done = seed(engine, 4)
+    with engine.begin() as conn:
+        clock = db_clock(conn)
+        for alert, owner, until, status in [(mine, "me#1#r", clock + timedelta(minutes=5), "claimed"),
+                                            (expired, "me#1#r", clock - timedelta(seconds=1), "claimed"),
+                                            (other, "them#2#r", clock + timedelta(minutes=5), "claimed"),
+                                            (done, "me#1#r", clock + timedelta(minutes=5), "delivered")]:
+            conn.execute(update(alerts).where(alerts.c.id == alert).values(status=status, lease_owner=owner,
+                                                                           lease_expires_at=until))
+    with engine.begin() as conn:
+        started = dsql.start_attempts(conn, [(a, 1) for a in (mine, expired, other, done)], owner="me#1#r",
+                                      now=T0, held_only=True)
+    assert list(started) == [mine]
+    with engine.connect() as conn:
+        assert conn.execute(select(delivery_attempts.c.alert_id, delivery_attempts.c.lease_owner)).all() == [
+            (mine, "me#1#r")]
+
+
 # --------------------------------------------------------------------------- attempts and escalation
 
 
