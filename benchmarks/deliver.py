@@ -269,6 +269,126 @@ def pgqueuer_run(url: str, n: int, hook: str) -> float:
     return asyncio.run(main())
 
 
+# --------------------------------------------------------------------------- where the time goes
+
+
+PHASES = (("claim", "claim + load + close a dead holder's attempts (thread)"),
+          ("attempt_rows", "attempt rows committed before the send (gate thread)"),
+          ("render", "render + sign (notification_from_row, webhook body, HMAC)"),
+          ("send", "send: aiohttp request/response and the event loop"),
+          ("record", "record results (thread)"))
+
+
+def phase_profile(url: str, n: int, hook: str) -> dict[str, float]:
+    """CPU seconds per alert of each phase of a one-process sweep of ``n`` alerts, in microseconds.
+
+    Measured with ``time.thread_time()`` around the sweep's own steps (claim, attempt rows and record
+    run in threads; render on the event loop); ``send`` is the rest of the process's CPU time during
+    the sweep (``getrusage``): the aiohttp client and the event loop that runs it. Database server
+    time is not in these figures; ``pg_backend`` is the CPU of this database's server processes
+    (:class:`_PgBackendCpu`; its sampling thread's own CPU is taken out of the process's).
+    """
+    import resource
+    import threading
+
+    from deadline_pipeline.deliver import sweep as sweep_mod
+    from deadline_pipeline.deliver.channels import webhook
+
+    acc = dict.fromkeys(("claim", "attempt_rows", "record", "render"), 0.0)
+    lock = threading.Lock()
+    patched = [(sweep_mod._Sweep, "_claim", "claim"), (sweep_mod._Sweep, "_start_attempts", "attempt_rows"),
+               (sweep_mod._Sweep, "_record", "record"), (webhook.WebhookSender, "_prepare", "render"),
+               (sweep_mod, "notification_from_row", "render")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                with lock:
+                    acc[key] += time.thread_time() - t
+        return wrapper
+
+    for (owner, name, key), (_, _, fn) in zip(patched, originals, strict=True):
+        setattr(owner, name, timed(fn, key))
+    engine = make_engine(url)
+    cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},
+                          channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
+                          delivery={"batch_size": 500})
+    try:
+        seed(engine, n, hook, datetime.now(UTC))
+        pg = _PgBackendCpu(url)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        out = sweep(engine, cfg, datetime.now(UTC), clock=utcnow)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        pg_seconds = pg.seconds
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+        engine.dispose()
+    assert out.delivered == n, out
+    total = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime) - pg.own_cpu
+    us = {k: v / n * 1e6 for k, v in acc.items()}
+    us["send"] = total / n * 1e6 - sum(us.values())
+    us["total"] = total / n * 1e6
+    us["pg_backend"] = pg_seconds / n * 1e6
+    return us
+
+
+class _PgBackendCpu:
+    """CPU seconds of the PostgreSQL server processes serving one database (their process title names
+    it), sampled from ``/proc`` every 20 ms in a thread, so that backends which end during the run
+    are counted too (a backend first seen during the run counts from 0). Linux only: elsewhere
+    :attr:`seconds` is ``nan``."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.tag = f" {make_url(url).database} ".encode()
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.before = self._read()
+        self.last: dict[str, float] = dict(self.before)
+        self.stop = threading.Event()
+        self.own_cpu = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        try:
+            pids = [p for p in os.listdir("/proc") if p.isdigit()]
+        except OSError:
+            return out
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                if not cmd.startswith(b"postgres: ") or self.tag not in cmd:
+                    continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[pid] = (int(fields[11]) + int(fields[12])) / self.tick
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.last.update(self._read())
+        self.own_cpu = time.thread_time()  # this thread's CPU, taken out of the sweep's figures
+
+    @property
+    def seconds(self) -> float:
+        self.stop.set()
+        self.thread.join()
+        self.last.update(self._read())
+        if not self.last:
+            return float("nan")
+        return sum(v - self.before.get(pid, 0.0) for pid, v in self.last.items())
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -280,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1,000 jobs, 3 rounds, under a minute; same shape")
     ap.add_argument("--skip-queues", action="store_true", help="skip Procrastinate and pgqueuer")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the sweep's rounds into FILE (pstats)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also profile a one-process sweep by phase (CPU per alert; one run per round)")
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
                     help="delivery.processes of the sweep (default: this machine's cores, %(default)s)")
     args = ap.parse_args(argv)
@@ -328,8 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         contenders["pgqueuer"] = lambda: counted(pgqueuer_run)
         contenders["procrastinate"] = lambda: counted(procrastinate_run)
     contenders["db_only"] = lambda: counted(db_only)
+    phases: dict[str, float] = {}
     try:
         figs = run_rounds(contenders, rounds=args.rounds)
+        if args.phases:
+            samples = []
+            for _ in range(args.rounds):
+                with throwaway_db(args.pg, "phases") as url:
+                    upgrade(make_engine(url))
+                    samples.append(phase_profile(url, n, hook))
+            phases = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
     finally:
         receiver.terminate()
         receiver.join(5)
@@ -349,6 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = min(lateness_p99, default=float("nan")), max(lateness_p99, default=float("nan"))
     print(f"sweep lateness (sent - send_at): p50 median {p50:.2f} s, p99 median {p99:.2f} s (p99 min-max "
           f"{lo:.2f}-{hi:.2f} s)")
+    if phases:
+        print(f"\nWhere a one-process sweep's CPU goes (microseconds per alert, median of {args.rounds} runs):")
+        print("| phase | CPU per alert | share |\n| --- | ---: | ---: |")
+        for key, label in PHASES:
+            print(f"| {label} | {phases[key]:.0f} us | {phases[key] / phases['total']:.0%} |")
+        print(f"| all of the sweep process | {phases['total']:.0f} us | 100% |")
+        print(f"| PostgreSQL server processes of this database | {phases['pg_backend']:.0f} us | |")
     goals = [("sweep / pgqueuer", ratio(figs, "sweep", "pgqueuer"), ">=", 1.5),
              ("sweep / procrastinate", ratio(figs, "sweep", "procrastinate"), ">=", 10),
              ("sweep / aiohttp ceiling", ratio(figs, "sweep", "aiohttp_ceiling"), ">=", 0.75)]
@@ -358,7 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SUMMARY n={n}: sweep {figs['sweep'].median:,.0f}/s median = {goals[2][1]:.0%} of the same-run aiohttp "
           f"ceiling, {goals[0][1]:.2f}x pgqueuer, {goals[1][1]:.1f}x Procrastinate ({met} of 3 goals met); "
           f"lateness p99 {p99:.2f} s")
-    print(json_line(figs, extra={"sweep_lateness_p99_s": round(p99, 3), "n": n, "rounds": args.rounds}))
+    extra = {"sweep_lateness_p99_s": round(p99, 3), "n": n, "rounds": args.rounds, "processes": args.processes}
+    if phases:
+        extra["phases_us_per_alert"] = {k: round(v, 1) for k, v in phases.items()}
+    print(json_line(figs, extra=extra))
     return 0
 
 

@@ -71,6 +71,8 @@ def run_rounds(contenders: dict[str, Callable[[], float]], rounds: int = MIN_ROU
 
 def ratio(figures: dict[str, Figure], num: str, den: str) -> float:
     """``median(num) / median(den)``; ``nan`` when either is missing or the denominator is 0."""
+    if num not in figures or den not in figures:  # a contender left out of this run (--skip-queues)
+        return float("nan")
     a, b = figures[num].median, figures[den].median
     if not b or b != b or a != a:
         return float("nan")
