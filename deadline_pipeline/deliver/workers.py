@@ -92,10 +92,13 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
                        clock=clock, max_batches=max_batches, env=dict(os.environ),
                        # The level our own loggers run at here (a caller may set it on the package only).
                        log_level=logging.getLogger("deadline_pipeline").getEffectiveLevel())
-    ctx = multiprocessing.get_context("forkserver")
-    # Workers fork from a server that has the sweep imported: a fork costs milliseconds, an import
-    # of the sweep's dependencies about a second of CPU that the sending workers would lose.
-    ctx.set_forkserver_preload(["deadline_pipeline.deliver.sweep"])
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        # Workers fork from a server that has the sweep imported: a fork costs milliseconds, an
+        # import of the sweep's dependencies about a second of CPU that the sending workers would lose.
+        ctx.set_forkserver_preload(["deadline_pipeline.deliver.sweep"])
+    else:  # Windows: each worker starts a fresh interpreter (slower to start, same sweep)
+        ctx = multiprocessing.get_context("spawn")
     workers: list[_Worker] = []
     start_errors: list[str] = []
 
