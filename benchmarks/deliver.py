@@ -180,7 +180,7 @@ def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=Non
     engine = make_engine(url)
     cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
                           channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
-                          delivery={"batch_size": 500, "processes": processes})
+                          delivery={"batch_size": 500, **({"processes": processes} if processes != 1 else {})})
     send_at = datetime.now(UTC)
     seed(engine, n, hook, send_at)
     # send_at = the moment the backlog is due; (sent - send_at) then includes the wait in the backlog.
@@ -195,7 +195,7 @@ def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=Non
         delivered = conn.execute(select(text("count(*)")).select_from(alerts).where(alerts.c.status == "delivered")
                                  ).scalar_one()
     assert delivered == n == out.delivered, (delivered, n, out)
-    assert out.processes == processes, out
+    assert getattr(out, "processes", 1) == processes, out
     engine.dispose()
     if box is not None:
         box["late"] = out.lateness_seconds
