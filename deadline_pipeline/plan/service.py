@@ -31,7 +31,14 @@ from deadline_pipeline.config import (
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
-from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
+from deadline_pipeline.plan.planner import (
+    PlannedObligation,
+    PlanProblem,
+    Target,
+    plan_obligations,
+    plan_target,
+    reminder_alerts,
+)
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
@@ -274,29 +281,12 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
 
         sql.create_stage(conn)
         try:
-            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out, lineage)
-            counts = sql.classify_staged(conn)
-            out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
-            out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
-            moved = sql.moved_obligations(conn)
-            _name_moves(moved, planned)
-            new_keys, need_alerts = sql.keys_needing_alerts(conn)
-            sql.merge_obligations(conn, now)
-            # New obligations' alerts go straight in; only existing obligations need the merge.
-            ids = sql.staged_ids(conn, new_keys)
-            direct = sql.insert_new_alerts(conn, (
-                (ids[o.key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status,
-                 a.status_reason, 0, now, now, a.due_at)
-                for o in planned if o.key in new_keys for a in o.alerts
-            ))
-            sql.stage_rows(conn, sql.stage_alerts, (
-                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason,
-                 a.due_at)
-                for o in planned if o.key in need_alerts and o.key not in new_keys for a in o.alerts
-            ))
-            merged, out.alerts_moved = sql.merge_alerts(conn, now)
-            out.alerts_inserted = direct + merged
-            _after_moves(conn, moved, planned, now, out)
+            failed_rules: set[tuple[int, str]] = set()
+            cache: dict = {}
+            for chunk in _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules,
+                                         cache):
+                _write_chunk(conn, chunk, now, out, cache)
+            sql.analyze_planned(conn)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
@@ -305,67 +295,130 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict | None = None):
-    """Expand every target and stream its obligations into the staging table. Returns the planned
-    obligations (kept for their alert rows) and the (source, rule) pairs that failed to expand."""
-    planned = []
-    failed: set[tuple[int, str]] = set()
-    cache: dict = {}
-    seen: dict[str, object] = {}
+# Obligations planned, compared and written per chunk: memory stays bounded by the chunk (not the
+# plan), and each chunk's statements stay small. A chunk is cut only between subscribers, because
+# two subscriptions of one subscriber merge into one obligation.
+CHUNK_OBLIGATIONS = 20_000
+
+
+@dataclass
+class _Planned:
+    """One obligation of a chunk and the targets (subscriptions) that ask for it, in plan order."""
+
+    ob: PlannedObligation
+    targets: list[Target]
+    alert_count: int
+
+
+def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
+                    failed: set[tuple[int, str]], cache: dict, size: int = CHUNK_OBLIGATIONS):
+    """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
+    of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
+    ``failed`` as (source id, rule id); counts and problems go to ``out``."""
+    chunk: dict[str, _Planned] = {}
+    last_subscriber = None
     for t in targets:
+        if len(chunk) >= size and t.subscriber_id != last_subscriber:
+            yield chunk
+            chunk = {}
+        last_subscriber = t.subscriber_id
         rules, _ = rules_cache[t.source_id]
-        obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                    cache=cache, lineage=(lineage or {}).get(t.source_id))
+        obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
+                                         cache=cache, lineage=lineage.get(t.source_id))
         for p in problems:
             log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
         out.problems.extend(problems)
+        slots = len(t.offsets) * len(t.channels)
         for o in obs:
+            first = chunk.get(o.key)
+            if first is None:
+                chunk[o.key] = _Planned(o, [t], slots)
+                out.obligations_planned += 1
+                out.alerts_planned += slots
+                continue
             # Two subscriptions of one subscriber to the same source plan the same obligation once,
             # with the reminders of both (a second subscription must never be silently dropped).
-            first = seen.get(o.key)
-            if first is None:
-                seen[o.key] = o
-                planned.append(o)
-                continue
-            have = {(a.offset_seconds, a.channel): a for a in first.alerts}
-            for a in o.alerts:
-                kept = have.get((a.offset_seconds, a.channel))
-                if kept is None:
-                    first.alerts.append(a)
-                elif a.send_at < kept.send_at:
-                    # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
-                    # because a reminder may come early but never late.
-                    first.alerts[first.alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
-            first.fingerprint = hashlib.sha256((first.fingerprint + o.fingerprint).encode()).hexdigest()
+            have = {(o_.nominal_seconds, ch) for tt in first.targets for o_ in tt.offsets for ch in tt.channels}
+            extra = len({(o_.nominal_seconds, ch) for o_ in t.offsets for ch in t.channels} - have)
+            first.targets.append(t)
+            first.alert_count += extra
+            out.alerts_planned += extra
+            first.ob.fingerprint = hashlib.sha256((first.ob.fingerprint + o.fingerprint).encode()).hexdigest()
         out.targets += 1
-    out.obligations_planned = len(planned)
-    out.alerts_planned = sum(len(o.alerts) for o in planned)
+    if chunk:
+        yield chunk
+
+
+def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list:
+    """The reminder alerts of one planned obligation: those of its first subscription, then any
+    (offset, channel) only a later subscription asks for."""
+    alerts = reminder_alerts(p.ob, p.targets[0], now, cache)
+    if len(p.targets) == 1:
+        return alerts
+    have = {(a.offset_seconds, a.channel): a for a in alerts}
+    for t in p.targets[1:]:
+        for a in reminder_alerts(p.ob, t, now, cache):
+            kept = have.get((a.offset_seconds, a.channel))
+            if kept is None:
+                alerts.append(a)
+                have[(a.offset_seconds, a.channel)] = a
+            elif a.send_at < kept.send_at:
+                # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
+                # because a reminder may come early but never late.
+                alerts[alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
+    return alerts
+
+
+def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict) -> None:
+    """Stage one chunk's obligations, compare them with the stored ones in one statement, merge only
+    those that differ, and build and write alert rows only for obligations whose fingerprint
+    changed (new obligations' alerts go straight in): an unchanged chunk costs a read, no write."""
+    sql.clear_stage(conn)
     sql.stage_rows(conn, sql.stage_obligations, (
         (o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
-         o.fingerprint) for o in planned
+         o.fingerprint) for o in (p.ob for p in chunk.values())
     ))
-    return planned, failed
+    diff = sql.compare_staged(conn)
+    out.obligations_inserted += len(diff.new)
+    out.obligations_moved += len(diff.moved)
+    out.obligations_updated += diff.changed
+    out.obligations_unchanged += len(chunk) - len(diff.new) - len(diff.moved) - diff.changed
+    sql.remember_staged(conn)
+    if not diff.need_alerts and not diff.moved and not diff.changed:
+        return  # nothing differs: no merge, no alert rows
+    ids = sql.merge_obligations(conn, now)
+    old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
+    new = set(diff.new)
+    direct = sql.insert_new_alerts(conn, (
+        (ids[key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status, a.status_reason, 0,
+         now, now, a.due_at)
+        for key in diff.new for a in _alerts_of(chunk[key], now, cache)
+    ))
+    sql.stage_rows(conn, sql.stage_alerts, (
+        (key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status,
+         _moved_reason(a.status_reason, old_due.get(key)), a.due_at)
+        for key in diff.need_alerts if key not in new for a in _alerts_of(chunk[key], now, cache)
+    ))
+    merged, moved_alerts = sql.merge_alerts(conn, now)
+    out.alerts_inserted += direct + merged
+    out.alerts_moved += moved_alerts
+    _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
 
 
-def _name_moves(moved: list[dict], planned) -> None:
+def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
     """A moved deadline's late reminders say why they are late (the move, not the planning run)."""
-    old = {m["obligation_key"]: m["old_due_at"] for m in moved}
-    for o in planned:
-        if o.key in old:
-            for a in o.alerts:
-                if a.status_reason and a.status_reason.startswith("late at planning"):
-                    a.status_reason = (f"deadline moved from {old[o.key].isoformat()}"
-                                       + a.status_reason[len("late at planning"):])
+    if old_due is not None and reason and reason.startswith("late at planning"):
+        return f"deadline moved from {old_due.isoformat()}" + reason[len("late at planning"):]
+    return reason
 
 
-def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutcome) -> None:
+def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: PlanOutcome) -> None:
     """After the merge: supersede the open reminders planned for a moved obligation's old instant
     (the merge has planned the new instant's reminders, late ones folded by the subscription's late
     policy) and send one correction per channel where a reminder was already delivered."""
     if not moved:
         return
-    by_key = {o.key: o for o in planned}
     ids = [m["id"] for m in moved]
     out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
     delivered = sql.delivered_channels(conn, ids)
