@@ -305,15 +305,21 @@ def reminder_alerts(ob: PlannedObligation, target: Target, now: datetime,
     deadline's zone, quiet hours), late ones folded (:func:`fold_late`). ``cache`` memoises the
     instants and statuses, which depend on the due instant and the subscription's shape only; the
     dedup keys are the obligation's own."""
-    profile = _profile(target)
-    ckey = ("alerts", ob.due_at, ob.zone, profile, now)
+    return [PlannedAlert(seconds, channel, "reminder", key, send_at, status, reason, ob.due_at, offset)
+            for seconds, channel, key, send_at, status, reason, offset in reminder_rows(ob, target, now, cache)]
+
+
+def reminder_rows(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None = None) -> list[tuple]:
+    """:func:`reminder_alerts` as plain tuples ``(offset_seconds, channel, dedup_key, send_at, status,
+    status_reason, offset)``: what a large plan writes, without an object per alert."""
+    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now)
     template = cache.get(ckey) if cache is not None else None
     if template is None:
         template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now)
         if cache is not None:
             cache[ckey] = template
     keys = reminder_dedup_keys(ob.key, ob.due_at, [(t[0], t[1]) for t in template])
-    return [PlannedAlert(seconds, channel, "reminder", key, send_at, status, reason, ob.due_at, offset)
+    return [(seconds, channel, key, send_at, status, reason, offset)
             for (seconds, channel, send_at, status, reason, offset), key in zip(template, keys, strict=True)]
 
 

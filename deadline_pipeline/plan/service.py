@@ -37,7 +37,7 @@ from deadline_pipeline.plan.planner import (
     Target,
     plan_obligations,
     plan_target,
-    reminder_alerts,
+    reminder_rows,
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
@@ -350,24 +350,25 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
         yield chunk
 
 
-def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list:
-    """The reminder alerts of one planned obligation: those of its first subscription, then any
-    (offset, channel) only a later subscription asks for."""
-    alerts = reminder_alerts(p.ob, p.targets[0], now, cache)
+def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple]:
+    """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`) of one planned
+    obligation: those of its first subscription, then any (offset, channel) only a later
+    subscription asks for."""
+    rows = reminder_rows(p.ob, p.targets[0], now, cache)
     if len(p.targets) == 1:
-        return alerts
-    have = {(a.offset_seconds, a.channel): a for a in alerts}
+        return rows
+    at = {(r[0], r[1]): i for i, r in enumerate(rows)}
     for t in p.targets[1:]:
-        for a in reminder_alerts(p.ob, t, now, cache):
-            kept = have.get((a.offset_seconds, a.channel))
-            if kept is None:
-                alerts.append(a)
-                have[(a.offset_seconds, a.channel)] = a
-            elif a.send_at < kept.send_at:
+        for r in reminder_rows(p.ob, t, now, cache):
+            i = at.get((r[0], r[1]))
+            if i is None:
+                at[(r[0], r[1])] = len(rows)
+                rows.append(r)
+            elif r[3] < rows[i][3]:
                 # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
                 # because a reminder may come early but never late.
-                alerts[alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
-    return alerts
+                rows[i] = r
+    return rows
 
 
 def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict) -> None:
@@ -391,14 +392,15 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
     new = set(diff.new)
     direct = sql.insert_new_alerts(conn, (
-        (ids[key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status, a.status_reason, 0,
-         now, now, a.due_at)
-        for key in diff.new for a in _alerts_of(chunk[key], now, cache)
+        (ids[key], seconds, channel, "reminder", 0, dedup, send_at, status, reason, 0, now, now, due)
+        for key in diff.new for due in (chunk[key].ob.due_at,)
+        for seconds, channel, dedup, send_at, status, reason, _ in _alerts_of(chunk[key], now, cache)
     ))
     sql.stage_rows(conn, sql.stage_alerts, (
-        (key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status,
-         _moved_reason(a.status_reason, old_due.get(key)), a.due_at)
-        for key in diff.need_alerts if key not in new for a in _alerts_of(chunk[key], now, cache)
+        (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
+         chunk[key].ob.due_at)
+        for key in diff.need_alerts if key not in new
+        for seconds, channel, dedup, send_at, status, reason, _ in _alerts_of(chunk[key], now, cache)
     ))
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
