@@ -74,6 +74,8 @@ stage_alerts = Table(
     prefixes=["TEMPORARY"],
 )
 # Every obligation key this run planned (all chunks): what the withdrawal's anti-join reads.
+# Indexed: right after a first plan the stored obligations have no statistics yet, so the
+# withdrawal's anti-join runs as a nested loop that must probe this table by key.
 planned_keys = Table(
     "planned_keys", _stage_md, Column("obligation_key", String(64), primary_key=True), prefixes=["TEMPORARY"],
 )
@@ -83,21 +85,39 @@ AL_COLS = [c.name for c in stage_alerts.c]
 
 # --------------------------------------------------------------------------- configuration mirror
 
+SUBSCRIBER_FIELDS = ["tenant", "email", "webhook_url", "timezone", "quiet_hours", "active", "caldav_url",
+                     "apprise_target"]
+SUBSCRIPTION_FIELDS = ["rule_patterns", "offsets", "channels", "late_policy", "active", "kinds", "exclude_kinds"]
+
+
+def _differing(rows: list[dict], stored: dict, key, fields: list[str]) -> list[dict]:
+    """The rows that are not stored yet or differ from the stored row in one of ``fields``
+    (``stored``: key → row): an unchanged configuration is a read, not even a locking upsert."""
+    out = []
+    for r in rows:
+        have = stored.get(key(r))
+        if have is None or any(have[f] != r.get(f) for f in fields):
+            out.append(r)
+    return out
+
+
 def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
     """Upsert subscribers (``external_id, tenant, email, webhook_url, timezone, quiet_hours`` and
     optionally ``caldav_url, apprise_target``);
     subscribers absent from ``rows`` become inactive (never deleted). Returns external_id → id."""
     for r in rows:
         r.setdefault("active", True)
-    upsert(conn, subscribers, rows, conflict=["external_id"],
-           update=["tenant", "email", "webhook_url", "timezone", "quiet_hours", "active", "caldav_url",
-                   "apprise_target"])
+        r.setdefault("caldav_url", None)
+        r.setdefault("apprise_target", None)
+    stored = {r.external_id: r._mapping for r in conn.execute(select(subscribers))}
+    upsert(conn, subscribers, _differing(rows, stored, lambda r: r["external_id"], SUBSCRIBER_FIELDS),
+           conflict=["external_id"], update=SUBSCRIBER_FIELDS)
     ids = {r["external_id"] for r in rows}
-    existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id)).all()
-    gone = [i for i, ext in existing if ext not in ids]
+    existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)).all()
+    gone = [i for i, ext, active in existing if ext not in ids and active]
     for part in chunks(gone, 500):
         conn.execute(update(subscribers).where(subscribers.c.id.in_(part)).values(active=False))
-    return {ext: i for i, ext in existing if ext in ids}
+    return {ext: i for i, ext, _ in existing if ext in ids}
 
 
 def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
@@ -107,12 +127,15 @@ def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
         r.setdefault("active", True)
         r.setdefault("kinds", None)
         r.setdefault("exclude_kinds", None)
-    upsert(conn, subscriptions, rows, conflict=["name", "subscriber_id", "source_id"],
-           update=["rule_patterns", "offsets", "channels", "late_policy", "active", "kinds", "exclude_kinds"])
-    wanted = {(r["name"], r["subscriber_id"], r["source_id"]) for r in rows}
-    existing = conn.execute(select(subscriptions.c.id, subscriptions.c.name, subscriptions.c.subscriber_id,
-                                   subscriptions.c.source_id)).all()
-    gone = [i for i, n, s, src in existing if (n, s, src) not in wanted]
+
+    def key(r):
+        return r["name"], r["subscriber_id"], r["source_id"]
+
+    stored = {key(r._mapping): r._mapping for r in conn.execute(select(subscriptions))}
+    upsert(conn, subscriptions, _differing(rows, stored, key, SUBSCRIPTION_FIELDS),
+           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS)
+    wanted = {key(r) for r in rows}
+    gone = [r["id"] for k, r in stored.items() if k not in wanted and r["active"]]
     for part in chunks(gone, 500):
         conn.execute(update(subscriptions).where(subscriptions.c.id.in_(part)).values(active=False))
 
