@@ -305,27 +305,36 @@ def reminder_alerts(ob: PlannedObligation, target: Target, now: datetime,
     deadline's zone, quiet hours), late ones folded (:func:`fold_late`). ``cache`` memoises the
     instants and statuses, which depend on the due instant and the subscription's shape only; the
     dedup keys are the obligation's own."""
+    template = _template(ob, target, now, cache)
+    keys = reminder_dedup_keys(ob.key, ob.due_at, [slot for slot, _ in template])
     return [PlannedAlert(seconds, channel, "reminder", key, send_at, status, reason, ob.due_at, offset)
-            for seconds, channel, key, send_at, status, reason, offset in reminder_rows(ob, target, now, cache)]
+            for ((seconds, channel, send_at, status, reason), offset), key in zip(template, keys, strict=True)]
 
 
-def reminder_rows(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None = None) -> list[tuple]:
-    """:func:`reminder_alerts` as plain tuples ``(offset_seconds, channel, dedup_key, send_at, status,
-    status_reason, offset)``: what a large plan writes, without an object per alert."""
+def reminder_rows(ob: PlannedObligation, target: Target, now: datetime,
+                  cache: dict | None = None) -> list[tuple[tuple, str]]:
+    """:func:`reminder_alerts` as ``(slot, dedup_key)`` pairs, ``slot`` = ``(offset_seconds, channel,
+    send_at, status, status_reason)``: what a large plan writes, without an object per alert. The
+    slot tuples are shared by every obligation with the same due instant and subscription shape
+    (do not mutate them)."""
+    template = _template(ob, target, now, cache)
+    slots = [slot for slot, _ in template]
+    return list(zip(slots, reminder_dedup_keys(ob.key, ob.due_at, slots), strict=True))
+
+
+def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None) -> list[tuple]:
     ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now)
     template = cache.get(ckey) if cache is not None else None
     if template is None:
         template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now)
         if cache is not None:
             cache[ckey] = template
-    keys = reminder_dedup_keys(ob.key, ob.due_at, [(t[0], t[1]) for t in template])
-    return [(seconds, channel, key, send_at, status, reason, offset)
-            for (seconds, channel, send_at, status, reason, offset), key in zip(template, keys, strict=True)]
+    return template
 
 
 def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime) -> list[tuple]:
-    """(offset seconds, channel, send_at, status, status_reason, offset) of each reminder of one due
-    instant for ``target``'s subscription shape."""
+    """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
+    due instant for ``target``'s subscription shape."""
     subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
     alerts: list[PlannedAlert] = []
     for offset in target.offsets:
@@ -344,4 +353,4 @@ def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetim
                 later, why = apply_quiet_hours(now, due_at, target.quiet_hours, subscriber_zone)
                 if later != now:
                     a.send_at, a.status_reason = later, f"{a.status_reason}; {why}"
-    return [(a.offset_seconds, a.channel, a.send_at, a.status, a.status_reason, a.offset) for a in alerts]
+    return [((a.offset_seconds, a.channel, a.send_at, a.status, a.status_reason), a.offset) for a in alerts]

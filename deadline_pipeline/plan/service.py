@@ -350,24 +350,24 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
         yield chunk
 
 
-def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple]:
-    """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`) of one planned
-    obligation: those of its first subscription, then any (offset, channel) only a later
-    subscription asks for."""
+def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str]]:
+    """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`: ``(slot,
+    dedup_key)``) of one planned obligation: those of its first subscription, then any (offset,
+    channel) only a later subscription asks for."""
     rows = reminder_rows(p.ob, p.targets[0], now, cache)
     if len(p.targets) == 1:
         return rows
-    at = {(r[0], r[1]): i for i, r in enumerate(rows)}
+    at = {(slot[0], slot[1]): i for i, (slot, _) in enumerate(rows)}
     for t in p.targets[1:]:
-        for r in reminder_rows(p.ob, t, now, cache):
-            i = at.get((r[0], r[1]))
+        for slot, key in reminder_rows(p.ob, t, now, cache):
+            i = at.get((slot[0], slot[1]))
             if i is None:
-                at[(r[0], r[1])] = len(rows)
-                rows.append(r)
-            elif r[3] < rows[i][3]:
+                at[(slot[0], slot[1])] = len(rows)
+                rows.append((slot, key))
+            elif slot[2] < rows[i][0][2]:
                 # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
                 # because a reminder may come early but never late.
-                rows[i] = r
+                rows[i] = (slot, key)
     return rows
 
 
@@ -392,15 +392,14 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
     new = set(diff.new)
     direct = sql.insert_new_alerts(conn, (
-        (ids[key], seconds, channel, "reminder", 0, dedup, send_at, status, reason, 0, now, now, due)
-        for key in diff.new for due in (chunk[key].ob.due_at,)
-        for seconds, channel, dedup, send_at, status, reason, _ in _alerts_of(chunk[key], now, cache)
-    ))
+        (ids[key], slot, dedup, due)
+        for key in diff.new for due in (chunk[key].ob.due_at,) for slot, dedup in _alerts_of(chunk[key], now, cache)
+    ), now)
     sql.stage_rows(conn, sql.stage_alerts, (
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
          chunk[key].ob.due_at)
         for key in diff.need_alerts if key not in new
-        for seconds, channel, dedup, send_at, status, reason, _ in _alerts_of(chunk[key], now, cache)
+        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(chunk[key], now, cache)
     ))
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged

@@ -309,11 +309,53 @@ NEW_ALERT_COLUMNS = ["obligation_id", "offset_seconds", "channel", "kind", "revi
 ALERT_IDENTITY = ["obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at"]
 
 
-def insert_new_alerts(conn: Connection, rows: Iterable[tuple]) -> int:
-    """Write the alerts of obligations created in this run straight into ``alerts`` (``COPY`` on
-    PostgreSQL), in :data:`NEW_ALERT_COLUMNS` order: a new obligation has no alert rows yet, so no
-    conflict is possible and the staging pass would only double the work."""
-    return stage_rows(conn, alerts, rows, NEW_ALERT_COLUMNS, analyze=False)
+def insert_new_alerts(conn: Connection, rows: Iterable[tuple], now: datetime) -> int:
+    """Write the reminders of obligations created in this run straight into ``alerts``: a new
+    obligation has no alert rows yet, so no conflict is possible and a staging pass would only double
+    the work. ``rows``: ``(obligation_id, slot, dedup_key, due_at)`` with ``slot`` =
+    ``(offset_seconds, channel, send_at, status, status_reason)`` (instants aware UTC); ``now`` is
+    their created/updated instant. Returns the rows written.
+
+    PostgreSQL: one ``COPY``, each line an id, the key and the text of its slot — formatted once per
+    distinct (slot, due instant), because a plan repeats them for every subscriber with the same
+    subscription shape. SQLite: batched inserts."""
+    if conn.dialect.name != "postgresql":
+        return stage_rows(conn, alerts, (
+            (oid, seconds, channel, "reminder", 0, dedup, send_at, status, reason, 0, now, now, due)
+            for oid, (seconds, channel, send_at, status, reason), dedup, due in rows
+        ), NEW_ALERT_COLUMNS, analyze=False)
+    parts: dict[tuple, tuple[str, str]] = {}
+
+    def lines() -> Iterator[str]:
+        for oid, slot, dedup, due in rows:
+            part = parts.get((slot, due))
+            if part is None:
+                seconds, channel, send_at, status, reason = slot
+                (head,) = _copy_lines([(seconds, channel, "reminder", 0)])
+                (tail,) = _copy_lines([(send_at, status, reason, 0, now, now, due)])
+                part = parts[(slot, due)] = (head[:-1], tail[:-1])
+            yield f"{oid}\t{part[0]}\t{dedup}\t{part[1]}\n"
+
+    return copy_lines(conn, alerts.name, NEW_ALERT_COLUMNS, lines())
+
+
+def copy_lines(conn: Connection, table: str, columns: list[str], lines: Iterable[str]) -> int:
+    """``COPY table (columns) FROM STDIN`` of ready COPY text lines (each ending in a newline), sent in
+    batches (PostgreSQL only). Returns the lines written."""
+    n = 0
+    batch: list[str] = []
+    with conn.connection.dbapi_connection.cursor() as cur, \
+            cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for line in lines:
+            batch.append(line)
+            if len(batch) >= _COPY_BATCH:
+                copy.write("".join(batch))
+                n += len(batch)
+                batch = []
+        if batch:
+            copy.write("".join(batch))
+            n += len(batch)
+    return n
 
 
 @dataclass
