@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from deadline_pipeline.config import (
     DeadlinesConfig,
@@ -66,6 +68,9 @@ class PlanOutcome:
     corrections: int = 0
     cancellation_notices: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
+    # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
+    # (logged; shown in the plan's metadata).
+    direct_write_fallbacks: int = 0
 
     @property
     def alerts_written(self) -> int:
@@ -283,9 +288,16 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         try:
             failed_rules: set[tuple[int, str]] = set()
             cache: dict = {}
-            for chunk in _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules,
-                                         cache):
-                _write_chunk(conn, chunk, now, out, cache)
+            chunks = _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache)
+            # Two helper threads overlap the client's Python with the database's work (the driver
+            # releases the GIL while it waits): the next chunk is planned while this one is written,
+            # and a chunk's alert rows are built while its obligations merge. The connection is only
+            # ever used by one thread at a time; the shared ``cache`` holds deterministic values.
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
+                pending = pool.submit(next, chunks, None)
+                while (chunk := pending.result()) is not None:
+                    pending = pool.submit(next, chunks, None)
+                    _write_chunk(conn, chunk, now, out, cache, pool)
             sql.analyze_planned(conn)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
@@ -311,10 +323,12 @@ class _Planned:
 
 
 def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
-                    failed: set[tuple[int, str]], cache: dict, size: int = CHUNK_OBLIGATIONS):
+                    failed: set[tuple[int, str]], cache: dict, size: int | None = None):
     """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
     of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
-    ``failed`` as (source id, rule id); counts and problems go to ``out``."""
+    ``failed`` as (source id, rule id); counts and problems go to ``out``. ``size`` defaults to
+    :data:`CHUNK_OBLIGATIONS`."""
+    size = size or CHUNK_OBLIGATIONS
     chunk: dict[str, _Planned] = {}
     last_subscriber = None
     for t in targets:
@@ -371,15 +385,29 @@ def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str
     return rows
 
 
-def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict) -> None:
+def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
+                 pool: Executor | None = None) -> None:
     """Stage one chunk's obligations, compare them with the stored ones in one statement, merge only
     those that differ, and build and write alert rows only for obligations whose fingerprint
     changed (new obligations' alerts go straight in): an unchanged chunk costs a read, no write."""
+    rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
+             o.fingerprint) for o in (p.ob for p in chunk.values())]
+    if conn.dialect.name == "postgresql" and sql.none_stored(conn, list(chunk)):
+        # A chunk of new obligations only (a first plan, new subscribers): COPY them and their
+        # alerts straight in. A stored key the sample missed, or one another run stored meanwhile,
+        # makes the COPY fail on the unique index; the savepoint undoes it and the chunk is merged
+        # as usual below.
+        try:
+            with conn.begin_nested():
+                _write_new_chunk(conn, chunk, rows, now, out, cache, pool)
+            return
+        except (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError) as exc:
+            # (The COPY runs on the driver's cursor, so its error arrives unwrapped.)
+            out.direct_write_fallbacks += 1
+            log.warning("planning: a chunk guessed all new met stored keys (missed by the sample, or stored by "
+                        "a concurrent plan run); merged instead: %s", getattr(exc, "orig", exc))
     sql.clear_stage(conn)
-    sql.stage_rows(conn, sql.stage_obligations, (
-        (o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
-         o.fingerprint) for o in (p.ob for p in chunk.values())
-    ))
+    sql.stage_rows(conn, sql.stage_obligations, rows)
     diff = sql.compare_staged(conn)
     out.obligations_inserted += len(diff.new)
     out.obligations_moved += len(diff.moved)
@@ -388,13 +416,21 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     sql.remember_staged(conn)
     if not diff.need_alerts and not diff.moved and not diff.changed:
         return  # nothing differs: no merge, no alert rows
-    ids = sql.merge_obligations(conn, now)
+    merging = pool.submit(sql.merge_obligations, conn, now) if pool is not None else None
+    try:
+        # New obligations' alert rows, built while the database merges (or before, without a pool).
+        new_rows = [(key, chunk[key].ob.due_at, _alerts_of(chunk[key], now, cache)) for key in diff.new]
+    finally:
+        # Never leave the merge running on the connection, even when building the rows failed.
+        ids = merging.result() if merging is not None else None
+    if ids is None:
+        ids = sql.merge_obligations(conn, now)
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
     new = set(diff.new)
     direct = sql.insert_new_alerts(conn, (
-        (ids[key], slot, dedup, due)
-        for key in diff.new for due in (chunk[key].ob.due_at,) for slot, dedup in _alerts_of(chunk[key], now, cache)
+        (ids[key], slot, dedup, due) for key, due, rows in new_rows for slot, dedup in rows
     ), now)
+    del new_rows
     sql.stage_rows(conn, sql.stage_alerts, (
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
          chunk[key].ob.due_at)
@@ -405,6 +441,26 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
+
+
+def _write_new_chunk(conn, chunk: dict[str, _Planned], rows: list[tuple], now: datetime, out: PlanOutcome,
+                     cache: dict, pool: Executor | None) -> None:
+    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.planning.copy_new_obligations`),
+    building their alert rows while the obligations are copied; counts go to ``out`` only once the
+    chunk is written."""
+    copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
+    try:
+        new_rows = [(key, p.ob.due_at, _alerts_of(p, now, cache)) for key, p in chunk.items()]
+    finally:
+        # Never leave the COPY running on the connection, even when building the rows failed.
+        ids = copying.result() if copying is not None else None
+    if ids is None:
+        ids = sql.copy_new_obligations(conn, rows, now)
+    written = sql.insert_new_alerts(conn, (
+        (ids[key], slot, dedup, due) for key, due, alerts_ in new_rows for slot, dedup in alerts_
+    ), now)
+    out.obligations_inserted += len(chunk)
+    out.alerts_inserted += written
 
 
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:

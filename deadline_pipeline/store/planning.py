@@ -358,6 +358,34 @@ def copy_lines(conn: Connection, table: str, columns: list[str], lines: Iterable
     return n
 
 
+def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
+    """Whether none of ``sample`` keys spread evenly over ``keys`` is stored (PostgreSQL only): a
+    cheap guess that a chunk is all new. A wrong "yes" is caught by the keys' unique index (see
+    :func:`copy_new_obligations`), never trusted."""
+    step = max(1, len(keys) // sample)
+    return not conn.exec_driver_sql(
+        "SELECT EXISTS (SELECT 1 FROM obligations WHERE obligation_key = ANY(%(keys)s))",
+        {"keys": keys[::step]}).scalar()
+
+
+def copy_new_obligations(conn: Connection, rows: list[tuple], now: datetime) -> dict[str, int]:
+    """``COPY`` obligations known to be new (see :func:`none_stored`) straight into ``obligations``,
+    with ids drawn from its sequence up front, and their keys into ``planned_keys`` (PostgreSQL only).
+    ``rows`` are in :data:`OB_COLS` order. Returns obligation_key → id.
+
+    No staging, comparing or merging: for a chunk of new obligations that is most of the work.
+    Raises ``IntegrityError`` when another run stored one of the keys meanwhile (a unique
+    violation); the caller wraps this in a savepoint and merges instead."""
+    ids = [i for (i,) in conn.exec_driver_sql(
+        "SELECT nextval(pg_get_serial_sequence('obligations', 'id')) FROM generate_series(1, %(n)s)",
+        {"n": len(rows)}).all()]
+    by_key = {row[0]: i for row, i in zip(rows, ids, strict=True)}
+    stage_rows(conn, obligations, ((i, *row, "active", now, 0) for row, i in zip(rows, ids, strict=True)),
+               ["id", *OB_COLS, "status", "planned_at", "revision"], analyze=False)
+    stage_rows(conn, planned_keys, ((row[0],) for row in rows), analyze=False)
+    return by_key
+
+
 @dataclass
 class StagedDiff:
     """How the staged chunk differs from the stored obligations (see :func:`compare_staged`)."""
