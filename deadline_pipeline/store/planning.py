@@ -1,14 +1,20 @@
 """SQL of the planning stage: subscribers, subscriptions, and the keyed upserts of obligations and
 alerts. Re-running any of it with the same input changes no row.
 
-Shape of a plan write (the statement shape matters more than anything else at scale):
+Shape of a plan write (the statement shape matters more than anything else at scale), per chunk of
+about 20,000 obligations (memory is bounded by the chunk, not the plan):
 
-1. the planned rows go into a temporary staging table — ``COPY`` on PostgreSQL, a batched insert on
-   SQLite;
-2. one ``INSERT … SELECT … ON CONFLICT … DO UPDATE … WHERE <something really changed>`` (null-safe
-   ``IS DISTINCT FROM``) merges them, so an unchanged row is neither locked nor rewritten;
-3. alert rows are only staged for obligations whose fingerprint changed, so a no-op re-plan touches
-   the alerts table not at all.
+1. a chunk guessed all new (:func:`none_stored`; PostgreSQL) is ``COPY``-ed straight into
+   ``obligations`` and ``alerts`` under a savepoint; the keys' unique index catches a wrong guess,
+   and the chunk then takes the path below;
+2. otherwise the planned rows go into a temporary staging table — ``COPY`` on PostgreSQL, a batched
+   insert on SQLite — and one read (:func:`compare_staged`) says which are new, moved or changed;
+3. only those are offered to one ``INSERT … SELECT … ON CONFLICT … DO UPDATE … WHERE <something
+   really changed>`` (null-safe ``IS DISTINCT FROM``), so an unchanged row is neither locked nor
+   rewritten;
+4. alert rows are only built and written for obligations whose fingerprint changed, so a no-op
+   re-plan touches the alerts table not at all;
+5. every planned key goes into ``planned_keys``; the withdrawal anti-joins it once at the end.
 """
 
 from __future__ import annotations
@@ -227,7 +233,7 @@ def analyze_planned(conn: Connection) -> None:
 # COPY text format (PostgreSQL): backslash, tab, newline and carriage return are escaped, NULL is \N.
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
-_COPY_BATCH = 2000
+_COPY_BATCH = 5_000
 
 
 def _copy_lines(rows: Iterable[tuple]) -> Iterator[str]:
