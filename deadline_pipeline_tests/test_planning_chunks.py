@@ -156,3 +156,16 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
     assert (again.obligations_unchanged, again.obligations_inserted, again.alerts_written) == (40, 0, 0)
     assert _state(engine) == before
     assert "merged instead" in caplog.text
+
+
+def test_chunk_statements_join_by_key_lookups_on_postgresql(engine):
+    """Inside ``key_lookups`` PostgreSQL may not hash or merge-join (a sequential scan of the whole
+    store per chunk is quadratic in the plan's size); outside it the session's settings are back."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("planner settings are PostgreSQL's")
+    with engine.begin() as conn:
+        with sql.key_lookups(conn):
+            assert (conn.exec_driver_sql("SHOW enable_hashjoin").scalar(),
+                    conn.exec_driver_sql("SHOW enable_mergejoin").scalar()) == ("off", "off")
+        assert (conn.exec_driver_sql("SHOW enable_hashjoin").scalar(),
+                conn.exec_driver_sql("SHOW enable_mergejoin").scalar()) == ("on", "on")

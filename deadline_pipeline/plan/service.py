@@ -408,6 +408,13 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
                         "a concurrent plan run); merged instead: %s", getattr(exc, "orig", exc))
     sql.clear_stage(conn)
     sql.stage_rows(conn, sql.stage_obligations, rows)
+    with sql.key_lookups(conn):
+        _merge_chunk(conn, chunk, now, out, cache, pool)
+
+
+def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
+                 pool: Executor | None) -> None:
+    """The staged chunk: compare, merge what differs, write the alert rows of what changed."""
     diff = sql.compare_staged(conn)
     out.obligations_inserted += len(diff.new)
     out.obligations_moved += len(diff.moved)

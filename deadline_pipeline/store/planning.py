@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -364,6 +365,27 @@ def copy_lines(conn: Connection, table: str, columns: list[str], lines: Iterable
     return n
 
 
+@contextmanager
+def key_lookups(conn: Connection) -> Iterator[None]:
+    """Within the block, PostgreSQL joins a chunk's staged rows to ``obligations`` and ``alerts`` by
+    index lookups (nested loops), never by hashing or merging a scan of the whole table.
+
+    A chunk of 20,000 keys against millions of stored rows is cheapest as 20,000 index probes, but
+    the planner, with statistics that lag a bulk load, prefers a sequential scan per chunk: a
+    quadratic plan (measured: 120 chunks × 2.4M obligations on a 9.6M-alert plan). SQLite always
+    uses the indexes, so nothing changes there."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    conn.exec_driver_sql("SET LOCAL enable_hashjoin = off")
+    conn.exec_driver_sql("SET LOCAL enable_mergejoin = off")
+    try:
+        yield
+    finally:
+        conn.exec_driver_sql("RESET enable_hashjoin")
+        conn.exec_driver_sql("RESET enable_mergejoin")
+
+
 def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
     """Whether none of ``sample`` keys spread evenly over ``keys`` is stored (PostgreSQL only): a
     cheap guess that a chunk is all new. A wrong "yes" is caught by the keys' unique index (see
@@ -474,7 +496,11 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     sa, o, a = stage_alerts, obligations, alerts
     if not conn.execute(select(exists().select_from(sa))).scalar():
         return 0, 0  # nothing staged: a no-op re-plan never touches the alerts table
-    before = conn.execute(select(func.count()).select_from(a)).scalar_one()
+    # Alerts of the staged obligations only (by index), not of the whole table: a chunk's merge
+    # must cost the chunk, not the store.
+    of_staged = (select(func.count()).select_from(a)
+                 .where(a.c.obligation_id.in_(select(o.c.id).join(sa, sa.c.obligation_key == o.c.obligation_key))))
+    before = conn.execute(of_staged).scalar_one()
     # Counted before the merge: driver rowcounts of INSERT … SELECT … ON CONFLICT are not reliable.
     moved = conn.execute(
         select(func.count()).select_from(
@@ -508,7 +534,7 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
                        a.c.send_at.is_distinct_from(ins.excluded.send_at)), revived),
     )
     conn.execute(stmt)
-    inserted = conn.execute(select(func.count()).select_from(a)).scalar_one() - before
+    inserted = conn.execute(of_staged).scalar_one() - before
     return inserted, moved
 
 
