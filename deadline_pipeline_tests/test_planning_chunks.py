@@ -169,3 +169,25 @@ def test_chunk_statements_join_by_key_lookups_on_postgresql(engine):
                     conn.exec_driver_sql("SHOW enable_mergejoin").scalar()) == ("off", "off")
         assert (conn.exec_driver_sql("SHOW enable_hashjoin").scalar(),
                 conn.exec_driver_sql("SHOW enable_mergejoin").scalar()) == ("on", "on")
+
+
+def test_a_bulk_plan_refreshes_the_statistics_of_what_it_wrote(engine, tmp_path, monkeypatch):
+    """After a large write the planner must not believe the tables are empty (autovacuum analyses
+    them only later): a run that inserted many rows runs ANALYZE itself; a small run does not."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("table statistics (pg_class.reltuples) are PostgreSQL's")
+    cfg = _config(tmp_path, [MONTHLY, ONCE, *OTHERS])
+
+    def reltuples():
+        with engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT reltuples FROM pg_class WHERE relname IN ('obligations', 'alerts') "
+                                        "ORDER BY relname").scalars().all()
+
+    monkeypatch.setattr(service, "ANALYZE_AFTER_ROWS", 10**9)
+    _ingest_plan(engine, cfg, T0)
+    assert reltuples() == [-1, -1]  # never analysed
+    with engine.begin() as conn:
+        conn.exec_driver_sql("TRUNCATE alerts, obligations CASCADE")
+    monkeypatch.setattr(service, "ANALYZE_AFTER_ROWS", 50)
+    plan_all(engine, cfg, T0)
+    assert reltuples() == [90, 40]  # alerts, obligations

@@ -299,6 +299,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                     pending = pool.submit(next, chunks, None)
                     _write_chunk(conn, chunk, now, out, cache, pool)
             sql.analyze_planned(conn)
+            if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
+                sql.analyze_written(conn)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
@@ -306,6 +308,10 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             sql.drop_stage(conn)
     return out
 
+
+# A run that inserted at least this many rows refreshes the tables' statistics before it reads them
+# again (see :func:`~deadline_pipeline.store.planning.analyze_written`).
+ANALYZE_AFTER_ROWS = 100_000
 
 # Obligations planned, compared and written per chunk: memory stays bounded by the chunk (not the
 # plan), and each chunk's statements stay small. A chunk is cut only between subscribers, because

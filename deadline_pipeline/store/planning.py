@@ -231,6 +231,17 @@ def analyze_planned(conn: Connection) -> None:
         conn.exec_driver_sql(f"ANALYZE {planned_keys.name}")
 
 
+def analyze_written(conn: Connection) -> None:
+    """Statistics for ``obligations`` and ``alerts`` after a bulk write (PostgreSQL: ``ANALYZE``, a
+    sample of 30,000 rows each; SQLite: nothing). Autovacuum analyses a table only a minute or more
+    after the commit; until then the planner believes a freshly loaded table is nearly empty and,
+    e.g., answers the withdrawal's "open alerts of these obligations" by reading the status index
+    for every pending alert — measured 0.7 s per 500 obligations on a 9.6M-alert store."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ANALYZE obligations")
+        conn.exec_driver_sql("ANALYZE alerts")
+
+
 # COPY text format (PostgreSQL): backslash, tab, newline and carriage return are escaped, NULL is \N.
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
