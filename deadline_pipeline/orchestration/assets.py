@@ -248,6 +248,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "moved": out.obligations_moved, "updated": out.obligations_updated,
             "unchanged": out.obligations_unchanged, "withdrawn": out.obligations_withdrawn,
             "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
+            "direct_write_fallbacks": out.direct_write_fallbacks,
         })
         yield dg.MaterializeResult(asset_key=ALERTS, metadata={
             "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,

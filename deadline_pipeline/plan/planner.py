@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta, tzinfo
 
 from deadline_pipeline.config import parse_quiet_hours
-from deadline_pipeline.plan.keys import alert_dedup_key, obligation_key
+from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Occurrence, expand, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.rules import RuleRecord, kinds_allow, rule_kinds
@@ -104,6 +104,7 @@ class PlannedObligation:
     alerts: list[PlannedAlert] = field(default_factory=list)
     # The deadline's own zone (its calendar days carry the nominal part of every offset).
     zone: str = ""
+    tz: tzinfo | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -209,6 +210,21 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
     obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
     """
+    cache = {} if cache is None else cache
+    obs, problems = plan_obligations(target, rules, now, horizon, after=after, before=before, cache=cache,
+                                     lineage=lineage)
+    for ob in obs:
+        ob.alerts = reminder_alerts(ob, target, now, cache)
+    return obs, problems
+
+
+def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
+                     horizon: timedelta = HORIZON, *, after: datetime | None = None,
+                     before: datetime | None = None, cache: dict | None = None,
+                     lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+    """:func:`plan_target` without the alert rows: each obligation's key, due instant and fingerprint
+    (what its alerts derive from), ``alerts`` left empty. Build them with :func:`reminder_alerts`
+    only where the stored fingerprint differs: an unchanged re-plan never computes an alert."""
     lo, hi = window(now, horizon)
     if after is not None:
         lo = max(lo, after)
@@ -216,13 +232,13 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
         hi = min(hi, before - timedelta(microseconds=1))
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
-    subscriber_zone = None
     rules = list(rules)
     if target.kinds and rules and not any(kinds_allow(target.kinds, (), r) for _, r in rules):
         # A misspelt kind ("papr") would otherwise plan nothing for this subscription, silently.
         present = sorted({k for _, r in rules for k in rule_kinds(r)})
         problems.append(PlanProblem(target.source, "*", f"subscription kinds {list(target.kinds)} match no rule "
                                     f"of this source; its kinds are {present}"))
+    profile = _profile(target)
     for version, rule in rules:
         if not target.wants_rule(rule):
             continue
@@ -241,8 +257,8 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
                 occurrences = expand(rule, zone, after=lo, before=hi, business_days=target.business_days)
                 if cache is not None:
                     cache[ckey] = occurrences
-            if target.quiet_hours and subscriber_zone is None:
-                subscriber_zone = resolve_zone(target.subscriber_tz)
+            if target.quiet_hours:
+                resolve_zone(target.subscriber_tz)  # an unknown subscriber zone is this rule's problem
         except (UnknownTimeZone, ValueError) as exc:
             problems.append(PlanProblem(target.source, rule.rule_id, str(exc)))
             continue
@@ -251,30 +267,90 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
         # day: then a revised time of day moves the obligation instead of replacing it (the reminder
         # moves, a delivered one gets a correction). Several per day fall back to the full local time.
         by_date = recurring and len({o.period[:10] for o in occurrences}) == len(occurrences)
+        identity = lineage.get(rule.rule_id, rule.rule_id) if lineage else rule.rule_id
+        zone_name = str(zone)
         for occ in occurrences:
             period = (occ.period[:10] if by_date else occ.period) if recurring else ONCE
-            identity = lineage.get(rule.rule_id, rule.rule_id) if lineage else rule.rule_id
             key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
-            ob = PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
-                                   version, period, rule.title, occ.due_at, fingerprint(occ.due_at, target, zone),
-                                   zone=str(zone))
-            for offset in target.offsets:
-                seconds = offset.nominal_seconds
-                send_at, reason = apply_quiet_hours(send_instant(occ.due_at, offset, zone), occ.due_at,
-                                                    target.quiet_hours, subscriber_zone)
-                for channel in target.channels:
-                    ob.alerts.append(PlannedAlert(
-                        seconds, channel, "reminder",
-                        alert_dedup_key(key, seconds, channel, "reminder", due_at=occ.due_at),
-                        send_at, status_reason=reason, due_at=occ.due_at, offset=offset))
-            fold_late(ob.alerts, now, target.late_policy)
-            if target.quiet_hours:
-                for a in ob.alerts:
-                    if a.status == "pending" and a.send_at <= now:
-                        # A late reminder goes out now — unless now is inside the subscriber's quiet
-                        # hours, where it waits for the window's end like any other reminder.
-                        later, why = apply_quiet_hours(now, occ.due_at, target.quiet_hours, subscriber_zone)
-                        if later != now:
-                            a.send_at, a.status_reason = later, f"{a.status_reason}; {why}"
-            out.append(ob)
+            out.append(PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
+                                         version, period, rule.title, occ.due_at,
+                                         _fingerprint(occ.due_at, target, zone, profile, cache), zone=zone_name,
+                                         tz=zone))
     return out, problems
+
+
+def _profile(target: Target) -> tuple:
+    """Everything of a target the alert rows of one due instant depend on (offsets as written too,
+    since an alert shows its offset as written)."""
+    return (tuple((o.days, o.seconds, o.written) for o in target.offsets), target.channels, target.quiet_hours,
+            target.subscriber_tz, target.late_policy)
+
+
+def _fingerprint(due_at: datetime, target: Target, zone: tzinfo, profile: tuple, cache: dict | None) -> str:
+    """:func:`fingerprint`, memoised in ``cache``: subscribers sharing a rule, zone and subscription
+    shape share it (a large plan has many obligations, few distinct fingerprints)."""
+    if cache is None:
+        return fingerprint(due_at, target, zone)
+    ckey = ("fingerprint", due_at, str(zone), profile)
+    fp = cache.get(ckey)
+    if fp is None:
+        fp = cache[ckey] = fingerprint(due_at, target, zone)
+    return fp
+
+
+def reminder_alerts(ob: PlannedObligation, target: Target, now: datetime,
+                    cache: dict | None = None) -> list[PlannedAlert]:
+    """The reminder alerts ``target`` owes for obligation ``ob`` (planned by :func:`plan_obligations`
+    for that target): one per offset and channel, with its send instant (calendar-day offsets in the
+    deadline's zone, quiet hours), late ones folded (:func:`fold_late`). ``cache`` memoises the
+    instants and statuses, which depend on the due instant and the subscription's shape only; the
+    dedup keys are the obligation's own."""
+    template = _template(ob, target, now, cache)
+    keys = reminder_dedup_keys(ob.key, ob.due_at, [slot for slot, _ in template])
+    return [PlannedAlert(seconds, channel, "reminder", key, send_at, status, reason, ob.due_at, offset)
+            for ((seconds, channel, send_at, status, reason), offset), key in zip(template, keys, strict=True)]
+
+
+def reminder_rows(ob: PlannedObligation, target: Target, now: datetime,
+                  cache: dict | None = None) -> list[tuple[tuple, str]]:
+    """:func:`reminder_alerts` as ``(slot, dedup_key)`` pairs, ``slot`` = ``(offset_seconds, channel,
+    send_at, status, status_reason)``: what a large plan writes, without an object per alert. The
+    slot tuples are shared by every obligation with the same due instant and subscription shape
+    (do not mutate them)."""
+    template = _template(ob, target, now, cache)
+    slots = [slot for slot, _ in template]
+    return list(zip(slots, reminder_dedup_keys(ob.key, ob.due_at, slots), strict=True))
+
+
+def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None) -> list[tuple]:
+    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now)
+    template = cache.get(ckey) if cache is not None else None
+    if template is None:
+        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now)
+        if cache is not None:
+            cache[ckey] = template
+    return template
+
+
+def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime) -> list[tuple]:
+    """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
+    due instant for ``target``'s subscription shape."""
+    subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
+    alerts: list[PlannedAlert] = []
+    for offset in target.offsets:
+        seconds = offset.nominal_seconds
+        send_at, reason = apply_quiet_hours(send_instant(due_at, offset, zone), due_at,
+                                            target.quiet_hours, subscriber_zone)
+        for channel in target.channels:
+            alerts.append(PlannedAlert(seconds, channel, "reminder", "", send_at, status_reason=reason,
+                                       due_at=due_at, offset=offset))
+    fold_late(alerts, now, target.late_policy)
+    if target.quiet_hours:
+        for a in alerts:
+            if a.status == "pending" and a.send_at <= now:
+                # A late reminder goes out now — unless now is inside the subscriber's quiet
+                # hours, where it waits for the window's end like any other reminder.
+                later, why = apply_quiet_hours(now, due_at, target.quiet_hours, subscriber_zone)
+                if later != now:
+                    a.send_at, a.status_reason = later, f"{a.status_reason}; {why}"
+    return [((a.offset_seconds, a.channel, a.send_at, a.status, a.status_reason), a.offset) for a in alerts]

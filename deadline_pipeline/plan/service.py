@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from deadline_pipeline.config import (
     DeadlinesConfig,
@@ -31,7 +33,14 @@ from deadline_pipeline.config import (
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
-from deadline_pipeline.plan.planner import PlanProblem, Target, plan_target
+from deadline_pipeline.plan.planner import (
+    PlannedObligation,
+    PlanProblem,
+    Target,
+    plan_obligations,
+    plan_target,
+    reminder_rows,
+)
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
@@ -59,6 +68,9 @@ class PlanOutcome:
     corrections: int = 0
     cancellation_notices: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
+    # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
+    # (logged; shown in the plan's metadata).
+    direct_write_fallbacks: int = 0
 
     @property
     def alerts_written(self) -> int:
@@ -274,29 +286,21 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
 
         sql.create_stage(conn)
         try:
-            planned, failed_rules = _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out, lineage)
-            counts = sql.classify_staged(conn)
-            out.obligations_inserted, out.obligations_moved = counts["new"], counts["moved"]
-            out.obligations_updated, out.obligations_unchanged = counts["changed"], counts["unchanged"]
-            moved = sql.moved_obligations(conn)
-            _name_moves(moved, planned)
-            new_keys, need_alerts = sql.keys_needing_alerts(conn)
-            sql.merge_obligations(conn, now)
-            # New obligations' alerts go straight in; only existing obligations need the merge.
-            ids = sql.staged_ids(conn, new_keys)
-            direct = sql.insert_new_alerts(conn, (
-                (ids[o.key], a.offset_seconds, a.channel, a.kind, 0, a.dedup_key, a.send_at, a.status,
-                 a.status_reason, 0, now, now, a.due_at)
-                for o in planned if o.key in new_keys for a in o.alerts
-            ))
-            sql.stage_rows(conn, sql.stage_alerts, (
-                (o.key, a.offset_seconds, a.channel, a.kind, a.dedup_key, a.send_at, a.status, a.status_reason,
-                 a.due_at)
-                for o in planned if o.key in need_alerts and o.key not in new_keys for a in o.alerts
-            ))
-            merged, out.alerts_moved = sql.merge_alerts(conn, now)
-            out.alerts_inserted = direct + merged
-            _after_moves(conn, moved, planned, now, out)
+            failed_rules: set[tuple[int, str]] = set()
+            cache: dict = {}
+            chunks = _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache)
+            # Two helper threads overlap the client's Python with the database's work (the driver
+            # releases the GIL while it waits): the next chunk is planned while this one is written,
+            # and a chunk's alert rows are built while its obligations merge. The connection is only
+            # ever used by one thread at a time; the shared ``cache`` holds deterministic values.
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
+                pending = pool.submit(next, chunks, None)
+                while (chunk := pending.result()) is not None:
+                    pending = pool.submit(next, chunks, None)
+                    _write_chunk(conn, chunk, now, out, cache, pool)
+            sql.analyze_planned(conn)
+            if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
+                sql.analyze_written(conn)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
@@ -305,67 +309,186 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _stage_plan(conn, targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict | None = None):
-    """Expand every target and stream its obligations into the staging table. Returns the planned
-    obligations (kept for their alert rows) and the (source, rule) pairs that failed to expand."""
-    planned = []
-    failed: set[tuple[int, str]] = set()
-    cache: dict = {}
-    seen: dict[str, object] = {}
+# A run that inserted at least this many rows refreshes the tables' statistics before it reads them
+# again (see :func:`~deadline_pipeline.store.planning.analyze_written`).
+ANALYZE_AFTER_ROWS = 100_000
+
+# Obligations planned, compared and written per chunk: memory stays bounded by the chunk (not the
+# plan), and each chunk's statements stay small. A chunk is cut only between subscribers, because
+# two subscriptions of one subscriber merge into one obligation.
+CHUNK_OBLIGATIONS = 20_000
+
+
+@dataclass
+class _Planned:
+    """One obligation of a chunk and the targets (subscriptions) that ask for it, in plan order."""
+
+    ob: PlannedObligation
+    targets: list[Target]
+    alert_count: int
+
+
+def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
+                    failed: set[tuple[int, str]], cache: dict, size: int | None = None):
+    """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
+    of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
+    ``failed`` as (source id, rule id); counts and problems go to ``out``. ``size`` defaults to
+    :data:`CHUNK_OBLIGATIONS`."""
+    size = size or CHUNK_OBLIGATIONS
+    chunk: dict[str, _Planned] = {}
+    last_subscriber = None
     for t in targets:
+        if len(chunk) >= size and t.subscriber_id != last_subscriber:
+            yield chunk
+            chunk = {}
+        last_subscriber = t.subscriber_id
         rules, _ = rules_cache[t.source_id]
-        obs, problems = plan_target(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                    cache=cache, lineage=(lineage or {}).get(t.source_id))
+        obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
+                                         cache=cache, lineage=lineage.get(t.source_id))
         for p in problems:
             log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
         out.problems.extend(problems)
+        slots = len(t.offsets) * len(t.channels)
         for o in obs:
+            first = chunk.get(o.key)
+            if first is None:
+                chunk[o.key] = _Planned(o, [t], slots)
+                out.obligations_planned += 1
+                out.alerts_planned += slots
+                continue
             # Two subscriptions of one subscriber to the same source plan the same obligation once,
             # with the reminders of both (a second subscription must never be silently dropped).
-            first = seen.get(o.key)
-            if first is None:
-                seen[o.key] = o
-                planned.append(o)
-                continue
-            have = {(a.offset_seconds, a.channel): a for a in first.alerts}
-            for a in o.alerts:
-                kept = have.get((a.offset_seconds, a.channel))
-                if kept is None:
-                    first.alerts.append(a)
-                elif a.send_at < kept.send_at:
-                    # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
-                    # because a reminder may come early but never late.
-                    first.alerts[first.alerts.index(kept)] = have[(a.offset_seconds, a.channel)] = a
-            first.fingerprint = hashlib.sha256((first.fingerprint + o.fingerprint).encode()).hexdigest()
+            have = {(o_.nominal_seconds, ch) for tt in first.targets for o_ in tt.offsets for ch in tt.channels}
+            extra = len({(o_.nominal_seconds, ch) for o_ in t.offsets for ch in t.channels} - have)
+            first.targets.append(t)
+            first.alert_count += extra
+            out.alerts_planned += extra
+            first.ob.fingerprint = hashlib.sha256((first.ob.fingerprint + o.fingerprint).encode()).hexdigest()
         out.targets += 1
-    out.obligations_planned = len(planned)
-    out.alerts_planned = sum(len(o.alerts) for o in planned)
-    sql.stage_rows(conn, sql.stage_obligations, (
-        (o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
-         o.fingerprint) for o in planned
+    if chunk:
+        yield chunk
+
+
+def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str]]:
+    """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`: ``(slot,
+    dedup_key)``) of one planned obligation: those of its first subscription, then any (offset,
+    channel) only a later subscription asks for."""
+    rows = reminder_rows(p.ob, p.targets[0], now, cache)
+    if len(p.targets) == 1:
+        return rows
+    at = {(slot[0], slot[1]): i for i, (slot, _) in enumerate(rows)}
+    for t in p.targets[1:]:
+        for slot, key in reminder_rows(p.ob, t, now, cache):
+            i = at.get((slot[0], slot[1]))
+            if i is None:
+                at[(slot[0], slot[1])] = len(rows)
+                rows.append((slot, key))
+            elif slot[2] < rows[i][0][2]:
+                # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
+                # because a reminder may come early but never late.
+                rows[i] = (slot, key)
+    return rows
+
+
+def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
+                 pool: Executor | None = None) -> None:
+    """Stage one chunk's obligations, compare them with the stored ones in one statement, merge only
+    those that differ, and build and write alert rows only for obligations whose fingerprint
+    changed (new obligations' alerts go straight in): an unchanged chunk costs a read, no write."""
+    rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
+             o.fingerprint) for o in (p.ob for p in chunk.values())]
+    if conn.dialect.name == "postgresql" and sql.none_stored(conn, list(chunk)):
+        # A chunk of new obligations only (a first plan, new subscribers): COPY them and their
+        # alerts straight in. A stored key the sample missed, or one another run stored meanwhile,
+        # makes the COPY fail on the unique index; the savepoint undoes it and the chunk is merged
+        # as usual below.
+        try:
+            with conn.begin_nested():
+                _write_new_chunk(conn, chunk, rows, now, out, cache, pool)
+            return
+        except (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError) as exc:
+            # (The COPY runs on the driver's cursor, so its error arrives unwrapped.)
+            out.direct_write_fallbacks += 1
+            log.warning("planning: a chunk guessed all new met stored keys (missed by the sample, or stored by "
+                        "a concurrent plan run); merged instead: %s", getattr(exc, "orig", exc))
+    sql.clear_stage(conn)
+    sql.stage_rows(conn, sql.stage_obligations, rows)
+    with sql.key_lookups(conn):
+        _merge_chunk(conn, chunk, now, out, cache, pool)
+
+
+def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
+                 pool: Executor | None) -> None:
+    """The staged chunk: compare, merge what differs, write the alert rows of what changed."""
+    diff = sql.compare_staged(conn)
+    out.obligations_inserted += len(diff.new)
+    out.obligations_moved += len(diff.moved)
+    out.obligations_updated += diff.changed
+    out.obligations_unchanged += len(chunk) - len(diff.new) - len(diff.moved) - diff.changed
+    sql.remember_staged(conn)
+    if not diff.need_alerts and not diff.moved and not diff.changed:
+        return  # nothing differs: no merge, no alert rows
+    merging = pool.submit(sql.merge_obligations, conn, now) if pool is not None else None
+    try:
+        # New obligations' alert rows, built while the database merges (or before, without a pool).
+        new_rows = [(key, chunk[key].ob.due_at, _alerts_of(chunk[key], now, cache)) for key in diff.new]
+    finally:
+        # Never leave the merge running on the connection, even when building the rows failed.
+        ids = merging.result() if merging is not None else None
+    if ids is None:
+        ids = sql.merge_obligations(conn, now)
+    old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
+    new = set(diff.new)
+    direct = sql.insert_new_alerts(conn, (
+        (ids[key], slot, dedup, due) for key, due, rows in new_rows for slot, dedup in rows
+    ), now)
+    del new_rows
+    sql.stage_rows(conn, sql.stage_alerts, (
+        (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
+         chunk[key].ob.due_at)
+        for key in diff.need_alerts if key not in new
+        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(chunk[key], now, cache)
     ))
-    return planned, failed
+    merged, moved_alerts = sql.merge_alerts(conn, now)
+    out.alerts_inserted += direct + merged
+    out.alerts_moved += moved_alerts
+    _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
 
 
-def _name_moves(moved: list[dict], planned) -> None:
+def _write_new_chunk(conn, chunk: dict[str, _Planned], rows: list[tuple], now: datetime, out: PlanOutcome,
+                     cache: dict, pool: Executor | None) -> None:
+    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.planning.copy_new_obligations`),
+    building their alert rows while the obligations are copied; counts go to ``out`` only once the
+    chunk is written."""
+    copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
+    try:
+        new_rows = [(key, p.ob.due_at, _alerts_of(p, now, cache)) for key, p in chunk.items()]
+    finally:
+        # Never leave the COPY running on the connection, even when building the rows failed.
+        ids = copying.result() if copying is not None else None
+    if ids is None:
+        ids = sql.copy_new_obligations(conn, rows, now)
+    written = sql.insert_new_alerts(conn, (
+        (ids[key], slot, dedup, due) for key, due, alerts_ in new_rows for slot, dedup in alerts_
+    ), now)
+    out.obligations_inserted += len(chunk)
+    out.alerts_inserted += written
+
+
+def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
     """A moved deadline's late reminders say why they are late (the move, not the planning run)."""
-    old = {m["obligation_key"]: m["old_due_at"] for m in moved}
-    for o in planned:
-        if o.key in old:
-            for a in o.alerts:
-                if a.status_reason and a.status_reason.startswith("late at planning"):
-                    a.status_reason = (f"deadline moved from {old[o.key].isoformat()}"
-                                       + a.status_reason[len("late at planning"):])
+    if old_due is not None and reason and reason.startswith("late at planning"):
+        return f"deadline moved from {old_due.isoformat()}" + reason[len("late at planning"):]
+    return reason
 
 
-def _after_moves(conn, moved: list[dict], planned, now: datetime, out: PlanOutcome) -> None:
+def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: PlanOutcome) -> None:
     """After the merge: supersede the open reminders planned for a moved obligation's old instant
     (the merge has planned the new instant's reminders, late ones folded by the subscription's late
     policy) and send one correction per channel where a reminder was already delivered."""
     if not moved:
         return
-    by_key = {o.key: o for o in planned}
     ids = [m["id"] for m in moved]
     out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
     delivered = sql.delivered_channels(conn, ids)

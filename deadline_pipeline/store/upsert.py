@@ -41,15 +41,17 @@ def upsert(
     """
     if not rows:
         return 0
-    touched = 0
     compare = list(compare if compare is not None else update)
+    stmt = dialect_insert(conn, table)
+    changed = or_(*[table.c[c].is_distinct_from(stmt.excluded[c]) for c in compare])
+    where = changed if extra_where is None else (changed & extra_where)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(conflict), set_={c: stmt.excluded[c] for c in update}, where=where
+    ).returning(table.c[conflict[0]])
+    # One statement compiled once and executed with ``batch`` rows of parameters at a time (SQLAlchemy's
+    # "insertmanyvalues" pages them), rather than a literal multi-row VALUES compiled for every batch.
+    # RETURNING counts exactly the rows written (rowcount is -1 for multi-row inserts on psycopg).
+    touched = 0
     for part in chunks(list(rows), batch):
-        stmt = dialect_insert(conn, table).values(list(part))
-        changed = or_(*[table.c[c].is_distinct_from(stmt.excluded[c]) for c in compare])
-        where = changed if extra_where is None else (changed & extra_where)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(conflict), set_={c: stmt.excluded[c] for c in update}, where=where
-        )
-        # RETURNING counts exactly the rows written (rowcount is -1 for multi-row VALUES on psycopg).
-        touched += len(conn.execute(stmt.returning(table.c[conflict[0]])).all())
+        touched += len(conn.execute(stmt, list(part)).all())
     return touched
