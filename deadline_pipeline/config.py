@@ -431,7 +431,8 @@ class DeliveryConfig(_Model):
     retry_after_cap_seconds: float | None = None
     # Processes one sweep runs in (PostgreSQL; see deliver/workers.py): the sweep is CPU-bound in one
     # interpreter, so on an n-core host up to n processes add throughput. Each claims its own batches.
-    processes: Annotated[int, Field(ge=1, le=64)] = 1
+    # Strict: YAML's `true` would otherwise be read as 1 process without a word.
+    processes: Annotated[int, Field(ge=1, le=32, strict=True)] = 1
 
     @property
     def retry_after_cap(self) -> float:

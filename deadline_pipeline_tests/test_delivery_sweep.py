@@ -627,6 +627,46 @@ def test_sweep_with_database_down_fails_loudly_without_flooding(tmp_path, caplog
     assert len(lines) == 1 and lines[0].exc_info is not None, "the first failure with traceback, repeats counted"
 
 
+def _refuse_attempt_rows(engine) -> None:
+    """A database that refuses every new attempt row (as with a missing INSERT grant or a full disk)."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("CREATE TRIGGER refuse_attempts BEFORE INSERT ON delivery_attempts "
+                                 "BEGIN SELECT RAISE(ABORT, 'permission denied for table delivery_attempts'); END")
+        else:
+            conn.exec_driver_sql("CREATE FUNCTION refuse_attempts() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                                 "RAISE EXCEPTION 'permission denied for table delivery_attempts'; END $$")
+            conn.exec_driver_sql("CREATE TRIGGER refuse_attempts BEFORE INSERT ON delivery_attempts "
+                                 "FOR EACH ROW EXECUTE FUNCTION refuse_attempts()")
+
+
+def test_attempt_rows_refused_fail_the_sweep_instead_of_claiming_in_a_loop(engine):
+    """Incident: with INSERT on delivery_attempts refused, the sweep released and reclaimed the same
+    alerts 65,920 times in 50 s, sent nothing and ended "ok". Now each such batch is a failed batch:
+    backed off, counted, and the sweep ends in SweepFailed naming the cause; nothing is charged."""
+    from deadline_pipeline.deliver.sweep import SweepFailed
+
+    ids = seed(engine, 6, channel="fake")
+    _refuse_attempt_rows(engine)
+    cfg = config({"fake": MaildirChannel(type="maildir", path="/nonexistent")}, time_budget_seconds=4,
+                 batch_size=2)
+    fake = FakeChannel()
+    t = time.monotonic()
+    with pytest.raises(SweepFailed, match="attempt rows could not be written") as failed:
+        sweep(engine, cfg, T0, channels={"fake": fake})
+    out = failed.value.outcome
+    assert fake.sent == [], "no send without its attempt row"
+    # Backoff between failed batches (1 s, 2 s, ...): a handful of claims in the 4 s budget, not
+    # thousands; the sweep spends its budget waiting, then gives up.
+    assert 2 <= out.batch_failures <= 5 and out.batches <= 8, out
+    assert time.monotonic() - t >= 3
+    assert out.released == out.claimed and out.delivered == 0
+    with engine.connect() as conn:
+        rows = conn.execute(select(alerts.c.status, alerts.c.attempts, alerts.c.lease_owner)
+                            .where(alerts.c.id.in_(ids))).all()
+    assert rows == [("pending", 0, None)] * 6, "released, nothing charged"
+
+
 def test_update_guard_late_writer_cannot_overwrite(engine):
     [a] = seed(engine, 1)
     with engine.begin() as conn:

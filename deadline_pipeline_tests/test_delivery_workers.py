@@ -27,7 +27,7 @@ import yaml
 from sqlalchemy import select
 
 from deadline_pipeline.config import DeadlinesConfig, WebhookChannel
-from deadline_pipeline.deliver.sweep import sweep
+from deadline_pipeline.deliver.sweep import SweepFailed, sweep
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK
@@ -201,7 +201,9 @@ def test_a_killed_worker_is_reported_lost_and_its_alerts_swept_after_the_lease(p
     watch = WorkerWatch(pg, server, then=kill)
     watch.start()
     t = time.monotonic()
-    out = sweep(pg, cfg, T0, owner=OWNER)
+    with pytest.raises(SweepFailed, match="deliver-worker-1") as failed:
+        sweep(pg, cfg, T0, owner=OWNER)
+    out = failed.value.outcome  # the run fails, and still says what the other worker did
     elapsed = time.monotonic() - t
     watch.join(5)
     assert killed, "worker 1 was killed mid-sweep"
@@ -280,3 +282,48 @@ def test_deliver_job_with_two_processes_reports_them(pg, pg_url, gated, tmp_path
     assert states(pg) == {"delivered": n}
     assert Counter(r["headers"]["Idempotency-Key"] for r in server.requests).most_common(1)[0][1] == 1
     assert json.loads(server.requests[0]["body"])["data"]["id"] == server.requests[0]["headers"]["Idempotency-Key"]
+
+
+def test_deliver_job_fails_when_the_sweep_fails_and_still_reports_its_counts(pg, pg_url, gated, tmp_path):
+    """A sweep that gave up (here: every attempt row refused by the database) fails the Dagster run
+    - red in the UI, no "ok" heartbeat - and the run still carries what the sweep did."""
+    import dagster as dg
+
+    from deadline_pipeline.orchestration.deliver import deliver_job
+    from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
+    from deadline_pipeline.store.schema import heartbeats
+    from deadline_pipeline_tests.test_delivery_sweep import _refuse_attempt_rows
+
+    server, base = gated
+    seed(pg, 40, webhook_url=f"{base}/ok")
+    _refuse_attempt_rows(pg)
+    path = tmp_path / "deadlines.yaml"
+    path.write_text(yaml.safe_dump({
+        "sources": [{"name": "cal", "format": "ics", "location": "cal.ics"}],
+        "subscribers": [{"id": "s1", "webhook_url": f"{base}/ok"}],
+        "subscriptions": [{"name": "all", "sources": ["cal"], "channels": ["hook"]}],
+        "network": LOOPBACK_NETWORK,
+        "channels": {"hook": {"type": "webhook", "timeout_seconds": 5}},
+        "delivery": {"processes": 2, "batch_size": 10, "time_budget_seconds": 3, "lease_seconds": 60},
+    }))
+    result = deliver_job.execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+        resources={"store": StoreResource(db_url=pg_url), "settings": SettingsResource(config_path=str(path)),
+                   "clock": ClockResource(as_of=T0.isoformat())})
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "attempt rows could not be written" in failure.event_specific_data.error.message
+    [obs] = result.asset_observations_for_node("deliver_sweep")
+    meta = {k: v.value for k, v in obs.metadata.items()}
+    assert meta["processes"] == 2 and meta["sent"] == 0 and meta["batch_failures"] >= 2, meta
+    assert server.requests == [], "nothing sent without its attempt row"
+    assert states(pg) == {"pending": 40}, "released, nothing charged or lost"
+    with pg.connect() as conn:
+        assert conn.execute(select(heartbeats).where(heartbeats.c.component == "deliver")).all() == []
+
+
+@pytest.mark.parametrize("value", [True, "2", 2.0, 0, 33])
+def test_processes_must_be_a_plain_count(value):
+    """YAML's `true` must not quietly become one process; the range names the key."""
+    with pytest.raises(ValueError, match="delivery.processes"):
+        DeadlinesConfig(delivery={"processes": value})

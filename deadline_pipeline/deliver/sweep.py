@@ -92,9 +92,17 @@ LEASE_SAFETY_SECONDS = 5.0
 DEADLINE_PASSED_GRACE = timedelta(minutes=15)
 
 
+class AttemptRowsFailed(Exception):
+    """Sends of a batch could not start because their attempt rows could not be written (the alerts
+    were released unsent); the batch counts as failed."""
+
+
 class SweepFailed(Exception):
-    """The sweep could not complete a single batch within its time budget (the message has the last
-    error); alerts are untouched or left claimed until their lease expires."""
+    """The sweep's last batch failed as a whole (the message has the last error), or a worker process
+    failed or was lost; alerts are untouched, released, or left claimed until their lease expires.
+    ``outcome`` (a :class:`SweepOutcome`, when set) counts what was done before."""
+
+    outcome: SweepOutcome | None = None
 
 
 def lease_owner(run_id: str | None = None) -> str:
@@ -163,6 +171,7 @@ class _Result:
     escalate_reason: str | None = None  # escalate without sending
     resolve_first: bool = False  # ask the booking provider whether a dead sender's attempt landed
     released: bool = False
+    start_error: BaseException | None = None  # its attempt row could not be written: released unsent
     lease_lost_before_send: bool = False  # the ownership check before the send failed: not sent
     owner: str = ""  # the lease owner of the claim this alert came in (one per claim)
 
@@ -204,10 +213,11 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
 
     With ``delivery.processes`` > 1 (PostgreSQL) the sweep runs in that many processes
     (:mod:`deadline_pipeline.deliver.workers`), each claiming its own batches; ``max_batches`` and the
-    time budget apply to each. Their outcomes are added up; a worker that ends without a result is
-    logged, listed in ``errors`` and counted in ``batch_failures``, and :class:`SweepFailed` is raised
-    when any worker gave up on the database. Raises ``ValueError`` for ``channels`` or an unpicklable
-    ``clock`` (use :func:`utcnow`) with more than one process.
+    time budget apply to each. Their outcomes are added up; a worker that gave up or ended without a
+    result is logged at ERROR, listed in ``errors`` (one that ended without a result is also counted
+    in ``batch_failures``), and :class:`SweepFailed` is raised with the added-up ``outcome``. Raises
+    ``ValueError`` for ``channels`` or an unpicklable ``clock`` (use :func:`utcnow`) with more than one
+    process.
     """
     owner = owner or lease_owner()
     processes = cfg.delivery.processes
@@ -227,15 +237,17 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
         engine, cfg, now, owner=owner, clock=clock, max_batches=max_batches,
         run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})))
     out = SweepOutcome(processes=processes)
-    merge_outcomes([v for status, v in results if status == "ok"], out)
-    problems = [str(v) for status, v in results if status != "ok"]
+    merge_outcomes([v for status, v in results if status == "ok"]
+                   + [v[1] for status, v in results if status == "failed" and v[1] is not None], out)
+    problems = [v[0] if status == "failed" else str(v) for status, v in results if status != "ok"]
     for p in problems:
         log.error("delivery worker: %s", p)
         out.errors.append(p)
     out.batch_failures += sum(1 for status, _ in results if status == "lost")
-    if any(status == "failed" for status, _ in results):
-        # A worker gave up on the database while others swept: as loud as a one-process failure.
-        exc = SweepFailed("delivery worker(s) gave up: " + "; ".join(problems))
+    if problems:
+        # A worker gave up on the database, or died or hung (lost), while others swept: as loud as a
+        # one-process failure - the run fails, though its alerts come back after their lease.
+        exc = SweepFailed("delivery worker(s) failed: " + "; ".join(problems))
         exc.outcome = out  # what the other workers did, for the caller's report
         raise exc
     return out
@@ -405,11 +417,13 @@ class _Sweep:
                         # Sends start now (queued behind the older batch's on the limiter), before
                         # anything below can fail: a claimed batch is never left without its sends.
                         sending.append(self._launch(results, owner, claimed_at))
+                    recorded = False
                     if pending_write is not None:
                         # The earlier batch's bookkeeping overlapped this claim; its failure is this
                         # round's failure too (same database).
                         task, pending_write = pending_write, None
                         await task
+                        recorded = True
                     if len(sending) == 2 or (not rows and sending):
                         # Wait for whichever batch ends first, the other keeps sending meanwhile: one
                         # send hanging until its timeout must not hold back recording the other
@@ -419,7 +433,10 @@ class _Sweep:
                         break  # nothing claimable and nothing in flight
                     _batch_failures.success("delivery sweep")
                     last_error = None
-                    pause = 1.0
+                    if recorded or not sending:
+                        # Only a recorded batch ends the backoff: a claim succeeds even while every
+                        # batch's recording fails (attempt rows refused), which must keep backing off.
+                        pause = 1.0
                 except Exception as exc:  # database down, a bookkeeping bug: the next batch may succeed
                     last_error = exc
                     self.out.batch_failures += 1
@@ -450,8 +467,10 @@ class _Sweep:
                 b.sends.cancel()
             await self._close()
         if last_error is not None:
-            raise SweepFailed(f"delivery sweep gave up after {self.out.batch_failures} failed batch(es): "
-                              f"{type(last_error).__name__}: {last_error}") from last_error
+            failed = SweepFailed(f"delivery sweep gave up after {self.out.batch_failures} failed batch(es): "
+                                 f"{type(last_error).__name__}: {last_error}")
+            failed.outcome = self.out  # what was done before it gave up, for the caller's report
+            raise failed from last_error
         return self.out
 
     def _launch(self, results: list[_Result], owner: str, claimed_at: float) -> _Batch:
@@ -567,6 +586,7 @@ class _Sweep:
                     r.attempt_id = await self.gate.start(r)
                 except Exception as exc:  # the attempt could not be recorded: no send, no attempt charged
                     r.released = True
+                    r.start_error = exc
                     _alert_failures.failure("attempt start", f"alert {row['id']}: not sent, its attempt could "
                                             f"not be recorded: {type(exc).__name__}: {exc}", exc)
                     return
@@ -709,6 +729,15 @@ class _Sweep:
                 raise  # nothing could be written at all: the database itself is the problem
             effects = [e for e in effects if e is not None]
         self._report(effects)
+        unstarted = [r for r in results if r.start_error is not None]
+        if unstarted:
+            # Recorded (released, nothing charged), but the batch failed: without this a database
+            # that refuses attempt rows (a missing INSERT grant, a full disk) made the sweep claim
+            # and release the same alerts thousands of times a minute and end "ok", sending nothing.
+            # As a failed batch it backs off, is counted, and ends the sweep in SweepFailed.
+            err = unstarted[0].start_error
+            raise AttemptRowsFailed(f"{len(unstarted)} of {len(results)} alert(s) not sent: their attempt rows "
+                                    f"could not be written: {type(err).__name__}: {err}") from err
 
     def _report(self, effects: list[dict]) -> None:
         out = self.out

@@ -81,7 +81,8 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     process) and wait for all of them.
 
     Returns one ``(status, value)`` per worker, worker 0 first: ``("ok", SweepOutcome)``,
-    ``("failed", message)`` for a sweep that raised ``SweepFailed`` (or anything else), or
+    ``("failed", (message, SweepOutcome or None))`` for a sweep that raised ``SweepFailed`` (with what
+    it did before) or anything else, or
     ``("lost", message)`` for a worker that died or hung without a result (it was killed; its claimed
     alerts are taken up again after their lease expires). Never raises for a worker's failure;
     raises ``ValueError`` for a clock that cannot be sent to a worker.
@@ -129,7 +130,7 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     try:
         results.append(("ok", run_here()))
     except Exception as exc:
-        results.append(("failed", f"worker 0: {type(exc).__name__}: {exc}"))
+        results.append(("failed", (f"worker 0: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None))))
     starter.join()
     give_up = time.monotonic() + cfg.delivery.time_budget_seconds + _JOIN_SLACK_SECONDS
     results += [w.collect(give_up) for w in workers]
@@ -165,14 +166,17 @@ class _Worker:
 
     def collect(self, give_up: float) -> tuple[str, object]:
         self.reader.join(max(0.0, give_up - time.monotonic()))
-        if self.reader.is_alive():
+        hung = self.reader.is_alive()
+        if hung:
             self.process.kill()  # hung past its budget: stop it like a crashed sweeper (leases recover)
             self.reader.join(10)
         self.process.join(10)
         if self.result is not None:
             return self.result
-        return "lost", (f"{self.process.name} ended without a result (exit code {self.process.exitcode}); the "
-                        "alerts it had claimed are taken up again when their lease expires")
+        how = (f"was still running {_JOIN_SLACK_SECONDS:.0f} s after the time budget and was killed" if hung
+               else f"ended without a result (exit code {self.process.exitcode})")
+        return "lost", (f"{self.process.name} (pid {self.process.pid}) {how}; the alerts it had claimed are "
+                        "taken up again when their lease expires")
 
 
 class _PipeQueue:
@@ -210,7 +214,7 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
                         spec.clock or (lambda: now), spec.max_batches, {})
         pipe.put("result", "ok", asyncio.run(runner.run()))
     except Exception as exc:
-        pipe.put("result", "failed", f"worker {index}: {type(exc).__name__}: {exc}")
+        pipe.put("result", "failed", (f"worker {index}: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None)))
     finally:
         engine.dispose()
 

@@ -7,7 +7,7 @@ import logging
 import dagster as dg
 
 from deadline_pipeline.deliver.channels.environment import unresolved_env
-from deadline_pipeline.deliver.sweep import lease_owner, sweep, utcnow
+from deadline_pipeline.deliver.sweep import SweepFailed, SweepOutcome, lease_owner, sweep, utcnow
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.store import health
@@ -31,9 +31,17 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
                          metadata={"unresolved_env": [p.variable or p.key for p in problems]})
     engine = store.engine()
     started = clock.now()
-    out = sweep(engine, cfg, started, owner=lease_owner(context.run_id),
-                # utcnow, not clock.now: it can be sent to the worker processes (delivery.processes).
-                clock=utcnow if not clock.frozen else None)
+    try:
+        out = sweep(engine, cfg, started, owner=lease_owner(context.run_id),
+                    # utcnow, not clock.now: it can be sent to the worker processes (delivery.processes).
+                    clock=utcnow if not clock.frozen else None)
+    except SweepFailed as exc:
+        # The run fails (red in the UI, no "ok" heartbeat), and still says what was done before.
+        if exc.outcome is not None:
+            for err in exc.outcome.errors[:20]:
+                context.log.error(err)
+            yield _observation(exc.outcome)
+        raise dg.Failure(description=f"delivery sweep failed: {exc}") from exc
     finished = clock.now()
     with engine.begin() as conn:
         health.beat(conn, "deliver", started_at=started, completed_at=finished,
@@ -41,11 +49,17 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
                     detail=f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
                            f"released {out.released}, recovered unknown {out.recovered_unknown}",
                     replay=clock.frozen)
-    late = sorted(out.lateness_seconds)
-    p99 = late[min(len(late) - 1, int(len(late) * 0.99))] if late else 0.0
     for err in out.errors[:20]:
         context.log.warning(err)
-    yield dg.AssetObservation(asset_key=dg.AssetKey("alerts"), metadata={
+    yield _observation(out)
+    yield dg.Output(None)
+
+
+def _observation(out: SweepOutcome) -> dg.AssetObservation:
+    """The sweep's counts as an observation of the ``alerts`` asset (lateness p99 in seconds)."""
+    late = sorted(out.lateness_seconds)
+    p99 = late[min(len(late) - 1, int(len(late) * 0.99))] if late else 0.0
+    return dg.AssetObservation(asset_key=dg.AssetKey("alerts"), metadata={
         "claimed": out.claimed, "sent": out.delivered, "failed": out.failed, "escalated": out.escalated,
         "lease_lost": out.lease_lost, "released": out.released, "recovered_unknown": out.recovered_unknown,
         "escalation_notices": out.escalation_notices,
@@ -54,7 +68,6 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
         "retry_after_capped": out.retry_after_capped, "results_unstorable": out.results_unstorable,
         "processes": out.processes,
     })
-    yield dg.Output(None)
 
 
 # max_runtime: with run monitoring on, a hung sweep (its budget is 240 s) is failed and retried

@@ -259,10 +259,12 @@ def start_attempts(conn: Connection, items: list[tuple[int, int]], *, owner: str
         # 'claimed' rows is stale by design: they come and go within seconds), which made this
         # statement the slowest step before a send.
         held = ("WHERE (SELECT al.lease_owner = CAST(:owner AS text) AND al.status = 'claimed' "
-                "AND al.lease_expires_at > clock_timestamp() FROM alerts AS al WHERE al.id = v.a) ") if held_only else ""
+                "AND al.lease_expires_at > clock_timestamp() FROM alerts AS al WHERE al.id = v.a) "
+                ) if held_only else ""
         rows = conn.execute(text(
             "INSERT INTO delivery_attempts (alert_id, attempt, lease_owner, started_at) "
-            "SELECT v.a, v.n, CAST(:owner AS text), :now FROM unnest(CAST(:a AS bigint[]), CAST(:n AS integer[])) AS v(a, n) "
+            "SELECT v.a, v.n, CAST(:owner AS text), :now "
+            "FROM unnest(CAST(:a AS bigint[]), CAST(:n AS integer[])) AS v(a, n) "
             f"{held}RETURNING alert_id, id"), {"a": [i for i, _ in items], "n": [k for _, k in items],
                                                "owner": owner, "now": now}).all()
         return {int(a): int(i) for a, i in rows}
