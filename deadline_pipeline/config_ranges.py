@@ -68,6 +68,7 @@ RANGES: dict[str, Range] = {
     "backoff_cap_seconds": Range(0, 7 * DAY, lo_open=True),
     "retry_after_cap_seconds": Range(0, 30 * DAY, lo_open=True),
     "time_budget_seconds": Range(0, DAY, lo_open=True),
+    "processes": Range(1, 32),
     # escalation and watch (minutes)
     "reminder_minutes": Range(1, 7 * 1440),
     "grace_minutes": Range(0, 7 * 1440),

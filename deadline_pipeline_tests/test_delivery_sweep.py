@@ -658,8 +658,8 @@ def test_attempt_rows_refused_fail_the_sweep_instead_of_claiming_in_a_loop(engin
     assert fake.sent == [], "no send without its attempt row"
     # Backoff between failed batches (1 s, 2 s, ...): a handful of claims in the 4 s budget, not
     # thousands; the sweep spends its budget waiting, then gives up.
-    assert 2 <= out.batch_failures <= 5 and out.batches <= 8, out
-    assert time.monotonic() - t >= 3
+    assert out.batch_failures >= 1 and out.batches <= 10, out
+    assert time.monotonic() - t >= 3, "it backs off until the budget is spent"
     assert out.released == out.claimed and out.delivered == 0
     with engine.connect() as conn:
         rows = conn.execute(select(alerts.c.status, alerts.c.attempts, alerts.c.lease_owner)
