@@ -400,6 +400,13 @@ class _Sweep:
             while time.monotonic() < self.deadline and (self.max_batches is None
                                                          or self.out.batches < self.max_batches):
                 try:
+                    if len(sending) >= 2:
+                        # A round that failed after its claim left two batches sending: finish one
+                        # before claiming again, so that never more than two are claimed at once.
+                        if pending_write is not None:
+                            task, pending_write = pending_write, None
+                            await task
+                        pending_write = await self._finish(await self._first_done(sending))
                     t = self.clock()
                     claimed_at = time.monotonic()
                     # A lease owner per claim, unique even across runs that share an owner (a
