@@ -342,6 +342,7 @@ class _Sweep:
         self.deadline = time.monotonic() + self.d.time_budget_seconds
         self.claims = 0
         self.gate = _StartGate(self)
+        self.halted = False  # set when a send meets a BaseException: no further send starts
         workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
         self.pool = ThreadPoolExecutor(max_workers=min(64, workers), thread_name_prefix="deliver-send")
         # The attempt rows' group commits run in one thread on one connection kept for the sweep: a
@@ -586,8 +587,8 @@ class _Sweep:
             send_until = min(self.deadline, claimed_at + self.d.lease_seconds - self.send_window(row["channel"]))
             ch = self.channel(row["channel"])
             async with self.limiter(row["channel"]):
-                if time.monotonic() >= send_until:
-                    r.released = True  # its lease or the budget would run out mid-send
+                if self.halted or time.monotonic() >= send_until:
+                    r.released = True  # going down, or its lease or the budget would run out mid-send
                     return
                 try:
                     r.attempt_id = await self.gate.start(r)
@@ -600,6 +601,8 @@ class _Sweep:
                 if r.attempt_id is None:
                     r.lease_lost_before_send = True  # another holder has it now; never send on a lost lease
                     return
+                if self.halted:
+                    return  # going down: its attempt row stays, charged as possibly started (safe side)
                 if time.monotonic() >= send_until:
                     # The shared commit took the rest of the window: give it back (release removes the
                     # unstarted attempt row, so nothing is charged).
@@ -625,6 +628,12 @@ class _Sweep:
             _alert_failures.failure(f"unexpected {type(exc).__name__}",
                                     f"alert {row['id']}: unexpected error while sending: {exc}", exc)
             r.error = DeliveryError(f"{exc.__class__.__name__}: {exc}", permanent=False, outcome="failed")
+        except BaseException:
+            # The process is going down (KeyboardInterrupt, SystemExit): the sends queued behind
+            # this one must not start in the moment before the batch is cancelled, or a crash
+            # would charge (and, on a booking channel, escalate) alerts that were never sent.
+            self.halted = True
+            raise
 
     # ------------------------------------------------------------------ 4. record
 
