@@ -174,13 +174,19 @@ def db_only(url: str, n: int, hook: str) -> float:
     return elapsed
 
 
+def sweep_config(processes: int) -> DeadlinesConfig:
+    """The benchmarked sweep's configuration: one webhook channel at concurrency 64 to the receiver
+    on loopback, batches of 500, ``processes`` processes (left at its default when 1)."""
+    return DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
+                           channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
+                           delivery={"batch_size": 500, **({"processes": processes} if processes != 1 else {})})
+
+
 def sweep_run(url: str, n: int, hook: str, box: dict | None = None, profiler=None, processes: int = 1) -> float:
     """Seconds for :func:`sweep` to deliver ``n`` due alerts with full bookkeeping; the lateness of
     each alert (sent - send_at, seconds) goes to ``box["late"]``."""
     engine = make_engine(url)
-    cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},  # the receiver is on loopback
-                          channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
-                          delivery={"batch_size": 500, **({"processes": processes} if processes != 1 else {})})
+    cfg = sweep_config(processes)
     send_at = datetime.now(UTC)
     seed(engine, n, hook, send_at)
     # send_at = the moment the backlog is due; (sent - send_at) then includes the wait in the backlog.
@@ -314,9 +320,7 @@ def phase_profile(url: str, n: int, hook: str) -> dict[str, float]:
     for (owner, name, key), (_, _, fn) in zip(patched, originals, strict=True):
         setattr(owner, name, timed(fn, key))
     engine = make_engine(url)
-    cfg = DeadlinesConfig(network={"allow": ["127.0.0.1/32"]},
-                          channels={"hook": WebhookChannel(type="webhook", max_concurrency=CONCURRENCY)},
-                          delivery={"batch_size": 500})
+    cfg = sweep_config(1)
     try:
         seed(engine, n, hook, datetime.now(UTC))
         pg = _PgBackendCpu(url)

@@ -252,28 +252,34 @@ def test_channels_or_an_unpicklable_clock_are_refused_before_anything_is_claimed
         assert conn.execute(select(delivery_attempts.c.id)).all() == []
 
 
-def test_deliver_job_with_two_processes_reports_them(pg, pg_url, gated, tmp_path):
+def _run_deliver_job(pg_url, base, tmp_path, *, timeout_seconds, **delivery):
+    """``deliver_job`` in process against the PostgreSQL store, a configuration file with a loopback
+    webhook channel and ``delivery`` settings, at the frozen instant T0; returns the Dagster result."""
     import dagster as dg
 
     from deadline_pipeline.orchestration.deliver import deliver_job
     from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 
-    server, base = gated
-    n = 100
-    seed(pg, n, webhook_url=f"{base}/ok")
     path = tmp_path / "deadlines.yaml"
     path.write_text(yaml.safe_dump({
         "sources": [{"name": "cal", "format": "ics", "location": "cal.ics"}],
         "subscribers": [{"id": "s1", "webhook_url": f"{base}/ok"}],
         "subscriptions": [{"name": "all", "sources": ["cal"], "channels": ["hook"]}],
         "network": LOOPBACK_NETWORK,
-        "channels": {"hook": {"type": "webhook", "timeout_seconds": 30}},
-        "delivery": {"processes": 2, "batch_size": 20},
+        "channels": {"hook": {"type": "webhook", "timeout_seconds": timeout_seconds}},
+        "delivery": delivery,
     }))
-    result = deliver_job.execute_in_process(
-        instance=dg.DagsterInstance.ephemeral(),
+    return deliver_job.execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
         resources={"store": StoreResource(db_url=pg_url), "settings": SettingsResource(config_path=str(path)),
                    "clock": ClockResource(as_of=T0.isoformat())})
+
+
+def test_deliver_job_with_two_processes_reports_them(pg, pg_url, gated, tmp_path):
+    server, base = gated
+    n = 100
+    seed(pg, n, webhook_url=f"{base}/ok")
+    result = _run_deliver_job(pg_url, base, tmp_path, timeout_seconds=30, processes=2, batch_size=20)
     assert result.success
     [obs] = result.asset_observations_for_node("deliver_sweep")
     meta = {k: v.value for k, v in obs.metadata.items()}
@@ -287,29 +293,14 @@ def test_deliver_job_with_two_processes_reports_them(pg, pg_url, gated, tmp_path
 def test_deliver_job_fails_when_the_sweep_fails_and_still_reports_its_counts(pg, pg_url, gated, tmp_path):
     """A sweep that gave up (here: every attempt row refused by the database) fails the Dagster run
     - red in the UI, no "ok" heartbeat - and the run still carries what the sweep did."""
-    import dagster as dg
-
-    from deadline_pipeline.orchestration.deliver import deliver_job
-    from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
     from deadline_pipeline.store.schema import heartbeats
     from deadline_pipeline_tests.test_delivery_sweep import _refuse_attempt_rows
 
     server, base = gated
     seed(pg, 40, webhook_url=f"{base}/ok")
     _refuse_attempt_rows(pg)
-    path = tmp_path / "deadlines.yaml"
-    path.write_text(yaml.safe_dump({
-        "sources": [{"name": "cal", "format": "ics", "location": "cal.ics"}],
-        "subscribers": [{"id": "s1", "webhook_url": f"{base}/ok"}],
-        "subscriptions": [{"name": "all", "sources": ["cal"], "channels": ["hook"]}],
-        "network": LOOPBACK_NETWORK,
-        "channels": {"hook": {"type": "webhook", "timeout_seconds": 5}},
-        "delivery": {"processes": 2, "batch_size": 10, "time_budget_seconds": 3, "lease_seconds": 60},
-    }))
-    result = deliver_job.execute_in_process(
-        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
-        resources={"store": StoreResource(db_url=pg_url), "settings": SettingsResource(config_path=str(path)),
-                   "clock": ClockResource(as_of=T0.isoformat())})
+    result = _run_deliver_job(pg_url, base, tmp_path, timeout_seconds=5, processes=2, batch_size=10,
+                              time_budget_seconds=3, lease_seconds=60)
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "attempt rows could not be written" in failure.event_specific_data.error.message
