@@ -10,12 +10,13 @@ is checked to have made exactly one request per job), so the client side is what
 Contenders, interleaved in rounds (A, B, C, D, E, A, B, ...; see ``benchmarks/rounds.py``), each on
 ``n`` jobs per round:
 
-* ``aiohttp_ceiling``: the raw aiohttp client, concurrency 64, no database - the most any
-  aiohttp-based sender can reach on this machine at that minute;
+* ``aiohttp_ceiling``: the raw aiohttp client, concurrency 64, no database, on uvloop (the sweep's
+  event loop) - the most any aiohttp-based sender can reach on this machine at that minute;
 * ``sweep``: :func:`deadline_pipeline.deliver.sweep.sweep` with full bookkeeping: claim -> attempt
   rows committed before the send and lease-checked -> render + sign -> send (aiohttp, 64) -> record;
 * ``pgqueuer``: asyncpg driver, one bulk ``enqueue``, drain mode, ``batch_size=32``,
-  ``max_concurrent_tasks=64``, the same aiohttp client and receiver (its documented setup);
+  ``max_concurrent_tasks=64``, the same aiohttp client and receiver, on uvloop as its own runner
+  ``pgq run`` does (its documented setup);
 * ``procrastinate``: ``run_worker_async(concurrency=64, wait=False)`` after one ``batch_defer_async``;
 * ``db_only``: claim 500 with ``FOR UPDATE SKIP LOCKED`` + mark delivered, no send (a floor of the
   database side).
@@ -47,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import uvloop  # noqa: E402
 from rounds import MIN_ROUNDS, goal_line, json_line, ratio, run_rounds, table  # noqa: E402
 from sqlalchemy import create_engine, insert, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -272,7 +274,8 @@ def pgqueuer_run(url: str, n: int, hook: str) -> float:
         await conn.close()
         return elapsed
 
-    return asyncio.run(main())
+    # pgqueuer's own runner (`pgq run`) runs its queue manager on uvloop when it is installed.
+    return uvloop.run(main())
 
 
 # --------------------------------------------------------------------------- where the time goes
@@ -441,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def aiohttp_ceiling() -> float:
         before = counter.value
-        secs = asyncio.run(_aiohttp_posts(hook, n))
+        secs = uvloop.run(_aiohttp_posts(hook, n))  # the sweep's loop (delivery.event_loop default)
         assert counter.value - before == n
         return n / secs
 

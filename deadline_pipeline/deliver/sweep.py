@@ -138,6 +138,8 @@ class SweepOutcome:
     ``batch_failures``: batches that failed as a whole (database or bookkeeping error), plus worker
     processes that ended without a result.
     ``processes``: how many processes swept (``delivery.processes``; 1 on SQLite).
+    ``event_loop``: the event loop the sweep ran on, ``"uvloop"`` or ``"asyncio"`` (``"asyncio"``
+    where ``delivery.event_loop`` is uvloop but uvloop cannot be imported, a fallback that is logged).
     """
 
     claimed: int = 0
@@ -156,6 +158,7 @@ class SweepOutcome:
     retry_after_capped: int = 0
     results_unstorable: int = 0
     processes: int = 1
+    event_loop: str = "asyncio"
     lateness_seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -237,6 +240,9 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
         engine, cfg, now, owner=owner, clock=clock, max_batches=max_batches,
         run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})))
     out = SweepOutcome(processes=processes)
+    # Every worker resolves the same setting the same way; a failed worker reports no loop.
+    loops = sorted({v.event_loop for status, v in results if status == "ok"})
+    out.event_loop = "/".join(loops) or cfg.delivery.event_loop
     merge_outcomes([v for status, v in results if status == "ok"]
                    + [v[1] for status, v in results if status == "failed" and v[1] is not None], out)
     problems = [v[0] if status == "failed" else str(v) for status, v in results if status != "ok"]
@@ -253,14 +259,43 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     return out
 
 
+def event_loop_factory(preferred: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """``(loop factory for asyncio.Runner, its name)`` for ``delivery.event_loop`` = ``preferred``
+    (``"uvloop"`` or ``"asyncio"``); the factory is ``None`` for the standard library's loop.
+
+    A configured uvloop that cannot be imported (a platform it does not support) falls back to
+    asyncio's loop with a warning; the sweep's ``event_loop`` (the run's metadata) then says
+    ``asyncio``. Never raises.
+    """
+    if preferred == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            log.warning("delivery.event_loop is uvloop, but it cannot be imported (%s): sweeping on asyncio's "
+                        "event loop, which costs more CPU per alert", exc)
+        else:
+            return uvloop.new_event_loop, "uvloop"
+    return None, "asyncio"
+
+
+def run_sweep_loop(runner: _Sweep) -> SweepOutcome:
+    """Run ``runner`` to the end on a new event loop of the configured kind (``delivery.event_loop``),
+    in the calling thread, which must not be running a loop; its outcome names the loop used."""
+    factory, name = event_loop_factory(runner.cfg.delivery.event_loop)
+    with asyncio.Runner(loop_factory=factory) as loop_runner:
+        out = loop_runner.run(runner.run())
+    out.event_loop = name
+    return out
+
+
 def _run_one(runner: _Sweep) -> SweepOutcome:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(runner.run())
+        return run_sweep_loop(runner)
     # Called from inside an event loop (a notebook, an async caller): run on a loop of our own.
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("out", asyncio.run(runner.run())), daemon=True)
+    thread = threading.Thread(target=lambda: box.setdefault("out", run_sweep_loop(runner)), daemon=True)
     thread.start()
     thread.join()
     if "out" not in box:

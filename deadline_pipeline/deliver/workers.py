@@ -24,7 +24,6 @@ other's locks; there the sweep runs in one process and says so in the log and in
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import logging.handlers
 import multiprocessing
@@ -196,7 +195,7 @@ class _PipeQueue:
 
 
 def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
-    from deadline_pipeline.deliver.sweep import _Sweep
+    from deadline_pipeline.deliver.sweep import _Sweep, run_sweep_loop
     from deadline_pipeline.store.db import make_engine
 
     # The caller's environment at the call, not the forkserver's from when it started: a secret
@@ -212,7 +211,7 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     try:
         runner = _Sweep(engine, spec.cfg, now, f"{spec.owner}#w{index}.{os.getpid()}",
                         spec.clock or (lambda: now), spec.max_batches, {})
-        pipe.put("result", "ok", asyncio.run(runner.run()))
+        pipe.put("result", "ok", run_sweep_loop(runner))
     except Exception as exc:
         pipe.put("result", "failed", (f"worker {index}: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None)))
     finally:
@@ -223,7 +222,7 @@ def merge_outcomes(outcomes: list, into) -> None:
     """Add each field of every outcome in ``outcomes`` to ``into`` (counts summed, lists joined)."""
     for out in outcomes:
         for f in fields(into):
-            if f.name == "processes":
+            if f.name in ("processes", "event_loop"):
                 continue
             value = getattr(out, f.name)
             if isinstance(value, list):

@@ -66,7 +66,7 @@ def _observation(out: SweepOutcome) -> dg.AssetObservation:
         "escalation_notice_failures": out.escalation_notice_failures, "batches": out.batches,
         "batch_failures": out.batch_failures, "lateness_p99_seconds": float(p99),
         "retry_after_capped": out.retry_after_capped, "results_unstorable": out.results_unstorable,
-        "processes": out.processes,
+        "processes": out.processes, "event_loop": out.event_loop,
     })
 
 
