@@ -433,7 +433,7 @@ class DeliveryConfig(_Model):
     # interpreter, so on an n-core host up to n processes add throughput. Each claims its own batches.
     # Strict: YAML's `true` would otherwise be read as 1 process without a word.
     processes: Annotated[int, Field(ge=1, le=32, strict=True)] = 1
-    # The sweep's event loop. uvloop runs the same sweep with about a sixth less CPU per alert
+    # The sweep's event loop. uvloop runs the same sweep with about a third less CPU per alert
     # (benchmarks/deliver.py): the sweep wakes futures, tasks and thread callbacks for every alert.
     # "asyncio" is the standard library's loop, for a platform without uvloop or to rule it out.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
