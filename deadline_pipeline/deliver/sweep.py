@@ -71,6 +71,7 @@ from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.config_ranges import channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult, notification_from_row
+from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as sql
 
@@ -259,32 +260,12 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     return out
 
 
-def event_loop_factory(preferred: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
-    """``(loop factory for asyncio.Runner, its name)`` for ``delivery.event_loop`` = ``preferred``
-    (``"uvloop"`` or ``"asyncio"``); the factory is ``None`` for the standard library's loop.
-
-    A configured uvloop that cannot be imported (a platform it does not support) falls back to
-    asyncio's loop with a warning; the sweep's ``event_loop`` (the run's metadata) then says
-    ``asyncio``. Never raises.
-    """
-    if preferred == "uvloop":
-        try:
-            import uvloop
-        except ImportError as exc:
-            log.warning("delivery.event_loop is uvloop, but it cannot be imported (%s): sweeping on asyncio's "
-                        "event loop, which costs more CPU per alert", exc)
-        else:
-            return uvloop.new_event_loop, "uvloop"
-    return None, "asyncio"
-
-
 def run_sweep_loop(runner: _Sweep) -> SweepOutcome:
     """Run ``runner`` to the end on a new event loop of the configured kind (``delivery.event_loop``),
-    in the calling thread, which must not be running a loop; its outcome names the loop used."""
-    factory, name = event_loop_factory(runner.cfg.delivery.event_loop)
-    with asyncio.Runner(loop_factory=factory) as loop_runner:
-        out = loop_runner.run(runner.run())
-    out.event_loop = name
+    in the calling thread, which must not be running a loop, with the garbage collector tuned for
+    the sweep (:mod:`deadline_pipeline.deliver.runtime`); its outcome names the loop used."""
+    out, loop_name = run_on_loop(runner.run, runner.cfg.delivery.event_loop)
+    out.event_loop = loop_name
     return out
 
 

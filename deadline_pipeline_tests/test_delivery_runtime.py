@@ -1,21 +1,29 @@
-"""The sweep's event loop (``delivery.event_loop``): uvloop by default, the standard library's loop
-when configured, and a loud fallback to it when uvloop cannot be imported; every sweep process
-(``delivery.processes``) runs on the configured loop and the outcome names it.
+"""How a sweep process runs (``deadline_pipeline.deliver.runtime``).
 
-The loop is observed from inside the sweep: a channel whose ``send_async`` records the class of the
-running loop.
+* The event loop (``delivery.event_loop``): uvloop by default, the standard library's loop when
+  configured, and a loud fallback to it when uvloop cannot be imported; every sweep process
+  (``delivery.processes``) runs on the configured loop and the outcome names it.
+* The garbage collector: while a sweep runs, the objects alive before it are frozen and the young
+  generation's threshold is raised; afterwards both are as they were, also when the sweep fails,
+  and overlapping sweeps in one process undo the tuning only when the last one ends.
+
+Both are observed from inside the sweep: a channel whose ``send_async`` records the class of the
+running loop and the collector's state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
+import threading
 
 import pytest
 
 from deadline_pipeline.config import DeadlinesConfig, WebhookChannel
 from deadline_pipeline.deliver.notification import SendResult
+from deadline_pipeline.deliver.runtime import SWEEP_GC_THRESHOLD0, sweep_gc
 from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK
 from deadline_pipeline_tests.test_delivery_sweep import T0, receiver, seed, states  # noqa: F401 (fixture)
@@ -29,11 +37,16 @@ class LoopRecordingChannel:
     name = "fake"
     idempotency_class = None
 
-    def __init__(self) -> None:
+    def __init__(self, fail: bool = False) -> None:
         self.loops: set[str] = set()
+        self.gc_states: set[tuple[int, bool]] = set()  # (young threshold, anything frozen)
+        self.fail = fail
 
     async def send_async(self, n) -> SendResult:
         self.loops.add(type(asyncio.get_running_loop()).__module__.split(".")[0])
+        self.gc_states.add((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+        if self.fail:
+            raise KeyboardInterrupt  # the process going down: escapes the sweep
         return SendResult(provider_message_id="ok")
 
     def send(self, n) -> SendResult:  # pragma: no cover - the sweep prefers send_async
@@ -98,3 +111,57 @@ def test_every_worker_process_runs_on_the_configured_loop(pg_url, receiver):  # 
         assert states(engine) == {"delivered": 80}
     finally:
         engine.dispose()
+
+
+# --------------------------------------------------------------------------- garbage collector
+
+
+@pytest.fixture
+def default_gc():
+    """Python's default collector state around a test (another test may have left it tuned)."""
+    saved = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*saved)
+
+
+def test_the_collector_is_tuned_during_a_sweep_and_restored_after(engine, default_gc):
+    seed(engine, 5, channel="fake")
+    ch = LoopRecordingChannel()
+    out = sweep(engine, _config(), T0, owner=OWNER, channels={"fake": ch})
+    assert out.delivered == 5
+    assert ch.gc_states == {(SWEEP_GC_THRESHOLD0, True)}, "frozen and a raised threshold while sending"
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0, "as it was afterwards"
+
+
+def test_the_collector_is_restored_when_the_sweep_escapes(engine, default_gc):
+    seed(engine, 1, channel="fake")
+    ch = LoopRecordingChannel(fail=True)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(engine, _config(), T0, owner=OWNER, channels={"fake": ch})
+    assert ch.gc_states == {(SWEEP_GC_THRESHOLD0, True)}
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_overlapping_sweeps_keep_the_tuning_until_the_last_ends(default_gc):
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with sweep_gc():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(10)
+    with sweep_gc():
+        pass  # this one ends first: the other is still running
+    assert gc.get_threshold()[0] == SWEEP_GC_THRESHOLD0 and gc.get_freeze_count() > 0
+    release.set()
+    t.join(10)
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+    cycle: list = []
+    cycle.append(cycle)
+    del cycle
+    assert gc.collect() >= 1, "the collector still frees cycles after the sweep"
