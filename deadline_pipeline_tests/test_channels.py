@@ -444,6 +444,50 @@ def test_webhook_async_transport_classifies_like_the_blocking_one(http_server, p
     assert server.requests[1]["headers"]["Idempotency-Key"] == KEY
 
 
+def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips():
+    """A receiver that sends its answer a byte every 0.2 s (each read well within the 1 s timeout)
+    must not hold the send past the timeout its lease was sized for: unknown, retryable, on time."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n")
+            for _ in range(40):
+                if stop.wait(0.2):
+                    return
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return  # the client gave up, as it should
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=1), network=loopback_policy())
+
+    async def go():
+        try:
+            await ch.send_async(make_notification(webhook_url=f"http://127.0.0.1:{listener.getsockname()[1]}/ok"))
+        finally:
+            await ch.aclose()
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeliveryError) as info:
+            asyncio.run(go())
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert (info.value.permanent, info.value.outcome) == (False, "unknown")
+    assert elapsed < 2.5, f"the send took {elapsed:.1f} s with a 1 s timeout"
+
+
 def test_webhook_async_connect_error_is_retryable_failed():
     ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=2), network=loopback_policy())
 

@@ -30,8 +30,10 @@ Answers and failures:
 * a target the outbound guard refuses (loopback, private, link-local … not in ``network.allow``,
   see :mod:`deadline_pipeline.security.outbound`): permanent ``"failed"``, never retried; no
   connection is made.
-* connect errors and timeouts before a connection: retryable ``"failed"``; a timeout or dropped
-  connection after the request was (partly) sent: retryable ``"unknown"``.
+* connect errors: retryable ``"failed"``; a dropped connection after the request was (partly) sent:
+  retryable ``"unknown"``. A timeout is retryable ``"unknown"`` (the blocking ``send``: ``"failed"``
+  when it struck while connecting); ``send_async`` ends within ``timeout_seconds`` in all, so a
+  receiver dripping its answer cannot hold a send past the lease it was started under.
 
 Secrets in the URL: ``webhook_url`` may carry ``${VAR}`` references (``https://h/hook?token=${HOOK_TOKEN}``),
 expanded from the environment at send time, so the token lives neither in the configuration nor in
@@ -246,7 +248,8 @@ def response_id_of(text: str) -> str | None:
 class WebhookSender:
     """Channel POSTing to ``n.webhook_url``.
 
-    ``cfg.timeout_seconds`` bounds connect, write, read and pool waits, each in seconds.
+    ``cfg.timeout_seconds``: ``send_async`` (the sweep's transport) ends within that many seconds
+    from start to answer; ``send`` bounds connect, write, read and pool waits, each.
     ``send``/``send_async`` raise :class:`DeliveryError` as described in the module docstring; a
     missing ``webhook_url``, an unset ``secret_env`` or ``${VAR}`` variable, a secret that is not base64
     or a target refused by ``network`` (the outbound policy) is permanent. ``send_async`` must always
@@ -347,9 +350,13 @@ class WebhookSender:
 
         url, body, headers = self._prepare(n)
         if self._session is None:
-            t = self.cfg.timeout_seconds
+            # total: the whole send ends within the channel's timeout, the time its lease is sized
+            # for (config_ranges.channel_send_window). A read timeout alone restarts with every
+            # chunk, so a receiver dripping its answer a byte at a time held the send - and the
+            # sweep waiting for its batch - for as long as it liked. A timeout while connecting is
+            # then "unknown" like any other, never "failed": retried either way.
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t),
+                timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_seconds),
                 connector=guarded_aiohttp_connector(self.network, limit=self.cfg.max_concurrency),
             )
         try:
