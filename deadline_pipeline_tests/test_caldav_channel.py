@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +30,7 @@ from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, subscribers
 from deadline_pipeline_tests.caldav_server import PASSWORD, USER, Radicale
+from deadline_pipeline_tests.drip_server import DripServer
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, loopback_policy
 from deadline_pipeline_tests.test_apprise_channel import ConnectionCounter
 from deadline_pipeline_tests.test_delivery_sweep import T0, expire_leases, seed
@@ -264,6 +266,26 @@ def test_lookup_impossible_is_a_permanent_unknown(radicale, proxy, creds):
         _channel(cal.replace(radicale.base, base), timeout_seconds=1).send(_n(key=_key("dark")))
     assert exc.value.permanent and exc.value.outcome == "unknown"
     assert server.seen == ["PUT", "GET"]
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_each_request_ends_within_the_timeout_however_the_answer_drips(creds, where):
+    """A server dripping its answer a byte every 0.2 s (each read well within the 1 s timeout): the
+    booking's PUT ends at its timeout as no answer, the lookup's GET likewise, so the send ends as
+    a permanent unknown after two timeouts instead of waiting out the drips and reporting booked."""
+    with DripServer(where) as server:
+        ch = _channel(f"{server.url}/cal/", timeout_seconds=1)
+        started = time.monotonic()
+        try:
+            with pytest.raises(DeliveryError, match="lookup") as exc:
+                ch.send(_n(key=_key(f"drip-{where}")))
+        finally:
+            ch.close()
+        elapsed = time.monotonic() - started
+        assert server.requests == 2, "the PUT and the lookup's GET"
+    assert exc.value.permanent and exc.value.outcome == "unknown"
+    # Two requests of at most 1 s each, plus slack for this shared machine (the drips take 12 s).
+    assert elapsed < 3.0, f"the send took {elapsed:.1f} s for two requests with a 1 s timeout"
 
 
 # --------------------------------------------------------------------------- the sweep's lookup after a crash

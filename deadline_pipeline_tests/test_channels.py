@@ -25,11 +25,12 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-from deadline_pipeline.config import MaildirChannel, SmtpChannel, WebhookChannel
+from deadline_pipeline.config import MaildirChannel, SlackChannel, SmtpChannel, WebhookChannel
 from deadline_pipeline.deliver.channels.base import Channel, build_channel
 from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
+from deadline_pipeline_tests.drip_server import DripServer
 from deadline_pipeline_tests.factories import free_port, loopback_policy
 
 DUE = datetime(2024, 6, 15, 21, 59, tzinfo=UTC)  # 23:59 CEST in Berlin
@@ -444,48 +445,83 @@ def test_webhook_async_transport_classifies_like_the_blocking_one(http_server, p
     assert server.requests[1]["headers"]["Idempotency-Key"] == KEY
 
 
-def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips():
-    """A receiver that sends its answer a byte every 0.2 s (each read well within the 1 s timeout)
-    must not hold the send past the timeout its lease was sized for: unknown, retryable, on time."""
-    import socket
+# The slack a send may take past its timeout on this shared 2-core machine: the bound itself overshoots
+# by one socket call's wake-up (milliseconds); the rest is scheduling noise. An unbounded send takes
+# the drip's whole 6 s (drip_server.DRIP_BYTES * DRIP_EVERY).
+DRIP_TIMEOUT, DRIP_SLACK = 1.0, 1.0
 
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
 
-    def drip() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n")
-            for _ in range(40):
-                if stop.wait(0.2):
-                    return
-                try:
-                    conn.sendall(b" ")
-                except OSError:
-                    return  # the client gave up, as it should
-
-    thread = threading.Thread(target=drip, daemon=True)
-    thread.start()
-    ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=1), network=loopback_policy())
-
-    async def go():
-        try:
-            await ch.send_async(make_notification(webhook_url=f"http://127.0.0.1:{listener.getsockname()[1]}/ok"))
-        finally:
-            await ch.aclose()
-
+def _ends_in_time(send, server: DripServer) -> DeliveryError:
+    """Run ``send()`` against ``server``; assert it raised within the timeout plus the slack, after
+    the request reached the receiver. Returns the error."""
     started = time.monotonic()
-    try:
-        with pytest.raises(DeliveryError) as info:
-            asyncio.run(go())
-        elapsed = time.monotonic() - started
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
-    assert (info.value.permanent, info.value.outcome) == (False, "unknown")
-    assert elapsed < 2.5, f"the send took {elapsed:.1f} s with a 1 s timeout"
+    with pytest.raises(DeliveryError) as info:
+        send()
+    elapsed = time.monotonic() - started
+    assert elapsed < DRIP_TIMEOUT + DRIP_SLACK, f"the send took {elapsed:.1f} s with a {DRIP_TIMEOUT:g} s timeout"
+    assert server.requests == 1, "the receiver got the request"
+    return info.value
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_webhook_send_ends_within_its_timeout_however_the_answer_drips(where):
+    """A receiver dripping its answer a byte every 0.2 s (each read well within the 1 s timeout)
+    must not hold the blocking send (escalation notices, watchdog pages) past its timeout: unknown,
+    retryable, on time - whether the drip is in the header block or in the body."""
+    with DripServer(where) as server:
+        ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=DRIP_TIMEOUT),
+                           network=loopback_policy())
+        try:
+            err = _ends_in_time(lambda: ch.send(make_notification(webhook_url=f"{server.url}/ok")), server)
+        finally:
+            ch.close()
+    assert (err.permanent, err.outcome) == (False, "unknown")
+    assert "ReadTimeout" in str(err)
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips(where):
+    """The sweep's transport, the same receiver: the send must not outlast the timeout its lease
+    was sized for: unknown, retryable, on time."""
+    with DripServer(where) as server:
+        ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=DRIP_TIMEOUT),
+                           network=loopback_policy())
+
+        async def go():
+            try:
+                await ch.send_async(make_notification(webhook_url=f"{server.url}/ok"))
+            finally:
+                await ch.aclose()
+
+        err = _ends_in_time(lambda: asyncio.run(go()), server)
+    assert (err.permanent, err.outcome) == (False, "unknown")
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_slack_send_ends_within_its_timeout_however_the_answer_drips(where, monkeypatch):
+    with DripServer(where) as server:
+        monkeypatch.setenv("DP_TEST_SLACK_DRIP", f"{server.url}/services/T0/B0/drip")
+        ch = build_channel("chat", SlackChannel(type="slack", url_env="DP_TEST_SLACK_DRIP",
+                                                timeout_seconds=DRIP_TIMEOUT), network=loopback_policy())
+        try:
+            err = _ends_in_time(lambda: ch.send(make_notification()), server)
+        finally:
+            ch.close()
+    assert (err.permanent, err.outcome) == (False, "unknown")
+
+
+def test_a_spent_request_deadline_stops_before_connecting_and_only_inside_its_block():
+    """A deadline that passed before the connection is a connect timeout (nothing was sent: the
+    channels classify it retryable "failed"); outside the block the same client has no deadline."""
+    import httpx
+
+    from deadline_pipeline.security.outbound import guarded_httpx_client, request_deadline
+
+    with DripServer("body", every=0.01) as server, guarded_httpx_client(loopback_policy()) as client:
+        with request_deadline(0), pytest.raises(httpx.ConnectTimeout):
+            client.get(server.url)
+        assert server.requests == 0
+        assert client.get(server.url).json() == {"id": "dripped"}
 
 
 def test_webhook_async_connect_error_is_retryable_failed():

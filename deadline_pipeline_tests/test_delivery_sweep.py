@@ -47,6 +47,7 @@ from deadline_pipeline.store.schema import (
     sources,
     subscribers,
 )
+from deadline_pipeline_tests.drip_server import DripServer
 from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, loopback_policy
 
 T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
@@ -311,6 +312,33 @@ def test_permanent_error_escalates_loudly_and_notifies_escalation_channel(engine
     [msg] = list(mailbox.Maildir(tmp_path / "ops", create=False))
     assert msg["To"] == "ops@example.org" and msg["Subject"] == "NOT DELIVERED: Tax return"
     assert "550 no such user" in msg.get_payload()[0].get_payload(decode=True).decode()
+
+
+def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver):
+    """Escalation notices are sent synchronously from the bookkeeping thread, which records every
+    batch: a notice receiver dripping its answer (a byte every 0.5 s, each read within the 1 s
+    timeout) held it for the whole drip (15 s), past the sweep's time budget, with the later
+    batches' sent alerts unrecorded meanwhile. The notice now ends at its timeout, as a failed
+    notice, and the sweep records every alert within its budget."""
+    server, base = receiver
+    [bad] = seed(engine, 1, webhook_url=f"{base}/bad")  # 400: permanent, escalated in the first batch
+    good = seed(engine, 5, webhook_url=f"{base}/ok")
+    with DripServer("body", every=0.5) as oncall:
+        cfg = DeadlinesConfig(
+            channels={"hook": WebhookChannel(type="webhook", timeout_seconds=5),
+                      "ops": WebhookChannel(type="webhook", timeout_seconds=1)},
+            escalation=EscalationConfig(channels=["ops"], webhook_url=f"{oncall.url}/page"),
+            delivery={"batch_size": 2, "time_budget_seconds": 4}, network=LOOPBACK_NETWORK)
+        started = time.monotonic()
+        out = sweep(engine, cfg, T0)
+        elapsed = time.monotonic() - started
+        assert oncall.requests == 1
+    assert elapsed < cfg.delivery.time_budget_seconds, f"the sweep took {elapsed:.1f} s"
+    assert (out.delivered, out.escalated, out.escalation_notices, out.escalation_notice_failures) == (5, 1, 0, 1)
+    assert states(engine) == {"delivered": 5, "escalated": 1}
+    assert len(server.requests) == 1 + len(good)
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.status).where(alerts.c.id == bad)).scalar_one() == "escalated"
 
 
 def test_attempts_exhausted_escalate_after_max_attempts(engine):

@@ -3,6 +3,7 @@ PostgreSQL), with the stages run through their services and heartbeats recorded 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
@@ -265,3 +266,28 @@ def test_watchdog_reports_an_unreachable_store(tmp_path):
     assert res.exit_code == 1 and "cannot read the store" in res.output
     bad = _run_cli(["watchdog", "--as-of", "2027-01-10T00:00:00"], tmp_path)
     assert bad.exit_code == 2 and "no offset" in bad.output
+
+
+def test_a_page_to_a_dripping_receiver_ends_within_the_channel_timeout():
+    """The watchdog pages synchronously: an on-call webhook dripping its header block a byte every
+    0.2 s (each read within the 1 s timeout) must not hold the page for the whole 6 s drip. The page
+    is returned as failed, naming the timeout, so the caller logs it and pages again."""
+    from deadline_pipeline.config import DeadlinesConfig, EscalationConfig, WebhookChannel
+    from deadline_pipeline.watch.watchdog import send_notice
+    from deadline_pipeline_tests.drip_server import DripServer
+    from deadline_pipeline_tests.factories import LOOPBACK_NETWORK
+
+    now = datetime(2027, 1, 10, tzinfo=UTC)
+    notice = Notice(key="check sweep_alive", phase="opened", title="sweep stopped", detail="no heartbeat",
+                    opened_at=now)
+    with DripServer("headers") as oncall:
+        cfg = DeadlinesConfig(channels={"pager": WebhookChannel(type="webhook", timeout_seconds=1)},
+                              escalation=EscalationConfig(channels=["pager"], webhook_url=f"{oncall.url}/page"),
+                              network=LOOPBACK_NETWORK)
+        started = time.monotonic()
+        errors = send_notice(cfg, notice, now)
+        elapsed = time.monotonic() - started
+        assert oncall.requests == 1
+    assert elapsed < 2.0, f"the page took {elapsed:.1f} s with a 1 s timeout"
+    [error] = errors
+    assert "escalation channel 'pager'" in error and "may have been delivered" in error and "ReadTimeout" in error

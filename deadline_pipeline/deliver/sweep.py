@@ -826,7 +826,9 @@ class _Sweep:
         )
         for name in esc.channels:
             try:
-                # Sent synchronously (this runs in the bookkeeping thread): escalations are rare.
+                # Sent synchronously (this runs in the bookkeeping thread): escalations are rare, and
+                # a blocking send ends within its channel's timeout_seconds however the receiver
+                # answers, so each notice delays the recording of later batches by at most that.
                 self.channel(name).send(notice)
                 self.out.escalation_notices += 1
             except Exception as exc:  # the alert stays escalated and logged; the notice is best effort

@@ -22,16 +22,25 @@ or an internal service (server-side request forgery, OWASP SSRF Prevention Cheat
 A refusal raises :class:`OutboundRefused`, a permanent error naming the address and the rule: a
 channel records it as permanent (never retried), a source fetch as not retryable.
 
+The httpx transport also carries the blocking channels' time limit: inside :func:`request_deadline`,
+every connect, TLS handshake, write and read of a guarded httpx request gets only the time left
+until the deadline, so a peer dripping its answer cannot hold the request past it (httpx's own
+timeouts are per phase, and the read timeout restarts with every chunk). Without a deadline the
+transport behaves as before.
+
 Reusable API for any channel: :func:`check_url` (a decision, resolving the host),
 :func:`check_address` (a decision on one IP), :func:`guarded_httpx_client`,
-:func:`guarded_aiohttp_connector`.
+:func:`request_deadline`, :func:`guarded_aiohttp_connector`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -237,6 +246,87 @@ def check_url(url: str, policy: NetworkPolicy = DEFAULT_POLICY) -> list[str]:
 # --- httpx (sources, slack, the blocking webhook send) ----------------------------------------------
 
 
+# --- a deadline for a whole blocking request (httpx) -----------------------------------------------
+
+# The monotonic instant by which the guarded httpx requests of the current thread (context) must end;
+# None: only the client's per-phase timeouts apply. Set with request_deadline().
+_REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("outbound_request_deadline", default=None)
+
+
+@contextmanager
+def request_deadline(seconds: float) -> Iterator[None]:
+    """Within the block, every request of a :func:`guarded_httpx_client` made in this thread ends
+    within ``seconds`` (counted from entering the block), however slowly the peer answers.
+
+    Why: httpx's timeouts are per phase and its read timeout restarts with every chunk, so a peer
+    that drips its answer a byte at a time, each byte within the read timeout, holds the request for
+    as long as it likes - headers or body alike. httpx has no total timeout and its per-request
+    ``timeout`` is fixed when the request starts; what does see every wait is httpcore's network
+    stream, which takes a timeout on each connect, TLS handshake, write and read. The guarded
+    backend's streams therefore give each of those calls the time left until this deadline (or the
+    client's own per-phase timeout when shorter), and raise the phase's timeout error once it has
+    passed: ``httpx.ConnectTimeout`` before anything was sent (connect, TLS handshake, or a name
+    lookup that took the whole time), ``httpx.WriteTimeout`` / ``httpx.ReadTimeout`` after.
+
+    Bound: ``seconds`` plus the overshoot of one blocking socket call past its timeout (scheduling,
+    milliseconds). Not shortened: the name lookup itself (bounded by the system resolver's own
+    timeout; the deadline is checked when it returns), the wait for a free pooled connection (the
+    client's ``pool`` timeout; the rest of the request gets only the time left), and a ``send()``
+    that a peer holding a zero receive window keeps blocked (each write call gets the time left, but
+    httpcore loops over partial sends; a request body smaller than the socket's send buffer, as
+    every channel's is, goes out in one call without waiting on the peer).
+
+    Sync httpx runs the whole request in the calling thread, so a context variable reaches the
+    streams without threading the deadline through httpx; nested blocks restore the outer deadline.
+    """
+    token = _REQUEST_DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _REQUEST_DEADLINE.reset(token)
+
+
+def _time_left(timeout: float | None, expired: type[Exception]) -> float | None:
+    """``timeout`` shortened to the time left until the current :func:`request_deadline` (unchanged
+    without one); raises ``expired`` (an httpcore timeout class) when the deadline has passed."""
+    deadline = _REQUEST_DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _deadline_stream(inner):
+    """``inner`` (an httpcore network stream) with every blocking call bounded by :func:`_time_left`."""
+    import httpcore
+
+    class DeadlineStream(httpcore.NetworkStream):
+        def __init__(self, stream) -> None:
+            self._inner = stream
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self._inner.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            if buffer:
+                self._inner.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+        def close(self) -> None:
+            self._inner.close()
+
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+            # Nothing of the request has left during the handshake: a timeout here is a connect timeout.
+            return DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                        _time_left(timeout, httpcore.ConnectTimeout)))
+
+        def get_extra_info(self, info: str):
+            return self._inner.get_extra_info(info)
+
+    return DeadlineStream(inner)
+
+
 def _guarded_backend(policy: NetworkPolicy):
     import httpcore
 
@@ -255,8 +345,8 @@ def _guarded_backend(policy: NetworkPolicy):
             for addr in addresses:
                 try:
                     # The checked address itself, not the name: a second lookup could answer differently.
-                    stream = self._inner.connect_tcp(addr, port, timeout=timeout, local_address=local_address,
-                                                     socket_options=socket_options)
+                    stream = self._inner.connect_tcp(addr, port, timeout=_time_left(timeout, httpcore.ConnectTimeout),
+                                                     local_address=local_address, socket_options=socket_options)
                 except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                     last = exc
                     continue
@@ -266,7 +356,7 @@ def _guarded_backend(policy: NetworkPolicy):
                 except OutboundRefused:
                     stream.close()
                     raise
-                return stream
+                return _deadline_stream(stream)
             assert last is not None
             raise last
 
@@ -280,7 +370,8 @@ def _guarded_backend(policy: NetworkPolicy):
 
 
 def guarded_httpx_client(policy: NetworkPolicy = DEFAULT_POLICY, **kwargs):
-    """An ``httpx.Client`` whose every connection passes the guard (``kwargs`` go to the client).
+    """An ``httpx.Client`` whose every connection passes the guard (``kwargs`` go to the client), and
+    whose requests end by the :func:`request_deadline` they are made in, if any.
 
     Proxies from the environment are not used (``trust_env=False``): through a proxy the guard would
     check the proxy, and the proxy would reach the internal target. A refusal surfaces from the

@@ -7,8 +7,12 @@ bot token or webhook secret in them); ``{target}`` in it is replaced by the subs
 ``apprise_target`` (URL-quoted), e.g. ``tgram://123:ABC/{target}`` with a chat id per subscriber, or
 ``ntfys://ntfy.sh/{target}`` with a topic. A URL without ``{target}`` posts every alert to one place.
 ``cto`` / ``rto`` (Apprise's connect and read timeouts) are set to ``timeout_seconds`` unless the URL
-gives them. The message is the rendered subject as title and the plain-text body (which names the
-alert's reference, its dedup key) as body.
+gives them. They bound each connect and each read, not the send as a whole: Apprise's services call
+``requests``, which has no total timeout and cannot be given one from outside, so a service answering
+a byte at a time, each within ``rto``, holds the send past ``timeout_seconds`` (and the lease sized
+for it) for as long as it drips - unlike the webhook, slack and caldav channels. The message is the
+rendered subject as title and the plain-text body (which names the alert's reference, its dedup
+key) as body.
 
 Idempotency class ``"notification"``: a resend posts a second message carrying the same reference.
 

@@ -39,6 +39,12 @@ transport errors after sending are unknown and resolved as above; 401/403 and ot
 followed and are permanent (the configured calendar URL is wrong). Credentials: HTTP Basic from
 ``username_env`` / ``password_env`` (the password is registered as a secret when read).
 
+Time: each request ends within ``timeout_seconds`` in all (plus a few milliseconds), however slowly
+the server answers; a timeout once the request left counts as no answer (unknown, resolved as
+above). A send may be several requests (a booking whose ``PUT`` gets no answer: ``PUT``, ``GET``,
+``PUT``, ``GET`` at most; a correction or cancellation: one read, then one write per event), and
+can take as many timeouts.
+
 Outbound guard: every connection passes ``network`` (the
 :class:`~deadline_pipeline.security.outbound.NetworkPolicy` of the configuration): the calendar's
 host is resolved, every address checked and the checked address connected to. A refused target
@@ -62,7 +68,13 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING
 from deadline_pipeline.deliver.channels.webhook import NOT_PROCESSED_STATUSES, parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import multi_line, one_line
-from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, guarded_httpx_client
+from deadline_pipeline.security.outbound import (
+    DEFAULT_POLICY,
+    NetworkPolicy,
+    OutboundRefused,
+    guarded_httpx_client,
+    request_deadline,
+)
 from deadline_pipeline.security.redact import redact_url, secret_from_env
 
 PRODID = "-//deadline-pipeline//caldav channel//EN"
@@ -206,14 +218,19 @@ class CaldavSender:
         """One HTTP request to the CalDAV server, through the outbound guard. Raises
         :class:`DeliveryError`: permanent ``"failed"`` when the guard refuses the target (naming the
         rule) or the URL is unusable, retryable ``"failed"`` when nothing was sent; raises
-        :class:`_MaybeSent` when the request left and no answer came back."""
+        :class:`_MaybeSent` when the request left and no answer came back within
+        ``cfg.timeout_seconds`` of its start."""
         if self._client is None:
             # Redirects are not followed: a booking PUT must land where the configuration says, and
             # each hop would be another target to trust.
             self._client = guarded_httpx_client(self.network, timeout=httpx.Timeout(self.cfg.timeout_seconds),
                                                 follow_redirects=False, auth=self._auth())
         try:
-            return self._client.request(method, url, headers=headers, content=content)
+            # One deadline per request: the client's read timeout restarts with every chunk, so a
+            # server dripping its answer a byte at a time would hold the send (and its lease) for as
+            # long as it liked.
+            with request_deadline(self.cfg.timeout_seconds):
+                return self._client.request(method, url, headers=headers, content=content)
         except OutboundRefused as exc:
             # Decided before any connection; the same target would be refused again: never retried.
             raise DeliveryError(f"channel {self.name!r} (caldav {_shown(url)}): {method} not sent: {exc}",

@@ -11,9 +11,11 @@ Idempotency class ``"notification"``: incoming webhooks take no idempotency key,
 unknown outcome can post a visible duplicate message; it carries the same reference (the dedup key)
 so a reader can tell it is the same alert. Answers are classified like the webhook channel's
 (2xx sent; 408/429/503 retryable with ``Retry-After``; other 5xx unknown; other 4xx permanent, e.g.
-Slack's 403 ``invalid_token`` or 404 ``no_service``). The URL is registered as a secret when read,
-so no log line or error can print it, and every connection passes the outbound guard (``network``);
-a refused target is permanent.
+Slack's 403 ``invalid_token`` or 404 ``no_service``). A send ends within ``timeout_seconds`` in all
+(plus a few milliseconds), however slowly the answer arrives; a timeout after the request left is
+retryable ``"unknown"``, one while connecting retryable ``"failed"``. The URL is registered as a
+secret when read, so no log line or error can print it, and every connection passes the outbound
+guard (``network``); a refused target is permanent.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.channels.webhook import classify
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, render
-from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, guarded_httpx_client
+from deadline_pipeline.security.outbound import (
+    DEFAULT_POLICY,
+    NetworkPolicy,
+    OutboundRefused,
+    guarded_httpx_client,
+    request_deadline,
+)
 from deadline_pipeline.security.redact import secret_from_env
 
 
@@ -81,7 +89,10 @@ class SlackSender:
         # The URL itself is a secret: errors name the variable, never the URL.
         shown = f"${self.cfg.url_env}"
         try:
-            response = self._client.post(url, content=body, headers={"Content-Type": "application/json"})
+            # One deadline for the whole request: the client's read timeout restarts with every chunk,
+            # so an answer dripped a byte at a time would hold the send (and its lease) indefinitely.
+            with request_deadline(self.cfg.timeout_seconds):
+                response = self._client.post(url, content=body, headers={"Content-Type": "application/json"})
         except OutboundRefused as exc:
             raise DeliveryError(f"channel {self.name!r} (slack {shown}): {exc}", permanent=True) from None
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError) as exc:

@@ -32,8 +32,11 @@ Answers and failures:
   connection is made.
 * connect errors: retryable ``"failed"``; a dropped connection after the request was (partly) sent:
   retryable ``"unknown"``. A timeout is retryable ``"unknown"`` (the blocking ``send``: ``"failed"``
-  when it struck while connecting); ``send_async`` ends within ``timeout_seconds`` in all, so a
-  receiver dripping its answer cannot hold a send past the lease it was started under.
+  when it struck while connecting, before anything was sent). Both transports end a send within
+  ``timeout_seconds`` in all, however the answer arrives (``send`` plus a few milliseconds, see
+  :func:`~deadline_pipeline.security.outbound.request_deadline`), so a receiver dripping its answer
+  cannot hold a send past the lease it was started under, nor the sweep's bookkeeping thread that
+  sends escalation notices, nor a watchdog page.
 
 Secrets in the URL: ``webhook_url`` may carry ``${VAR}`` references (``https://h/hook?token=${HOOK_TOKEN}``),
 expanded from the environment at send time, so the token lives neither in the configuration nor in
@@ -67,6 +70,7 @@ from deadline_pipeline.security.outbound import (
     OutboundRefused,
     guarded_aiohttp_connector,
     guarded_httpx_client,
+    request_deadline,
 )
 from deadline_pipeline.security.redact import expand_secret_refs, redact_url, register_secret, secret_from_env
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -248,8 +252,8 @@ def response_id_of(text: str) -> str | None:
 class WebhookSender:
     """Channel POSTing to ``n.webhook_url``.
 
-    ``cfg.timeout_seconds``: ``send_async`` (the sweep's transport) ends within that many seconds
-    from start to answer; ``send`` bounds connect, write, read and pool waits, each.
+    ``cfg.timeout_seconds``: ``send`` and ``send_async`` (the sweep's transport) end within that
+    many seconds from start to answer, however slowly the answer arrives.
     ``send``/``send_async`` raise :class:`DeliveryError` as described in the module docstring; a
     missing ``webhook_url``, an unset ``secret_env`` or ``${VAR}`` variable, a secret that is not base64
     or a target refused by ``network`` (the outbound policy) is permanent. ``send_async`` must always
@@ -322,7 +326,12 @@ class WebhookSender:
             self._client = guarded_httpx_client(self.network, timeout=httpx.Timeout(self.cfg.timeout_seconds),
                                                 follow_redirects=False)
         try:
-            response = self._client.post(url, content=body, headers=headers)
+            # The client's timeouts are per phase, and its read timeout restarts with every chunk: a
+            # receiver dripping its headers or body a byte at a time held this send (and with it the
+            # sweep's bookkeeping thread, which sends escalation notices, or a watchdog page) for as
+            # long as it liked. The deadline bounds the whole request, headers and body.
+            with request_deadline(self.cfg.timeout_seconds):
+                response = self._client.post(url, content=body, headers=headers)
         except OutboundRefused as exc:
             # Before any connection: permanent, a retry would be refused the same way.
             raise self._error(url, str(exc), permanent=True) from None
@@ -332,8 +341,8 @@ class WebhookSender:
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise self._error(url, f"unusable URL: {exc}", permanent=True) from exc
         except httpx.TransportError as exc:
-            # ReadTimeout, WriteTimeout, RemoteProtocolError, ReadError: the request (or part of it)
-            # left, so the receiver may have acted on it.
+            # ReadTimeout (also the deadline passing mid-answer), WriteTimeout, RemoteProtocolError,
+            # ReadError: the request (or part of it) left, so the receiver may have acted on it.
             raise self._error(
                 url, f"no answer after sending, the alert may have been delivered: {type(exc).__name__}: {exc}",
                 permanent=False, outcome="unknown",
