@@ -368,6 +368,21 @@ def test_trickling_server_is_cut_off_by_the_total_deadline(server):
     assert time.monotonic() - started < 4 and err.value.retryable
 
 
+def test_a_server_dripping_its_headers_is_cut_off_by_the_total_deadline():
+    """Status line and headers a byte every 0.2 s: every read is within the 0.5 s timeout and no
+    body chunk ever arrives for the between-chunks check, so only the whole fetch's deadline
+    (4 x 0.5 s), given to the connection itself, ends it."""
+    from deadline_pipeline_tests.drip_server import DripServer
+
+    with DripServer("headers") as drip:
+        started = time.monotonic()
+        with pytest.raises(FetchError, match="in total") as err:
+            fetch("s", f"{drip.url}/feed.ics", now=NOW, timeout_seconds=0.5)
+        elapsed = time.monotonic() - started
+    assert elapsed < 3.5, f"the fetch took {elapsed:.1f} s with a 2 s total"
+    assert err.value.retryable
+
+
 def test_connection_refused_is_retryable(make_server):
     import socket
 

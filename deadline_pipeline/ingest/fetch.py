@@ -5,7 +5,7 @@ be slow, huge, redirect in circles, answer with an error page, or be misconfigur
 
 * **Bounded in time.** ``timeout_seconds`` limits connecting and every single wait for data, and the
   whole fetch (redirects included) may take at most :data:`TOTAL_TIME_FACTOR` times that, so a server
-  that trickles one byte at a time cannot hold the pipeline forever either.
+  that trickles one byte at a time - body or headers - cannot hold the pipeline forever either.
 * **Bounded in size.** A declared ``Content-Length`` above ``max_bytes`` is refused before the body is
   read, and the streamed body is counted as it arrives, so an undeclared (chunked) or lying body is cut
   off one network read past the limit; at most ``max_bytes`` are ever kept in memory. Compressed
@@ -49,7 +49,13 @@ from urllib.request import url2pathname
 
 import httpx
 
-from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy, OutboundRefused, check_url
+from deadline_pipeline.security.outbound import (
+    DEFAULT_POLICY,
+    NetworkPolicy,
+    OutboundRefused,
+    check_url,
+    request_deadline,
+)
 from deadline_pipeline.security.redact import redact, register_secret, secret_from_env
 
 log = logging.getLogger(__name__)
@@ -197,12 +203,16 @@ def fetch(
     else:
         guarded_client = None
     try:
-        return _fetch_http(
-            source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
-            timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
-            allowed=allowed, credential_headers=headers, secrets=secrets,
-            precheck=None if guarded_client is not None else network,
-        )
+        # The deadline checks between body chunks cannot see a server dripping its status line and
+        # headers a byte at a time (each within the read timeout): within this block the guarded
+        # client's connections get only the time left of the whole fetch (a caller's client: not).
+        with request_deadline(TOTAL_TIME_FACTOR * timeout_seconds):
+            return _fetch_http(
+                source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
+                timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
+                allowed=allowed, credential_headers=headers, secrets=secrets,
+                precheck=None if guarded_client is not None else network,
+            )
     finally:
         if owns_client:
             client.close()
@@ -444,6 +454,8 @@ def _fetch_http(
         except OSError as exc:  # the pre-check's name resolution failed: maybe better later
             failure = FetchError(source, f"cannot resolve the host of {_safe_url(url)}: {exc}", retryable=True)
         except httpx.TimeoutException as exc:
+            if time.monotonic() >= deadline:  # the whole fetch's time ran out, not one wait
+                raise _too_slow(source, url, timeout_seconds) from None
             failure = FetchError(
                 source, f"{_safe_url(url)} did not answer within {timeout_seconds} s "
                 f"({type(exc).__name__})", retryable=True,
