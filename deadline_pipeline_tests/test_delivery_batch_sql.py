@@ -11,6 +11,8 @@ import pytest
 from alembic import command
 from sqlalchemy import insert, select, text
 
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
+from deadline_pipeline.deliver.notification import SendResult
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.db import alembic_config, make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, sources, subscribers
@@ -156,3 +158,46 @@ def test_migration_0011_upgrades_and_downgrades(db_url):
             assert dsql.start_attempts(conn, [(a, 1)], owner="me#1#r", now=T0)
     finally:
         engine.dispose()
+
+
+class _CheckingChannel:
+    """A channel whose every send first reads, on a connection of its own (so only committed rows
+    are visible), the unfinished attempt rows of the alert it is asked to send."""
+
+    name = "fake"
+    idempotency_class = IDEMPOTENCY_NOTIFICATION
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.seen: dict[str, list[tuple]] = {}
+
+    def send(self, n):
+        with self.engine.connect() as conn:
+            self.seen[n.dedup_key] = conn.execute(
+                select(delivery_attempts.c.attempt, delivery_attempts.c.lease_owner)
+                .join(alerts, alerts.c.id == delivery_attempts.c.alert_id)
+                .where(alerts.c.dedup_key == n.dedup_key, delivery_attempts.c.finished_at.is_(None))).all()
+        return SendResult(provider_message_id=f"fake-{n.dedup_key[:8]}")
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_send_starts_after_its_attempt_row_is_committed(engine):
+    """The guarantee behind the attempt rows, on both engines (on PostgreSQL the rows are written
+    outside an explicit transaction): when a send starts, its attempt row is already visible to
+    any other connection, so a crash right then leaves its trace."""
+    from deadline_pipeline.config import DeadlinesConfig, MaildirChannel
+    from deadline_pipeline.deliver.sweep import sweep
+
+    ids = _seed(engine, 12)
+    channel = _CheckingChannel(engine)
+    cfg = DeadlinesConfig(channels={"hook": MaildirChannel(type="maildir", path="/nonexistent")},
+                          delivery={"batch_size": 5})
+    out = sweep(engine, cfg, T0, channels={"hook": channel})
+    assert out.delivered == len(ids)
+    with engine.connect() as conn:
+        keys = conn.execute(select(alerts.c.dedup_key).where(alerts.c.id.in_(ids))).scalars().all()
+    assert sorted(channel.seen) == sorted(keys)
+    for key, rows in channel.seen.items():
+        assert [attempt for attempt, _ in rows] == [1], (key, rows)
