@@ -11,7 +11,8 @@ died or lost its database between the send and recording it: an unknown outcome
 (:func:`close_stale_attempts`).
 
 The hot writes (start attempts, record sends) are one statement per batch on PostgreSQL
-(``unnest`` of arrays, measured in ``benchmarks/deliver.py``); other engines update row by row.
+(``unnest`` of arrays sent as binary parameters, measured in ``benchmarks/deliver.py``); other
+engines update row by row.
 
 Two clocks (docs/operating.md, "Two clocks"): whether an alert is *due* (``send_at``,
 ``next_attempt_at``) is judged at the sweep's ``now``, which may be a replayed instant (``--as-of``);
