@@ -578,7 +578,14 @@ class _Sweep:
     def _start_attempts(self, owner: str, items: list[tuple[int, int]]) -> dict[int, int]:
         """In ``gate_pool``'s one thread: commit the attempt rows of ``items`` on the kept connection."""
         if self._gate_conn is None:
-            self._gate_conn = self.engine.connect()
+            conn = self.engine.connect()
+            if conn.dialect.name == "postgresql":
+                # There the rows are one INSERT ... RETURNING (lease check included), committed by
+                # the server before it answers: the same guarantee without a BEGIN and a COMMIT
+                # round trip per group. Elsewhere start_attempts is several statements and needs
+                # the transaction below.
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            self._gate_conn = conn
         conn = self._gate_conn
         try:
             with conn.begin():
