@@ -289,8 +289,9 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             failed_rules: set[tuple[int, str]] = set()
             cache: dict = {}
             # A store without obligations gets new chunks only, until one turns out not to be new:
-            # while that holds, the planning thread also builds each chunk's alert rows and COPY text.
-            expect_new = {"new": sql.store_has_no_obligations(conn)}
+            # while that holds, the planning thread also builds each chunk's alert rows and COPY text
+            # (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
+            expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
             chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
                 targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache))
             # Two helper threads overlap the client's Python with the database's work (the driver
