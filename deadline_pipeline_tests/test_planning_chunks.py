@@ -231,3 +231,10 @@ def test_a_bulk_plan_refreshes_the_statistics_of_what_it_wrote(engine, tmp_path,
     monkeypatch.setattr(service, "ANALYZE_AFTER_ROWS", 50)
     plan_all(engine, cfg, T0)
     assert reltuples() == [90, 40]  # alerts, obligations
+    with engine.connect() as conn:
+        # A small sample (a coarse histogram of the 90 distinct keys), and the session's target back.
+        bounds = conn.exec_driver_sql(
+            "SELECT cardinality(histogram_bounds::text::text[]) FROM pg_stats "
+            "WHERE tablename = 'alerts' AND attname = 'dedup_key'").scalar()
+        assert bounds == sql.ANALYZE_WRITTEN_TARGET + 1
+        assert conn.exec_driver_sql("SHOW default_statistics_target").scalar() == "100"
