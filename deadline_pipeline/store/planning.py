@@ -124,7 +124,7 @@ def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
         r.setdefault("apprise_target", None)
     stored = {r.external_id: r._mapping for r in conn.execute(select(subscribers))}
     upsert(conn, subscribers, _differing(rows, stored, lambda r: r["external_id"], SUBSCRIBER_FIELDS),
-           conflict=["external_id"], update=SUBSCRIBER_FIELDS)
+           conflict=["external_id"], update=SUBSCRIBER_FIELDS, count=False)
     ids = {r["external_id"] for r in rows}
     existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)).all()
     gone = [i for i, ext, active in existing if ext not in ids and active]
@@ -146,7 +146,7 @@ def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
 
     stored = {key(r._mapping): r._mapping for r in conn.execute(select(subscriptions))}
     upsert(conn, subscriptions, _differing(rows, stored, key, SUBSCRIPTION_FIELDS),
-           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS)
+           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS, count=False)
     wanted = {key(r) for r in rows}
     gone = [r["id"] for k, r in stored.items() if k not in wanted and r["active"]]
     for part in chunks(gone, 500):
