@@ -170,10 +170,10 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
 
 
 def test_a_first_plan_prepares_new_chunks_ahead_and_starts_small(engine, tmp_path, monkeypatch):
-    """A first plan's chunks grow from an eighth of ``CHUNK_OBLIGATIONS`` (the database waits while
-    the first one is planned) and, on PostgreSQL, arrive with their alert rows and COPY text built
-    by the planning thread; the result is the same plan as one chunk, and a re-plan (a store with
-    obligations) prepares nothing it may not need."""
+    """On PostgreSQL a first plan's chunks grow from an eighth of ``CHUNK_OBLIGATIONS`` (the database
+    waits while the first one is planned) and arrive with their alert rows and COPY text built by
+    the planning thread; the result is the same plan as one chunk, and a re-plan (a store with
+    obligations) takes full-size chunks and prepares nothing it may not need."""
     cfg = _config(tmp_path, [MONTHLY, ONCE, *OTHERS])
     reference = make_engine(f"sqlite:///{tmp_path / 'reference.sqlite3'}")
     upgrade(reference)
@@ -184,16 +184,17 @@ def test_a_first_plan_prepares_new_chunks_ahead_and_starts_small(engine, tmp_pat
     real_prepare = service._prepare
     monkeypatch.setattr(service, "_prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
     first = _ingest_plan(engine, cfg, T0)
-    # 4 subscribers × 10 obligations, cut between subscribers once a chunk holds 10, then 20, then 40.
-    assert [len(p.chunk) for p in made] == [10, 20, 10]
     postgres = engine.dialect.name == "postgresql"
-    assert [p.alerts is not None for p in made] == [postgres] * 3
+    # 4 subscribers × 10 obligations, cut between subscribers once a chunk holds 10, then 20, then
+    # 40 (PostgreSQL, whose first plan writes new chunks directly; SQLite merges one chunk of 80).
+    assert [len(p.chunk) for p in made] == ([10, 20, 10] if postgres else [40])
+    assert [p.alerts is not None for p in made] == [postgres] * len(made)
     assert (first.obligations_inserted, first.alerts_inserted, first.obligations_withdrawn) == (40, 90, 0)
     assert _state(engine) == _state(reference)
 
     made.clear()
     again = plan_all(engine, cfg, T0 + timedelta(minutes=5))
-    assert [p.alerts is not None for p in made] == [False] * 3
+    assert [(len(p.chunk), p.alerts is not None) for p in made] == [(40, False)]  # full-size chunks, nothing prepared
     assert (again.obligations_unchanged, again.alerts_written) == (40, 0)
     reference.dispose()
 

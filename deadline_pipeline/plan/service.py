@@ -293,7 +293,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             # (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
             expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
             chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
-                targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache))
+                targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
+                start_small=expect_new["new"]))
             # Two helper threads overlap the client's Python with the database's work (the driver
             # releases the GIL while it waits): the next chunk is planned (and, expected new, made
             # ready to COPY) while this one is written, and a chunk's alert rows are built while its
@@ -335,15 +336,17 @@ class _Planned:
 
 
 def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
-                    failed: set[tuple[int, str]], cache: dict, size: int | None = None):
+                    failed: set[tuple[int, str]], cache: dict, size: int | None = None, start_small: bool = False):
     """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
     of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
     ``failed`` as (source id, rule id); counts and problems go to ``out``. ``size`` defaults to
-    :data:`CHUNK_OBLIGATIONS`; the first chunks are smaller (an eighth of it, doubling), because the
-    database idles while the first chunk is planned: a small one gets the writes going sooner, and
-    each next chunk is planned while the one before it is written."""
+    :data:`CHUNK_OBLIGATIONS`. With ``start_small`` (a first plan) the first chunks are smaller (an
+    eighth of it, doubling), because the database idles while the first chunk is planned and made
+    ready to COPY: a small one gets the writes going sooner, and each next chunk is prepared while
+    the one before it is written. (A re-plan's chunks cost the database little next to their
+    planning, so there more chunks would only add statements.)"""
     size = size or CHUNK_OBLIGATIONS
-    limit = max(1, size // 8)
+    limit = max(1, size // 8) if start_small else size
     chunk: dict[str, _Planned] = {}
     last_subscriber = None
     for t in targets:
