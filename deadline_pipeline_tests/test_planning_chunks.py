@@ -138,10 +138,13 @@ def test_reminder_dedup_keys_are_alert_dedup_keys():
         alert_dedup_key("k" * 64, s, ch, "reminder", due_at=due) for s, ch in slots]
 
 
-def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("prepared", [False, True], ids=["built-while-writing", "prepared-ahead"])
+def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkeypatch, caplog, prepared):
     """PostgreSQL COPYs a chunk it guesses all new straight in; when the guess is wrong (stored keys
     the sample missed, or a concurrent run) the unique index refuses the COPY, the savepoint undoes
-    it, and the chunk is merged: nothing duplicated, nothing lost, the fallback counted and logged."""
+    it, and the chunk is merged: nothing duplicated, nothing lost, the fallback counted and logged —
+    also when the chunk's alert rows and COPY text were prepared ahead because the store looked
+    empty."""
     if engine.dialect.name != "postgresql":
         pytest.skip("the direct COPY of new chunks is PostgreSQL's; SQLite always merges")
     cfg = _config(tmp_path, [MONTHLY, ONCE, *OTHERS])
@@ -151,11 +154,49 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
 
     monkeypatch.setattr(service, "CHUNK_OBLIGATIONS", 10)
     monkeypatch.setattr(sql, "none_stored", lambda conn, keys: True)  # every chunk guessed all new
+    monkeypatch.setattr(sql, "store_has_no_obligations", lambda conn: prepared)
+    made = []
+    real_prepare = service._prepare
+    monkeypatch.setattr(service, "_prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
     again = plan_all(engine, cfg, T0 + timedelta(minutes=5))
+    # Prepared ahead: the first chunk, and the second (planned while the first was written); no
+    # more once a chunk turned out not to be new.
+    assert [p.alerts is not None for p in made] == [prepared, prepared, False, False]
     assert again.direct_write_fallbacks == 4  # one per subscriber's chunk
     assert (again.obligations_unchanged, again.obligations_inserted, again.alerts_written) == (40, 0, 0)
+    assert again.obligations_withdrawn == 0
     assert _state(engine) == before
     assert "merged instead" in caplog.text
+
+
+def test_a_first_plan_prepares_new_chunks_ahead_and_starts_small(engine, tmp_path, monkeypatch):
+    """On PostgreSQL a first plan's chunks grow from an eighth of ``CHUNK_OBLIGATIONS`` (the database
+    waits while the first one is planned) and arrive with their alert rows and COPY text built by
+    the planning thread; the result is the same plan as one chunk, and a re-plan (a store with
+    obligations) takes full-size chunks and prepares nothing it may not need."""
+    cfg = _config(tmp_path, [MONTHLY, ONCE, *OTHERS])
+    reference = make_engine(f"sqlite:///{tmp_path / 'reference.sqlite3'}")
+    upgrade(reference)
+    _ingest_plan(reference, cfg, T0)
+
+    monkeypatch.setattr(service, "CHUNK_OBLIGATIONS", 80)
+    made = []
+    real_prepare = service._prepare
+    monkeypatch.setattr(service, "_prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
+    first = _ingest_plan(engine, cfg, T0)
+    postgres = engine.dialect.name == "postgresql"
+    # 4 subscribers × 10 obligations, cut between subscribers once a chunk holds 10, then 20, then
+    # 40 (PostgreSQL, whose first plan writes new chunks directly; SQLite merges one chunk of 80).
+    assert [len(p.chunk) for p in made] == ([10, 20, 10] if postgres else [40])
+    assert [p.alerts is not None for p in made] == [postgres] * len(made)
+    assert (first.obligations_inserted, first.alerts_inserted, first.obligations_withdrawn) == (40, 90, 0)
+    assert _state(engine) == _state(reference)
+
+    made.clear()
+    again = plan_all(engine, cfg, T0 + timedelta(minutes=5))
+    assert [(len(p.chunk), p.alerts is not None) for p in made] == [(40, False)]  # full-size chunks, nothing prepared
+    assert (again.obligations_unchanged, again.alerts_written) == (40, 0)
+    reference.dispose()
 
 
 def test_chunk_statements_join_by_key_lookups_on_postgresql(engine):
@@ -191,3 +232,10 @@ def test_a_bulk_plan_refreshes_the_statistics_of_what_it_wrote(engine, tmp_path,
     monkeypatch.setattr(service, "ANALYZE_AFTER_ROWS", 50)
     plan_all(engine, cfg, T0)
     assert reltuples() == [90, 40]  # alerts, obligations
+    with engine.connect() as conn:
+        # A small sample (a coarse histogram of the 90 distinct keys), and the session's target back.
+        bounds = conn.exec_driver_sql(
+            "SELECT cardinality(histogram_bounds::text::text[]) FROM pg_stats "
+            "WHERE tablename = 'alerts' AND attname = 'dedup_key'").scalar()
+        assert bounds == sql.ANALYZE_WRITTEN_TARGET + 1
+        assert conn.exec_driver_sql("SHOW default_statistics_target").scalar() == "100"

@@ -288,16 +288,23 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         try:
             failed_rules: set[tuple[int, str]] = set()
             cache: dict = {}
-            chunks = _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache)
+            # A store without obligations gets new chunks only, until one turns out not to be new:
+            # while that holds, the planning thread also builds each chunk's alert rows and COPY text
+            # (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
+            expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
+            chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
+                targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
+                start_small=expect_new["new"]))
             # Two helper threads overlap the client's Python with the database's work (the driver
-            # releases the GIL while it waits): the next chunk is planned while this one is written,
-            # and a chunk's alert rows are built while its obligations merge. The connection is only
-            # ever used by one thread at a time; the shared ``cache`` holds deterministic values.
+            # releases the GIL while it waits): the next chunk is planned (and, expected new, made
+            # ready to COPY) while this one is written, and a chunk's alert rows are built while its
+            # obligations merge. The connection is only ever used by one thread at a time; the
+            # shared ``cache`` holds deterministic values.
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
                 pending = pool.submit(next, chunks, None)
                 while (chunk := pending.result()) is not None:
                     pending = pool.submit(next, chunks, None)
-                    _write_chunk(conn, chunk, now, out, cache, pool)
+                    expect_new["new"] = _write_chunk(conn, chunk, now, out, cache, pool)
             sql.analyze_planned(conn)
             if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
                 sql.analyze_written(conn)
@@ -329,18 +336,24 @@ class _Planned:
 
 
 def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
-                    failed: set[tuple[int, str]], cache: dict, size: int | None = None):
+                    failed: set[tuple[int, str]], cache: dict, size: int | None = None, start_small: bool = False):
     """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
     of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
     ``failed`` as (source id, rule id); counts and problems go to ``out``. ``size`` defaults to
-    :data:`CHUNK_OBLIGATIONS`."""
+    :data:`CHUNK_OBLIGATIONS`. With ``start_small`` (a first plan) the first chunks are smaller (an
+    eighth of it, doubling), because the database idles while the first chunk is planned and made
+    ready to COPY: a small one gets the writes going sooner, and each next chunk is prepared while
+    the one before it is written. (A re-plan's chunks cost the database little next to their
+    planning, so there more chunks would only add statements.)"""
     size = size or CHUNK_OBLIGATIONS
+    limit = max(1, size // 8) if start_small else size
     chunk: dict[str, _Planned] = {}
     last_subscriber = None
     for t in targets:
-        if len(chunk) >= size and t.subscriber_id != last_subscriber:
+        if len(chunk) >= limit and t.subscriber_id != last_subscriber:
             yield chunk
             chunk = {}
+            limit = min(size, limit * 2)
         last_subscriber = t.subscriber_id
         rules, _ = rules_cache[t.source_id]
         obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
@@ -391,13 +404,38 @@ def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str
     return rows
 
 
-def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
-                 pool: Executor | None = None) -> None:
-    """Stage one chunk's obligations, compare them with the stored ones in one statement, merge only
-    those that differ, and build and write alert rows only for obligations whose fingerprint
-    changed (new obligations' alerts go straight in): an unchanged chunk costs a read, no write."""
+@dataclass
+class _Prepared:
+    """One planned chunk, ready to write: its obligation rows (:data:`~deadline_pipeline.store.planning.OB_COLS`
+    order) and, for a chunk expected to be all new, each obligation's alert rows and COPY text (in
+    the chunk's order; ``None`` otherwise)."""
+
+    chunk: dict[str, _Planned]
+    rows: list[tuple]
+    alerts: list[list[tuple[tuple, str]]] | None = None
+    texts: list[str] | None = None
+
+
+def _prepare(chunk: dict[str, _Planned], now: datetime, cache: dict, expect_new: bool) -> _Prepared:
+    """Everything a chunk's write needs that is pure Python, built on the planning thread: the
+    obligation rows and, when ``expect_new``, the alert rows (one hash per alert: most of a first
+    plan's client time) and the obligations' COPY text, so the writing thread only streams them.
+    A wrong expectation costs only this work: a chunk that is not all new is merged as usual."""
     rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
              o.fingerprint) for o in (p.ob for p in chunk.values())]
+    if not expect_new:
+        return _Prepared(chunk, rows)
+    return _Prepared(chunk, rows, [_alerts_of(p, now, cache) for p in chunk.values()],
+                     sql.new_obligation_texts(rows, now))
+
+
+def _write_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,
+                 pool: Executor | None = None) -> bool:
+    """Stage one chunk's obligations, compare them with the stored ones in one statement, merge only
+    those that differ, and build and write alert rows only for obligations whose fingerprint
+    changed (new obligations' alerts go straight in): an unchanged chunk costs a read, no write.
+    Returns whether the chunk was all new and written directly."""
+    chunk, rows = prepared.chunk, prepared.rows
     if conn.dialect.name == "postgresql" and sql.none_stored(conn, list(chunk)):
         # A chunk of new obligations only (a first plan, new subscribers): COPY them and their
         # alerts straight in. A stored key the sample missed, or one another run stored meanwhile,
@@ -405,8 +443,8 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
         # as usual below.
         try:
             with conn.begin_nested():
-                _write_new_chunk(conn, chunk, rows, now, out, cache, pool)
-            return
+                _write_new_chunk(conn, prepared, now, out, cache, pool)
+            return True
         except (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError) as exc:
             # (The COPY runs on the driver's cursor, so its error arrives unwrapped.)
             out.direct_write_fallbacks += 1
@@ -416,6 +454,7 @@ def _write_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     sql.stage_rows(conn, sql.stage_obligations, rows)
     with sql.key_lookups(conn):
         _merge_chunk(conn, chunk, now, out, cache, pool)
+    return False
 
 
 def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
@@ -456,21 +495,27 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
 
 
-def _write_new_chunk(conn, chunk: dict[str, _Planned], rows: list[tuple], now: datetime, out: PlanOutcome,
-                     cache: dict, pool: Executor | None) -> None:
-    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.planning.copy_new_obligations`),
-    building their alert rows while the obligations are copied; counts go to ``out`` only once the
-    chunk is written."""
-    copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
-    try:
-        new_rows = [(key, p.ob.due_at, _alerts_of(p, now, cache)) for key, p in chunk.items()]
-    finally:
-        # Never leave the COPY running on the connection, even when building the rows failed.
-        ids = copying.result() if copying is not None else None
-    if ids is None:
-        ids = sql.copy_new_obligations(conn, rows, now)
+def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,
+                     pool: Executor | None) -> None:
+    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.planning.copy_new_obligations`).
+    Its alert rows come prepared, or are built while the obligations are copied; counts go to
+    ``out`` only once the chunk is written."""
+    chunk, rows = prepared.chunk, prepared.rows
+    built = prepared.alerts
+    if built is not None:
+        ids = sql.copy_new_obligations(conn, rows, now, prepared.texts)
+    else:
+        copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
+        try:
+            built = [_alerts_of(p, now, cache) for p in chunk.values()]
+        finally:
+            # Never leave the COPY running on the connection, even when building the rows failed.
+            ids = copying.result() if copying is not None else None
+        if ids is None:
+            ids = sql.copy_new_obligations(conn, rows, now)
     written = sql.insert_new_alerts(conn, (
-        (ids[key], slot, dedup, due) for key, due, alerts_ in new_rows for slot, dedup in alerts_
+        (ids[key], slot, dedup, p.ob.due_at)
+        for (key, p), alerts_ in zip(chunk.items(), built, strict=True) for slot, dedup in alerts_
     ), now)
     out.obligations_inserted += len(chunk)
     out.alerts_inserted += written

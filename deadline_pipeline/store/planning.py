@@ -14,7 +14,9 @@ about 20,000 obligations (memory is bounded by the chunk, not the plan):
    rewritten;
 4. alert rows are only built and written for obligations whose fingerprint changed, so a no-op
    re-plan touches the alerts table not at all;
-5. every planned key goes into ``planned_keys``; the withdrawal anti-joins it once at the end.
+5. every planned key goes into ``planned_keys`` (the id of an obligation written by step 1 goes into
+   ``planned_ids`` instead: an id from the sequence is far cheaper to index than a random 64-character
+   key); the withdrawal anti-joins both once at the end.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ stage_alerts = Table(
 planned_keys = Table(
     "planned_keys", _stage_md, Column("obligation_key", String(64), primary_key=True), prefixes=["TEMPORARY"],
 )
+# The ids of the obligations this run wrote by a direct COPY (all new, so planned by this run):
+# what the withdrawal's anti-join reads next to ``planned_keys``.
+planned_ids = Table("planned_ids", _stage_md, Column("id", Id, primary_key=True), prefixes=["TEMPORARY"])
+_STAGE_TABLES = (stage_obligations, stage_alerts, planned_keys, planned_ids)
 OB_COLS = [c.name for c in stage_obligations.c]
 AL_COLS = [c.name for c in stage_alerts.c]
 
@@ -118,7 +124,7 @@ def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
         r.setdefault("apprise_target", None)
     stored = {r.external_id: r._mapping for r in conn.execute(select(subscribers))}
     upsert(conn, subscribers, _differing(rows, stored, lambda r: r["external_id"], SUBSCRIBER_FIELDS),
-           conflict=["external_id"], update=SUBSCRIBER_FIELDS)
+           conflict=["external_id"], update=SUBSCRIBER_FIELDS, count=False)
     ids = {r["external_id"] for r in rows}
     existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)).all()
     gone = [i for i, ext, active in existing if ext not in ids and active]
@@ -140,7 +146,7 @@ def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
 
     stored = {key(r._mapping): r._mapping for r in conn.execute(select(subscriptions))}
     upsert(conn, subscriptions, _differing(rows, stored, key, SUBSCRIPTION_FIELDS),
-           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS)
+           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS, count=False)
     wanted = {key(r) for r in rows}
     gone = [r["id"] for k, r in stored.items() if k not in wanted and r["active"]]
     for part in chunks(gone, 500):
@@ -203,18 +209,18 @@ def rule_lineage(conn: Connection, source_id: int) -> dict[str, str]:
 
 def create_stage(conn: Connection) -> None:
     """(Re)create the empty staging tables for this transaction."""
-    for t in (stage_obligations, stage_alerts, planned_keys):
+    for t in _STAGE_TABLES:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {t.name}")
         t.create(conn)
 
 
 def drop_stage(conn: Connection) -> None:
-    for t in (stage_obligations, stage_alerts, planned_keys):
+    for t in _STAGE_TABLES:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {t.name}")
 
 
 def clear_stage(conn: Connection) -> None:
-    """Empty the per-chunk staging tables (``planned_keys`` keeps accumulating)."""
+    """Empty the per-chunk staging tables (``planned_keys`` and ``planned_ids`` keep accumulating)."""
     for t in (stage_obligations, stage_alerts):
         conn.exec_driver_sql(f"{'TRUNCATE' if conn.dialect.name == 'postgresql' else 'DELETE FROM'} {t.name}")
 
@@ -225,21 +231,30 @@ def remember_staged(conn: Connection) -> None:
 
 
 def analyze_planned(conn: Connection) -> None:
-    """Statistics for ``planned_keys`` before the withdrawal reads it (temporary tables are never
-    auto-analysed on PostgreSQL)."""
+    """Statistics for ``planned_keys`` and ``planned_ids`` before the withdrawal reads them
+    (temporary tables are never auto-analysed on PostgreSQL)."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"ANALYZE {planned_keys.name}")
+        conn.exec_driver_sql(f"ANALYZE {planned_keys.name}, {planned_ids.name}")
+
+
+# Statistics target of the ANALYZE after a bulk write: a sample of 300 × this many rows per table.
+ANALYZE_WRITTEN_TARGET = 10
 
 
 def analyze_written(conn: Connection) -> None:
-    """Statistics for ``obligations`` and ``alerts`` after a bulk write (PostgreSQL: ``ANALYZE``, a
-    sample of 30,000 rows each; SQLite: nothing). Autovacuum analyses a table only a minute or more
-    after the commit; until then the planner believes a freshly loaded table is nearly empty and,
-    e.g., answers the withdrawal's "open alerts of these obligations" by reading the status index
-    for every pending alert — measured 0.7 s per 500 obligations on a 9.6M-alert store."""
+    """Statistics for ``obligations`` and ``alerts`` after a bulk write (PostgreSQL: ``ANALYZE`` of a
+    sample of 3,000 rows each, :data:`ANALYZE_WRITTEN_TARGET`; SQLite: nothing). Autovacuum analyses
+    a table only a minute or more after the commit; until then the planner believes a freshly
+    loaded table is nearly empty and, e.g., answers the withdrawal's "open alerts of these
+    obligations" by reading the status index for every pending alert — measured 0.7 s per 500
+    obligations on a 9.6M-alert store. Row counts and coarse distributions are what those plans
+    need; the server's default sample (30,000 rows, read from as many pages) cost a first plan of
+    96,000 alerts 0.17 s, a quarter of its COPY floor, and autovacuum takes the full sample later."""
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("ANALYZE obligations")
-        conn.exec_driver_sql("ANALYZE alerts")
+        before = conn.exec_driver_sql("SHOW default_statistics_target").scalar()
+        conn.exec_driver_sql(f"SET LOCAL default_statistics_target = {ANALYZE_WRITTEN_TARGET}")
+        conn.exec_driver_sql("ANALYZE obligations, alerts")
+        conn.exec_driver_sql("SELECT set_config('default_statistics_target', %(v)s, true)", {"v": before})
 
 
 # COPY text format (PostgreSQL): backslash, tab, newline and carriage return are escaped, NULL is \N.
@@ -248,11 +263,12 @@ _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
 _COPY_BATCH = 5_000
 
 
-def _copy_lines(rows: Iterable[tuple]) -> Iterator[str]:
-    """Rows of ``None``/``int``/``str``/aware ``datetime`` values → COPY text lines, in batches.
+def _row_texts(rows: Iterable[tuple]) -> Iterator[str]:
+    """Rows of ``None``/``int``/``str``/aware ``datetime`` values → one COPY text line each (without
+    its newline).
 
     Formatted here rather than by ``Copy.write_row``: about 3x faster per row, which is much of a
-    first plan's client time. Every value but an int is formatted once per batch of distinct values
+    first plan's client time. Every value but an int is formatted once per 50,000 distinct values
     (a plan repeats channels, statuses and instants on every row). Instants are written in ISO 8601
     with their offset; a naive datetime raises ``ValueError``, as the store's column type does."""
     special = _COPY_SPECIAL.search
@@ -278,9 +294,15 @@ def _copy_lines(rows: Iterable[tuple]) -> Iterator[str]:
             memo[v] = s
         return s
 
-    batch: list[str] = []
     for row in rows:
-        batch.append("\t".join([text(v) for v in row]))
+        yield "\t".join([text(v) for v in row])
+
+
+def _copy_lines(rows: Iterable[tuple]) -> Iterator[str]:
+    """:func:`_row_texts` in blocks of up to :data:`_COPY_BATCH` lines, each line ending in a newline."""
+    batch: list[str] = []
+    for line in _row_texts(rows):
+        batch.append(line)
         if len(batch) >= _COPY_BATCH:
             batch.append("")
             yield "\n".join(batch)
@@ -397,6 +419,12 @@ def key_lookups(conn: Connection) -> Iterator[None]:
         conn.exec_driver_sql("RESET enable_mergejoin")
 
 
+def store_has_no_obligations(conn: Connection) -> bool:
+    """Whether ``obligations`` holds no row at all (one index probe): a plan of such a store is a
+    first plan, whose chunks are all new."""
+    return not conn.execute(select(exists().select_from(obligations))).scalar()
+
+
 def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
     """Whether none of ``sample`` keys spread evenly over ``keys`` is stored (PostgreSQL only): a
     cheap guess that a chunk is all new. A wrong "yes" is caught by the keys' unique index (see
@@ -407,22 +435,39 @@ def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
         {"keys": keys[::step]}).scalar()
 
 
-def copy_new_obligations(conn: Connection, rows: list[tuple], now: datetime) -> dict[str, int]:
+NEW_OBLIGATION_COLUMNS = [*OB_COLS, "status", "planned_at", "revision"]
+
+
+def new_obligation_texts(rows: Iterable[tuple], now: datetime) -> list[str]:
+    """The COPY text of new obligations (``rows`` in :data:`OB_COLS` order, planned at ``now``, aware
+    UTC) after their id: one line each, ending in a newline (:data:`NEW_OBLIGATION_COLUMNS`). Pure:
+    a planning thread formats the next chunk while the database writes this one."""
+    return [line + "\n" for line in _row_texts((*row, "active", now, 0) for row in rows)]
+
+
+def copy_new_obligations(conn: Connection, rows: list[tuple], now: datetime,
+                         texts: list[str] | None = None) -> dict[str, int]:
     """``COPY`` obligations known to be new (see :func:`none_stored`) straight into ``obligations``,
-    with ids drawn from its sequence up front, and their keys into ``planned_keys`` (PostgreSQL only).
-    ``rows`` are in :data:`OB_COLS` order. Returns obligation_key → id.
+    with ids drawn from its sequence up front, and their ids into ``planned_ids`` (PostgreSQL only).
+    ``rows`` are in :data:`OB_COLS` order; ``texts``, when given, their :func:`new_obligation_texts`
+    (formatted beforehand, off the writing thread). Returns obligation_key → id.
 
     No staging, comparing or merging: for a chunk of new obligations that is most of the work.
     Raises ``IntegrityError`` when another run stored one of the keys meanwhile (a unique
     violation); the caller wraps this in a savepoint and merges instead."""
-    ids = [i for (i,) in conn.exec_driver_sql(
-        "SELECT nextval(pg_get_serial_sequence('obligations', 'id')) FROM generate_series(1, %(n)s)",
-        {"n": len(rows)}).all()]
-    by_key = {row[0]: i for row, i in zip(rows, ids, strict=True)}
-    stage_rows(conn, obligations, ((i, *row, "active", now, 0) for row, i in zip(rows, ids, strict=True)),
-               ["id", *OB_COLS, "status", "planned_at", "revision"], analyze=False)
-    stage_rows(conn, planned_keys, ((row[0],) for row in rows), analyze=False)
-    return by_key
+    with conn.connection.dbapi_connection.cursor() as cur:
+        # One array, read by the driver (not 20,000 result rows through the ORM layer), and the
+        # sequence looked up once (a scalar subquery), not once per row: per row that lookup cost
+        # more than drawing the ids themselves (80 ms against 10 ms for 20,000 ids).
+        cur.execute("SELECT array(SELECT nextval((SELECT pg_get_serial_sequence('obligations', 'id')::regclass)) "
+                    "FROM generate_series(1, %(n)s))", {"n": len(rows)})
+        (ids,) = cur.fetchone()
+    if texts is None:
+        texts = new_obligation_texts(rows, now)
+    copy_lines(conn, obligations.name, ["id", *NEW_OBLIGATION_COLUMNS],
+               (f"{i}\t{line}" for i, line in zip(ids, texts, strict=True)))
+    copy_lines(conn, planned_ids.name, ["id"], (f"{i}\n" for i in ids))
+    return {row[0]: i for row, i in zip(rows, ids, strict=True)}
 
 
 @dataclass
@@ -599,16 +644,17 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
 
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime):
-    """Active obligations of these sources due in ``[lo, hi]`` that this run did not plan (not in
-    ``planned_keys``): (id, key, rule_id, source_id, subscriber_id, revision, due_at, period)."""
+    """Active obligations of these sources due in ``[lo, hi]`` that this run did not plan (neither in
+    ``planned_keys`` nor in ``planned_ids``): (id, key, rule_id, source_id, subscriber_id, revision,
+    due_at, period)."""
     if not source_ids:
         return []
-    o, s = obligations, planned_keys
+    o, s, ids = obligations, planned_keys, planned_ids
     return conn.execute(
         select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
                o.c.due_at, o.c.period)
         .where(o.c.source_id.in_(source_ids), o.c.status == "active", o.c.due_at >= lo, o.c.due_at <= hi,
-               ~exists().where(s.c.obligation_key == o.c.obligation_key))
+               ~exists().where(s.c.obligation_key == o.c.obligation_key), ~exists().where(ids.c.id == o.c.id))
     ).all()
 
 

@@ -33,11 +33,15 @@ def upsert(
     compare: Sequence[str] | None = None,
     extra_where=None,
     batch: int = 500,
-) -> int:
+    count: bool = True,
+) -> int | None:
     """Insert ``rows``; on a conflict on ``conflict`` columns update ``update`` columns, but only
     where one of ``compare`` (default ``update``) really differs — null-safe (``IS DISTINCT FROM``),
     so a no-op re-plan rewrites no row. ``extra_where`` further restricts which rows may change.
-    Returns the number of rows inserted or updated.
+    Returns the number of rows inserted or updated, or ``None`` with ``count=False``: then the rows
+    go as one ``executemany`` of a one-row statement (pipelined by psycopg), without the thousands
+    of placeholders of a multi-row ``VALUES`` page that the driver re-parses for every page (0.5 s
+    for the 4,000 subscriber and subscription rows of a first plan of 2,000 subscribers).
     """
     if not rows:
         return 0
@@ -47,7 +51,11 @@ def upsert(
     where = changed if extra_where is None else (changed & extra_where)
     stmt = stmt.on_conflict_do_update(
         index_elements=list(conflict), set_={c: stmt.excluded[c] for c in update}, where=where
-    ).returning(table.c[conflict[0]])
+    )
+    if not count:
+        conn.execute(stmt, list(rows))
+        return None
+    stmt = stmt.returning(table.c[conflict[0]])
     # One statement compiled once and executed with ``batch`` rows of parameters at a time (SQLAlchemy's
     # "insertmanyvalues" pages them), rather than a literal multi-row VALUES compiled for every batch.
     # RETURNING counts exactly the rows written (rowcount is -1 for multi-row inserts on psycopg).
