@@ -233,8 +233,10 @@ alerts = Table(
     Column("due_at", UtcDateTime),
     UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at",
                      name=conv("uq_alerts_identity")),  # the generated name exceeds PostgreSQL's 63 chars
-    # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
-    Index(None, "status", "send_at"),
+    # The sensor's one cheap question ("is anything claimable now?") and the claim both read this;
+    # the claim reads one status at a time in (send_at, id) order (delivery._pg_pick), and without
+    # ``id`` rows of one send_at would have to be read in full and sorted.
+    Index(None, "status", "send_at", "id"),
 )
 
 delivery_attempts = Table(
