@@ -240,3 +240,21 @@ def test_a_claim_reads_about_a_batch_whatever_the_backlog(pg_url, claim):
         assert buffers < 5_000, buffers
     finally:
         engine.dispose()
+
+
+def test_a_claim_leaves_the_transactions_planner_settings_as_it_found_them(pg_url):
+    """The claim plans without sorts and without jit; the caller's later statements in the same
+    transaction are planned with the settings they had (here a session that turned jit off itself)."""
+    engine = make_engine(pg_url)
+    try:
+        upgrade(engine)
+        seed(engine, 3)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            rows, _ = dsql.claim_and_load(conn, owner="me#1#r", now=T0, lease_seconds=300, limit=2)
+            assert len(rows) == 2
+            assert dsql.claim_batch(conn, owner="me#2#r", now=T0, lease_seconds=300, limit=2)
+            assert conn.exec_driver_sql("SELECT current_setting('enable_sort'), current_setting('jit')").one() \
+                == ("on", "off")
+    finally:
+        engine.dispose()

@@ -139,11 +139,11 @@ def _claim_in_order(conn: Connection) -> Iterator[None]:
     sort, jit = conn.exec_driver_sql(
         "SELECT current_setting('enable_sort'), current_setting('jit'), "
         "set_config('enable_sort', 'off', true), set_config('jit', 'off', true)").one()[:2]
-    try:
-        yield
-    finally:
-        conn.exec_driver_sql("SELECT set_config('enable_sort', %(sort)s, true), set_config('jit', %(jit)s, true)",
-                             {"sort": sort, "jit": jit})
+    # Not in a finally: a failed statement aborts the transaction, whose rollback drops the local
+    # settings, and a restore there would only hide the error under "transaction is aborted".
+    yield
+    conn.exec_driver_sql("SELECT set_config('enable_sort', %(sort)s, true), set_config('jit', %(jit)s, true)",
+                         {"sort": sort, "jit": jit})
 
 
 def claim_batch(conn: Connection, *, owner: str, now: datetime, lease_seconds: float, limit: int,
