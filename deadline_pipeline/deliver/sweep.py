@@ -38,7 +38,7 @@ Lease time is the database's clock (:func:`~deadline_pipeline.store.db.db_clock`
 ``clock`` only decide what is due (they may be replayed instants).
 
 Batches are pipelined, at most two claimed at once: the next batch is claimed (and its sends queued
-on the channel limiters) while the current batch's sends are in flight, and each batch is recorded
+on the channels' lanes) while the current batch's sends are in flight, and each batch is recorded
 as soon as its own sends have ended. A sweep killed mid-send therefore leaves at most two batches
 claimed until their lease expires: their started sends have attempt rows (charged, resent as unknown
 outcomes with the same key), their never-started ones have none (sent once, not charged).
@@ -60,6 +60,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -180,25 +181,63 @@ class _Result:
     owner: str = ""  # the lease owner of the claim this alert came in (one per claim)
 
 
-class _Limiter:
-    """At most ``concurrency`` holders at once and at most ``rate`` acquisitions per second."""
+class _Lane:
+    """One channel's sends: a FIFO queue served by at most ``concurrency`` worker coroutines, which
+    start at most ``rate`` sends per second between them.
 
-    def __init__(self, concurrency: int, rate: float | None) -> None:
-        self._sem = asyncio.Semaphore(concurrency)
+    Why workers instead of a task per alert waiting on a semaphore: a claimed batch of 500 made 500
+    tasks, and each alert then waited for, and woke, a semaphore future - about 10 us of the event
+    loop's CPU per alert, profiled in a sweep without HTTP (``benchmarks/README.md``). The order is
+    the same (first claimed, first sent, the next batch queued behind the current one), and so is the
+    bound on sends in flight: each worker runs one send at a time.
+    """
+
+    def __init__(self, sweep: _Sweep, concurrency: int, rate: float | None) -> None:
+        self.sweep = sweep
+        self.concurrency = concurrency
+        self.queue: deque[tuple[_Result, float, _Batch]] = deque()
+        self.workers: set[asyncio.Task] = set()
         self._interval = 1.0 / rate if rate else 0.0
         self._next = 0.0
 
-    async def __aenter__(self) -> None:
-        await self._sem.acquire()
-        if self._interval:
-            now = time.monotonic()
-            slot = max(now, self._next)
-            self._next = slot + self._interval
-            if slot > now:
-                await asyncio.sleep(slot - now)
+    def put(self, r: _Result, claimed_at: float, batch: _Batch) -> None:
+        self.queue.append((r, claimed_at, batch))
+        if len(self.workers) < self.concurrency:
+            task = asyncio.get_running_loop().create_task(self._work())
+            self.workers.add(task)
+            task.add_done_callback(self.workers.discard)
 
-    async def __aexit__(self, *exc) -> None:
-        self._sem.release()
+    async def _work(self) -> None:
+        queue = self.queue
+        while queue:
+            r, claimed_at, batch = queue.popleft()
+            if batch.sends.done():
+                continue  # its batch was cancelled (the sweep is going down): never started, not charged
+            try:
+                if self._interval:
+                    now = time.monotonic()
+                    slot = max(now, self._next)
+                    self._next = slot + self._interval
+                    if slot > now:
+                        await asyncio.sleep(slot - now)
+                batch.running.add(asyncio.current_task())
+                try:
+                    await self.sweep._send(r, claimed_at)
+                finally:
+                    batch.running.discard(asyncio.current_task())
+            except BaseException as exc:
+                # _send raises only what stops the process (KeyboardInterrupt, SystemExit) or this
+                # worker's cancellation: the batch ends with it, as its gather did, never hangs.
+                if batch.sends.done():
+                    pass
+                elif isinstance(exc, asyncio.CancelledError):
+                    batch.sends.cancel()
+                else:
+                    batch.sends.set_exception(exc)
+                raise
+            batch.pending -= 1
+            if batch.pending == 0 and not batch.sends.done():
+                batch.sends.set_result(None)
 
 
 def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | None = None,
@@ -286,11 +325,22 @@ def _run_one(runner: _Sweep) -> SweepOutcome:
 
 @dataclass
 class _Batch:
-    """One claim whose sends are running: its lease owner, its results, and the task of its sends."""
+    """One claim whose sends are running: its lease owner, its results, the future that ends when
+    all its sends have ended (cancelled: the sends not yet started never start), how many are left,
+    and the lane workers running one of its sends right now (cancelled with it)."""
 
     owner: str
     results: list[_Result]
     sends: asyncio.Future
+    pending: int = 0
+    running: set = field(default_factory=set)
+
+    def cancel(self) -> None:
+        """Stop like a crash: sends not yet started never start (no attempt row, not charged); the
+        running ones are cancelled mid-send (their attempt rows stay: unknown outcomes)."""
+        self.sends.cancel()
+        for task in list(self.running):
+            task.cancel()
 
 
 class _StartGate:
@@ -353,7 +403,7 @@ class _Sweep:
         self.max_batches = max_batches
         self.given = given
         self.built: dict[str, Channel] = {}
-        self.limiters: dict[str, _Limiter] = {}
+        self.lanes: dict[str, _Lane] = {}
         self.out = SweepOutcome()
         self.deadline = time.monotonic() + self.d.time_budget_seconds
         self.claims = 0
@@ -378,12 +428,13 @@ class _Sweep:
             self.built[name] = build_channel(name, self.cfg.channels[name], network=self.cfg.network.policy())
         return self.built[name]
 
-    def limiter(self, name: str) -> _Limiter:
-        if name not in self.limiters:
+    def lane(self, name: str) -> _Lane:
+        lane = self.lanes.get(name)
+        if lane is None:
             ch_cfg = self.cfg.channels.get(name)
-            self.limiters[name] = _Limiter(getattr(ch_cfg, "max_concurrency", 8),
-                                           getattr(ch_cfg, "rate_per_second", None))
-        return self.limiters[name]
+            lane = self.lanes[name] = _Lane(self, getattr(ch_cfg, "max_concurrency", 8),
+                                            getattr(ch_cfg, "rate_per_second", None))
+        return lane
 
     def send_window(self, name: str) -> float:
         """Seconds of lease a send on channel ``name`` needs (timeout + the channel's margin)."""
@@ -403,7 +454,7 @@ class _Sweep:
         # every batch waited for its slowest send (up to the channel timeout when one receiver
         # hangs) and then for the next claim, while the channel's other send slots stood idle. Now
         # the next batch is claimed while the current one's sends are in flight, and its sends queue
-        # on the same channel limiter at once, so they fill the slots the stragglers leave free
+        # on the same channel lane at once, so they fill the slots the stragglers leave free
         # (benchmarks/README.md: +4% on a fast loopback receiver, where the sweep is CPU-bound; the
         # gain is in the slow-straggler case). At most two claims are held at once;
         # each keeps its own lease owner, start gate and recording, so every guarantee of a single
@@ -438,7 +489,7 @@ class _Sweep:
                     if rows:
                         self.out.batches += 1
                         self.out.claimed += len(rows)
-                        # Sends start now (queued behind the older batch's on the limiter), before
+                        # Sends start now (queued behind the older batch's on the lane), before
                         # anything below can fail: a claimed batch is never left without its sends.
                         sending.append(self._launch(results, owner, claimed_at))
                     recorded = False
@@ -488,7 +539,7 @@ class _Sweep:
                 # Only on an escaping error (cancellation, the process being killed): stop like a crash,
                 # as a single batch did. Sends not yet started never start (no attempt row, not charged);
                 # started ones have their attempt row and are recovered after the lease as unknown.
-                b.sends.cancel()
+                b.cancel()
             await self._close()
         if last_error is not None:
             failed = SweepFailed(f"delivery sweep gave up after {self.out.batch_failures} failed batch(es): "
@@ -498,9 +549,16 @@ class _Sweep:
         return self.out
 
     def _launch(self, results: list[_Result], owner: str, claimed_at: float) -> _Batch:
-        """Start the sends of one claimed batch on this loop (escalations are only recorded)."""
-        sends = asyncio.gather(*(self._send(r, claimed_at) for r in results if r.escalate_reason is None))
-        return _Batch(owner, results, sends)
+        """Queue the sends of one claimed batch on their channels' lanes (escalations are only
+        recorded), behind any earlier batch's."""
+        batch = _Batch(owner, results, asyncio.get_running_loop().create_future())
+        for r in results:
+            if r.escalate_reason is None:
+                batch.pending += 1
+                self.lane(r.row["channel"]).put(r, claimed_at, batch)
+        if batch.pending == 0:
+            batch.sends.set_result(None)
+        return batch
 
     @staticmethod
     async def _first_done(sending: list[_Batch]) -> _Batch:
@@ -609,40 +667,39 @@ class _Sweep:
             # The channel's own window: a slow SMTP server's timeout must not stop maildir sends.
             send_until = min(self.deadline, claimed_at + self.d.lease_seconds - self.send_window(row["channel"]))
             ch = self.channel(row["channel"])
-            async with self.limiter(row["channel"]):
-                if self.halted or time.monotonic() >= send_until:
-                    r.released = True  # going down, or its lease or the budget would run out mid-send
+            if self.halted or time.monotonic() >= send_until:
+                r.released = True  # going down, or its lease or the budget would run out mid-send
+                return
+            try:
+                r.attempt_id = await self.gate.start(r)
+            except Exception as exc:  # the attempt could not be recorded: no send, no attempt charged
+                r.released = True
+                r.start_error = exc
+                _alert_failures.failure("attempt start", f"alert {row['id']}: not sent, its attempt could "
+                                        f"not be recorded: {type(exc).__name__}: {exc}", exc)
+                return
+            if r.attempt_id is None:
+                r.lease_lost_before_send = True  # another holder has it now; never send on a lost lease
+                return
+            if self.halted:
+                return  # going down: its attempt row stays, charged as possibly started (safe side)
+            if time.monotonic() >= send_until:
+                # The shared commit took the rest of the window: give it back (release removes the
+                # unstarted attempt row, so nothing is charged).
+                r.released = True
+                return
+            n = notification_from_row(row, self.clock(), self.cfg)
+            if r.resolve_first:
+                found = await asyncio.get_running_loop().run_in_executor(self.pool, _resolve_unknown, ch, n)
+                if found is not None:  # booked by the dead sender: record it, never book twice
+                    self.out.unknown_found += 1
+                    r.provider_id, r.sent_at = found.provider_message_id, self.clock()
                     return
-                try:
-                    r.attempt_id = await self.gate.start(r)
-                except Exception as exc:  # the attempt could not be recorded: no send, no attempt charged
-                    r.released = True
-                    r.start_error = exc
-                    _alert_failures.failure("attempt start", f"alert {row['id']}: not sent, its attempt could "
-                                            f"not be recorded: {type(exc).__name__}: {exc}", exc)
-                    return
-                if r.attempt_id is None:
-                    r.lease_lost_before_send = True  # another holder has it now; never send on a lost lease
-                    return
-                if self.halted:
-                    return  # going down: its attempt row stays, charged as possibly started (safe side)
-                if time.monotonic() >= send_until:
-                    # The shared commit took the rest of the window: give it back (release removes the
-                    # unstarted attempt row, so nothing is charged).
-                    r.released = True
-                    return
-                n = notification_from_row(row, self.clock(), self.cfg)
-                if r.resolve_first:
-                    found = await asyncio.get_running_loop().run_in_executor(self.pool, _resolve_unknown, ch, n)
-                    if found is not None:  # booked by the dead sender: record it, never book twice
-                        self.out.unknown_found += 1
-                        r.provider_id, r.sent_at = found.provider_message_id, self.clock()
-                        return
-                    self.out.unknown_absent += 1  # proved absent: booking again is the only way not to miss it
-                if hasattr(ch, "send_async"):
-                    res = await ch.send_async(n)
-                else:
-                    res = await asyncio.get_running_loop().run_in_executor(self.pool, ch.send, n)
+                self.out.unknown_absent += 1  # proved absent: booking again is the only way not to miss it
+            if hasattr(ch, "send_async"):
+                res = await ch.send_async(n)
+            else:
+                res = await asyncio.get_running_loop().run_in_executor(self.pool, ch.send, n)
             r.provider_id = res.provider_message_id
             r.sent_at = self.clock()
         except DeliveryError as exc:
