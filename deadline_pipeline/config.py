@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -115,6 +115,19 @@ def _refuse_legacy_ipv4(url: str) -> None:
     if meant is not None:
         raise ValueError(f"host {host!r} is a legacy spelling of the IPv4 address {meant}; write the address "
                          f"as {meant}")
+
+
+def _not_a_boolean(value):
+    # YAML's `true` is a number to pydantic (1): `batch_size: true` was read as batches of one alert
+    # and `timeout_seconds: true` as a one-second timeout, without a word. (Not strict mode: PyYAML
+    # reads `1e-3` as a string, which must still be taken as a number.)
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
+
+
+NOT_A_BOOLEAN = BeforeValidator(_not_a_boolean)
+Number = Annotated[float, NOT_A_BOOLEAN]
 
 
 class _Model(BaseModel):
@@ -291,12 +304,12 @@ class SubscriptionConfig(_Model):
 class _ChannelLimits(_Model):
     # Per sweep process: at most ``max_concurrency`` sends in flight and ``rate_per_second`` sends
     # started per second (None = unlimited), so a backlog after downtime cannot flood a provider.
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 8
-    rate_per_second: Annotated[float, Field(gt=0)] | None = None
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 8
+    rate_per_second: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] | None = None
     # Seconds of lease kept free after a send's timeout: a send starts only while timeout_seconds +
     # lease_margin_seconds of the batch's lease remain, so no second sweep can claim the alert while
     # its send may still be in flight. Per channel: a slow provider may need more slack.
-    lease_margin_seconds: float = 5.0
+    lease_margin_seconds: Number = 5.0
 
 
 class _MailHeaders(_Model):
@@ -318,20 +331,20 @@ class MaildirChannel(_ChannelLimits, _MailHeaders):
     path: str
     sender: str = "deadline-pipeline@localhost"
     # One local folder: parallel writers gain nothing.
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 1
 
 
 class SmtpChannel(_ChannelLimits, _MailHeaders):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
-    port: int = 25
+    port: Annotated[int, NOT_A_BOOLEAN] = 25
     sender: str = "deadline-pipeline@localhost"
     starttls: bool = False
     ssl: bool = False
     # Names of environment variables holding credentials; the secrets never live in this file.
     username_env: str | None = None
     password_env: str | None = None
-    timeout_seconds: float = 30.0
+    timeout_seconds: Number = 30.0
     # The server offers SMTPUTF8 (RFC 6531), so recipients with a non-ASCII local part are accepted
     # at load; every session still checks the EHLO reply before sending to one.
     smtputf8: bool = False
@@ -339,13 +352,13 @@ class SmtpChannel(_ChannelLimits, _MailHeaders):
 
 class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
-    timeout_seconds: float = 10.0
+    timeout_seconds: Number = 10.0
     # The JSON body: the Standard Webhooks envelope {type, timestamp, data}, or "legacy" — the flat
     # body of earlier releases, for receivers written against it.
     body: Literal["standard-webhooks", "legacy"] = "standard-webhooks"
     # Standard Webhooks signing secret (``whsec_<base64>`` or raw text), read from this variable.
     secret_env: str | None = None
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 64
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 64
 
 
 class SlackChannel(_ChannelLimits):
@@ -353,10 +366,10 @@ class SlackChannel(_ChannelLimits):
 
     type: Literal["slack"]
     url_env: str
-    timeout_seconds: float = 10.0
+    timeout_seconds: Number = 10.0
     # Slack documents about one message per second per incoming webhook.
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 1
-    rate_per_second: Annotated[float, Field(gt=0)] | None = 1.0
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 1
+    rate_per_second: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] | None = 1.0
 
 
 class CaldavChannel(_ChannelLimits):
@@ -376,8 +389,8 @@ class CaldavChannel(_ChannelLimits):
     password_env: str | None = None
     book: Literal["reminder", "obligation"] = "reminder"
     cancel: Literal["status", "delete"] = "status"
-    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 4
+    timeout_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 10.0
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 4
 
     @field_validator("url_template")
     @classmethod
@@ -398,8 +411,8 @@ class AppriseChannel(_ChannelLimits):
 
     type: Literal["apprise"]
     url_env: str
-    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
-    max_concurrency: Annotated[int, Field(gt=0, le=1024)] = 4
+    timeout_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 10.0
+    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 4
 
 
 ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel | SlackChannel | CaldavChannel | AppriseChannel,
@@ -416,22 +429,22 @@ class EscalationConfig(_Model):
     webhook_url: str | None = None
     apprise_target: str | None = None
     # The paging sensor and the watchdog remind about an incident still open after this long.
-    reminder_minutes: Annotated[int, Field(gt=0)] = 60
+    reminder_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 60
 
 
 class DeliveryConfig(_Model):
-    batch_size: Annotated[int, Field(gt=0, le=10_000)] = 500
-    lease_seconds: Annotated[int, Field(gt=0)] = 300
-    max_attempts: Annotated[int, Field(gt=0)] = 5
-    backoff_base_seconds: Annotated[float, Field(gt=0)] = 30.0
-    backoff_cap_seconds: Annotated[float, Field(gt=0)] = 3600.0
-    time_budget_seconds: Annotated[float, Field(gt=0)] = 240.0
+    batch_size: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=10_000)] = 500
+    lease_seconds: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 300
+    max_attempts: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 5
+    backoff_base_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 30.0
+    backoff_cap_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 3600.0
+    time_budget_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 240.0
     # Longest wait a receiver's Retry-After may impose, in seconds (default: backoff_cap_seconds); a
     # "Retry-After: <a date in 9999>" would otherwise park an alert until then, never escalated.
-    retry_after_cap_seconds: float | None = None
+    retry_after_cap_seconds: Number | None = None
     # Processes one sweep runs in (PostgreSQL; see deliver/workers.py): the sweep is CPU-bound in one
     # interpreter, so on an n-core host up to n processes add throughput. Each claims its own batches.
-    # Strict: YAML's `true` would otherwise be read as 1 process without a word.
+    # Strict: `true` or the string "2" is refused, not read as a number of processes.
     processes: Annotated[int, Field(ge=1, le=32, strict=True)] = 1
     # The sweep's event loop. uvloop runs the same sweep with about a third less CPU per alert
     # (benchmarks/deliver.py): the sweep wakes futures, tasks and thread callbacks for every alert.
@@ -445,12 +458,12 @@ class DeliveryConfig(_Model):
 
 
 class WatchConfig(_Model):
-    grace_minutes: Annotated[int, Field(ge=0)] = 30
+    grace_minutes: Annotated[int, NOT_A_BOOLEAN, Field(ge=0)] = 30
     # How often the delivery sensor ticks / the sweep runs, and how often ingest + plan run; a
     # heartbeat older than interval + heartbeat_grace_minutes is a stopped stage.
-    sweep_interval_minutes: Annotated[int, Field(gt=0)] = 5
-    plan_interval_minutes: Annotated[int, Field(gt=0)] = 90
-    heartbeat_grace_minutes: Annotated[int, Field(ge=0)] = 10
+    sweep_interval_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 5
+    plan_interval_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 90
+    heartbeat_grace_minutes: Annotated[int, NOT_A_BOOLEAN, Field(ge=0)] = 10
 
 
 class NetworkConfig(_Model):
@@ -480,7 +493,7 @@ class NetworkConfig(_Model):
 
 
 class PlanConfig(_Model):
-    horizon_days: Annotated[int, Field(gt=0, le=3660)] = 366
+    horizon_days: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=3660)] = 366
     # First due month (UTC, "YYYY-MM") of the plan partitions; default: the month of the first
     # planning run recorded in the store. Replays (--as-of) before it are refused.
     first_month: str | None = None
@@ -603,7 +616,14 @@ def did_you_mean(key: str, loc: tuple) -> str:
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
+# Pydantic puts the channel type it tried into an error's location (channels.hook.webhook.x);
+# the file has no such key, so the path names channels.hook.x.
+_CHANNEL_TYPES = frozenset({"maildir", "smtp", "webhook", "slack", "caldav", "apprise"})
+
+
 def _format_loc(loc: tuple) -> str:
+    if len(loc) >= 3 and loc[0] == "channels" and loc[2] in _CHANNEL_TYPES:
+        loc = loc[:2] + loc[3:]
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))

@@ -48,6 +48,13 @@ def _load(tmp_path, patch: dict | None = None, text: str | None = None):
      "subscriptions[0].offsets[0]"),
     ("channels: {mail: {type: smtp, port: 70000}}", "channels.mail.port"),
     ("watch: {grace_minutes: 99999999}", "watch.grace_minutes"),
+    # YAML booleans are numbers to pydantic: true was read as 1 (batches of one alert) without a word.
+    ("delivery: {batch_size: true}", "delivery.batch_size"),
+    ("delivery: {time_budget_seconds: false}", "delivery.time_budget_seconds"),
+    ("delivery: {retry_after_cap_seconds: true}", "delivery.retry_after_cap_seconds"),
+    ("channels: {mail: {type: smtp, timeout_seconds: true}}", "channels.mail.timeout_seconds"),
+    # The channel's type is not part of the key path (it was channels.mail.smtp.timeout_seconds).
+    ("channels: {mail: {type: smtp, timeout_seconds: fast}}", "channels.mail.timeout_seconds"),
 ])
 def test_values_that_parse_but_break_delivery_are_refused_with_their_key_path(tmp_path, yaml_value, key):
     base = {k: v for k, v in BASE.items()}
