@@ -494,6 +494,62 @@ def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
     assert row.status == "fresh" and row.last_error and "no 'deadline'" in row.last_error
 
 
+def test_entry_broken_under_a_new_id_keeps_the_rule_in_force(engine, tmp_path):
+    """One edit both renames an entry's id and breaks its deadline: the unparseable entry names no
+    rule the source had, so it may be the rule that went missing. That rule is held (not withdrawn,
+    its reminders not cancelled, no "withdrawn" notice), rules_complete is red and names it, and the
+    diff shows it unparsed. Matched by id alone, it was withdrawn and its subscriber told so."""
+    from deadline_pipeline.watch.reconcile import reminders_owed
+    from deadline_pipeline.watch.sources import rules_complete
+
+    editions = [_edition(i) for i in range(1, 6)]  # one of five: under the quarantine's share
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    src = cfg.sources[0]
+    _ingest(engine, src, T0)
+    plan_all(engine, cfg, T0)
+    before = {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
+    broken = _edition(2, id="c227-v2", deadline="2027-03-45 23:59")
+    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], broken, *editions[2:]))
+    _, out = _ingest(engine, src, T0 + timedelta(hours=1))
+    assert out.status == "applied" and out.withdrawn == 0 and out.held == ["c227/submission/deadline"], out
+    plan = plan_all(engine, cfg, T0 + timedelta(hours=1))
+    assert plan.obligations_withdrawn == 0 and plan.alerts_cancelled == 0
+    assert {k for k, v in _alerts(engine).items() if v[2] == "pending"} == set(before)
+    assert not any(v[3] == "cancellation" for v in _alerts(engine).values())
+    complete = rules_complete(engine, "conf")
+    assert not complete.passed and "c227" in complete.summary, complete.summary
+    assert reminders_owed(engine, cfg, T0 + timedelta(hours=1)).passed
+
+    old = parse_payload("ai-deadlines", ai_deadlines(*editions).encode(), source="conf")
+    new = parse_payload("ai-deadlines", ai_deadlines(editions[0], broken, *editions[2:]).encode(), source="conf")
+    diff = diff_snapshots(old.rules, new.rules, new.problems)
+    assert [c.rule_id for c in diff.unparsed] == ["c227/submission/deadline"] and not diff.withdrawn
+
+
+def test_ics_event_broken_under_a_new_uid_is_held_not_withdrawn():
+    """The same in ICS: a VEVENT whose UID gained a suffix in the edit that broke its RRULE."""
+    from deadline_pipeline.ingest.versions import held_back
+
+    def cal(uid: str, rrule: str) -> bytes:
+        return ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\n"
+                "BEGIN:VEVENT\r\nUID:keep@t\r\nDTSTAMP:20260101T000000Z\r\nDTSTART:20270110T120000Z\r\n"
+                "SUMMARY:Kept\r\nEND:VEVENT\r\n"
+                f"BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTAMP:20260101T000000Z\r\nDTSTART:20270115T120000Z\r\n"
+                f"SUMMARY:Quarterly\r\n{rrule}\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n").encode()
+
+    old = parse_payload("ics", cal("q4@t", "RRULE:FREQ=MONTHLY;INTERVAL=3;COUNT=4"), source="tax")
+    new = parse_payload("ics", cal("q4-v2@t", "RRULE:FREQ=MONTHLY;UNTIL=2031-01-01"), source="tax")
+    assert [p.record_id for p in new.problems if p.skipped] == ["q4-v2@t"], new.problems
+    known = [r.rule_id for r in old.rules]
+    missing = sorted(set(known) - {r.rule_id for r in new.rules})
+    assert missing and held_back(missing, new.problems, known=known) == missing
+    # A skipped record that names a rule the source has stands for that rule only.
+    named = parse_payload("ics", cal("keep@t", "RRULE:FREQ=MONTHLY;UNTIL=2031-01-01"), source="tax")
+    assert held_back(missing, [p for p in named.problems if p.skipped], known=known) == []
+    diff = diff_snapshots(old.rules, new.rules, new.problems)
+    assert sorted(c.rule_id for c in diff.unparsed) == missing and not diff.withdrawn
+
+
 def test_not_yet_announced_entry_is_information_only(engine, tmp_path, shared_dir):
     """The real feed's cvpr27 (no deadline announced yet) matches no rule in force: nothing red, no
     source error, and the snapshot asset is confirmed (the Dagster freshness agrees with source_fresh)."""

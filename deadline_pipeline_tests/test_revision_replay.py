@@ -55,13 +55,15 @@ def expected_reminders(steps: list[tuple[datetime, bytes]]) -> Expected:
     exp = Expected()
     prev: dict[str, datetime] = {}  # lineage → due instant in force
     records: dict[str, object] = {}  # current rule id → record
+    ever: set[str] = set()  # every rule id seen before this step
     for k, (t, content) in enumerate(steps):
         t_next = steps[k + 1][0] if k + 1 < len(steps) else datetime.max.replace(tzinfo=UTC)
         parsed = parse_payload("ai-deadlines", content, source="replay")
         now_rules = {r.rule_id: r for r in parsed.rules if instant_of(r) is not None}
         skipped = [p for p in parsed.problems if p.skipped]
+        # A skipped record under an id never seen may be any rule (its id may have changed with it).
         gone = [r for rid, r in records.items() if rid not in now_rules
-                and not any(p.may_be(rid) for p in skipped)]
+                and not any(p.may_be(rid, ever) for p in skipped)]
         came = [r for rid, r in now_rules.items() if rid not in records]
         for old, new in pair_renames(gone, came):
             exp.lineage[new.rule_id] = exp.lineage.get(old.rule_id, old.rule_id)
@@ -95,6 +97,7 @@ def expected_reminders(steps: list[tuple[datetime, bytes]]) -> Expected:
                     exp.reminders.setdefault((lin, due, o), due + timedelta(seconds=o))
         prev = current
         records = {**held, **now_rules}
+        ever |= set(records)
         exp.clock.add(t)
     exp.clock |= set(exp.reminders.values())
     return exp

@@ -198,7 +198,7 @@ def test_reconciliation_sees_a_record_withdrawn_because_it_stopped_parsing(engin
     cycle(engine, cfg, at("2026-04-01T12:00:00"))
     (tmp_path / "conf.yml").write_text(ai_deadlines(dict(FOUR[0], timezone="Russia/Moscow"), *FOUR[1:]))
     # The fault: ingest withdraws what it could not parse (no rule held back).
-    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems: [])
+    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems, known=(): [])
     cycle(engine, cfg, at("2026-04-02T12:00:00"))
     assert _ob_status(engine)["c0/submission/deadline"] == "withdrawn"
     out = reminders_owed(engine, cfg, at("2026-04-09T13:00:00"))  # c0's -P1D was 04-09 23:59:59 … not yet
@@ -208,6 +208,19 @@ def test_reconciliation_sees_a_record_withdrawn_because_it_stopped_parsing(engin
     assert "cancelled as withdrawn" in out.offenders[0]["reason"]
     report = evaluate(engine, at("2026-04-10T01:00:00"), cfg)
     assert not next(r for r in report.rows if r.check == "reminders_owed").ok
+
+
+def test_reconciliation_sees_a_withdrawal_by_a_record_broken_under_a_new_id(engine, tmp_path, monkeypatch):
+    """The same fault when the broken record's id changed too (c0 -> c0-v2): the skipped record names
+    no rule the source had, so it may have been c0, and the withdrawal is not justified."""
+    cfg = setup(tmp_path, *FOUR, offsets=("-P1D",))
+    cycle(engine, cfg, at("2026-04-01T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(dict(FOUR[0], id="c0-v2", timezone="Russia/Moscow"), *FOUR[1:]))
+    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems, known=(): [])
+    cycle(engine, cfg, at("2026-04-02T12:00:00"))
+    assert _ob_status(engine)["c0/submission/deadline"] == "withdrawn"
+    out = reminders_owed(engine, cfg, at("2026-04-10T01:00:00"))
+    assert not out.passed and out.offenders[0]["rule_id"] == "c0/submission/deadline", out
 
 
 # --------------------------------------------------------------------------- re-plan months after rolling

@@ -216,7 +216,8 @@ def diff_snapshots(old: list[RuleRecord], new: list[RuleRecord], new_problems: l
     out = _diff(old, new)
     skipped = [p for p in new_problems or () if p.skipped]
     if skipped:
-        keep = [c for c in out.withdrawn if any(p.may_be(c.rule_id) for p in skipped)]
+        known = [r.rule_id for r in old]
+        keep = [c for c in out.withdrawn if any(p.may_be(c.rule_id, known) for p in skipped)]
         out.unparsed = keep
         out.withdrawn = [c for c in out.withdrawn if c not in keep]
     pairs = pair_renames([c.old for c in out.withdrawn], [c.new for c in out.added])

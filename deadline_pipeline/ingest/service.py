@@ -223,7 +223,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     # Only skipped records that may be a rule in force count; an entry announcing no deadline yet
     # (a real feed's "not announced") is information: not red, not an error keeping the source unconfirmed.
     counted = counted_problems(parsed.problems, diff.withdrawn)
-    held = [] if force else held_back(diff.withdrawn, counted)
+    held = [] if force else held_back(diff.withdrawn, counted, known=latest.keys())
     if held:
         diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
         log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",

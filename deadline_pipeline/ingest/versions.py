@@ -53,12 +53,15 @@ def diff_rules(latest: dict[str, dict], parsed: list[RuleRecord]) -> RuleDiff:
     return diff
 
 
-def held_back(withdrawn: Iterable[str], problems: Iterable) -> list[str]:
+def held_back(withdrawn: Iterable[str], problems: Iterable, known: Iterable[str] = ()) -> list[str]:
     """The rule ids among ``withdrawn`` (missing from a snapshot) that a skipped record of that
-    snapshot may have yielded (:meth:`ParseProblem.may_be`): they are not withdrawn — only a
-    parseable snapshot that lacks a rule withdraws it — and keep their last good version in force."""
+    snapshot may have yielded (:meth:`ParseProblem.may_be`; ``known``: the source's rule ids before
+    the snapshot, so that a skipped record under an id never seen may be any of them): they are not
+    withdrawn — only a parseable snapshot that lacks a rule withdraws it — and keep their last good
+    version in force."""
     skipped = [p for p in problems if p.skipped]
-    return sorted(rid for rid in withdrawn if any(p.may_be(rid) for p in skipped))
+    known = list(known)
+    return sorted(rid for rid in withdrawn if any(p.may_be(rid, known) for p in skipped))
 
 
 # Slack around "now" when judging whether a rule is still ahead: a zone offset is at most ±14 h.

@@ -46,15 +46,17 @@ log = logging.getLogger(__name__)
 DEFAULT_LOOKBACK = timedelta(days=7)
 
 
-def _withdrawal_justified(rule_id: str, report: dict | None) -> bool:
+def _withdrawal_justified(rule_id: str, report: dict | None, known: list[str]) -> bool:
     """Whether a snapshot with this parse report may withdraw ``rule_id``: it skipped no record that
-    may have been the rule, or a human accepted its skipped records."""
+    may have been the rule (``known``: the source's rule ids, so that a skipped record under an id
+    never seen may be any rule, see :meth:`ParseProblem.may_be`), or a human accepted its skipped
+    records."""
     if not report or report.get("accepted"):
         return True
     if report.get("skipped_count", 0) > len(report.get("skipped") or []):
         # The stored list was capped: an unlisted skipped record may be this rule.
         return False
-    return not any(ParseProblem(p.get("position", ""), p.get("message", ""), p.get("record_id")).may_be(rule_id)
+    return not any(ParseProblem(p.get("position", ""), p.get("message", ""), p.get("record_id")).may_be(rule_id, known)
                    for p in report.get("skipped") or [])
 
 
@@ -70,13 +72,14 @@ def rules_in_force(conn, source_id: int) -> list[tuple[int, RuleRecord, datetime
     by_rule: dict[str, list] = {}
     for r in rows:
         by_rule.setdefault(r.rule_id, []).append(r)
+    known = list(by_rule)
     out = []
     for rule_id, versions in by_rule.items():
         in_force = None
         for v in versions:
             if not v.withdrawn:
                 in_force = v
-            elif _withdrawal_justified(rule_id, v.parse_report):
+            elif _withdrawal_justified(rule_id, v.parse_report, known):
                 in_force = None
         if in_force is not None:
             out.append((in_force.version, RuleRecord.from_payload(in_force.payload), in_force.valid_from))

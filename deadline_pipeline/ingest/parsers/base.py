@@ -13,6 +13,7 @@ Parsing is *lenient per record, strict per payload*:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from deadline_pipeline.rules import RuleRecord
@@ -48,12 +49,25 @@ class ParseProblem:
     skipped: bool = True
     unannounced: bool = False
 
-    def may_be(self, rule_id: str) -> bool:
-        """Whether ``rule_id`` may be one of the rules this skipped record would have yielded."""
+    def may_be(self, rule_id: str, known: Iterable[str] = ()) -> bool:
+        """Whether ``rule_id`` may be one of the rules this skipped record would have yielded.
+
+        ``known``: the rule ids the source had before this snapshot. A skipped record whose id names
+        none of them may be any rule: the edit that broke the record may also have changed its id
+        (an ICS UID given a ``-v2`` suffix, a conference renamed), and matched by id alone the rule it
+        was would be withdrawn and its reminders cancelled, with a "withdrawn" notice to the
+        subscriber, while the source only failed to parse.
+        """
         if not self.skipped:
             return False
         if self.record_id is None:
             return True  # the id is unreadable: any missing rule may be this record
+        if self._names(rule_id):
+            return True
+        known = list(known)
+        return bool(known) and not any(self._names(k) for k in known)
+
+    def _names(self, rule_id: str) -> bool:
         rid = self.record_id
         return rule_id == rid or rule_id.startswith((rid + "/", rid + "#"))
 
