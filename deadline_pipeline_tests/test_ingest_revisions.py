@@ -467,17 +467,23 @@ def test_freshness_window_is_judged_at_now(engine, tmp_path):
 
 # --- entries that announce no deadline ----------------------------------------------------------------
 
+def _five_planned(engine, tmp_path):
+    """Five editions ingested and planned at T0 (one of five is under the quarantine's share):
+    ``(editions, config, source, pending alerts)``."""
+    editions = [_edition(i) for i in range(1, 6)]
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    src = cfg.sources[0]
+    _ingest(engine, src, T0)
+    plan_all(engine, cfg, T0)
+    return editions, cfg, src, {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
+
+
 def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
     """An entry still present with its id but without ``deadline``: the rule in force is held (not
     withdrawn, its reminders not cancelled), rules_complete is red, and the source stays fresh."""
     from deadline_pipeline.watch.sources import rules_complete
 
-    editions = [_edition(i) for i in range(1, 6)]  # one of five: under the quarantine's share
-    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
-    src = cfg.sources[0]
-    _ingest(engine, src, T0)
-    plan_all(engine, cfg, T0)
-    before = {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
+    editions, cfg, src, before = _five_planned(engine, tmp_path)
     assert before
     lost = {k: v for k, v in editions[1].items() if k != "deadline"}
     (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], lost, *editions[2:]))
@@ -502,12 +508,7 @@ def test_entry_broken_under_a_new_id_keeps_the_rule_in_force(engine, tmp_path):
     from deadline_pipeline.watch.reconcile import reminders_owed
     from deadline_pipeline.watch.sources import rules_complete
 
-    editions = [_edition(i) for i in range(1, 6)]  # one of five: under the quarantine's share
-    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
-    src = cfg.sources[0]
-    _ingest(engine, src, T0)
-    plan_all(engine, cfg, T0)
-    before = {k: v for k, v in _alerts(engine).items() if v[2] == "pending"}
+    editions, cfg, src, before = _five_planned(engine, tmp_path)
     broken = _edition(2, id="c227-v2", deadline="2027-03-45 23:59")
     (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], broken, *editions[2:]))
     _, out = _ingest(engine, src, T0 + timedelta(hours=1))
