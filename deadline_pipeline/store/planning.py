@@ -391,25 +391,6 @@ def insert_new_alerts(conn: Connection, rows: Iterable[tuple], now: datetime) ->
     return copy_binary(conn, alerts.name, NEW_ALERT_COLUMNS, records())
 
 
-def copy_lines(conn: Connection, table: str, columns: list[str], lines: Iterable[str]) -> int:
-    """``COPY table (columns) FROM STDIN`` of ready COPY text lines (each ending in a newline), sent in
-    batches (PostgreSQL only). Returns the lines written."""
-    n = 0
-    batch: list[str] = []
-    with conn.connection.dbapi_connection.cursor() as cur, \
-            cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-        for line in lines:
-            batch.append(line)
-            if len(batch) >= _COPY_BATCH:
-                copy.write("".join(batch))
-                n += len(batch)
-                batch = []
-        if batch:
-            copy.write("".join(batch))
-            n += len(batch)
-    return n
-
-
 # COPY binary format (PostgreSQL): a header; per row a 16-bit field count, then per field a 32-bit
 # length (-1: NULL) and the value in its type's binary form; a 16-bit -1 at the end. The server
 # then parses nothing: with text, reading the lines, numbers and ISO instants of a first plan's
@@ -554,16 +535,20 @@ def copy_new_obligations(conn: Connection, rows: list[tuple], now: datetime,
     with conn.connection.dbapi_connection.cursor() as cur:
         # One array, read by the driver (not 20,000 result rows through the ORM layer), and the
         # sequence looked up once (a scalar subquery), not once per row: per row that lookup cost
-        # more than drawing the ids themselves (80 ms against 10 ms for 20,000 ids).
-        cur.execute("SELECT array(SELECT nextval((SELECT pg_get_serial_sequence('obligations', 'id')::regclass)) "
-                    "FROM generate_series(1, %(n)s))", {"n": len(rows)})
+        # more than drawing the ids themselves (80 ms against 10 ms for 20,000 ids). The same
+        # statement remembers the ids in ``planned_ids`` (the CTE is evaluated once, so both see
+        # the same ids): one round trip per chunk where a second COPY took three. Undone with the
+        # chunk's savepoint when the obligations' COPY below fails.
+        cur.execute("WITH ids AS MATERIALIZED (SELECT nextval((SELECT pg_get_serial_sequence('obligations', 'id')"
+                    "::regclass)) AS id FROM generate_series(1, %(n)s)), "
+                    f"remembered AS (INSERT INTO {planned_ids.name} (id) SELECT id FROM ids) "
+                    "SELECT array(SELECT id FROM ids)", {"n": len(rows)})
         (ids,) = cur.fetchone()
     if records is None:
         records = new_obligation_records(rows, now)
     width = 1 + len(NEW_OBLIGATION_COLUMNS)
     copy_binary(conn, obligations.name, ["id", *NEW_OBLIGATION_COLUMNS],
                 (_pack_row_id(width, 8, i) + fields for i, fields in zip(ids, records, strict=True)))
-    copy_lines(conn, planned_ids.name, ["id"], (f"{i}\n" for i in ids))
     return {row[0]: i for row, i in zip(rows, ids, strict=True)}
 
 
