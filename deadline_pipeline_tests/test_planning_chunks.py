@@ -1,9 +1,10 @@
 """Planning at scale, on SQLite and PostgreSQL: chunked writes give the same plan as one chunk, a
-no-op re-plan neither rewrites nor locks a row, and the COPY text path keeps every value intact."""
+no-op re-plan neither rewrites nor locks a row, and the COPY text and binary paths keep every value
+intact."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import select, text
@@ -131,6 +132,50 @@ def test_copy_text_refuses_a_naive_instant():
         list(sql._copy_lines([(1, datetime(2027, 1, 1))]))
 
 
+def test_copy_binary_keeps_values_and_refuses_what_the_server_would_misread(engine):
+    """The binary COPY of new obligations and alerts: text with tabs, newlines and non-ASCII, NULL,
+    64-bit ids and instants to the microsecond (before and after 2000, PostgreSQL's epoch) come back
+    exactly. A naive instant raises ``ValueError``, and a value of another type than its column
+    ``TypeError``: the server checks binary fields only by length, so a 4-character string sent as
+    an int4 would be stored as a number."""
+    kinds = ("int4", "text", "int8", "timestamptz", "text", "timestamptz")
+    rows = [(-86400, "ch\t1\nä\\N", 2**40, datetime(2027, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), None,
+             datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=UTC)),
+            (7, "", 1, datetime(2027, 3, 1, 9, tzinfo=timezone(timedelta(hours=2))), "x", None)]
+    for bad in [(1, 2, 3, None, None, None), ("1234", "x", 3, None, None, None)]:
+        with pytest.raises(TypeError, match="cannot be written"):
+            list(sql._binary_fields([bad], kinds))
+    with pytest.raises(ValueError, match="naive"):
+        list(sql._binary_fields([(1, "x", 3, datetime(2027, 1, 1), None, None)], kinds))
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMPORARY TABLE binary_copy (a int4, b varchar(20), c int8, d timestamptz, "
+                             "e text, f timestamptz)")
+        n = sql.copy_binary(conn, "binary_copy", list("abcdef"),
+                            (sql._pack_count(len(kinds)) + f for f in sql._binary_fields(rows, kinds)))
+        got = [tuple(r) for r in conn.exec_driver_sql("SELECT * FROM binary_copy ORDER BY c DESC").all()]
+        conn.exec_driver_sql("DROP TABLE binary_copy")
+    assert n == 2
+    assert got == rows
+
+
+def test_binary_copy_column_types_are_the_store_columns(engine):
+    """The binary COPY sends each value in the form of its column's type; a column whose type a
+    migration changed must change the encoder too (the server would refuse the data loudly, but
+    only at the first plan that writes new obligations)."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the binary COPY is PostgreSQL's")
+    as_sent = {"varchar": "text", "text": "text", "int4": "int4", "int8": "int8", "timestamptz": "timestamptz"}
+    with engine.connect() as conn:
+        types = {(t, c): as_sent.get(u, u) for t, c, u in conn.exec_driver_sql(
+            "SELECT table_name, column_name, udt_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name IN ('obligations', 'alerts')").all()}
+    assert [types["alerts", c] for c in sql.NEW_ALERT_COLUMNS] == list(sql._NEW_ALERT_KINDS)
+    assert [types["obligations", c] for c in ["id", *sql.NEW_OBLIGATION_COLUMNS]] == [
+        "int8", *sql._NEW_OBLIGATION_KINDS]
+
+
 def test_reminder_dedup_keys_are_alert_dedup_keys():
     due = datetime(2027, 3, 1, 9, tzinfo=UTC)
     slots = [(-86400, "mail"), (-604800, "hook"), (0, "chännel")]
@@ -143,7 +188,7 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
     """PostgreSQL COPYs a chunk it guesses all new straight in; when the guess is wrong (stored keys
     the sample missed, or a concurrent run) the unique index refuses the COPY, the savepoint undoes
     it, and the chunk is merged: nothing duplicated, nothing lost, the fallback counted and logged —
-    also when the chunk's alert rows and COPY text were prepared ahead because the store looked
+    also when the chunk's alert rows and COPY fields were prepared ahead because the store looked
     empty."""
     if engine.dialect.name != "postgresql":
         pytest.skip("the direct COPY of new chunks is PostgreSQL's; SQLite always merges")
@@ -171,7 +216,7 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
 
 def test_a_first_plan_prepares_new_chunks_ahead_and_starts_small(engine, tmp_path, monkeypatch):
     """On PostgreSQL a first plan's chunks grow from an eighth of ``CHUNK_OBLIGATIONS`` (the database
-    waits while the first one is planned) and arrive with their alert rows and COPY text built by
+    waits while the first one is planned) and arrive with their alert rows and COPY fields built by
     the planning thread; the result is the same plan as one chunk, and a re-plan (a store with
     obligations) takes full-size chunks and prepares nothing it may not need."""
     cfg = _config(tmp_path, [MONTHLY, ONCE, *OTHERS])

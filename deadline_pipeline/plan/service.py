@@ -289,8 +289,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             failed_rules: set[tuple[int, str]] = set()
             cache: dict = {}
             # A store without obligations gets new chunks only, until one turns out not to be new:
-            # while that holds, the planning thread also builds each chunk's alert rows and COPY text
-            # (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
+            # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
+            # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
             expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
             chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
                 targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
@@ -407,26 +407,26 @@ def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str
 @dataclass
 class _Prepared:
     """One planned chunk, ready to write: its obligation rows (:data:`~deadline_pipeline.store.planning.OB_COLS`
-    order) and, for a chunk expected to be all new, each obligation's alert rows and COPY text (in
-    the chunk's order; ``None`` otherwise)."""
+    order) and, for a chunk expected to be all new, each obligation's alert rows and binary COPY
+    fields (in the chunk's order; ``None`` otherwise)."""
 
     chunk: dict[str, _Planned]
     rows: list[tuple]
     alerts: list[list[tuple[tuple, str]]] | None = None
-    texts: list[str] | None = None
+    records: list[bytes] | None = None
 
 
 def _prepare(chunk: dict[str, _Planned], now: datetime, cache: dict, expect_new: bool) -> _Prepared:
     """Everything a chunk's write needs that is pure Python, built on the planning thread: the
     obligation rows and, when ``expect_new``, the alert rows (one hash per alert: most of a first
-    plan's client time) and the obligations' COPY text, so the writing thread only streams them.
+    plan's client time) and the obligations' binary COPY fields, so the writing thread only streams them.
     A wrong expectation costs only this work: a chunk that is not all new is merged as usual."""
     rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
              o.fingerprint) for o in (p.ob for p in chunk.values())]
     if not expect_new:
         return _Prepared(chunk, rows)
     return _Prepared(chunk, rows, [_alerts_of(p, now, cache) for p in chunk.values()],
-                     sql.new_obligation_texts(rows, now))
+                     sql.new_obligation_records(rows, now))
 
 
 def _write_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,
@@ -503,7 +503,7 @@ def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome,
     chunk, rows = prepared.chunk, prepared.rows
     built = prepared.alerts
     if built is not None:
-        ids = sql.copy_new_obligations(conn, rows, now, prepared.texts)
+        ids = sql.copy_new_obligations(conn, rows, now, prepared.records)
     else:
         copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
         try:
