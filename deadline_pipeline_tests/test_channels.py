@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import mailbox
+import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from aiosmtpd.smtp import AuthResult
 from deadline_pipeline.config import MaildirChannel, SlackChannel, SmtpChannel, WebhookChannel
 from deadline_pipeline.deliver.channels.base import Channel, build_channel
 from deadline_pipeline.deliver.channels.webhook import parse_retry_after
-from deadline_pipeline.deliver.notification import DeliveryError, Notification
+from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render
 from deadline_pipeline_tests.drip_server import DripServer
 from deadline_pipeline_tests.factories import free_port, loopback_policy
@@ -463,12 +464,11 @@ def _ends_in_time(send, server: DripServer) -> DeliveryError:
     return info.value
 
 
-@pytest.mark.parametrize("where", ["headers", "body"])
-def test_webhook_send_ends_within_its_timeout_however_the_answer_drips(where):
-    """A receiver dripping its answer a byte every 0.2 s (each read well within the 1 s timeout)
-    must not hold the blocking send (escalation notices, watchdog pages) past its timeout: unknown,
-    retryable, on time - whether the drip is in the header block or in the body."""
-    with DripServer(where) as server:
+def test_webhook_send_ends_within_its_timeout_however_the_answer_drips():
+    """A receiver dripping its header block a byte every 0.2 s (each read well within the 1 s
+    timeout) must not hold the blocking send (escalation notices, watchdog pages) past its timeout:
+    unknown, retryable, on time."""
+    with DripServer("headers") as server:
         ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=DRIP_TIMEOUT),
                            network=loopback_policy())
         try:
@@ -479,11 +479,10 @@ def test_webhook_send_ends_within_its_timeout_however_the_answer_drips(where):
     assert "ReadTimeout" in str(err)
 
 
-@pytest.mark.parametrize("where", ["headers", "body"])
-def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips(where):
+def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips():
     """The sweep's transport, the same receiver: the send must not outlast the timeout its lease
     was sized for: unknown, retryable, on time."""
-    with DripServer(where) as server:
+    with DripServer("headers") as server:
         ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=DRIP_TIMEOUT),
                            network=loopback_policy())
 
@@ -495,6 +494,104 @@ def test_webhook_async_send_ends_within_its_timeout_however_the_answer_drips(whe
 
         err = _ends_in_time(lambda: asyncio.run(go()), server)
     assert (err.permanent, err.outcome) == (False, "unknown")
+
+
+def _both_transports(url: str) -> list:
+    """``(name, result or DeliveryError, seconds)`` of one send to ``url`` through each transport."""
+    out = []
+    for name in ("blocking", "async"):
+        ch = build_channel("hook", WebhookChannel(type="webhook", timeout_seconds=DRIP_TIMEOUT),
+                           network=loopback_policy())
+        started = time.monotonic()
+        try:
+            if name == "blocking":
+                res = ch.send(make_notification(webhook_url=url))
+            else:
+                async def go():
+                    try:
+                        return await ch.send_async(make_notification(webhook_url=url))
+                    finally:
+                        await ch.aclose()
+
+                res = asyncio.run(go())
+        except DeliveryError as exc:
+            res = exc
+        finally:
+            ch.close()
+        out.append((name, res, time.monotonic() - started))
+    return out
+
+
+def test_a_2xx_whose_body_drips_is_delivered_on_time_not_resent():
+    """The status line is the acknowledgement: a 200 whose body drips past the timeout is delivered
+    (without the receiver's id), on time. As an unknown outcome it was resent - a duplicate each
+    attempt - and finally escalated as failed."""
+    with DripServer("body") as server:
+        results = _both_transports(f"{server.url}/ok")
+    for name, res, took in results:
+        assert isinstance(res, SendResult), (name, res)
+        assert res.provider_message_id.startswith("HTTP 200 (answer body unread"), (name, res)
+        assert took < DRIP_TIMEOUT + DRIP_SLACK, (name, took)
+    assert server.requests == 2
+
+
+class _FloodServer:
+    """Answers every request with ``status`` and a body announced as 10 GB, streamed as fast as the
+    client reads it, until the client goes away."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.sent = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 {self.status} X\r\nContent-Type: text/plain\r\n"
+                             f"Content-Length: {10 ** 10}\r\n\r\n".encode())
+                block = b"0" * 65536
+                while self.sent < 10 ** 10:
+                    conn.sendall(block)
+                    self.sent += len(block)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize(("status", "delivered"), [(200, True), (500, False)])
+def test_an_endless_answer_is_read_only_up_to_the_limit(status, delivered):
+    """A receiver announcing and streaming a 10 GB answer: each transport reads at most
+    ANSWER_LIMIT bytes (it filled memory for the whole timeout), then judges the status: 200
+    delivered, 500 a retryable unknown naming the status."""
+    from deadline_pipeline.deliver.channels.webhook import ANSWER_LIMIT
+
+    server = _FloodServer(status)
+    try:
+        results = _both_transports(f"{server.url}/ok")
+    finally:
+        server.close()
+    for name, res, took in results:
+        if delivered:
+            assert isinstance(res, SendResult) and res.provider_message_id == "HTTP 200", (name, res)
+        else:
+            assert isinstance(res, DeliveryError) and res.outcome == "unknown" and "HTTP 500" in str(res), (name, res)
+        assert took < DRIP_TIMEOUT, (name, took)
+    # What the receiver got out before the client closed: the limit plus the socket buffers, not GBs.
+    assert server.sent < 2 * 10 ** 8, server.sent
+    assert ANSWER_LIMIT == 64 * 1024
 
 
 @pytest.mark.parametrize("where", ["headers", "body"])

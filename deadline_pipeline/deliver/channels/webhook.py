@@ -22,6 +22,9 @@ configuration names ``secret_env``, ``webhook-signature: v1,<base64 HMAC-SHA256 
 Answers and failures:
 
 * 2xx: sent; ``provider_message_id`` = the response JSON's ``"id"`` when present, else ``"HTTP <status>"``.
+  The status line is the receiver's acknowledgement: a 2xx whose body does not arrive within the
+  timeout, or breaks off, is sent too (``"HTTP <status> (answer body unread: …)"``, logged), not an
+  unknown outcome resent until escalated. At most :data:`ANSWER_LIMIT` bytes of any answer are read.
 * 408, 429, 503: not processed, retryable ``"failed"``; ``Retry-After`` (seconds or HTTP date) is
   passed on as ``retry_after`` seconds.
 * other 5xx: retryable ``"unknown"`` (the receiver may have acted before failing, e.g. 500, or a
@@ -83,6 +86,11 @@ NOT_PROCESSED_STATUSES = (408, 429, 503)
 SECRET_PREFIX = "whsec_"
 
 # json.dumps(..., ensure_ascii=False, separators=(",", ":")) builds this same encoder on every call.
+# The most of a receiver's answer that is read, in bytes: ample for its id and an error's text. A
+# receiver streaming gigabytes in answer (or announcing them) would otherwise fill the sweep's memory
+# within the send's timeout.
+ANSWER_LIMIT = 64 * 1024
+
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 # The C encoder behind _JSON, built once: JSONEncoder.encode() sets up a new one (and a closure) for
 # every document, ~1.3 µs of the ~7 µs an alert's body took to encode (CPU time, median of 60 runs
@@ -371,8 +379,23 @@ class WebhookSender:
             # receiver dripping its headers or body a byte at a time held this send (and with it the
             # sweep's bookkeeping thread, which sends escalation notices, or a watchdog page) for as
             # long as it liked. The deadline bounds the whole request, headers and body.
-            with request_deadline(self.cfg.timeout_seconds):
-                response = self._client.post(url, content=body, headers=headers)
+            with request_deadline(self.cfg.timeout_seconds), \
+                    self._client.stream("POST", url, content=body, headers=headers) as response:
+                status, reason, answer_headers = response.status_code, response.reason_phrase, response.headers
+                try:
+                    length = response.headers.get("Content-Length", "")
+                    if length.isdigit() and int(length) <= ANSWER_LIMIT:
+                        raw = response.read()
+                    else:
+                        raw = b""
+                        for chunk in response.iter_bytes():
+                            raw += chunk
+                            if len(raw) >= ANSWER_LIMIT:
+                                break
+                except httpx.TransportError as exc:
+                    if 200 <= status < 300:
+                        return self._accepted(url, status, exc)
+                    raise
         except OutboundRefused as exc:
             # Before any connection: permanent, a retry would be refused the same way.
             raise self._error(url, str(exc), permanent=True) from None
@@ -388,9 +411,18 @@ class WebhookSender:
                 url, f"no answer after sending, the alert may have been delivered: {type(exc).__name__}: {exc}",
                 permanent=False, outcome="unknown",
             ) from exc
-        text = response.text
-        return classify(self.name, url, response.status_code, response.reason_phrase, response.headers, text,
-                        response_id_of(text))
+        text = raw[:ANSWER_LIMIT].decode("utf-8", "replace")
+        return classify(self.name, url, status, reason, answer_headers, text, response_id_of(text))
+
+    def _accepted(self, url: str, status: int, exc: BaseException) -> SendResult:
+        """A 2xx status line whose body did not arrive in time (or broke off): the receiver accepted
+        the alert (Standard Webhooks: a 2xx answer is the acknowledgement), so it is delivered, without
+        the receiver's id. Resending it would only duplicate it, attempt after attempt, until escalated
+        as failed."""
+        log.warning("channel %r (webhook %s): answered HTTP %d, but its body did not arrive (%s: %s); "
+                    "recorded as delivered without the receiver's id", self.name, redact_url(url), status,
+                    type(exc).__name__, exc)
+        return SendResult(provider_message_id=f"HTTP {status} (answer body unread: {type(exc).__name__})")
 
     # ------------------------------------------------------------------ asyncio (aiohttp)
 
@@ -411,7 +443,21 @@ class WebhookSender:
             )
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
-                raw = await response.read()
+                try:
+                    length = response.content_length
+                    if length is not None and length <= ANSWER_LIMIT:
+                        raw = await response.read()  # the usual answer: one read, as fast as before
+                    else:
+                        raw = b""
+                        while len(raw) < ANSWER_LIMIT:
+                            chunk = await response.content.read(ANSWER_LIMIT - len(raw))
+                            if not chunk:
+                                break
+                            raw += chunk
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    if 200 <= response.status < 300:
+                        return self._accepted(url, response.status, exc)
+                    raise
                 text = raw.decode("utf-8", "replace")
                 return classify(self.name, url, response.status, response.reason or "", response.headers, text,
                                 response_id_of(text))
