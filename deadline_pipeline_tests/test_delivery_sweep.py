@@ -323,7 +323,8 @@ def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver
     server, base = receiver
     [bad] = seed(engine, 1, webhook_url=f"{base}/bad")  # 400: permanent, escalated in the first batch
     good = seed(engine, 5, webhook_url=f"{base}/ok")
-    with DripServer("body", every=0.5) as oncall:
+    # Dripping its header block: a dripping body after a 200 would be an acknowledged notice.
+    with DripServer("headers", every=0.5) as oncall:
         cfg = DeadlinesConfig(
             channels={"hook": WebhookChannel(type="webhook", timeout_seconds=5),
                       "ops": WebhookChannel(type="webhook", timeout_seconds=1)},
