@@ -156,3 +156,19 @@ def test_sigkill_mid_batch_loses_nothing_and_repeats_only_the_killed_batch(pg_ur
                                .where(delivery_attempts.c.outcome == "unknown")).scalars().all()
     assert len(unknown) == out.recovered_unknown
     engine.dispose()
+
+
+def test_more_processes_than_cores_are_warned_about(pg_url, recorder, monkeypatch, caplog):
+    """delivery.processes: 32 on a 2-core host was accepted in silence and took 2.5x as long as 2."""
+    import deadline_pipeline.deliver.sweep as sweep_module
+
+    server, hook = recorder
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    seed(engine, 4, webhook_url=hook)
+    monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 1)
+    with caplog.at_level("WARNING", logger="deadline_pipeline.deliver.sweep"):
+        out = sweep(engine, _config(processes=2), T0)
+    assert out.delivered == 4 and out.processes == 2
+    assert any("delivery.processes is 2, but this host has 1 core(s)" in r.getMessage() for r in caplog.records)
+    engine.dispose()
