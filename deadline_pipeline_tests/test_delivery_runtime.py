@@ -209,3 +209,36 @@ def test_a_sweep_going_down_starts_no_queued_send_and_charges_only_sends_past_th
     # Rows only for the sends that passed the start gate (at most the lane's 8 at once), kept as
     # possibly started; the other 22 or more alerts have none.
     assert ch.started <= rows <= 8
+
+
+def test_an_alert_queued_as_the_last_lane_worker_leaves_is_still_sent():
+    """A lane of one worker: its last send returns and, in the same loop step, another batch's alert
+    is queued (a claim finishing at that moment). Counted by a done callback, the leaving worker
+    still looked busy then: no worker was started, the alert stayed queued and the sweep hung."""
+    from deadline_pipeline.deliver.sweep import _Batch, _Lane, _Result
+
+    class Sweep:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+            self.after_first = None
+
+        async def _send(self, r, claimed_at) -> None:
+            self.sent.append(r.row["id"])
+            if r.row["id"] == 1:
+                # Runs right after this worker's last step, before its done callbacks.
+                asyncio.get_running_loop().call_soon(self.after_first)
+
+    fake = Sweep()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        lane = _Lane(fake, concurrency=1, rate=None)
+        first = _Batch("o#c1", [], loop.create_future(), pending=1)
+        second = _Batch("o#c2", [], loop.create_future(), pending=1)
+        fake.after_first = lambda: lane.put(_Result(row={"id": 2}), 0.0, second)
+        lane.put(_Result(row={"id": 1}), 0.0, first)
+        await asyncio.wait_for(first.sends, 1)
+        await asyncio.wait_for(second.sends, 1)
+
+    asyncio.run(main())
+    assert fake.sent == [1, 2]

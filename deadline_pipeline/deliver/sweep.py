@@ -196,18 +196,29 @@ class _Lane:
         self.sweep = sweep
         self.concurrency = concurrency
         self.queue: deque[tuple[_Result, float, _Batch]] = deque()
-        self.workers: set[asyncio.Task] = set()
+        self.workers: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
+        self.active = 0  # workers that have not decided to leave
         self._interval = 1.0 / rate if rate else 0.0
         self._next = 0.0
 
     def put(self, r: _Result, claimed_at: float, batch: _Batch) -> None:
         self.queue.append((r, claimed_at, batch))
-        if len(self.workers) < self.concurrency:
+        if self.active < self.concurrency:
+            self.active += 1
             task = asyncio.get_running_loop().create_task(self._work())
             self.workers.add(task)
             task.add_done_callback(self.workers.discard)
 
     async def _work(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            # Counted down in the step that found the queue empty, not by a done callback: that runs
+            # a step later, and a put() in between saw this worker still counted, started none, and
+            # left its alert queued with no worker - the batch never ended and the sweep hung.
+            self.active -= 1
+
+    async def _serve(self) -> None:
         queue = self.queue
         while queue:
             r, claimed_at, batch = queue.popleft()
