@@ -242,3 +242,31 @@ def test_an_alert_queued_as_the_last_lane_worker_leaves_is_still_sent():
 
     asyncio.run(main())
     assert fake.sent == [1, 2]
+
+
+def test_a_cancelled_batch_starts_no_send_waiting_for_its_rate_slot():
+    """A lane spacing sends at 5 per second: when the batch is cancelled (the sweep going down), the
+    worker waiting for its next slot is cancelled with it; woken, it started one more send."""
+    from deadline_pipeline.deliver.sweep import _Batch, _Lane, _Result
+
+    class Sweep:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        async def _send(self, r, claimed_at) -> None:
+            self.sent.append(r.row["id"])
+
+    fake = Sweep()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        lane = _Lane(fake, concurrency=1, rate=5)
+        batch = _Batch("o#c1", [], loop.create_future(), pending=3)
+        for i in range(3):
+            lane.put(_Result(row={"id": i}), 0.0, batch)
+        await asyncio.sleep(0.05)  # the first sent, the worker waits 0.2 s for the second's slot
+        batch.cancel()
+        await asyncio.sleep(0.5)
+
+    asyncio.run(main())
+    assert fake.sent == [0]

@@ -224,18 +224,21 @@ class _Lane:
             r, claimed_at, batch = queue.popleft()
             if batch.sends.done():
                 continue  # its batch was cancelled (the sweep is going down): never started, not charged
+            task = asyncio.current_task()
             try:
-                if self._interval:
-                    now = time.monotonic()
-                    slot = max(now, self._next)
-                    self._next = slot + self._interval
-                    if slot > now:
-                        await asyncio.sleep(slot - now)
-                batch.running.add(asyncio.current_task())
+                # Counted as running from here: a worker waiting out the rate spacing is cancelled
+                # with its batch too, or it would wake and start a send while the sweep goes down.
+                batch.running.add(task)
                 try:
+                    if self._interval:
+                        now = time.monotonic()
+                        slot = max(now, self._next)
+                        self._next = slot + self._interval
+                        if slot > now:
+                            await asyncio.sleep(slot - now)
                     await self.sweep._send(r, claimed_at)
                 finally:
-                    batch.running.discard(asyncio.current_task())
+                    batch.running.discard(task)
             except BaseException as exc:
                 # _send raises only what stops the process (KeyboardInterrupt, SystemExit) or this
                 # worker's cancellation: the batch ends with it, as its gather did, never hangs.
