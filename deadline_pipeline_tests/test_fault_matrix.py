@@ -314,7 +314,7 @@ def test_record_that_stops_parsing_withdrawn_by_ingest(engine, tmp_path, feed, m
     cycle(engine, cfg, T0)
     good = feed.body
     feed.body = ics(*RULES, dict(MONTHLY, rrule="FREQ=MONTHLYY"))
-    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems: [])  # the fault
+    monkeypatch.setattr(ingest_service, "held_back", lambda withdrawn, problems, known=(): [])  # the fault
     broke_at = T0 + timedelta(hours=1)
     cycle(engine, cfg, broke_at)
     assert _count(engine, obligations, obligations.c.status == "withdrawn", obligations.c.rule_id == "monthly@test")
