@@ -312,7 +312,7 @@ def test_misspelt_configuration_key_gets_a_suggestion(tmp_path):
     text = str(err.value)
     assert "subscriptions[0].ofsets: unknown key; did you mean `offsets`?" in text
     assert "sources[0].tenat: unknown key; did you mean `tenant`?" in text
-    assert "channels.m.smtp.hots: unknown key; did you mean `host`?" in text
+    assert "channels.m.hots: unknown key; did you mean `host`?" in text
 
 
 def test_run_summary_says_what_this_run_did(tmp_path):
