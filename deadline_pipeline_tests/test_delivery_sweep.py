@@ -481,8 +481,8 @@ def test_c27_backlog_drains_over_consecutive_runs_within_limits(engine, receiver
         out = sweep(engine, cfg, T0)
         runs.append(out.delivered)
         # A guard against a sweep that makes no progress, not a rate: how much a 0.6 s budget delivers
-        # depends on the machine's load (about 100 a run when idle).
-        assert len(runs) < 60, runs
+        # depends on the machine's load (about 100 a run when idle, 4-21 seen under heavy load).
+        assert len(runs) < 300, runs
     assert len(runs) >= 2, "the budget split the backlog over several runs"
     ids = [json.loads(r["body"])["data"]["id"] for r in server.requests]
     assert len(ids) == len(set(ids)) == 300
