@@ -118,14 +118,14 @@ def open_store(db_url: str | None):
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-    from deadline_pipeline.store.db import default_db_url, get_engine, normalise_url
+    from deadline_pipeline.store.db import StoreUrlError, check_store_url, default_db_url, get_engine, normalise_url
 
     url = normalise_url(db_url) if db_url else default_db_url()
     try:
-        shown = make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        _fail_input(f"--db-url / DEADLINE_DB_URL: {url!r} is not a database URL "
-                    "(e.g. postgresql+psycopg://user@host/db or sqlite:///path/store.sqlite3)")
+        check_store_url(url)
+    except StoreUrlError as exc:
+        _fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
+    shown = make_url(url).render_as_string(hide_password=True)
     try:
         return get_engine(db_url)
     except (ArgumentError, NoSuchModuleError) as exc:

@@ -98,6 +98,40 @@ def test_status_and_watchdog_on_a_store_that_was_never_initialised(tmp_path, db_
         assert not home.exists()  # neither the folder nor an empty store file
 
 
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["status"], ["watchdog"], ["run"]])
+@pytest.mark.parametrize(("url", "expected"), [
+    ("mysql://ops:s3cret@db.example/deadlines",
+     "store mysql://ops:***@db.example/deadlines: 'mysql' is not supported; the store runs on PostgreSQL or SQLite"),
+    ("not a url", "'not a url' is not a database URL"),
+])
+def test_store_url_of_another_database_is_refused_naming_it(tmp_path, command, url, expected):
+    """A URL of a database the store does not run on is refused before any driver is imported: it
+    raised ``ModuleNotFoundError: No module named 'MySQLdb'`` (with a traceback) before."""
+    args = [*command, "--db-url", url]
+    if command != ["db", "upgrade"]:
+        args += ["--config", str(EXAMPLES / "deadlines.yaml")]
+    res = _run(args, tmp_path)
+    assert res.exit_code == 2, res.output
+    assert expected in res.output
+    assert "s3cret" not in res.output and "Traceback" not in res.output
+    assert "ModuleNotFoundError" not in res.output and "MySQLdb" not in res.output
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["run"]])
+def test_sqlite_store_in_a_missing_folder_names_the_folder(tmp_path, command):
+    """A command that creates the store names the missing folder; it raised ``FileNotFoundError`` on
+    the migration lock file (``store.sqlite3.migrate.lock``) before."""
+    folder = tmp_path / "no" / "such"
+    args = [*command, "--db-url", f"sqlite:///{folder / 'store.sqlite3'}"]
+    if command != ["db", "upgrade"]:
+        args += ["--config", str(EXAMPLES / "deadlines.yaml")]
+    res = _run(args, tmp_path)
+    assert res.exit_code == 2, res.output
+    assert f"the folder {folder} does not exist" in res.output
+    assert "migrate.lock" not in res.output and "FileNotFoundError" not in res.output
+    assert not folder.exists()  # not created behind the user's back
+
+
 # --------------------------------------------------------------------------- preview window
 
 

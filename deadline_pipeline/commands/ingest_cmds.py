@@ -43,10 +43,12 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
 def _engine(db_url: str | None):
     from sqlalchemy.exc import SQLAlchemyError
 
-    from deadline_pipeline.store.db import get_engine
+    from deadline_pipeline.store.db import StoreUrlError, get_engine
 
     try:
         return get_engine(db_url)
+    except StoreUrlError as exc:  # names the URL with its password hidden
+        raise _BadInput(f"cannot open the store: {exc}") from None
     except (SQLAlchemyError, OSError) as exc:
         # The driver's message may quote the URL; the URL's password must not reach the terminal.
         raise _BadInput(f"cannot open the store: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None

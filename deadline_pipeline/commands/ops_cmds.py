@@ -69,17 +69,17 @@ def _engine(db_url: str | None):
 
     from sqlalchemy import inspect
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, DBAPIError
+    from sqlalchemy.exc import DBAPIError
 
-    from deadline_pipeline.store.db import deadline_home, make_engine, normalise_url
+    from deadline_pipeline.store.db import StoreUrlError, check_store_url, deadline_home, make_engine, normalise_url
 
     url = normalise_url(db_url or os.environ.get("DEADLINE_DB_URL") or
                         f"sqlite:///{deadline_home() / 'store.sqlite3'}")
     try:
-        parsed = make_url(url)
-    except ArgumentError:
-        _fail_input(f"--db-url / DEADLINE_DB_URL: {url!r} is not a database URL "
-                    "(e.g. postgresql+psycopg://user@host/db or sqlite:///path/store.sqlite3)")
+        check_store_url(url, folder=False)
+    except StoreUrlError as exc:
+        _fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
+    parsed = make_url(url)
     shown = parsed.render_as_string(hide_password=True)
     missing = (f"the store at {shown} has no schema yet: run `deadline-pipeline db upgrade` or "
                "`deadline-pipeline run` first")

@@ -237,7 +237,7 @@ def register(main: click.Group) -> None:
         """Show SUBSCRIBER's reminders between --from and --to as the store has them: delivered (and
         when), pending and when (in the subscriber's zone and UTC), skipped, cancelled, escalated; and
         beside each, what a re-plan would change (moved, cancelled, added). Writes nothing."""
-        from deadline_pipeline.store.db import get_engine
+        from deadline_pipeline.store.db import StoreUrlError, get_engine
 
         t0, t1 = _instant(start, "--from"), _instant(end, "--to")
         now = _instant(as_of, "--as-of") if as_of else None
@@ -251,6 +251,9 @@ def register(main: click.Group) -> None:
             sys.exit(2)
         try:
             rows = preview_rows(cfg, get_engine(db_url), subscriber, t0, t1, now)
+        except StoreUrlError as exc:
+            click.echo(f"error: --db-url / DEADLINE_DB_URL: {exc}", err=True)
+            sys.exit(2)
         except KeyError:
             known = ", ".join(s.id for s in cfg.subscribers[:20])
             click.echo(f"error: --subscriber: no subscriber {subscriber!r} in the configuration (known: {known})",

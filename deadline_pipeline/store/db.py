@@ -40,6 +40,46 @@ def normalise_url(url: str) -> str:
     return url
 
 
+class StoreUrlError(ValueError):
+    """A store URL the project cannot open: not a URL, a database other than PostgreSQL or SQLite,
+    or a SQLite file in a folder that does not exist. The message names the URL (password hidden)."""
+
+
+# The databases the store runs on (DESIGN.md: SQLite embedded, PostgreSQL in production).
+SUPPORTED_BACKENDS = ("postgresql", "sqlite")
+_URL_EXAMPLES = "postgresql://user@host/db or sqlite:///path/store.sqlite3"
+
+
+def check_store_url(url: str, *, folder: bool = True) -> None:
+    """Raise :class:`StoreUrlError` when ``url`` cannot be a store; return ``None`` when it may be.
+    ``folder=False`` leaves a SQLite file's folder unchecked (read-only commands report a store that
+    does not exist yet themselves).
+
+    Checked before any driver is imported or file opened, because those fail far from the cause: a
+    ``mysql://`` URL raised ``ModuleNotFoundError: No module named 'MySQLdb'``, and a SQLite file in
+    a missing folder ``FileNotFoundError`` on the migration lock file next to it. The server being
+    down or the file unwritable is not judged here (the driver's own error names that).
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreUrlError(f"{url!r} is not a database URL (e.g. {_URL_EXAMPLES})") from None
+    shown = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_BACKENDS:
+        raise StoreUrlError(f"store {shown}: {backend!r} is not supported; the store runs on PostgreSQL or "
+                            f"SQLite (e.g. {_URL_EXAMPLES})")
+    database = parsed.database if backend == "sqlite" else None
+    if folder and database and database != ":memory:" and not database.startswith("file:"):
+        folder = Path(database).expanduser().resolve().parent
+        if not folder.is_dir():
+            raise StoreUrlError(f"store {shown}: the folder {folder} does not exist (create it, or name a "
+                                "SQLite file in an existing folder)")
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cur = dbapi_connection.cursor()
     # WAL lets the sensor read while a sweep writes; busy_timeout turns a momentary lock into a
@@ -154,17 +194,23 @@ def upgrade(engine_or_url: Engine | str | None = None, revision: str = "heads") 
             command.upgrade(cfg, revision)
         return
     url = normalise_url(engine_or_url) if engine_or_url else default_db_url()
+    check_store_url(url)
     with _migration_lock(url):
         command.upgrade(alembic_config(url), revision)
 
 
 @lru_cache(maxsize=8)
 def _migrated_engine(url: str) -> Engine:
+    check_store_url(url)
     engine = make_engine(url)
     upgrade(engine)
     return engine
 
 
 def get_engine(url: str | None = None) -> Engine:
-    """An engine for ``url`` with migrations applied, cached per URL for the process."""
+    """An engine for ``url`` with migrations applied, cached per URL for the process.
+
+    Raises :class:`StoreUrlError` for a URL that cannot be a store (see :func:`check_store_url`),
+    else what the driver raises (``sqlalchemy.exc.DBAPIError``: server down, file unwritable).
+    """
     return _migrated_engine(normalise_url(url) if url else default_db_url())
