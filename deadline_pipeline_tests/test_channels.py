@@ -507,7 +507,7 @@ def _both_transports(url: str) -> list:
             if name == "blocking":
                 res = ch.send(make_notification(webhook_url=url))
             else:
-                async def go():
+                async def go(ch=ch):
                     try:
                         return await ch.send_async(make_notification(webhook_url=url))
                     finally:

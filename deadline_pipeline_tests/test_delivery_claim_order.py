@@ -10,7 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, text, update
+from sqlalchemy import text, update
 
 from deadline_pipeline.store import delivery as dsql
 from deadline_pipeline.store.db import db_clock, make_engine, upgrade
