@@ -353,6 +353,19 @@ def test_component_without_dtstart_is_a_problem_not_a_crash():
     assert result.problems[0].message == "no DTSTART"
 
 
+@pytest.mark.parametrize(("component", "key"), [("VEVENT", "DTSTART"), ("VTODO", "DUE")])
+def test_doubled_start_is_named_as_doubled_not_missing(component, key):
+    """RFC 5545 allows DTSTART (and DUE) once; a component with two was reported as "no DTSTART",
+    sending the publisher looking for a property that is there twice."""
+    payload = ics("UID:a", f"{key}:20300101T100000Z", f"{key}:20300102T100000Z", "SUMMARY:Pay")
+    if component == "VTODO":
+        payload = payload.replace(b"VEVENT", b"VTODO")
+    result = parse_payload("ics", payload, source="s")
+    assert result.rules == []
+    assert result.problems[0].message == (f"{key} appears 2 times (RFC 5545 allows it once); the due instant "
+                                          "is ambiguous")
+
+
 def test_utc_and_tzid_times():
     utc_rule = parse_payload("ics", ics("UID:u", "DTSTART:20300101T100000Z"), source="s").rules[0]
     assert (utc_rule.start, utc_rule.tz) == ("2030-01-01T10:00:00", "UTC")

@@ -381,7 +381,11 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
     is_todo = component.name == "VTODO"
     key = "DUE" if is_todo and component.get("DUE") is not None else "DTSTART"
     prop = component.get(key)
-    if prop is None or isinstance(prop, list):
+    if isinstance(prop, list):
+        # RFC 5545 3.6.1/3.6.2: DTSTART (and DUE) MUST NOT occur more than once. Which one the
+        # publisher meant cannot be told, so the record is skipped (and held back, not withdrawn).
+        raise _Skip(f"{key} appears {len(prop)} times (RFC 5545 allows it once); the due instant is ambiguous")
+    if prop is None:
         raise _Skip("no DUE or DTSTART" if is_todo else "no DTSTART")
     start = _when(prop, key)
 
