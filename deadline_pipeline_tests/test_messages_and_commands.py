@@ -238,6 +238,25 @@ def test_preview_reads_the_store_and_never_calls_delivered_pending(engine, db_ur
     assert pending["send_at"] == {"utc": "2027-02-01T04:59:00+00:00", "local": "2027-02-01T05:59:00+01:00",
                                   "text": "2027-02-01 05:59 CET (2027-02-01 04:59 UTC)"}
     assert pending["replan"] == "no change"
+    assert (delivered["attempts"], delivered["last_error"], pending["attempts"], pending["last_error"]) == (
+        1, None, 0, None)
+    # A retry waiting: preview names the failed attempt and the receiver's answer (it showed neither).
+    error = "channel 'mail' (smtp 127.0.0.1:1): 421 try again later"
+    with engine.begin() as conn:
+        conn.execute(alerts.update().where(alerts.c.id == pending["alert_id"]).values(
+            status="retry_wait", attempts=1, last_error=error,
+            next_attempt_at=datetime(2027, 2, 1, 5, 4, tzinfo=UTC)))
+    waiting = preview("2027-02-01T05:00:00Z")[1]
+    assert (waiting["status"], waiting["attempts"], waiting["last_error"]) == ("retry_wait", 1, error)
+    table = CliRunner().invoke(main, ["preview", "--subscriber", "ann", "--from", "2027-01-20T00:00:00Z",
+                                      "--to", "2027-02-05T00:00:00Z", "--as-of", "2027-02-01T05:00:00Z",
+                                      "--config", str(path), "--db-url", db_url])
+    assert table.exit_code == 0, table.output
+    line = next(ln for ln in table.output.splitlines() if ln.startswith("retry_wait"))
+    assert f"attempt 1 failed: {error}" in line
+    with engine.begin() as conn:
+        conn.execute(alerts.update().where(alerts.c.id == pending["alert_id"]).values(
+            status="pending", attempts=0, last_error=None, next_attempt_at=None))
     # The source moves the deadline; before any re-plan, preview says what a re-plan would change.
     (tmp_path / "tax.ics").write_text(ics(dict(SUNDAY, dtstart="20270203T235900")), newline="")
     for s in cfg.sources:

@@ -114,8 +114,8 @@ def stored_rows(conn, subscriber_id: str, start: datetime, end: datetime) -> lis
     rows = conn.execute(
         select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
                alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
-               alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title, obligations.c.rule_id,
-               obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
+               alerts.c.last_error, alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title,
+               obligations.c.rule_id, obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
         .join(sources, sources.c.id == obligations.c.source_id)
@@ -195,6 +195,9 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "offset_zone": twin["offset_zone"] if twin else None,
             "offset_seconds": a["offset_seconds"], "source": a["source"], "rule": a["rule_id"],
             "why": a["status_reason"],
+            # Why a retry is waiting (or why it was escalated): an operator reading the preview of a
+            # reminder that did not arrive sees the receiver's answer without querying the store.
+            "attempts": a["attempts"], "last_error": a["last_error"],
             "replan": _replan_note(a, planned.get(a["dedup_key"]), planned_due.get(a["obligation_key"]), judged),
         })
     for key, p in sorted(planned.items(), key=lambda kv: kv[1]["send_at"]):
@@ -206,7 +209,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "delivered_at": _when(None, zone), "next_attempt_at": _when(None, zone), "title": p["title"],
             "due_at": _when(p["due_at"], zone), "offset": p["offset"], "offset_zone": p["offset_zone"],
             "offset_seconds": p["offset_seconds"], "source": p["source"], "rule": p["rule"], "why": p["why"],
-            "replan": "a re-plan would add it",
+            "attempts": 0, "last_error": None, "replan": "a re-plan would add it",
         })
     return rows + problems
 
@@ -273,4 +276,7 @@ def register(main: click.Group) -> None:
             when = r["delivered_at"]["text"] if r["status"] == "delivered" else r["send_at"]["text"]
             click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}; "
                        f"{_offset_shown(r)}; {r['source']}/{r['rule']})"
-                       + (f" — {r['why']}" if r["why"] else "") + f"  | re-plan: {r['replan']}")
+                       + (f" — {r['why']}" if r["why"] else "")
+                       + (f" — attempt {r['attempts']} failed: {r['last_error']}"
+                          if r["last_error"] and r["status"] != "delivered" else "")
+                       + f"  | re-plan: {r['replan']}")
