@@ -500,6 +500,35 @@ def test_entry_losing_its_deadline_keeps_the_rule_in_force(engine, tmp_path):
     assert row.status == "fresh" and row.last_error and "no 'deadline'" in row.last_error
 
 
+def test_rules_complete_judges_the_snapshot_in_force_while_a_newer_one_is_quarantined(engine, tmp_path):
+    """The snapshot in force holds a rule back (red). A newer snapshot that parses cleanly but drops
+    most rules is quarantined: rules_complete stays red, on the snapshot in force, and names the
+    quarantined one. Judged on the latest snapshot alone it turned green ("yielded 1 rule(s), none
+    skipped": the count of a snapshot never applied) while the rule was still held back."""
+    from deadline_pipeline.watch.sources import rules_complete
+
+    editions, cfg, src, _before = _five_planned(engine, tmp_path)
+    lost = {k: v for k, v in editions[1].items() if k != "deadline"}
+    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0], lost, *editions[2:]))
+    _, in_force = _ingest(engine, src, T0 + timedelta(hours=1))
+    assert in_force.status == "applied" and in_force.held == ["c227/submission/deadline"], in_force
+    assert not rules_complete(engine, "conf").passed
+    (tmp_path / "conf.yml").write_text(ai_deadlines(editions[0]))
+    _, newer = _ingest(engine, src, T0 + timedelta(hours=2))
+    assert newer.status == "quarantined", newer
+    complete = rules_complete(engine, "conf")
+    assert not complete.passed, complete.summary
+    assert complete.metadata["snapshot_id"] == in_force.snapshot_id and "c227" in complete.summary
+    assert complete.metadata["quarantined_snapshot_id"] == newer.snapshot_id
+    assert f"the newer snapshot {newer.snapshot_id} is quarantined, not applied" in complete.summary
+    assert not source_not_quarantined(engine, "conf").passed
+    # Accepted, the clean snapshot is in force: nothing is held back any more.
+    assert apply_snapshot(engine, src, newer.snapshot_id, T0 + timedelta(hours=3), force=True).status == "applied"
+    complete = rules_complete(engine, "conf")
+    assert complete.passed and complete.metadata["snapshot_id"] == newer.snapshot_id, complete.summary
+    assert "quarantined_snapshot_id" not in complete.metadata
+
+
 def test_entry_broken_under_a_new_id_keeps_the_rule_in_force(engine, tmp_path):
     """One edit both renames an entry's id and breaks its deadline: the unparseable entry names no
     rule the source had, so it may be the rule that went missing. That rule is held (not withdrawn,

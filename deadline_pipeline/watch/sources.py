@@ -125,11 +125,32 @@ def source_not_quarantined(engine: Engine, name: str) -> SourceCheckOutcome:
 
 
 def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | None,
-                            report: dict | None) -> SourceCheckOutcome:
-    """``rules_complete``: fails while the source's latest snapshot skipped records (an unknown zone,
-    an unreadable RRULE or id) and no human accepted it (``deadline-pipeline source accept``). The
-    summary gives the counts and the first offenders; ``metadata`` lists them with record id and
-    position, and the rules kept in force because their record failed to parse. Pure."""
+                            report: dict | None, quarantined: tuple[int, dict | None] | None = None
+                            ) -> SourceCheckOutcome:
+    """``rules_complete``: fails while the snapshot whose rules are in force (``snapshot_id``: the
+    latest applied one, else the latest) skipped records (an unknown zone, an unreadable RRULE or id)
+    and no human accepted it (``deadline-pipeline source accept``), or while a newer quarantined
+    snapshot skipped records. The summary gives the counts and the first offenders; ``metadata``
+    lists them with record id and position, and the rules kept in force because their record failed
+    to parse. ``quarantined``: ``(id, parse report)`` of a newer snapshot waiting for ``source
+    accept``; it is named in the summary either way (its counts are not the rules in force). Pure.
+
+    Why the snapshot in force: judged on the latest snapshot alone, a quarantined one that parsed
+    cleanly turned the check green ("yielded N rules, none skipped", N of a snapshot never applied)
+    while the snapshot in force still held rules back."""
+    if quarantined is not None:
+        q_id, q_report = quarantined
+        if q_report and q_report.get("skipped_count") and not q_report.get("accepted"):
+            out = evaluate_rules_complete(name, q_id, "quarantined", q_report)
+        else:
+            out = evaluate_rules_complete(name, snapshot_id, status, report)
+        out.metadata["quarantined_snapshot_id"] = q_id
+        if q_id != out.metadata.get("snapshot_id"):
+            out.summary += (f"; the newer snapshot {q_id} is quarantined, not applied (see "
+                            f"source_not_quarantined; 'deadline-pipeline source accept {q_id}')")
+        else:
+            out.summary = out.summary.replace(f"snapshot {q_id} ", f"quarantined snapshot {q_id} (not applied) ", 1)
+        return out
     meta = {"snapshot_id": snapshot_id, "snapshot_status": status}
     if not report:
         return SourceCheckOutcome("rules_complete", name, True,
@@ -152,10 +173,16 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
 
 
 def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:
-    """:func:`evaluate_rules_complete` on the source's latest snapshot in the store."""
+    """:func:`evaluate_rules_complete` on the store: the snapshot in force (the latest applied one;
+    the latest when none was applied), and a newer quarantined snapshot if one waits."""
+    quarantined = None
     with engine.connect() as conn:
         row = sql.find_source(conn, name)
         latest = sql.latest_snapshot(conn, row.id) if row is not None else None
         meta = sql.snapshot_meta(conn, latest.id) if latest is not None else None
+        if meta is not None and meta.parse_status == "quarantined":
+            quarantined = (meta.id, meta.parse_report)
+            applied = sql.latest_applied_snapshot_id(conn, row.id)
+            meta = sql.snapshot_meta(conn, applied) if applied is not None else meta
     return evaluate_rules_complete(name, meta.id if meta else None, meta.parse_status if meta else None,
-                                   meta.parse_report if meta else None)
+                                   meta.parse_report if meta else None, quarantined)
