@@ -249,13 +249,17 @@ def store_counts(engine) -> dict[str, int]:
     with engine.connect() as conn:
         return {"rule_versions": count(rule_versions), "obligations": count(obligations), "alerts": count(alerts),
                 "sent": count(delivery_attempts, delivery_attempts.c.outcome == "sent"),
+                "failed": count(delivery_attempts, delivery_attempts.c.outcome.in_(("failed", "unknown"))),
                 "escalated": count(alerts, alerts.c.status == "escalated")}
 
 
 def this_run_text(before: dict[str, int], after: dict[str, int]) -> str:
-    """``"this run: sent this run: 3, escalated this run: 0, new rule versions: 12, …"``."""
+    """``"this run: sent this run: 3, failed attempts this run: 0, escalated this run: 0, new rule
+    versions: 12, …"``. Failed attempts are counted because a run whose every send failed (a closed
+    port, a refused address) otherwise read "sent this run: 0" like a run with nothing due."""
     d = {k: after[k] - before.get(k, 0) for k in after}
-    return (f"this run: sent this run: {d['sent']}, escalated this run: {d['escalated']}, new rule versions: "
+    return (f"this run: sent this run: {d['sent']}, failed attempts this run: {d.get('failed', 0)}, "
+            f"escalated this run: {d['escalated']}, new rule versions: "
             f"{d['rule_versions']}, new obligations: {d['obligations']}, new alerts planned: {d['alerts']}")
 
 

@@ -21,7 +21,7 @@ from deadline_pipeline.deliver.channels.environment import unresolved_env
 from deadline_pipeline.store import health
 from deadline_pipeline.store.db import make_engine
 from deadline_pipeline.store.schema import delivery_attempts
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import LOOPBACK_NETWORK, free_port, ics, write_config
 from deadline_pipeline_tests.test_watch_checks import EVENT_A
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def _write_with_csv(tmp_path: Path) -> Path:
 TOKEN_VAR = "DP_T_CLI_HOOK_TOKEN"
 
 
-def _hook_config(tmp_path):
+def _hook_config(tmp_path, **extra):
     (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
     return write_config(
         tmp_path,
@@ -238,6 +238,7 @@ def _hook_config(tmp_path):
                       "timezone": "Europe/Berlin"}],
         subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["hook"]}],
         channels={"hook": {"type": "webhook"}},
+        **extra,
     )
 
 
@@ -264,6 +265,31 @@ def test_webhook_url_variable_is_resolved_at_start_up(tmp_path, monkeypatch):
         assert health.alerts_by_state(conn) == {"pending": 1}
         assert conn.execute(select(func.count()).select_from(delivery_attempts)).scalar_one() == 0
     engine.dispose()
+
+
+def test_run_counts_failed_sends_and_the_red_check_says_why(tmp_path):
+    """A webhook on a closed port: the run's own line counts the failed attempt ("sent this run: 0"
+    alone read like a run with nothing due) and the red alerts_reconciled row carries the receiver's
+    error, which was only in the sweep's log lines; the URL's token stays masked."""
+    port = free_port()  # nothing listens on it
+    path = _hook_config(tmp_path, network=LOOPBACK_NETWORK)
+    path.write_text(path.read_text().replace("127.0.0.1:9/", f"127.0.0.1:{port}/"))
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+    def run(as_of: str):
+        res = _run(["run", "--config", str(path), "--db-url", url, "--as-of", as_of], tmp_path,
+                   **{TOKEN_VAR: "t0ken"})
+        assert res.exit_code in (0, 1), res.output
+        assert "t0ken" not in res.output
+        return res.output
+
+    run("2027-01-10T00:00:00Z")
+    sending = run("2027-01-14T11:05:00Z")
+    assert "sent this run: 0, failed attempts this run: 1, escalated this run: 0" in sending
+    later = run("2027-01-14T12:00:00Z")
+    row = next(ln for ln in later.splitlines() if ln.strip().startswith("alerts_reconciled"))
+    assert "FAIL" in row and "(retry_wait; attempt 2 failed: channel 'hook' (webhook " in row, row
+    assert f"Cannot connect to host 127.0.0.1:{port}" in row, row
 
 
 # --------------------------------------------------------------------------- occurrences

@@ -79,6 +79,12 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def _shorten(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _alert_offender(r: dict, reason: str) -> dict:
     return {"alert_id": r["id"], "reason": reason, "send_at": _iso(r["send_at"]), "status": r["status"],
             "channel": r["channel"], "subscriber": r["subscriber"], "title": r["title"],
@@ -98,8 +104,13 @@ def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelt
     count = overdue + unreceipted
     parts = []
     if overdue:
+        first = oldest[0]
+        # The oldest's last error in the summary itself: the red row then says why (a closed port,
+        # a refused address), which was only in the sweep's log lines.
+        error = (f"; attempt {first['attempts']} failed: {_shorten(first['last_error'])}"
+                 if first.get("last_error") else "")
         parts.append(f"{overdue} alert(s) overdue by more than {human_duration(grace)}; oldest due "
-                     f"{oldest[0]['send_at'].isoformat()} ({oldest[0]['status']})")
+                     f"{first['send_at'].isoformat()} ({first['status']}{error})")
     if unreceipted:
         parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
                      f"(first: alert {forged[0]['id']})")
