@@ -103,10 +103,18 @@ def test_status_and_watchdog_on_a_store_that_was_never_initialised(tmp_path, db_
     ("mysql://ops:s3cret@db.example/deadlines",
      "store mysql://ops:***@db.example/deadlines: 'mysql' is not supported; the store runs on PostgreSQL or SQLite"),
     ("not a url", "'not a url' is not a database URL"),
+    # Unparsed, the URL was printed with its password in full.
+    ("postgresql//ops:s3cret@db.example/deadlines", "'postgresql//ops:***@db.example/deadlines' is not a database URL"),
+    # In memory: each connection is a database of its own; run failed deep inside with 500 lines.
+    ("sqlite://", "store sqlite://: an in-memory SQLite database keeps nothing between connections or commands"),
+    ("sqlite:///:memory:", "store sqlite:///:memory:: an in-memory SQLite database keeps nothing"),
+    # SQLite does not expand '~': the store failed later on its lock file, without naming the URL.
+    ("sqlite:///~/store.sqlite3", "store sqlite:///~/store.sqlite3: '~' is not expanded in a SQLite URL"),
 ])
-def test_store_url_of_another_database_is_refused_naming_it(tmp_path, command, url, expected):
-    """A URL of a database the store does not run on is refused before any driver is imported: it
-    raised ``ModuleNotFoundError: No module named 'MySQLdb'`` (with a traceback) before."""
+def test_store_url_that_cannot_be_a_store_is_refused_naming_it(tmp_path, command, url, expected):
+    """A URL that cannot be a store is refused before any driver is imported or file opened, in one
+    line with its password hidden: another database raised ``ModuleNotFoundError: No module named
+    'MySQLdb'`` (with a traceback) before."""
     args = [*command, "--db-url", url]
     if command != ["db", "upgrade"]:
         args += ["--config", str(EXAMPLES / "deadlines.yaml")]
@@ -117,12 +125,15 @@ def test_store_url_of_another_database_is_refused_naming_it(tmp_path, command, u
     assert "ModuleNotFoundError" not in res.output and "MySQLdb" not in res.output
 
 
+@pytest.mark.parametrize("uri", [False, True])
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["run"]])
-def test_sqlite_store_in_a_missing_folder_names_the_folder(tmp_path, command):
+def test_sqlite_store_in_a_missing_folder_names_the_folder(tmp_path, command, uri):
     """A command that creates the store names the missing folder; it raised ``FileNotFoundError`` on
-    the migration lock file (``store.sqlite3.migrate.lock``) before."""
+    the migration lock file (``store.sqlite3.migrate.lock``) before. Also for a URI filename."""
     folder = tmp_path / "no" / "such"
-    args = [*command, "--db-url", f"sqlite:///{folder / 'store.sqlite3'}"]
+    url = (f"sqlite:///file:{folder / 'store.sqlite3'}?uri=true" if uri
+           else f"sqlite:///{folder / 'store.sqlite3'}")
+    args = [*command, "--db-url", url]
     if command != ["db", "upgrade"]:
         args += ["--config", str(EXAMPLES / "deadlines.yaml")]
     res = _run(args, tmp_path)

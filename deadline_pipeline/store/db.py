@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sqlalchemy import Connection, Engine, create_engine, event
 
@@ -66,17 +68,34 @@ def check_store_url(url: str, *, folder: bool = True) -> None:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise StoreUrlError(f"{url!r} is not a database URL (e.g. {_URL_EXAMPLES})") from None
-    shown = parsed.render_as_string(hide_password=True)
+        # Not parsed, so SQLAlchemy cannot hide its password: whatever stands between a ':' and the
+        # '@' is masked here ('postgresql//admin:S3cret@host/db' printed the password in full).
+        shown = re.sub(r"(?<=:)[^:@/]*(?=@)", "***", url)
+        raise StoreUrlError(f"{shown!r} is not a database URL (e.g. {_URL_EXAMPLES})") from None
     backend = parsed.get_backend_name()
+    # A SQLite URL holds no password, and rendered it escapes the path ('sqlite:///%3Amemory%3A').
+    shown = url if backend == "sqlite" else parsed.render_as_string(hide_password=True)
     if backend not in SUPPORTED_BACKENDS:
         raise StoreUrlError(f"store {shown}: {backend!r} is not supported; the store runs on PostgreSQL or "
                             f"SQLite (e.g. {_URL_EXAMPLES})")
-    database = parsed.database if backend == "sqlite" else None
-    if folder and database and database != ":memory:" and not database.startswith("file:"):
-        folder = Path(database).expanduser().resolve().parent
-        if not folder.is_dir():
-            raise StoreUrlError(f"store {shown}: the folder {folder} does not exist (create it, or name a "
+    if backend != "sqlite":
+        return
+    database = parsed.database or ""
+    if database in ("", ":memory:") or parsed.query.get("mode") == "memory":
+        # Each connection of an in-memory database is a database of its own: the sweep's threads
+        # found no tables, and nothing survived the command ('db upgrade' said it had migrated).
+        raise StoreUrlError(f"store {shown}: an in-memory SQLite database keeps nothing between connections "
+                            "or commands; name a file (sqlite:///path/store.sqlite3)")
+    if database.startswith("file:"):  # a URI filename (?uri=true): the path is the URI's
+        database = urlsplit(database).path
+    if database.startswith("~"):
+        # SQLite opens '~/x' as a folder named '~': the check above passed and the store failed later.
+        raise StoreUrlError(f"store {shown}: '~' is not expanded in a SQLite URL; write the full path "
+                            f"(sqlite:///{Path(database).expanduser()})")
+    if folder:
+        parent = Path(database).resolve().parent
+        if not parent.is_dir():
+            raise StoreUrlError(f"store {shown}: the folder {parent} does not exist (create it, or name a "
                                 "SQLite file in an existing folder)")
 
 
