@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from deadline_pipeline.config import load_config
 from deadline_pipeline.ingest.versions import is_future
+from deadline_pipeline.plan import occurrences as occ_mod
 from deadline_pipeline.plan.service import plan_all, record_plan_run
 from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.watchdog import evaluate
@@ -110,3 +111,29 @@ def test_a_refused_rule_is_red_and_does_not_hang_the_watchers(engine, tmp_path):
                "rrule": "FREQ=SECONDLY"}
     with _deadline(60):
         assert is_future(payload, T0)  # over the work budget: counted as future, the safe side
+
+
+def test_a_rule_cut_at_the_occurrence_cap_is_red_and_keeps_what_was_expanded(engine, tmp_path, monkeypatch):
+    """An hourly rule over the horizon holds more occurrences than the cap (small here): planning
+    plans the first ``cap`` of them and reports the rest as a planning problem naming the rule, the
+    cap, where expansion stopped and the window's end. Before, only a log line said so while
+    plan_complete and ``run`` stayed green."""
+    monkeypatch.setattr(occ_mod, "MAX_OCCURRENCES", 30)
+    hourly = dict(uid="hourly@test", tzid="UTC", dtstart="20270110T000000", summary="Hourly", rrule="FREQ=HOURLY")
+    cfg, _ = _config(tmp_path, events=(EVENT_A, hourly))
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    hourly_obs = out.obligations_planned - 2  # EVENT_A once for ann and bob
+    assert hourly_obs == 2 * 30, out.obligations_planned  # the expanded part is planned, not dropped
+    assert [p.rule_id for p in out.problems] == ["hourly@test", "hourly@test"]  # one per subscriber
+    cut = "2027-01-11T06:00:00+00:00"  # the 31st hour: the first occurrence left out
+    check = w.plan_complete(engine, T0)
+    assert not check.passed and check.count == 2, check.summary
+    for text in (check.summary, check.offenders[0]["detail"]):
+        assert "cal/hourly@test" in text and "more than 30 occurrences" in text, text
+        assert f"expansion stopped at {cut}" in text and f"due from {cut} on are not planned" in text, text
+        assert "window's end 2028-01-11T00:00:00+00:00" in text and "recurs too often" in text, text
+    rows = {r.check: r for r in evaluate(engine, T0, cfg).rows}
+    assert not rows["plan_complete"].ok
+    fanout = w.fanout_complete(engine, T0, timedelta(days=366), {"box": "maildir"})
+    assert fanout.passed and "planned obligation(s)" in fanout.summary, fanout.summary

@@ -295,6 +295,23 @@ def test_validate_refuses_a_rule_over_the_expansion_budget(tmp_path, monkeypatch
     assert "rule 'heavy'" in res.output and "steps" in res.output and "INVALID" in res.output
 
 
+def test_validate_refuses_a_rule_cut_at_the_occurrence_cap(tmp_path):
+    """A MINUTELY rule without a practical end holds more than the cap (5000) in the horizon:
+    planning would plan only up to the cut, so ``validate`` exits 1 naming the rule, the cap and
+    where expansion stops (it printed the ERROR log line and then ``OK``)."""
+    from deadline_pipeline.cli import main
+
+    path = tmp_path / "feed.ics"
+    path.write_bytes(calendar(*event("minutely@c", "DTSTART:20200101T000000Z",
+                                     "RRULE:FREQ=MINUTELY;UNTIL=99991231T000000Z"),
+                              *event("light", "DTSTART:20300101T000000Z")))
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert res.exit_code == 1, res.output
+    assert f"{path}: rule 'minutely@c': more than 5000 occurrences (the expansion cap)" in res.output, res.output
+    assert "expansion stopped at" in res.output and "are not planned" in res.output
+    assert "INVALID: 1 problem(s), 2 rule(s) readable" in res.output and "OK" not in res.output
+
+
 # --- class 8: BYSETPOS with WKST, BYWEEKNO across New Year (checked against the RFC by brute force) --
 
 DAYS = ["MO", "TU", "WE", "TH", "FR", "SA", "SU"]

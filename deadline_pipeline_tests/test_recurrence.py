@@ -416,6 +416,29 @@ def test_occurrence_cap_stops_and_counts(caplog):
     assert COUNTERS["occurrence_cap"] == before + 1
 
 
+def test_expansion_names_the_first_occurrence_left_out_at_the_cap_and_only_when_one_is(monkeypatch, caplog):
+    """A window holding exactly the cap is complete (no cut, no ERROR, not counted); one more
+    occurrence is a cut, and ``cut_at`` is that occurrence's due instant: planning reports from there."""
+    from deadline_pipeline.plan import occurrences as occ_mod
+
+    monkeypatch.setattr(occ_mod, "MAX_OCCURRENCES", 5)
+    after, before = datetime(2027, 1, 1, tzinfo=UTC), datetime(2027, 2, 1, tzinfo=UTC)
+    exact = RuleRecord("five", "t", "2027-01-01T09:00:00", "UTC", "FREQ=DAILY;COUNT=5")
+    more = RuleRecord("six", "t", "2027-01-01T09:00:00", "UTC", "FREQ=DAILY;COUNT=6")
+    counted = COUNTERS["occurrence_cap"]
+    with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
+        whole = occ_mod.expansion(exact, UTC, after=after, before=before)
+    assert len(whole.occurrences) == 5 and whole.cut_at is None
+    assert COUNTERS["occurrence_cap"] == counted and not caplog.records
+    with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
+        cut = occ_mod.expansion(more, UTC, after=after, before=before)
+    assert [o.due_at.day for o in cut.occurrences] == [1, 2, 3, 4, 5]
+    assert cut.cut_at == datetime(2027, 1, 6, 9, tzinfo=UTC)
+    assert COUNTERS["occurrence_cap"] == counted + 1
+    assert "expansion stopped at 2027-01-06T09:00:00+00:00" in caplog.text
+    assert len(expand(more, UTC, after=after, before=before, limit=5)) == 5  # a limit reached is no cut
+
+
 def test_a_rule_that_never_occurs_is_refused_instead_of_scanning_to_year_9999():
     with pytest.raises(RRuleError, match="never meet"):
         validate_rrule("FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30;COUNT=3")

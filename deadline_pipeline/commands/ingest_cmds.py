@@ -316,7 +316,8 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
     from deadline_pipeline.ingest.parsers.base import ParseProblem
     from deadline_pipeline.plan.occurrences import over_budget
 
-    # A rule that planning would skip over the expansion budget is refused here, before it goes live.
+    # A rule that planning would skip over the work budget, or plan only up to the occurrence cap, is
+    # refused here, before it goes live.
     parsed.problems += [ParseProblem(f"rule {rule_id!r}", message)
                         for rule_id, message in over_budget(parsed.rules, timezone)]
     for p in parsed.problems:

@@ -55,7 +55,8 @@ def horizon_planned_check(store: StoreResource, settings: SettingsResource, cloc
 
 @dg.asset_check(asset=OBLIGATIONS, name="plan_complete",
                 description="The last planning run planned every reminder asked for: no subscriber without the "
-                            "contact its channel needs, no kinds matching no rule, no rule refused by the planner.")
+                            "contact its channel needs, no kinds matching no rule, no rule refused by the planner "
+                            "or cut at the occurrence cap.")
 def plan_complete_check(store: StoreResource, clock: ClockResource):
     now = clock.now()
     return to_result(w.plan_complete(store.engine(), now), evaluated_at=now)

@@ -32,7 +32,10 @@ logged at ERROR with the rule id, once per rule and process, and counted in
 * at the rate seen in the window it would fire more than :data:`SANE_OCCURRENCES` times in a
   366-day horizon (about four reminders a day, every day).
 
-Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR, ``COUNTERS["occurrence_cap"]``).
+Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR, ``COUNTERS["occurrence_cap"]``)
+when the window holds more: :func:`expansion` says where (``Expansion.cut_at``), the planner plans
+what was expanded and reports the rest as a planning problem (:func:`cap_problem`), and ``validate``
+refuses such a rule (:func:`budget_problem`). A window holding exactly the cap is not cut.
 
 Cost is bounded by the window, not by the rule's age: a sub-daily rule does not step from a DTSTART
 years back. A plain sub-daily rule (elapsed time) jumps to the window in whole INTERVALs and lowers
@@ -134,6 +137,26 @@ class ExpansionBudgetExceeded(ValueError):
     """An expansion needed more than :data:`MAX_STEPS` series items; the message names the rule."""
 
 
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """What :func:`expansion` returns: ``occurrences`` as :func:`expand` returns them, and ``cut_at``,
+    the due instant (aware UTC) of the first occurrence left out because the window held more than
+    :data:`MAX_OCCURRENCES` — None when nothing was left out (a ``limit`` reached is not a cut)."""
+
+    occurrences: list[Occurrence]
+    cut_at: datetime | None = None
+
+
+def cap_problem(cut_at: datetime, before: datetime) -> str:
+    """The words for an expansion cut at :data:`MAX_OCCURRENCES`: where it stopped (``cut_at``, the
+    first occurrence left out) and the window's end ``before`` (aware datetimes), and what to do."""
+    cut, end = cut_at.isoformat(timespec="seconds"), before.isoformat(timespec="seconds")
+    return (f"more than {MAX_OCCURRENCES} occurrences (the expansion cap) before the window's end {end}; "
+            f"expansion stopped at {cut}, so reminders for occurrences due from {cut} on are not planned: "
+            "the rule recurs too often for the horizon (bound it with UNTIL or COUNT, or use a coarser FREQ "
+            "or a larger INTERVAL)")
+
+
 _UNIT_SECONDS = {"HOURLY": 3600, "MINUTELY": 60, "SECONDLY": 1}
 
 
@@ -153,19 +176,21 @@ def _jump(dtstart: datetime, lo: datetime, step_seconds: int, count: int | None)
 
 
 def budget_problem(rule: RuleRecord, zone: tzinfo, *, now: datetime, horizon: timedelta = HORIZON) -> str | None:
-    """The reason ``rule`` would be skipped over the expansion budget in the window from ``now``, else None.
+    """The reason planning would not plan all of ``rule`` in the window from ``now``, else None: the
+    rule is skipped over the work budget (the message names the rule), or its expansion is cut at
+    :data:`MAX_OCCURRENCES` (:func:`cap_problem`).
 
-    For ``validate``: the same expansion planning runs, so a warning here is a skip there. Other
-    errors (an unreadable RRULE) are reported by the parser and are not repeated here.
+    For ``validate``: the same expansion planning runs, so a problem here is a planning problem
+    there. Other errors (an unreadable RRULE) are reported by the parser and are not repeated here.
     """
     lo, hi = window(now, horizon)
     try:
-        expand(rule, zone, after=lo, before=hi, strict=False)
+        cut_at = expansion(rule, zone, after=lo, before=hi, strict=False).cut_at
     except ExpansionBudgetExceeded as exc:
         return str(exc)
     except ValueError:
         return None
-    return None
+    return None if cut_at is None else cap_problem(cut_at, hi)
 
 
 def _week_start(day: date, wkst: int) -> date:
@@ -354,13 +379,22 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
     and the offending rule part; ``ValueError`` for an unreadable start/EXDATE/RDATE, an unknown
     business-day convention, or ``UnknownCalendar`` for an unknown holiday calendar.
     """
+    return expansion(rule, zone, after=after, before=before, until=until, business_days=business_days,
+                     limit=limit, strict=strict).occurrences
+
+
+def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None = None,
+              business_days: BusinessDays | None = None, limit: int | None = None,
+              strict: bool = True) -> Expansion:
+    """:func:`expand`, and whether the window held more than :data:`MAX_OCCURRENCES`: where the
+    expansion was cut (:class:`Expansion`). Same arguments and errors as :func:`expand`."""
     start = rule.start_local()
     business = _business(business_days)
     if not rule.rrule and not rule.rdates:
         due = to_instant(start, zone)
         if business is not None:
             due = _adjusted(start, zone, business)
-        return [Occurrence(rule.start, due)] if after <= due <= before else []
+        return Expansion([Occurrence(rule.start, due)] if after <= due <= before else [])
 
     recur: Recur | None = None
     if rule.rrule:
@@ -372,7 +406,7 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
         else:
             recur = parse_rrule(rule.rrule, rule_id=rule.rule_id)
             if recur is None:
-                return []
+                return Expansion([])
     all_day = rule.all_day
     # Elapsed-time stepping (see the module docstring): plain sub-daily rules expand in UTC.
     elapsed = recur is not None and recur.sub_daily and not recur.has_by_parts
@@ -482,10 +516,9 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
     seen: set[datetime] | None = set() if (several_a_day and not elapsed) else None
     unsorted = False
     last_due: datetime | None = None
-    cap_hit = False
-    max_items = MAX_OCCURRENCES if limit is None else min(limit, MAX_OCCURRENCES)
+    cut_at: datetime | None = None
     if limit is not None and limit <= 0:
-        return []
+        return Expansion([])
     # RDATEs (and a DTSTART outside its RRULE) are instances whatever the RRULE's UNTIL (§3.8.5.2).
     unbounded = frozenset(rdate_moments)
     steps = 0
@@ -530,22 +563,26 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
             if due in seen:  # a gap shift landed on an instant the series already has
                 continue
             seen.add(due)
+        if len(out) >= MAX_OCCURRENCES:
+            # One occurrence more than the cap in the window: the expansion is cut here. (Stopping at
+            # the cap itself claimed a cut for a window holding exactly the cap.)
+            cut_at = due
+            break
         if last_due is not None and due < last_due:
             unsorted = True
         last_due = due
         append(Occurrence(period, due))
-        if len(out) >= max_items:
-            cap_hit = limit is None or len(out) < limit
+        if limit is not None and len(out) >= limit:
             break
-    if cap_hit:
+    if cut_at is not None:
         COUNTERS["occurrence_cap"] += 1
-        log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped there", rule.rule_id,
-                  MAX_OCCURRENCES, after.isoformat(), before.isoformat())
+        log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped at %s", rule.rule_id,
+                  MAX_OCCURRENCES, after.isoformat(), before.isoformat(), cut_at.isoformat())
     elif recur is not None and limit is None:
         _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
     if unsorted:
         out.sort(key=lambda o: (o.due_at, o.period))
-    return out
+    return Expansion(out, cut_at)
 
 
 def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
@@ -590,6 +627,6 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
     return now - GRACE, now + horizon
 
 
-__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "ExpansionBudgetExceeded", "budget_problem",
-           "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand",
+__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Expansion", "ExpansionBudgetExceeded",
+           "budget_problem", "cap_problem", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand", "expansion",
            "normalise_until", "to_instant", "window"]

@@ -23,7 +23,7 @@ from datetime import datetime, time, timedelta, tzinfo
 
 from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
-from deadline_pipeline.plan.occurrences import HORIZON, Occurrence, expand, window
+from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.rules import RuleRecord, kinds_allow, rule_kinds
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -206,7 +206,8 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     Occurrences are those due inside ``[now - 15 min, now + horizon]``, further limited to
     ``[after, before)`` when given (a partition's month); ``now`` is aware UTC. ``cache`` memoises
     expansions across targets that share a rule and a zone. A rule that cannot be expanded (unknown
-    zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules.
+    zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules; a rule
+    whose expansion is cut at the occurrence cap is planned up to the cut and reported as a problem.
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
     obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
     """
@@ -252,16 +253,21 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
         try:
             zone = zone_for(rule, target)
             ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi, id(target.business_days))
-            occurrences: list[Occurrence] | None = cache.get(ckey) if cache is not None else None
-            if occurrences is None:
-                occurrences = expand(rule, zone, after=lo, before=hi, business_days=target.business_days)
+            expanded: Expansion | None = cache.get(ckey) if cache is not None else None
+            if expanded is None:
+                expanded = expansion(rule, zone, after=lo, before=hi, business_days=target.business_days)
                 if cache is not None:
-                    cache[ckey] = occurrences
+                    cache[ckey] = expanded
             if target.quiet_hours:
                 resolve_zone(target.subscriber_tz)  # an unknown subscriber zone is this rule's problem
         except (UnknownTimeZone, ValueError) as exc:
             problems.append(PlanProblem(target.source, rule.rule_id, str(exc)))
             continue
+        occurrences = expanded.occurrences
+        if expanded.cut_at is not None:
+            # What was expanded is planned; the occurrences past the cut are not, and only the log said
+            # so while plan_complete and `run` stayed green (a silent miss of every later reminder).
+            problems.append(PlanProblem(target.source, rule.rule_id, cap_problem(expanded.cut_at, hi)))
         recurring = bool(rule.rrule or rule.rdates)
         # A recurring occurrence is identified by its local date when the rule yields at most one per
         # day: then a revised time of day moves the obligation instead of replacing it (the reminder

@@ -338,9 +338,10 @@ class _Planned:
 def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome, lineage: dict,
                     failed: set[tuple[int, str]], cache: dict, size: int | None = None, start_small: bool = False):
     """Expand every target (obligations only, no alert rows yet) and yield the obligations in chunks
-    of about ``size`` as ``{obligation key: _Planned}``. Rules that failed to expand are added to
-    ``failed`` as (source id, rule id); counts and problems go to ``out``. ``size`` defaults to
-    :data:`CHUNK_OBLIGATIONS`. With ``start_small`` (a first plan) the first chunks are smaller (an
+    of about ``size`` as ``{obligation key: _Planned}``. Rules with a planning problem (failed to
+    expand, or cut at the occurrence cap: their stored obligations past the cut are kept, not
+    withdrawn) are added to ``failed`` as (source id, rule id); counts and problems go to ``out``.
+    ``size`` defaults to :data:`CHUNK_OBLIGATIONS`. With ``start_small`` (a first plan) the first chunks are smaller (an
     eighth of it, doubling), because the database idles while the first chunk is planned and made
     ready to COPY: a small one gets the writes going sooner, and each next chunk is prepared while
     the one before it is written. (A re-plan's chunks cost the database little next to their
@@ -359,7 +360,7 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
         obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
                                          cache=cache, lineage=lineage.get(t.source_id))
         for p in problems:
-            log.error("planning: source %s rule %s skipped: %s", p.source, p.rule_id, p.message)
+            log.error("planning problem: source %s rule %s: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
         out.problems.extend(problems)
         slots = len(t.offsets) * len(t.channels)

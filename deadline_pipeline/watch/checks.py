@@ -32,7 +32,8 @@ Checks and what exactly they promise:
     the last planning run (the newest of the heartbeats ``plan`` and ``plan:backfill``) reported no
     planning problem: its outcome is not ``partial``. A problem is a reminder planning knowingly
     did not plan (a subscriber without the contact a channel needs, ``kinds`` matching no rule, a
-    rule the planner refuses or cannot expand within its work budget); the heartbeat's ``detail``
+    rule the planner refuses or cannot expand within its work budget, a rule whose expansion was cut
+    at the occurrence cap — planned up to the cut only); the heartbeat's ``detail``
     names the count and the first offenders. Read from the store, so the UI, ``run`` and the
     ``watchdog`` agree.
 ``escalations_acknowledged``
@@ -280,9 +281,12 @@ def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_t
                 offenders.append({"obligation_id": ob["id"], "rule_id": ob["rule_id"], "title": ob["title"],
                                   "due_at": _iso(ob["due_at"]), "missing": [list(m) for m in missing[:10]],
                                   "unexpected": [list(e) for e in extra[:10]]})
-    summary = (f"{count} of {len(obs)} obligation(s) due by {(now + horizon).isoformat()} lack reminder rows or "
-               f"have open ones nobody asks for (first: obligation {offenders[0]['obligation_id']})" if count else
-               f"all {len(obs)} obligation(s) due by {(now + horizon).isoformat()} have exactly their reminder rows")
+    # "planned": this check judges the obligations planning wrote, not whether it wrote all of them
+    # (a rule cut at the occurrence cap has none past the cut; plan_complete is red for that).
+    summary = (f"{count} of {len(obs)} planned obligation(s) due by {(now + horizon).isoformat()} lack reminder "
+               f"rows or have open ones nobody asks for (first: obligation {offenders[0]['obligation_id']})" if count
+               else f"all {len(obs)} planned obligation(s) due by {(now + horizon).isoformat()} have exactly their "
+               "reminder rows")
     return CheckOutcome("fanout_complete", count == 0, count, summary, offenders)
 
 
