@@ -18,7 +18,16 @@ from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -280,6 +289,16 @@ class SubscriptionConfig(_Model):
     # conference's "notification" date is not a task for its authors.
     kinds: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]], Field(min_length=1)] | None = None
     exclude_kinds: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]] = []
+
+    @field_validator("subscribers", "rules")
+    @classmethod
+    def _not_empty(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # An empty list subscribes nobody / to no rule: the subscription would plan nothing, silently.
+        if not v:
+            every = "subscriber of the source's tenant" if info.field_name == "subscribers" else "rule"
+            raise ValueError(f"an empty list plans nothing; omit `{info.field_name}` for every {every} "
+                             "(['*']), or list what to plan")
+        return v
 
     @field_validator("offsets")
     @classmethod

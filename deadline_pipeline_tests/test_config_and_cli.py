@@ -47,6 +47,12 @@ def test_examples_config_is_valid():
         ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscribers: [{id: ann}]\nsubscriptions:\n"
          "  - {name: s, sources: [x], subscribers: [ann, anne], channels: [m]}\n"
          "channels: {m: {type: maildir, path: m}}\n", "unknown subscriber(s) ['anne']"),
+        ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscriptions:\n"
+         "  - {name: s, sources: [x], rules: [], channels: [m]}\nchannels: {m: {type: maildir, path: m}}\n",
+         "subscriptions[0].rules: an empty list plans nothing; omit `rules`"),
+        ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscriptions:\n"
+         "  - {name: s, sources: [x], subscribers: [], channels: [m]}\nchannels: {m: {type: maildir, path: m}}\n",
+         "subscriptions[0].subscribers: an empty list plans nothing; omit `subscribers`"),
         ("sources:\n  - {name: x, format: ics, location: 'ftp://example.org/a.ics'}\n", "scheme 'ftp'"),
         ("", "sources: none configured"),
 

@@ -213,6 +213,12 @@ def test_subscription_kinds_include_and_exclude(engine, tmp_path):
     # A misspelt kind matches nothing: reported, never silently an empty plan.
     out, _ = plan_with(kinds=["abstrakt"])
     assert any("match no rule" in p.message and "abstract" in p.message for p in out.problems)
+    # Kinds are judged among the rules the patterns select: the paper rule is no abstract.
+    out, kinds = plan_with(rules=["*/paper*"], kinds=["abstract"])
+    assert kinds == []
+    (problem,) = out.problems
+    assert "kinds ['abstract'] match no rule" in problem.message and "paper" in problem.message, problem
+    assert "notification" not in problem.message, problem
 
 
 # ------------------------------------------------------------------------------------------- commands

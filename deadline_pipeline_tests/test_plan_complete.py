@@ -21,18 +21,24 @@ SECONDLY = dict(uid="s@test", tzid="Europe/Berlin", dtstart="20200101T000000", s
                 rrule="FREQ=SECONDLY")
 
 
-def _config(tmp_path, *, bob_email="bob@example.org", kinds=None, events=(EVENT_A, EVENT_B)):
+def _config(tmp_path, *, bob_email="bob@example.org", kinds=None, events=(EVENT_A, EVENT_B), rules=None,
+            subscribers=None, tenant="t1"):
+    """ann and bob of ``tenant``, one subscription "all" to the ``cal`` source of tenant t1."""
     (tmp_path / "cal.ics").write_text(ics(*events), newline="")
     sub = {"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["box"]}
     if kinds:
         sub["kinds"] = kinds
-    bob = {"id": "bob", "tenant": "t1", "timezone": "America/Chicago"}
+    if rules:
+        sub["rules"] = rules
+    if subscribers:
+        sub["subscribers"] = subscribers
+    bob = {"id": "bob", "tenant": tenant, "timezone": "America/Chicago"}
     if bob_email:
         bob["email"] = bob_email
     path = write_config(
         tmp_path,
         sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1", "freshness": "P1D"}],
-        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}, bob],
+        subscribers=[{"id": "ann", "tenant": tenant, "email": "ann@example.org", "timezone": "Europe/Berlin"}, bob],
         subscriptions=[sub],
         channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
     )
@@ -93,6 +99,64 @@ def test_kinds_matching_no_rule_turn_plan_complete_red(engine, tmp_path):
     assert "papr" in out.summary and "papr" in out.offenders[0]["detail"]
     rows = {r.check: r for r in evaluate(engine, T0, cfg).rows}
     assert not rows["plan_complete"].ok and not evaluate(engine, T0, cfg).healthy
+
+
+def test_rule_patterns_matching_no_rule_id_turn_plan_complete_red(engine, tmp_path):
+    """``rules: ["a"]`` against the UIDs ``a@test`` / ``b@test`` plans nothing: plan_complete is red,
+    naming the subscription, the pattern and the source's real rule ids (their "@test")."""
+    cfg, _ = _config(tmp_path, rules=["a", "c*"])
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned == 0
+    out = w.plan_complete(engine, T0)
+    assert not out.passed and out.count == 2, out.summary  # one problem per subscriber
+    assert "subscription 'all'" in out.summary and "['a', 'c*']" in out.summary, out.summary
+    assert "'a@test', 'b@test'" in out.summary, out.summary
+    assert not evaluate(engine, T0, cfg).healthy
+
+
+def test_rule_patterns_are_not_judged_without_rules_in_force(engine, tmp_path):
+    """A source with no rule in force yet (never ingested: its freshness check is red) is no
+    pattern problem; neither is a pattern whose rule the source withdrew (nothing is owed)."""
+    cfg, _ = _config(tmp_path, rules=["a@test"])
+    assert _plan(engine, cfg, T0).problems == []
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned == 2 and w.plan_complete(engine, T0).passed
+    later = T0 + timedelta(days=10)  # a@test (due 2027-01-15) has passed: dropping it is no quarantine
+    (tmp_path / "cal.ics").write_text(ics(EVENT_B), newline="")
+    ingest(engine, cfg, later)
+    out = _plan(engine, cfg, later)
+    assert out.problems == [], out.problems
+
+
+def test_star_reaching_no_subscriber_turns_plan_complete_red(engine, tmp_path):
+    """``subscribers: ["*"]`` where every subscriber is of tenant T1 and the source of t1: nothing is
+    planned, and plan_complete says why (tenants compare exactly)."""
+    cfg, _ = _config(tmp_path, tenant="T1")
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned == 0
+    out = w.plan_complete(engine, T0)
+    assert not out.passed and out.count == 1, out.summary
+    assert "subscription 'all' reaches no subscriber" in out.summary, out.summary
+    assert "tenant 't1'" in out.summary and "['T1']" in out.summary, out.summary
+
+
+def test_a_listed_subscriber_of_another_tenant_is_planned_and_reported(engine, tmp_path):
+    """bob (tenant T1) listed by id for a source of tenant t1: his reminders are planned (dropping
+    them would be a silent miss), and plan_complete is red naming him and both tenants."""
+    cfg, _ = _config(tmp_path, tenant="T1", subscribers=["bob"])
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned > 0
+    out = w.plan_complete(engine, T0)
+    assert not out.passed and out.count == 1, out.summary
+    assert "'bob' (tenant 'T1')" in out.summary and "(tenant 't1')" in out.summary, out.summary
+
+
+def test_run_exits_1_when_rule_patterns_match_nothing(tmp_path, db_url):
+    cfg, path = _config(tmp_path, rules=["a"])
+    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path)
+    assert res.exit_code == 1, res.output
+    line = next(ln for ln in res.output.splitlines() if "plan_complete" in ln)
+    assert "FAIL" in line and "['a']" in line and "'a@test'" in line, res.output
 
 
 def test_a_refused_rule_is_red_and_does_not_hang_the_watchers(engine, tmp_path):

@@ -80,12 +80,13 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
                 offset_durations=list(subscription.offsets), channels=list(subscription.channels),
                 late_policy=subscription.late_policy, kinds=subscription.kinds,
                 exclude_kinds=subscription.exclude_kinds)], plan_out, calendars)
-            rules, _ = active_rules(conn, source_ids[src_name])
+            rules, withdrawn = active_rules(conn, source_ids[src_name])
             rules = fold_overrides(rules, src_name, plan_out)
             # A day of slack: calendar days across a DST change can be longer than their nominal length.
             lead = max((-o for o in target.offsets_seconds), default=0) + 86400
             obligations_, plan_problems = plan_target(target, rules, now,
-                                                      max(until - now, timedelta(0)) + timedelta(seconds=lead))
+                                                      max(until - now, timedelta(0)) + timedelta(seconds=lead),
+                                                      withdrawn=withdrawn)
             for pr in [*plan_out.problems, *plan_problems]:
                 problems.append({"source": src_name, "rule": pr.rule_id, "problem": pr.message})
             for ob in obligations_:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta, tzinfo
 
@@ -56,6 +56,8 @@ class Target:
     # Rule kinds to include (None = all) and to exclude (see rules.rule_kinds).
     kinds: tuple[str, ...] | None = None
     exclude_kinds: tuple[str, ...] = ()
+    # The subscription's name, for naming it in a problem ("" when unknown); not part of its identity.
+    subscription: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "offsets", tuple(o if isinstance(o, Offset) else Offset.exact(o)
@@ -197,10 +199,44 @@ def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
     return resolve_zone(rule.tz or target.source_tz or target.subscriber_tz)
 
 
+# How many of a source's rule ids a problem quotes: enough to show their shape (a UID's "@host").
+RULE_ID_SAMPLE = 5
+
+
+def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
+                       withdrawn: Collection[str] = ()) -> list[PlanProblem]:
+    """Problems of a subscription whose ``rules`` patterns or ``kinds`` select none of its source's
+    active ``rules`` (``(version, record)`` pairs): without them a misspelt pattern (``filing-1`` for
+    the UID ``filing-1@example.org``) or kind (``papr``) plans nothing for it, silently.
+
+    Not judged (empty list): a source with no rule in force (never ingested, or every rule
+    withdrawn), which its own checks report, and patterns that match only ``withdrawn`` rule ids
+    (the source dropped the deadline; nothing is owed).
+    """
+    if not rules:
+        return []
+    name = f"subscription {target.subscription!r}: " if target.subscription else "subscription "
+    # any() stops at the first match: with the usual "*" this costs one fnmatch per target.
+    if not any(target.wants(r.rule_id) for _, r in rules):
+        if any(target.wants(rid) for rid in withdrawn):
+            return []
+        ids = sorted(r.rule_id for _, r in rules)
+        more = f", … ({len(ids)} in all)" if len(ids) > RULE_ID_SAMPLE else ""
+        shown = ", ".join(repr(i) for i in ids[:RULE_ID_SAMPLE])
+        return [PlanProblem(target.source, "*", f"{name}rule patterns {list(target.rule_patterns)} match no rule id "
+                            f"of this source; its rule ids are [{shown}{more}] (patterns match the whole id, "
+                            "fnmatch)")]
+    if target.kinds and not any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
+        present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
+        return [PlanProblem(target.source, "*", f"{name}kinds {list(target.kinds)} match no rule of this source; "
+                            f"its kinds are {present}")]
+    return []
+
+
 def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                 horizon: timedelta = HORIZON, *, after: datetime | None = None, before: datetime | None = None,
-                cache: dict | None = None,
-                lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+                cache: dict | None = None, lineage: dict[str, str] | None = None,
+                withdrawn: Collection[str] = ()) -> tuple[list[PlannedObligation], list[PlanProblem]]:
     """Obligations and alerts of one target for ``rules`` (``(version, record)`` pairs).
 
     Occurrences are those due inside ``[now - 15 min, now + horizon]``, further limited to
@@ -210,10 +246,11 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     whose expansion is cut at the occurrence cap is planned up to the cut and reported as a problem.
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
     obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
+    ``withdrawn``: ids of the source's withdrawn rules (see :func:`selection_problems`).
     """
     cache = {} if cache is None else cache
     obs, problems = plan_obligations(target, rules, now, horizon, after=after, before=before, cache=cache,
-                                     lineage=lineage)
+                                     lineage=lineage, withdrawn=withdrawn)
     for ob in obs:
         ob.alerts = reminder_alerts(ob, target, now, cache)
     return obs, problems
@@ -222,10 +259,12 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
 def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                      horizon: timedelta = HORIZON, *, after: datetime | None = None,
                      before: datetime | None = None, cache: dict | None = None,
-                     lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+                     lineage: dict[str, str] | None = None,
+                     withdrawn: Collection[str] = ()) -> tuple[list[PlannedObligation], list[PlanProblem]]:
     """:func:`plan_target` without the alert rows: each obligation's key, due instant and fingerprint
     (what its alerts derive from), ``alerts`` left empty. Build them with :func:`reminder_alerts`
-    only where the stored fingerprint differs: an unchanged re-plan never computes an alert."""
+    only where the stored fingerprint differs: an unchanged re-plan never computes an alert.
+    ``withdrawn``: ids of the source's withdrawn rules (see :func:`selection_problems`)."""
     lo, hi = window(now, horizon)
     if after is not None:
         lo = max(lo, after)
@@ -234,11 +273,7 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
     rules = list(rules)
-    if target.kinds and rules and not any(kinds_allow(target.kinds, (), r) for _, r in rules):
-        # A misspelt kind ("papr") would otherwise plan nothing for this subscription, silently.
-        present = sorted({k for _, r in rules for k in rule_kinds(r)})
-        problems.append(PlanProblem(target.source, "*", f"subscription kinds {list(target.kinds)} match no rule "
-                                    f"of this source; its kinds are {present}"))
+    problems.extend(selection_problems(target, rules, withdrawn))
     profile = _profile(target)
     for version, rule in rules:
         if not target.wants_rule(rule):

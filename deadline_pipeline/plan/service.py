@@ -106,6 +106,35 @@ def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, s
         "*" in subscription.subscribers and subscriber.tenant == source.tenant)
 
 
+def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
+    """Problems of the subscriptions' subscriber lists, one per subscription and source:
+
+    * ``"*"`` that reaches no subscriber (no subscriber of the source's tenant, e.g. ``T1`` against
+      ``t1``; tenants compare exactly): the subscription plans nothing, which would otherwise pass
+      every check;
+    * a subscriber listed by id whose tenant is not the source's: planned as listed (dropping it
+      would be a silent miss), but a source's reminders are for its own tenant, so it is reported.
+    """
+    problems = []
+    tenants = sorted({m.tenant for m in cfg.subscribers})
+    by_id = {m.id: m for m in cfg.subscribers}
+    for sub in cfg.subscriptions:
+        for src_name in sub.sources:
+            src = cfg.source(src_name)
+            if not any(subscribes(sub, m, src) for m in cfg.subscribers):
+                problems.append(PlanProblem(src.name, "*", f"subscription {sub.name!r} reaches no subscriber: "
+                                            f"subscribers {sub.subscribers} has no subscriber of tenant "
+                                            f"{src.tenant!r}; the subscribers' tenants are {tenants}"))
+            others = [f"{i!r} (tenant {by_id[i].tenant!r})" for i in sub.subscribers
+                      if i in by_id and by_id[i].tenant != src.tenant]
+            if others:
+                problems.append(PlanProblem(src.name, "*", f"subscription {sub.name!r} lists subscriber(s) "
+                                            f"{', '.join(others)} of another tenant than source {src.name!r} "
+                                            f"(tenant {src.tenant!r}); planned as listed: give them the source's "
+                                            "tenant, or remove them from the subscription"))
+    return problems
+
+
 def offsets_seconds(subscription: SubscriptionConfig) -> list[int]:
     """The subscription's reminder offsets as their nominal length in seconds (negative: before the
     due instant; a day counts 86,400 s), sorted: what the store keeps and keys reminders on."""
@@ -209,7 +238,7 @@ def targets_from_rows(cfg: DeadlinesConfig, rows, out: PlanOutcome, calendars: d
                               r["source"], tz_of_source.get(r["source"]), tuple(r["rule_patterns"]),
                               _target_offsets(cfg, r, out), tuple(usable), r["quiet_hours"], r["late_policy"],
                               calendars.get(r["source"]), tuple(r["kinds"]) if r.get("kinds") else None,
-                              tuple(r.get("exclude_kinds") or ())))
+                              tuple(r.get("exclude_kinds") or ()), r.get("name") or ""))
     return targets
 
 
@@ -274,6 +303,9 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome()
+    for p in reach_problems(cfg):
+        log.error("planning: %s", p.message)
+        out.problems.append(p)
     with engine.begin() as conn:
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
@@ -356,9 +388,9 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
             chunk = {}
             limit = min(size, limit * 2)
         last_subscriber = t.subscriber_id
-        rules, _ = rules_cache[t.source_id]
+        rules, withdrawn = rules_cache[t.source_id]
         obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                         cache=cache, lineage=lineage.get(t.source_id))
+                                         cache=cache, lineage=lineage.get(t.source_id), withdrawn=withdrawn)
         for p in problems:
             log.error("planning problem: source %s rule %s: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
