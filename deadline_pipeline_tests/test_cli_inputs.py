@@ -159,6 +159,23 @@ def test_preview_window_out_of_range_names_the_option(tmp_path, window, option):
     assert "OverflowError" not in res.output
 
 
+@pytest.mark.parametrize("command", [["run"], ["status"], ["watchdog"], ["source", "accept", "1"]])
+@pytest.mark.parametrize(("value", "reason"), [
+    ("now", "not an ISO 8601 instant; write e.g. 2026-05-01T12:00:00Z"),
+    ("2026-12-01T15:00:00+25:00", "its UTC offset is out of range (-23:59 to +23:59)"),
+    ("9999-12-31T23:59:59Z", "out of range (years 1900 to 9000)"),
+    ("2026-12-01T15:00:00", "has no offset; write e.g. 2026-05-01T12:00:00Z"),
+])
+def test_as_of_gets_one_answer_from_every_command(tmp_path, command, value, reason):
+    """One parser for every command: ``status --as-of 9999-12-31T23:59:59Z`` failed with
+    ``OverflowError: date value out of range`` where ``run`` said "out of range", ``+25:00`` answered
+    with Python's timedelta repr and ``now`` with ``Invalid isoformat string``."""
+    res = _run([*command, "--as-of", value, "--config", str(EXAMPLES / "deadlines.yaml")], tmp_path)
+    assert res.exit_code == 2, res.output
+    assert f"error: --as-of {value!r}: {reason}" in res.output
+    assert "Error" not in res.output.replace("error:", "") and "timedelta" not in res.output
+
+
 # --------------------------------------------------------------------------- the UI command
 
 

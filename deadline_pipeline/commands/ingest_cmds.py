@@ -57,12 +57,12 @@ def _engine(db_url: str | None):
 def _now(as_of: str | None) -> datetime:
     if as_of is None:
         return datetime.now(UTC)
-    from deadline_pipeline.orchestration.resources import parse_instant
+    from deadline_pipeline.instants import parse_instant
 
     try:
         return parse_instant(as_of)
     except ValueError as exc:
-        raise _BadInput(f"--as-of: {exc}") from None
+        raise _BadInput(f"--as-of {as_of!r}: {exc}") from None
 
 
 def _config(config: str | None):

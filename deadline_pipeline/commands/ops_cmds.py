@@ -30,13 +30,12 @@ def _now(as_of: str | None) -> datetime:
     """``--as-of`` as aware UTC (an instant without an offset is refused), else the real clock."""
     if not as_of:
         return datetime.now(UTC)
+    from deadline_pipeline.instants import parse_instant
+
     try:
-        value = datetime.fromisoformat(as_of.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        return parse_instant(as_of)
     except ValueError as exc:
-        _fail_input(f"--as-of: {exc}")
-    if value.tzinfo is None:
-        _fail_input(f"--as-of: instant {as_of!r} has no offset; write e.g. 2026-05-01T12:00:00Z")
-    return value.astimezone(UTC)
+        _fail_input(f"--as-of {as_of!r}: {exc}")
 
 
 def _config(path: str | None, required: bool):

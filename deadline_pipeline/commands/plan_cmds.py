@@ -11,29 +11,17 @@ import click
 from deadline_pipeline.commands.common import config_option, require_config
 from deadline_pipeline.config import ConfigError, load_config
 
-#: Years a preview window may name: a re-plan adds each subscription's lead (and the grace window) to
-#: the window's ends, and 0001-01-01 minus a day ended in ``OverflowError: date value out of range``.
-#: The same range as ``run --as-of``.
-WINDOW_YEARS = (1900, 9000)
-
 
 def _instant(text: str, option: str) -> datetime:
     """``text`` as an aware UTC instant, or exit 2 naming ``option`` (unparseable, no offset, or a
-    year outside :data:`WINDOW_YEARS`)."""
-    from deadline_pipeline.orchestration.resources import parse_instant
+    year outside :data:`~deadline_pipeline.instants.INSTANT_YEARS`)."""
+    from deadline_pipeline.instants import parse_instant
 
     try:
-        value = parse_instant(text)
+        return parse_instant(text)
     except ValueError as exc:
-        click.echo(f"error: {option}: {exc}", err=True)
+        click.echo(f"error: {option} {text!r}: {exc}", err=True)
         sys.exit(2)
-    except OverflowError:  # 0001-01-01T00:00+01:00 has no UTC form
-        value = datetime.min.replace(tzinfo=UTC)
-    low, high = WINDOW_YEARS
-    if not low <= value.year <= high:
-        click.echo(f"error: {option} {text!r}: out of range (years {low} to {high})", err=True)
-        sys.exit(2)
-    return value
 
 
 def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],

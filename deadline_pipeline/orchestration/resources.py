@@ -8,6 +8,7 @@ import dagster as dg
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig, load_config
+from deadline_pipeline.instants import parse_instant
 from deadline_pipeline.store.db import get_engine
 
 
@@ -47,10 +48,3 @@ class ClockResource(dg.ConfigurableResource):
         return bool(self.as_of)
 
 
-def parse_instant(text: str) -> datetime:
-    """Parse an ISO 8601 instant (``2026-05-01T12:00:00Z``). A value without an offset is refused
-    (``ValueError``): a replayed "now" must not depend on the machine's zone."""
-    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    if value.tzinfo is None:
-        raise ValueError(f"instant {text!r} has no offset; write e.g. 2026-05-01T12:00:00Z")
-    return value.astimezone(UTC)
