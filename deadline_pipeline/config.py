@@ -10,6 +10,7 @@ expected, never as a traceback from inside pydantic or YAML.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from datetime import time, timedelta
@@ -30,6 +31,8 @@ from pydantic import (
 )
 
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_NAME = "deadlines.yaml"
 SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
@@ -54,16 +57,17 @@ class ConfigError(Exception):
         super().__init__(redact(message))
 
 
-def parse_duration(text: str) -> timedelta:
+def parse_duration(text: str, examples: str = "'-P7D', 'PT0S' or 'P1DT12H'") -> timedelta:
     """Parse an ISO 8601 duration of weeks/days/hours/minutes/seconds (``-P7D``, ``PT0S``, ``P1DT2H``).
 
     Years and months are refused: their length depends on the date, so "a month before" a deadline
-    would be ambiguous. Raises ``ValueError`` naming the text.
+    would be ambiguous. Raises ``ValueError`` naming the text, with ``examples`` of the setting's own
+    kind (a reminder offset's by default; a freshness window is never negative).
     """
     m = _DURATION.match(text.strip()) if isinstance(text, str) else None
     if not m:
         raise ValueError(
-            f"{text!r} is not an ISO 8601 duration such as '-P7D', 'PT0S' or 'P1DT12H' "
+            f"{text!r} is not an ISO 8601 duration such as {examples} "
             "(years and months are not allowed)"
         )
     parts = {k: int(v) for k, v in m.groupdict().items() if k != "sign" and v}
@@ -214,7 +218,7 @@ class SourceConfig(_Model):
     @field_validator("freshness")
     @classmethod
     def _freshness(cls, v: str) -> str:
-        if parse_duration(v) <= timedelta(0):
+        if parse_duration(v, examples="'P1D', 'PT6H' or 'P7D'") <= timedelta(0):
             raise ValueError(f"freshness {v!r} must be a positive duration such as 'P1D'")
         return v
 
@@ -733,9 +737,33 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
             f"{path}: missing column(s) {sorted(missing)}; expected id, tenant, email, webhook_url, timezone"
         )
     rows = []
-    for rec in frame.to_dict("records"):
-        rows.append({k: (v if v != "" else None) for k, v in rec.items() if k in SubscriberConfig.model_fields})
-        rows[-1] = {k: v for k, v in rows[-1].items() if v is not None}
+    first_line: dict[str, int] = {}
+    repeats = []
+    for i, rec in enumerate(frame.to_dict("records")):
+        line = i + 2  # the header is line 1
+        row = {}
+        for k, v in rec.items():
+            if k not in SubscriberConfig.model_fields:
+                continue
+            if v != v.strip():
+                # "carl ," stored the id "carl " that `subscribers: [carl]` then did not find; a
+                # spreadsheet's padding is never meant as part of an id, zone, address or URL.
+                log.warning("%s: line %d: column %s: spaces around %r removed", path, line, k, v)
+                v = v.strip()
+            if v != "":
+                row[k] = v
+        ident = row.get("id")
+        if ident is not None:
+            if ident in first_line:
+                repeats.append(f"{path}: line {line}: id {ident!r} repeats line {first_line[ident]}")
+            else:
+                first_line[ident] = line
+        rows.append(row)
+    if repeats:
+        # Named here, with lines: checked after merging, a repeat was reported against the
+        # configuration file, which does not hold it.
+        raise ConfigError("\n".join(repeats[:20]) + (f"\n… and {len(repeats) - 20} more" if len(repeats) > 20
+                                                     else ""))
     return rows
 
 

@@ -246,6 +246,32 @@ def test_subscriber_row_with_more_fields_than_the_header(tmp_path):
     assert str(err.value) == f"{tmp_path / 'subs.csv'}: line 3: 6 fields, the header has 5"
 
 
+def test_subscriber_csv_values_lose_their_padding_and_repeated_ids_name_the_csv_lines(tmp_path, caplog):
+    """``carl ,…`` stored the id ``carl `` that ``subscribers: [carl]`` did not find; a repeated id
+    was reported against the configuration file, which does not hold it."""
+    (tmp_path / "subs.csv").write_text(HEADER + "carl ,demo, carl@example.org ,,Europe/Berlin \n")
+    path = _write_with_csv(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.config"):
+        cfg = load_config(path)[0]
+    (carl,) = cfg.subscribers
+    assert (carl.id, carl.email, carl.timezone) == ("carl", "carl@example.org", "Europe/Berlin")
+    assert f"{tmp_path / 'subs.csv'}: line 2: column id: spaces around 'carl ' removed" in caplog.text
+    (tmp_path / "subs.csv").write_text(HEADER + "bob,demo,,,UTC\nann,demo,,,UTC\nbob,demo,,,UTC\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{tmp_path / 'subs.csv'}: line 4: id 'bob' repeats line 2"
+
+
+def test_freshness_that_is_not_a_duration_gets_freshness_examples(tmp_path):
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
+    path = tmp_path / "deadlines.yaml"
+    path.write_text("sources:\n  - {name: cal, format: ics, location: cal.ics, tenant: demo, freshness: 1d}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "'1d' is not an ISO 8601 duration such as 'P1D', 'PT6H' or 'P7D'" in str(err.value)
+    assert "-P7D" not in str(err.value)  # a freshness window is never negative
+
+
 def _write_with_csv(tmp_path: Path) -> Path:
     (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
     path = tmp_path / "deadlines.yaml"
