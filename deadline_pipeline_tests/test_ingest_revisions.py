@@ -413,6 +413,9 @@ def test_quarantined_snapshot_is_accepted_by_force(engine, tmp_path):
     check = source_not_quarantined(engine, "src")
     assert not check.passed and check.metadata["quarantined_snapshot_id"] == out.snapshot_id
     assert f"snapshot {out.snapshot_id}" in check.summary
+    # Said once: the row read "snapshot 2 is quarantined: snapshot 2 quarantined: would withdraw …".
+    assert check.summary.startswith(f"source 'src': snapshot {out.snapshot_id} is quarantined: would withdraw 3 "
+                                    "of 4"), check.summary
 
     accepted = apply_snapshot(engine, src, out.snapshot_id, T0 + timedelta(hours=2), force=True)
     assert accepted.status == "applied" and accepted.withdrawn == 3 and "withdraw 3 of 4" in accepted.forced_over

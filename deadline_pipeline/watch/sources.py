@@ -104,9 +104,11 @@ def evaluate_not_quarantined(name: str, state: SourceState | None) -> SourceChec
     meta = _metadata(state, timedelta(seconds=state.freshness_seconds if state else 0))
     if state is not None and state.latest_snapshot_status == "quarantined":
         meta["quarantined_snapshot_id"] = state.latest_snapshot_id
+        # The stored error starts "snapshot N quarantined: …" (ingest.service); said once here.
+        reason = (state.last_error or "").removeprefix(f"snapshot {state.latest_snapshot_id} quarantined: ")
         return SourceCheckOutcome(
             "source_not_quarantined", name, False,
-            f"source {name!r}: snapshot {state.latest_snapshot_id} is quarantined: {state.last_error}", meta)
+            f"source {name!r}: snapshot {state.latest_snapshot_id} is quarantined: {reason}", meta)
     return SourceCheckOutcome("source_not_quarantined", name, True,
                               f"source {name!r} has no quarantined snapshot waiting", meta)
 
