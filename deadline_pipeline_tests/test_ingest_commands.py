@@ -166,6 +166,14 @@ def test_validate_is_strict(world, tmp_path):
     assert "entry 3 (id=c327, line 11) deadline: unknown time zone 'Mars/Olympus'" in bad.output
     assert "INVALID: 2 problem(s), 1 rule(s) readable" in bad.output
 
+    # A file without rules: said as the reason (it read "INVALID: 0 problem(s), 0 rule(s) readable").
+    empty = tmp_path / "empty.ics"
+    empty.write_text("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//t//EN\r\nEND:VCALENDAR\r\n")
+    none = _run(world, "validate", "--format", "ics", str(empty))
+    assert none.exit_code == 1, none.output
+    assert none.output.strip().splitlines() == [f"{empty}: INVALID: no rules found (no VEVENT, VTODO, entry or row "
+                                                "with a due date)"]
+
     broken = tmp_path / "broken.yml"
     broken.write_text("- id: x\n  deadline: [unclosed\n")
     unusable = _run(world, "validate", "--format", "ai-deadlines", str(broken))

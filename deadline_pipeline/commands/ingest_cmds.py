@@ -322,10 +322,15 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
                         for rule_id, message in over_budget(parsed.rules, timezone)]
     for p in parsed.problems:
         click.echo(f"{file}: {p.position}: {p.message}")
-    if not parsed.rules:
-        click.echo(f"{file}: no rules found")
-    if parsed.problems or not parsed.rules:
+    if parsed.problems:
+        if not parsed.rules:
+            click.echo(f"{file}: no rules found")
         click.echo(f"{file}: INVALID: {len(parsed.problems)} problem(s), {len(parsed.rules)} rule(s) readable")
+        return EXIT_RED
+    if not parsed.rules:
+        # Said as the reason, not as "0 problem(s)": applied, a file without rules would withdraw
+        # every rule in force (the quarantine would hold it).
+        click.echo(f"{file}: INVALID: no rules found (no VEVENT, VTODO, entry or row with a due date)")
         return EXIT_RED
     click.echo(f"{file}: OK, {len(parsed.rules)} rule(s)")
     return EXIT_OK
