@@ -109,6 +109,17 @@ def test_source_accept_applies_a_quarantined_snapshot(world):
     out = _ingest(world, "conf", T0 + timedelta(hours=1))
     assert out.status == "quarantined"
 
+    # Before accepting: rules diff shows what the quarantined snapshot would change (it said "only one
+    # applied snapshot (1); every rule shows as added").
+    preview = _run(world, "rules", "diff", "conf")
+    assert preview.exit_code == 0, preview.output
+    assert (f"source conf: snapshot 1 (in force) -> {out.snapshot_id} (quarantined, not applied; "
+            f"'deadline-pipeline source accept {out.snapshot_id}' applies it)") in preview.output
+    assert "withdrawn 3" in preview.output and "only one applied snapshot" not in preview.output
+    data = json.loads(_run(world, "rules", "diff", "conf", "--json").output)
+    assert (data["from"], data["to"], data["to_quarantined"]) == (1, out.snapshot_id, True)
+    assert len(data["withdrawn"]) == 3
+
     not_q = _run(world, "source", "accept", "1")
     assert not_q.exit_code == 2 and "is not quarantined (status parsed)" in not_q.output
     assert _run(world, "source", "accept", "42").exit_code == 2

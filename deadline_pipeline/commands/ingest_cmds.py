@@ -160,22 +160,37 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
             except KeyError:
                 raise _BadInput(f"source {source!r} is in the store but not in the configuration {config}") \
                     from None
+        waiting = None  # a quarantined snapshot newer than every applied one
         if from_id is None:
             applied = list_snapshots(conn, row.id, statuses=("parsed",))
-            if not applied:
-                raise _BadInput(f"source {source!r} has no applied snapshot yet")
-            to_id = applied[0].id
-            from_id = applied[1].id if len(applied) > 1 else None
+            latest = list_snapshots(conn, row.id)[:1]
+            if latest and latest[0].parse_status == "quarantined":
+                # What an operator asks before `source accept`: what would it change? The default
+                # compared the two last applied snapshots instead, and with one applied it said
+                # "every rule shows as added" while the quarantined snapshot was the point.
+                waiting = latest[0].id
+                to_id, from_id = waiting, (applied[0].id if applied else None)
+            else:
+                if not applied:
+                    raise _BadInput(f"source {source!r} has no applied snapshot yet")
+                to_id = applied[0].id
+                from_id = applied[1].id if len(applied) > 1 else None
         old = _rules_of_snapshot(conn, row, from_id, default_tz) if from_id is not None else None
         new = _rules_of_snapshot(conn, row, to_id, default_tz)
     diff = diff_snapshots(old.rules if old else [], new.rules, new.problems)
     skipped = {"from": len(old.problems) if old else 0, "to": len(new.problems)}
     if as_json:
-        click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "skipped_records": skipped,
-                               **diff.to_json()}, indent=2, ensure_ascii=False))
+        click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "to_quarantined": waiting is not None,
+                               "skipped_records": skipped, **diff.to_json()}, indent=2, ensure_ascii=False))
         return EXIT_OK
-    header = (f"source {source}: snapshot {from_id} -> {to_id}" if from_id is not None
-              else f"source {source}: only one applied snapshot ({to_id}); every rule shows as added")
+    if waiting is not None:
+        header = (f"source {source}: snapshot {from_id} (in force) -> {to_id} (quarantined, not applied; "
+                  f"'deadline-pipeline source accept {to_id}' applies it)" if from_id is not None
+                  else f"source {source}: snapshot {to_id} (quarantined, not applied); no snapshot was applied "
+                  "before it, so every rule shows as added")
+    else:
+        header = (f"source {source}: snapshot {from_id} -> {to_id}" if from_id is not None
+                  else f"source {source}: only one applied snapshot ({to_id}); every rule shows as added")
     click.echo(format_diff(diff, header=header))
     for side, count in skipped.items():
         if count:
