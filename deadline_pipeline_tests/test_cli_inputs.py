@@ -105,6 +105,9 @@ def test_status_and_watchdog_on_a_store_that_was_never_initialised(tmp_path, db_
     ("not a url", "'not a url' is not a database URL"),
     # Unparsed, the URL was printed with its password in full.
     ("postgresql//ops:s3cret@db.example/deadlines", "'postgresql//ops:***@db.example/deadlines' is not a database URL"),
+    # A port that is not a number: it was "ValueError: invalid literal for int() with base 10".
+    ("postgresql://ops:s3cret@db.example:notaport/deadlines",
+     "ops:***@db.example:notaport/deadlines' is not a database URL"),
     # In memory: each connection is a database of its own; run failed deep inside with 500 lines.
     ("sqlite://", "store sqlite://: an in-memory SQLite database keeps nothing between connections or commands"),
     ("sqlite:///:memory:", "store sqlite:///:memory:: an in-memory SQLite database keeps nothing"),
@@ -141,6 +144,12 @@ def test_sqlite_store_in_a_missing_folder_names_the_folder(tmp_path, command, ur
     assert f"the folder {folder} does not exist" in res.output
     assert "migrate.lock" not in res.output and "FileNotFoundError" not in res.output
     assert not folder.exists()  # not created behind the user's back
+    if not uri:
+        # The read-only commands say the same, not "no schema yet: run db upgrade" (which refuses it).
+        status = _run(["status", "--db-url", url, "--config", str(EXAMPLES / "deadlines.yaml")], tmp_path)
+        assert status.exit_code == 2, status.output
+        assert f"does not exist: its folder {folder} does not exist" in status.output
+        assert "db upgrade" not in status.output
 
 
 # --------------------------------------------------------------------------- preview window
@@ -162,6 +171,8 @@ def test_preview_window_out_of_range_names_the_option(tmp_path, window, option):
 @pytest.mark.parametrize("command", [["run"], ["status"], ["watchdog"], ["source", "accept", "1"]])
 @pytest.mark.parametrize(("value", "reason"), [
     ("now", "not an ISO 8601 instant; write e.g. 2026-05-01T12:00:00Z"),
+    # Empty (a cron line's unset $ASOF): status and watchdog took it for "now", run refused it.
+    ("", "not an ISO 8601 instant; write e.g. 2026-05-01T12:00:00Z"),
     ("2026-12-01T15:00:00+25:00", "its UTC offset is out of range (-23:59 to +23:59)"),
     ("9999-12-31T23:59:59Z", "out of range (years 1900 to 9000)"),
     ("2026-12-01T15:00:00", "has no offset; write e.g. 2026-05-01T12:00:00Z"),

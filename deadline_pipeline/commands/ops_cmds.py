@@ -28,7 +28,7 @@ def _fail_input(message: str) -> None:
 
 def _now(as_of: str | None) -> datetime:
     """``--as-of`` as aware UTC (an instant without an offset is refused), else the real clock."""
-    if not as_of:
+    if as_of is None:
         return datetime.now(UTC)
     from deadline_pipeline.instants import parse_instant
 
@@ -84,6 +84,11 @@ def _engine(db_url: str | None):
                "`deadline-pipeline run` first")
     if (parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
             and not parsed.query.get("uri") and not Path(parsed.database).exists()):
+        folder = Path(parsed.database).resolve().parent
+        if (db_url or os.environ.get("DEADLINE_DB_URL")) and not folder.is_dir():
+            # "run db upgrade" would be wrong advice: it refuses a store in a missing folder (only the
+            # embedded default's folder is created).
+            return None, f"the store at {shown} does not exist: its folder {folder} does not exist"
         return None, missing
     engine = make_engine(url)
     try:

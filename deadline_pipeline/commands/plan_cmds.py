@@ -232,7 +232,7 @@ def register(main: click.Group) -> None:
         from deadline_pipeline.store.db import StoreUrlError, get_engine
 
         t0, t1 = _instant(start, "--from"), _instant(end, "--to")
-        now = _instant(as_of, "--as-of") if as_of else None
+        now = _instant(as_of, "--as-of") if as_of is not None else None
         if t1 <= t0:
             click.echo("error: --to must be after --from", err=True)
             sys.exit(2)

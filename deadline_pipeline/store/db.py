@@ -67,7 +67,7 @@ def check_store_url(url: str, *, folder: bool = True) -> None:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number ('host:notaport')
         # Not parsed, so SQLAlchemy cannot hide its password: whatever stands between a ':' and the
         # '@' is masked here ('postgresql//admin:S3cret@host/db' printed the password in full).
         shown = re.sub(r"(?<=:)[^:@/]*(?=@)", "***", url)
