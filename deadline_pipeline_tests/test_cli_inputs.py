@@ -355,6 +355,13 @@ def test_run_counts_failed_sends_and_the_red_check_says_why(tmp_path):
     row = next(ln for ln in later.splitlines() if ln.strip().startswith("alerts_reconciled"))
     assert "FAIL" in row and "(retry_wait; attempt 2 failed: channel 'hook' (webhook " in row, row
     assert f"Cannot connect to host 127.0.0.1:{port}" in row, row
+    # The watchdog (cron, no Dagster) says the same; its row gave the oldest instant alone.
+    watchdog = _run(["watchdog", "--config", str(path), "--db-url", url, "--as-of", "2027-01-14T12:00:00Z"],
+                    tmp_path, **{TOKEN_VAR: "t0ken"})
+    assert watchdog.exit_code == 1, watchdog.output
+    row = next(ln for ln in watchdog.output.splitlines() if "alerts_reconciled" in ln and "overdue" in ln)
+    assert "(retry_wait; attempt 2 failed: channel 'hook' (webhook " in row, row
+    assert f"Cannot connect to host 127.0.0.1:{port}" in row and "t0ken" not in watchdog.output, row
 
 
 # --------------------------------------------------------------------------- occurrences

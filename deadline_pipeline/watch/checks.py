@@ -86,6 +86,16 @@ def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def oldest_text(first: dict) -> str:
+    """``2027-01-14T11:00:00+00:00 (retry_wait; attempt 2 failed: <last error>)`` for an overdue
+    alert row (:func:`~deadline_pipeline.store.health.overdue_alerts`). The last error is in the
+    text itself: a red row then says why (a closed port, a refused address), which was only in the
+    sweep's log lines."""
+    error = (f"; attempt {first['attempts']} failed: {_shorten(first['last_error'])}"
+             if first.get("last_error") else "")
+    return f"{first['send_at'].isoformat()} ({first['status']}{error})"
+
+
 def _alert_offender(r: dict, reason: str) -> dict:
     return {"alert_id": r["id"], "reason": reason, "send_at": _iso(r["send_at"]), "status": r["status"],
             "channel": r["channel"], "subscriber": r["subscriber"], "title": r["title"],
@@ -105,13 +115,8 @@ def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelt
     count = overdue + unreceipted
     parts = []
     if overdue:
-        first = oldest[0]
-        # The oldest's last error in the summary itself: the red row then says why (a closed port,
-        # a refused address), which was only in the sweep's log lines.
-        error = (f"; attempt {first['attempts']} failed: {_shorten(first['last_error'])}"
-                 if first.get("last_error") else "")
         parts.append(f"{overdue} alert(s) overdue by more than {human_duration(grace)}; oldest due "
-                     f"{first['send_at'].isoformat()} ({first['status']}{error})")
+                     f"{oldest_text(oldest[0])}")
     if unreceipted:
         parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
                      f"(first: alert {forged[0]['id']})")

@@ -32,16 +32,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
-from deadline_pipeline.store.health import future_instants
+from deadline_pipeline.store.health import future_instants, overdue_alerts
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
-from deadline_pipeline.watch.checks import plan_complete
+from deadline_pipeline.watch.checks import oldest_text, plan_complete
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
 
 log = logging.getLogger(__name__)
 
-HANDLED = ("delivered", "escalated", "cancelled", "superseded", "skipped")
 # Machines' clocks drift by seconds under NTP; more than this ahead is not drift.
 CLOCK_SKEW = timedelta(minutes=2)
 SWEEP_COMPONENTS = ("deliver", "deliver:idle")
@@ -87,15 +86,13 @@ class WatchReport:
 
 
 def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
-    overdue_cond = and_(alerts.c.send_at < now - grace, alerts.c.status.not_in(HANDLED))
-    overdue = conn.execute(select(func.count()).select_from(alerts).where(overdue_cond)).scalar_one()
-    oldest = conn.execute(select(func.min(alerts.c.send_at)).where(overdue_cond)).scalar_one()
+    overdue, oldest = overdue_alerts(conn, now - grace, 1)
     receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
     forged = conn.execute(select(func.count()).select_from(alerts)
                           .where(alerts.c.status == "delivered", ~receipt)).scalar_one()
     rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
                      f"{overdue} alert(s) due before {(now - grace).isoformat()} not delivered/escalated/cancelled; "
-                     f"oldest due {oldest.isoformat() if oldest else '-'}" if overdue else
+                     f"oldest due {oldest_text(oldest[0]) if oldest else '-'}" if overdue else
                      f"nothing overdue past the {human_duration(grace)} grace window"),
             WatchRow("alerts_reconciled", "receipts", forged == 0,
                      f"{forged} alert(s) marked delivered without a 'sent' delivery attempt" if forged else
