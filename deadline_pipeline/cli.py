@@ -44,6 +44,13 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except BrokenPipeError:
+            # The reader went away (`deadline-pipeline snapshots list SRC | head -3`): not an error
+            # of the command, which printed "error: BrokenPipeError". As the Python documentation
+            # advises (signal module, "Note on SIGPIPE"): point stdout at devnull so the flush at
+            # exit does not raise again, and exit 1.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - reported, never swallowed: exit code says it failed
             from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 

@@ -367,6 +367,20 @@ def test_run_counts_failed_sends_and_the_red_check_says_why(tmp_path):
 # --------------------------------------------------------------------------- occurrences
 
 
+def test_output_into_a_closed_pipe_is_not_reported_as_an_error(tmp_path):
+    """``… | head -3``: the reader leaves; the command printed "error: BrokenPipeError" before."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "deadline_pipeline.cli", "occurrences", "--dtstart",
+                             "20270101T000000Z", "--rrule", "FREQ=DAILY;COUNT=3000", "--after", "2027-01-01T00:00:00Z",
+                             "--before", "2036-01-01T00:00:00Z"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()  # before the command writes: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "BrokenPipeError" not in err and "Traceback" not in err and "error:" not in err, err
+
+
 def test_occurrences_logs_the_cap_once_while_counting_the_rest(caplog):
     caplog.set_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences")
     # 43,200 minutes in the window: the first 5,000 printed, the rest counted in ~8 capped batches.
