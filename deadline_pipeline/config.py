@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import unicodedata
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
@@ -248,6 +249,17 @@ class SubscriberConfig(_Model):
     caldav_url: str | None = None
     # Fills "{target}" in an apprise channel's service URL (a chat id, a topic, a user key); not a secret.
     apprise_target: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        # A CSV value in quotes may hold a newline: "car\nl" was accepted as an id that no
+        # `subscribers: [...]` list can name and that splits every report line it is printed on.
+        bad = next((c for c in v if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+        if bad is not None:
+            raise ValueError(f"{v!r} contains the control character U+{ord(bad):04X}; an id is one line "
+                             "of printable text")
+        return v
 
     @field_validator("quiet_hours")
     @classmethod
@@ -682,31 +694,78 @@ def _expand(path: str, base: Path) -> str:
 MAX_SUBSCRIBERS_BYTES = 64 * 1024 * 1024
 
 
-def _check_field_counts(data: bytes, path: Path) -> None:
-    """Raise :class:`ConfigError` for a subscriber row with more fields than the header
-    (``line 7: 6 fields, the header has 5``). pandas takes the surplus first field as the row's index
+def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
+    """``(header line, header names as written, first line of each record)`` of a subscriber file,
+    lines counted from 1 in the file as a text editor shows it. Blank and whitespace-only lines are
+    skipped as pandas skips them; a quoted value may span lines, so a record is numbered by the line
+    it starts on. Counting pandas records instead put every message after a blank line or a
+    multi-line value on the wrong line.
+
+    Raises :class:`ConfigError` for a row with more fields than the header
+    (``line 7: 6 fields, the header has 5``): pandas takes the surplus first field as the row's index
     and shifts every other value one column left, so the error named the wrong column (an id read as
-    a tenant, an address as a zone), or none at all. A row with fewer fields leaves the rest empty."""
+    a tenant, an address as a zone), or none at all. A row with fewer fields leaves the rest empty.
+    Returns ``(0, [], [])`` for a file that is not UTF-8; pandas then names the problem."""
     import csv
     import io
 
+    header_line, header, starts, problems = 0, [], [], []
     try:
         reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""))
-        header = next(reader, None)
-        if header is None:
-            return
-        problems = []
+        end = 0
         for row in reader:
+            start, end = end + 1, reader.line_num
+            # pandas skips an empty or whitespace-only line, not a quoted empty value ("").
+            if not row or (len(row) == 1 and row[0] != "" and not row[0].strip()):
+                continue
+            if not header_line:
+                header_line, header = start, row
+                continue
+            starts.append(start)
             if len(row) > len(header):
-                problems.append(f"{path}: line {reader.line_num}: {len(row)} fields, the header has {len(header)}")
-    except (UnicodeDecodeError, csv.Error):
-        return  # the CSV reader below names the problem
+                problems.append(f"{path}: line {start}: {len(row)} fields, the header has {len(header)}")
+    except UnicodeDecodeError:
+        return 0, [], []
+    except csv.Error as exc:  # a field over the reader's limit (131,072 characters), which pandas reads
+        raise ConfigError(f"{path}: line {reader.line_num}: not a readable CSV row: {exc}") from None
     if problems:
         raise ConfigError("\n".join(problems[:20]) + (f"\n… and {len(problems) - 20} more row(s)" if len(problems) > 20
                                                        else ""))
+    return header_line, header, starts
 
 
-def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
+def _subscriber_columns(header: list[str], header_line: int, path: Path) -> list[str]:
+    """The header's names without surrounding spaces (a removal is logged), one per column.
+
+    Raises :class:`ConfigError` naming the file, line and column for a name that is not a
+    subscriber field, a nameless column or a name given twice. An unknown column was once skipped
+    without a word: ``tenant `` or ``tenat`` left every subscriber in tenant ``default``, never
+    planned for its sources' tenant while every check stayed green."""
+    known = list(SubscriberConfig.model_fields)
+    names, problems = [], []
+    for n, raw in enumerate(header, start=1):
+        name = raw.strip()
+        if name != raw:
+            log.warning("%s: line %d: column name %r: spaces around it removed", path, header_line, raw)
+        if not name:
+            problems.append(f"column {n} has no name")
+        elif name in names:
+            problems.append(f"column {n}: {name!r} repeats column {names.index(name) + 1}")
+        elif name not in SubscriberConfig.model_fields:
+            problems.append(f"column {n}: unknown column {name!r}"
+                            + did_you_mean(name, ("subscribers", 0, name)))
+        names.append(name)
+    if problems:
+        raise ConfigError("\n".join(f"{path}: line {header_line}: {p}" for p in problems)
+                          + f"\n{path}: the columns a subscriber file may have are {', '.join(known)}")
+    return names
+
+
+def _read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]]:
+    """``(line, row)`` per subscriber of the CSV file ``path``: the line the record starts on and its
+    non-empty values by column, spaces around them removed (logged). Raises :class:`ConfigError`
+    naming ``path`` (and the line) for an unreadable or oversized file, a header that is not made of
+    subscriber fields, a row with too many fields, or a repeated id."""
     import io
 
     import pandas as pd
@@ -723,7 +782,7 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     if len(data) > MAX_SUBSCRIBERS_BYTES:
         raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
                           "(limit of the subscriber file)")
-    _check_field_counts(data, path)
+    header_line, header, lines = _csv_layout(data, path)
     try:
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
@@ -731,20 +790,22 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
     if len(frame) > MAX_CSV_ROWS:
         raise ConfigError(f"{config_path}: subscribers_csv: {path} has more than {MAX_CSV_ROWS:,} rows "
                           "(limit of the subscriber file)")
+    if len(lines) != len(frame) or len(header) != len(frame.columns):
+        # Never print a line number that may be wrong: refuse what the two readers see differently.
+        raise ConfigError(f"{path}: cannot tell which line each record is on ({len(frame)} record(s) read, "
+                          f"{len(lines)} counted); a line holding only a quoted blank value (\" \") is one "
+                          "cause: remove it")
+    frame.columns = _subscriber_columns(header, header_line, path)
     missing = {"id", "timezone"} - set(frame.columns)
     if missing:
-        raise ConfigError(
-            f"{path}: missing column(s) {sorted(missing)}; expected id, tenant, email, webhook_url, timezone"
-        )
+        raise ConfigError(f"{path}: line {header_line}: missing column(s) {sorted(missing)}; "
+                          f"the columns are {', '.join(SubscriberConfig.model_fields)}")
     rows = []
     first_line: dict[str, int] = {}
     repeats = []
-    for i, rec in enumerate(frame.to_dict("records")):
-        line = i + 2  # the header is line 1
+    for line, rec in zip(lines, frame.to_dict("records"), strict=True):
         row = {}
         for k, v in rec.items():
-            if k not in SubscriberConfig.model_fields:
-                continue
             if v != v.strip():
                 # "carl ," stored the id "carl " that `subscribers: [carl]` then did not find; a
                 # spreadsheet's padding is never meant as part of an id, zone, address or URL.
@@ -758,7 +819,7 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[dict]:
                 repeats.append(f"{path}: line {line}: id {ident!r} repeats line {first_line[ident]}")
             else:
                 first_line[ident] = line
-        rows.append(row)
+        rows.append((line, row))
     if repeats:
         # Named here, with lines: checked after merging, a repeat was reported against the
         # configuration file, which does not hold it.
@@ -826,8 +887,16 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         csv_path = Path(_expand(raw["subscribers_csv"], base))
         raw["subscribers_csv"] = str(csv_path)
         from_csv = _read_subscribers_csv(csv_path, path)
-        extra, problems = [], []
-        for line, r in enumerate(from_csv, start=2):  # line 1 is the header
+        inline = {sub["id"]: i for i, sub in enumerate(raw.get("subscribers") or [])
+                  if isinstance(sub, dict) and isinstance(sub.get("id"), str)}
+        # Checked here, with the CSV line: after merging, the repeat was reported against the
+        # configuration file alone ("subscribers: ids repeat"), which holds only one of the copies.
+        problems = [f"{csv_path}: line {line}: id {r['id']!r} is also in the configuration's `subscribers:` "
+                    f"list ({path}: subscribers[{inline[r['id']]}])" for line, r in from_csv if r.get("id") in inline]
+        if problems:
+            raise ConfigError("\n".join(problems))
+        extra = []
+        for line, r in from_csv:
             try:
                 extra.append(SubscriberConfig.model_validate(r))
             except ValidationError as exc:
@@ -838,7 +907,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
         if problems:
             raise ConfigError("\n".join(problems))
         raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
-        origins.update({r.get("id"): f"{csv_path}: line {line}" for line, r in enumerate(from_csv, start=2)})
+        origins.update({r.get("id"): f"{csv_path}: line {line}" for line, r in from_csv})
 
     try:
         cfg = DeadlinesConfig.model_validate(raw)

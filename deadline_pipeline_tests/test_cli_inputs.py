@@ -273,6 +273,66 @@ def test_subscriber_csv_values_lose_their_padding_and_repeated_ids_name_the_csv_
     assert str(err.value) == f"{tmp_path / 'subs.csv'}: line 4: id 'bob' repeats line 2"
 
 
+def test_subscriber_csv_header_names_lose_their_padding(tmp_path, caplog):
+    """``tenant `` was an unknown column skipped without a word: the subscriber fell to tenant
+    ``default`` and was never planned; `` timezone`` read as a missing column, `` webhook_url`` lost
+    the URL."""
+    (tmp_path / "subs.csv").write_text("id,tenant , webhook_url, timezone\nann,demo,http://127.0.0.1:9/h,UTC\n")
+    path = _write_with_csv(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.config"):
+        (ann,) = load_config(path)[0].subscribers
+    assert (ann.tenant, ann.webhook_url, ann.timezone) == ("demo", "http://127.0.0.1:9/h", "UTC")
+    assert f"{tmp_path / 'subs.csv'}: line 1: column name 'tenant ': spaces around it removed" in caplog.text
+
+
+def test_subscriber_csv_unknown_column_is_refused_naming_the_file_and_the_known_columns(tmp_path):
+    (tmp_path / "subs.csv").write_text("id,tenat,email,webhook_url,timezone\nann,demo,,,UTC\n")
+    path = _write_with_csv(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    csv_file = tmp_path / "subs.csv"
+    assert str(err.value) == (
+        f"{csv_file}: line 1: column 2: unknown column 'tenat'; did you mean `tenant`?\n"
+        f"{csv_file}: the columns a subscriber file may have are id, tenant, email, webhook_url, timezone, "
+        "quiet_hours, caldav_url, apprise_target")
+
+
+def test_subscriber_csv_messages_name_file_lines_past_blank_lines_and_multi_line_values(tmp_path, caplog):
+    """pandas skips blank lines and reads a quoted value across lines: counting its records put
+    every later message on the wrong line."""
+    csv_file = tmp_path / "subs.csv"
+    csv_file.write_text(HEADER + '\nann,demo,"ann\n@example.org",,UTC\n\nbob,demo,,,Nowhere/Land\n')
+    path = _write_with_csv(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{csv_file}: line 3 (id 'ann'), column email" in str(err.value)
+    assert f"{csv_file}: line 6 (id 'bob'), column timezone" in str(err.value)
+    csv_file.write_text(HEADER + '\nann,demo,,,"Europe/\nBerlin"\n\ncarl ,demo,,,UTC\n\nann,demo,,,UTC\n')
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.config"), pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{csv_file}: line 6: column id: spaces around 'carl ' removed" in caplog.text
+    assert str(err.value) == f"{csv_file}: line 8: id 'ann' repeats line 3"
+
+
+def test_subscriber_in_the_csv_and_inline_names_the_csv_line(tmp_path):
+    (tmp_path / "subs.csv").write_text(HEADER + "ann,demo,,,UTC\nbob,demo,,,UTC\n")
+    path = _write_with_csv(tmp_path)
+    path.write_text(path.read_text() + "subscribers:\n  - {id: bob, tenant: demo}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{tmp_path / 'subs.csv'}: line 3: id 'bob' is also in the configuration's "
+                              f"`subscribers:` list ({path}: subscribers[0])")
+
+
+def test_subscriber_id_with_a_line_break_is_refused(tmp_path):
+    (tmp_path / "subs.csv").write_text(HEADER + '"car\nl",demo,,,UTC\n')
+    path = _write_with_csv(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{tmp_path / 'subs.csv'}: line 2 (id 'car\\nl'), column id: 'car\\nl' contains "
+                              "the control character U+000A; an id is one line of printable text")
+
+
 def test_freshness_that_is_not_a_duration_gets_freshness_examples(tmp_path):
     (tmp_path / "cal.ics").write_text(ics(EVENT_A), newline="")
     path = tmp_path / "deadlines.yaml"
