@@ -221,6 +221,41 @@ def test_subscription_kinds_include_and_exclude(engine, tmp_path):
     assert "notification" not in problem.message, problem
 
 
+def test_kinds_of_a_withdrawn_rule_are_no_problem(engine, tmp_path):
+    """``kinds: [paper]`` after the source dropped its only paper deadline (past, as feeds drop past
+    conferences' dates): nothing is owed, so no problem — the withdrawn rule had that kind. A kind
+    no rule ever had stays a problem."""
+    dates = {"abstract": "2027-03-01 23:59:59", "paper": "2027-03-08 23:59:59", "notification": "2027-05-01 23:59:59"}
+
+    def edition(*types):
+        return ai_deadlines({"title": "CONF", "year": 2027, "id": "conf27", "deadlines": [
+            {"type": t, "label": t.title(), "date": dates[t], "timezone": "AoE"} for t in types]})
+
+    def plan_at(now, kinds):
+        path = write_config(
+            tmp_path, sources=[{"name": "conf", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t"}],
+            subscribers=[{"id": "ann", "tenant": "t", "email": "a@example.org", "timezone": "UTC"}],
+            subscriptions=[{"name": "s", "sources": ["conf"], "channels": ["mail"], "kinds": kinds}],
+            channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}})
+        cfg = load_config(path)[0]
+        for s in cfg.sources:
+            fetch_snapshot(engine, s, now)
+            apply_latest_snapshot(engine, s, now)
+        return plan_all(engine, cfg, now)
+
+    (tmp_path / "conf.yml").write_text(edition("abstract", "paper", "notification"))
+    assert plan_at(T0, ["paper"]).problems == []
+    later = datetime(2027, 3, 20, tzinfo=UTC)  # the paper date has passed: dropping it is no quarantine
+    (tmp_path / "conf.yml").write_text(edition("abstract", "notification"))
+    out = plan_at(later, ["paper"])
+    assert out.problems == [], out.problems
+    out = plan_at(later, ["papr"])
+    assert [p.message for p in out.problems] == [
+        "subscription 's': kinds ['papr'] match no rule of this source; its kinds are "
+        "['abstract', 'deadline', 'notification']"], out.problems
+
+
+
 # ------------------------------------------------------------------------------------------- commands
 
 

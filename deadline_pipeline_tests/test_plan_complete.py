@@ -95,7 +95,7 @@ def test_kinds_matching_no_rule_turn_plan_complete_red(engine, tmp_path):
     ingest(engine, cfg, T0)
     assert _plan(engine, cfg, T0).obligations_planned == 0
     out = w.plan_complete(engine, T0)
-    assert not out.passed and out.count == 2, out.summary  # one problem per subscriber
+    assert not out.passed and out.count == 1, out.summary  # one problem per subscription
     assert "papr" in out.summary and "papr" in out.offenders[0]["detail"]
     rows = {r.check: r for r in evaluate(engine, T0, cfg).rows}
     assert not rows["plan_complete"].ok and not evaluate(engine, T0, cfg).healthy
@@ -106,9 +106,12 @@ def test_rule_patterns_matching_no_rule_id_turn_plan_complete_red(engine, tmp_pa
     naming the subscription, the pattern and the source's real rule ids (their "@test")."""
     cfg, _ = _config(tmp_path, rules=["a", "c*"])
     ingest(engine, cfg, T0)
-    assert _plan(engine, cfg, T0).obligations_planned == 0
+    planned = _plan(engine, cfg, T0)
+    assert planned.obligations_planned == 0
+    # ann and bob meet the same problem: listed once, not once per subscriber (1,000 lines for 1,000).
+    assert len(planned.problems) == 1, planned.problems
     out = w.plan_complete(engine, T0)
-    assert not out.passed and out.count == 2, out.summary  # one problem per subscriber
+    assert not out.passed and out.count == 1, out.summary
     assert "subscription 'all'" in out.summary and "['a', 'c*']" in out.summary, out.summary
     assert "'a@test', 'b@test'" in out.summary, out.summary
     assert not evaluate(engine, T0, cfg).healthy
@@ -149,6 +152,58 @@ def test_a_listed_subscriber_of_another_tenant_is_planned_and_reported(engine, t
     out = w.plan_complete(engine, T0)
     assert not out.passed and out.count == 1, out.summary
     assert "'bob' (tenant 'T1')" in out.summary and "(tenant 't1')" in out.summary, out.summary
+    # Nothing was left unplanned: the summary says what the run reported, not that.
+    assert "unplanned" not in out.summary and "(test) reported 1 problem(s): cal/*: " in out.summary, out.summary
+
+
+def test_star_reaching_no_one_is_reported_next_to_a_listed_subscriber(engine, tmp_path):
+    """``subscribers: ["*", "bob"]`` with ann and bob of tenant T1 and the source of t1: bob is
+    planned as listed, and both the "*" that reaches no one and bob's tenant are reported."""
+    cfg, _ = _config(tmp_path, tenant="T1", subscribers=["*", "bob"])
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    assert out.obligations_planned > 0
+    messages = [p.message for p in out.problems]
+    assert len(messages) == 2, messages
+    assert any("'*' in subscribers ['*', 'bob'] reaches no subscriber" in m and "tenant 't1'" in m
+               for m in messages), messages
+    assert any("'bob' (tenant 'T1')" in m for m in messages), messages
+
+
+def _two_sources(tmp_path, rules):
+    """ann of tenant t1 and one subscription ``both`` with ``rules`` over ``cal`` (a@test, b@test)
+    and ``conf`` (c@conf)."""
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A, EVENT_B), newline="")
+    (tmp_path / "conf.ics").write_text(ics(dict(EVENT_A, uid="c@conf")), newline="")
+    path = write_config(
+        tmp_path,
+        sources=[{"name": n, "format": "ics", "location": f"{n}.ics", "tenant": "t1", "freshness": "P1D"}
+                 for n in ("cal", "conf")],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "both", "sources": ["cal", "conf"], "offsets": ["-P1D"], "channels": ["box"],
+                        "rules": rules}],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+    return load_config(path)[0]
+
+
+def test_rule_patterns_are_judged_per_subscription_over_its_sources(engine, tmp_path):
+    """``rules: ["a@*"]`` over ``cal`` and ``conf`` selects cal's a@test and nothing of conf: the
+    subscription is meant for cal's rule, no problem. Patterns selecting nothing in either source
+    are one problem naming both sources and some rule ids of each."""
+    cfg = _two_sources(tmp_path, ["a@*"])
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    assert out.obligations_planned == 1 and out.problems == [], out.problems
+    assert w.plan_complete(engine, T0).passed
+    cfg = _two_sources(tmp_path, ["x*"])
+    out = _plan(engine, cfg, T0)
+    assert len(out.problems) == 1, out.problems
+    (p,) = out.problems
+    assert p.source == "cal, conf" and "subscription 'both'" in p.message, p
+    assert "selects no rule in any of its sources ['cal', 'conf']" in p.message, p.message
+    assert "cal: rule patterns ['x*']" in p.message and "'a@test', 'b@test'" in p.message, p.message
+    assert "conf: rule patterns ['x*']" in p.message and "'c@conf'" in p.message, p.message
 
 
 def test_run_exits_1_when_rule_patterns_match_nothing(tmp_path, db_url):
@@ -189,10 +244,10 @@ def test_a_rule_cut_at_the_occurrence_cap_is_red_and_keeps_what_was_expanded(eng
     out = _plan(engine, cfg, T0)
     hourly_obs = out.obligations_planned - 2  # EVENT_A once for ann and bob
     assert hourly_obs == 2 * 30, out.obligations_planned  # the expanded part is planned, not dropped
-    assert [p.rule_id for p in out.problems] == ["hourly@test", "hourly@test"]  # one per subscriber
+    assert [p.rule_id for p in out.problems] == ["hourly@test"]  # ann's and bob's identical problem, once
     cut = "2027-01-11T06:00:00+00:00"  # the 31st hour: the first occurrence left out
     check = w.plan_complete(engine, T0)
-    assert not check.passed and check.count == 2, check.summary
+    assert not check.passed and check.count == 1, check.summary
     for text in (check.summary, check.offenders[0]["detail"]):
         assert "cal/hourly@test" in text and "more than 30 occurrences" in text, text
         assert f"expansion stopped at {cut}" in text and f"due from {cut} on are not planned" in text, text

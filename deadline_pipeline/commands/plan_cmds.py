@@ -32,7 +32,7 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
     and planner as planning, from the configuration and the rule versions in the store."""
     from sqlalchemy import select
 
-    from deadline_pipeline.plan.planner import plan_target
+    from deadline_pipeline.plan.planner import plan_target, subscription_selection_problems
     from deadline_pipeline.plan.service import (
         PlanOutcome,
         business_calendars,
@@ -51,6 +51,8 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
     source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
     calendars = business_calendars(conn, cfg, PlanOutcome())
     for subscription in cfg.subscriptions:
+        # (target, rules, withdrawn) per source: the subscription is judged once over all of them.
+        selection = []
         for src_name in subscription.sources:
             src = cfg.source(src_name)
             if not subscribes(subscription, sub, src):
@@ -72,9 +74,9 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
             rules = fold_overrides(rules, src_name, plan_out)
             # A day of slack: calendar days across a DST change can be longer than their nominal length.
             lead = max((-o for o in target.offsets_seconds), default=0) + 86400
+            selection.append((target, rules, withdrawn))
             obligations_, plan_problems = plan_target(target, rules, now,
-                                                      max(until - now, timedelta(0)) + timedelta(seconds=lead),
-                                                      withdrawn=withdrawn)
+                                                      max(until - now, timedelta(0)) + timedelta(seconds=lead))
             for pr in [*plan_out.problems, *plan_problems]:
                 problems.append({"source": src_name, "rule": pr.rule_id, "problem": pr.message})
             for ob in obligations_:
@@ -87,6 +89,8 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
                         "offset": a.offset.text() if a.offset else offset_text(a.offset_seconds),
                         "offset_zone": ob.zone,
                     }
+        for pr in subscription_selection_problems(selection):
+            problems.append({"source": pr.source, "rule": pr.rule_id, "problem": pr.message})
     return alerts_by_key, due_by_obligation, problems
 
 

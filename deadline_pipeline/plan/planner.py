@@ -17,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta, tzinfo
 
@@ -203,15 +203,23 @@ def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
 RULE_ID_SAMPLE = 5
 
 
+# Ids of a source's withdrawn rules, each with its kinds when known (see selection_problems).
+Withdrawn = Mapping[str, Collection[str]] | Collection[str]
+
+
 def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
-                       withdrawn: Collection[str] = ()) -> list[PlanProblem]:
-    """Problems of a subscription whose ``rules`` patterns or ``kinds`` select none of its source's
+                       withdrawn: Withdrawn = ()) -> list[PlanProblem]:
+    """Problems of a subscription whose ``rules`` patterns or ``kinds`` select none of one source's
     active ``rules`` (``(version, record)`` pairs): without them a misspelt pattern (``filing-1`` for
-    the UID ``filing-1@example.org``) or kind (``papr``) plans nothing for it, silently.
+    the UID ``filing-1@example.org``) or kind (``papr``) plans nothing for it, silently. Judged per
+    source; :func:`subscription_selection_problems` judges a subscription over all its sources.
 
     Not judged (empty list): a source with no rule in force (never ingested, or every rule
-    withdrawn), which its own checks report, and patterns that match only ``withdrawn`` rule ids
-    (the source dropped the deadline; nothing is owed).
+    withdrawn), which its own checks report; patterns that match only ``withdrawn`` rule ids, and
+    ``kinds`` that only a withdrawn rule the patterns select had (the source dropped the deadline,
+    e.g. a past conference's paper date; nothing is owed). ``withdrawn``: rule id → that rule's kinds
+    (:func:`~deadline_pipeline.rules.rule_kinds` of its last record), or bare ids when the kinds are
+    unknown — then any withdrawn rule the patterns select exempts ``kinds``.
     """
     if not rules:
         return []
@@ -227,16 +235,43 @@ def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
                             f"of this source; its rule ids are [{shown}{more}] (patterns match the whole id, "
                             "fnmatch)")]
     if target.kinds and not any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
+        wanted = {k.lower() for k in target.kinds}
+        for rid in withdrawn:
+            if target.wants(rid):
+                had = withdrawn[rid] if isinstance(withdrawn, Mapping) else None
+                # Kinds unknown (bare ids): a selected withdrawn rule may have been the kind asked for.
+                if had is None or wanted & {k.lower() for k in had}:
+                    return []
         present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
         return [PlanProblem(target.source, "*", f"{name}kinds {list(target.kinds)} match no rule of this source; "
                             f"its kinds are {present}")]
     return []
 
 
+def subscription_selection_problems(
+        per_source: Iterable[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]]) -> list[PlanProblem]:
+    """The selection problem of one subscription over its sources, ``per_source`` holding one
+    ``(target, active rules, withdrawn)`` per source (see :func:`selection_problems`): none when its
+    patterns and kinds select a rule in any source with rules in force (a subscription over ``cal``
+    and ``conf`` with ``filing-*`` is meant for ``cal``'s filings), or when no source is judged.
+    Otherwise one problem: a single judged source's own, or one naming every judged source (source
+    field ``"cal, conf"``) with each source's message (its rule ids or kinds)."""
+    judged = [(t, selection_problems(t, rules, withdrawn)) for t, rules, withdrawn in per_source if rules]
+    if not judged or any(not found for _, found in judged):
+        return []
+    if len(judged) == 1:
+        return judged[0][1]
+    first = judged[0][0]
+    name = f"subscription {first.subscription!r}: " if first.subscription else "subscription "
+    names = [t.source for t, _ in judged]
+    each = "; ".join(f"{t.source}: {p.message.removeprefix(name)}" for t, found in judged for p in found)
+    return [PlanProblem(", ".join(names), "*", f"{name}selects no rule in any of its sources {names} — {each}")]
+
+
 def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                 horizon: timedelta = HORIZON, *, after: datetime | None = None, before: datetime | None = None,
-                cache: dict | None = None, lineage: dict[str, str] | None = None,
-                withdrawn: Collection[str] = ()) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+                cache: dict | None = None,
+                lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
     """Obligations and alerts of one target for ``rules`` (``(version, record)`` pairs).
 
     Occurrences are those due inside ``[now - 15 min, now + horizon]``, further limited to
@@ -246,11 +281,12 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     whose expansion is cut at the occurrence cap is planned up to the cut and reported as a problem.
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
     obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
-    ``withdrawn``: ids of the source's withdrawn rules (see :func:`selection_problems`).
+    Whether the subscription selects any rule at all is not judged here (it is one judgement per
+    subscription, not per subscriber: :func:`subscription_selection_problems`).
     """
     cache = {} if cache is None else cache
     obs, problems = plan_obligations(target, rules, now, horizon, after=after, before=before, cache=cache,
-                                     lineage=lineage, withdrawn=withdrawn)
+                                     lineage=lineage)
     for ob in obs:
         ob.alerts = reminder_alerts(ob, target, now, cache)
     return obs, problems
@@ -259,12 +295,10 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
 def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                      horizon: timedelta = HORIZON, *, after: datetime | None = None,
                      before: datetime | None = None, cache: dict | None = None,
-                     lineage: dict[str, str] | None = None,
-                     withdrawn: Collection[str] = ()) -> tuple[list[PlannedObligation], list[PlanProblem]]:
+                     lineage: dict[str, str] | None = None) -> tuple[list[PlannedObligation], list[PlanProblem]]:
     """:func:`plan_target` without the alert rows: each obligation's key, due instant and fingerprint
     (what its alerts derive from), ``alerts`` left empty. Build them with :func:`reminder_alerts`
-    only where the stored fingerprint differs: an unchanged re-plan never computes an alert.
-    ``withdrawn``: ids of the source's withdrawn rules (see :func:`selection_problems`)."""
+    only where the stored fingerprint differs: an unchanged re-plan never computes an alert."""
     lo, hi = window(now, horizon)
     if after is not None:
         lo = max(lo, after)
@@ -273,7 +307,6 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
     rules = list(rules)
-    problems.extend(selection_problems(target, rules, withdrawn))
     profile = _profile(target)
     for version, rule in rules:
         if not target.wants_rule(rule):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -40,6 +41,7 @@ from deadline_pipeline.plan.planner import (
     plan_obligations,
     plan_target,
     reminder_rows,
+    subscription_selection_problems,
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
@@ -71,6 +73,23 @@ class PlanOutcome:
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
     direct_write_fallbacks: int = 0
+    # (source, rule id, message) of each problem in ``problems``: a problem every subscriber of a
+    # subscription meets (a refused rule) is listed and logged once, not once per subscriber.
+    _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)
+
+    def add_problems(self, problems: Iterable[PlanProblem], log_as: str = "planning problem") -> list[PlanProblem]:
+        """Add the problems not already listed (same source, rule id and message), log each new one
+        once (error, prefixed ``log_as``) and return them."""
+        new = []
+        for p in problems:
+            key = (p.source, p.rule_id, p.message)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            self.problems.append(p)
+            new.append(p)
+            log.error("%s: source %s rule %s: %s", log_as, p.source, p.rule_id, p.message)
+        return new
 
     @property
     def alerts_written(self) -> int:
@@ -111,7 +130,7 @@ def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
 
     * ``"*"`` that reaches no subscriber (no subscriber of the source's tenant, e.g. ``T1`` against
       ``t1``; tenants compare exactly): the subscription plans nothing, which would otherwise pass
-      every check;
+      every check — also when it lists others by id (``["*", "bob"]``): the ``"*"`` meant someone;
     * a subscriber listed by id whose tenant is not the source's: planned as listed (dropping it
       would be a silent miss), but a source's reminders are for its own tenant, so it is reported.
     """
@@ -124,6 +143,10 @@ def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
             if not any(subscribes(sub, m, src) for m in cfg.subscribers):
                 problems.append(PlanProblem(src.name, "*", f"subscription {sub.name!r} reaches no subscriber: "
                                             f"subscribers {sub.subscribers} has no subscriber of tenant "
+                                            f"{src.tenant!r}; the subscribers' tenants are {tenants}"))
+            elif "*" in sub.subscribers and not any(m.tenant == src.tenant for m in cfg.subscribers):
+                problems.append(PlanProblem(src.name, "*", f"subscription {sub.name!r}: '*' in subscribers "
+                                            f"{sub.subscribers} reaches no subscriber: there is none of tenant "
                                             f"{src.tenant!r}; the subscribers' tenants are {tenants}"))
             others = [f"{i!r} (tenant {by_id[i].tenant!r})" for i in sub.subscribers
                       if i in by_id and by_id[i].tenant != src.tenant]
@@ -303,9 +326,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome()
-    for p in reach_problems(cfg):
-        log.error("planning: %s", p.message)
-        out.problems.append(p)
+    out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         rules_cache: dict[int, tuple] = {}
@@ -315,6 +336,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                 rules, withdrawn = sql.active_rules(conn, t.source_id)
                 rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
                 lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
+        out.add_problems(selection_problems(targets, rules_cache))
 
         sql.create_stage(conn)
         try:
@@ -346,6 +368,22 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         finally:
             sql.drop_stage(conn)
     return out
+
+
+def selection_problems(targets: list[Target], rules_cache: dict[int, tuple]) -> list[PlanProblem]:
+    """Each subscription's selection problem (:func:`~deadline_pipeline.plan.planner.subscription_selection_problems`),
+    judged once per subscription over its sources — not per subscriber, whose targets differ only in
+    who is reminded. ``rules_cache``: source id → (active rules, withdrawn rules) of every target's
+    source. Costs one dict look-up per target."""
+    by_subscription: dict[tuple, dict[int, Target]] = {}
+    for t in targets:
+        key = (t.subscription, t.rule_patterns, t.kinds, t.exclude_kinds)
+        by_subscription.setdefault(key, {}).setdefault(t.source_id, t)
+    problems = []
+    for per_source in by_subscription.values():
+        problems.extend(subscription_selection_problems(
+            (t, *rules_cache[sid]) for sid, t in sorted(per_source.items(), key=lambda i: i[1].source)))
+    return problems
 
 
 # A run that inserted at least this many rows refreshes the tables' statistics before it reads them
@@ -388,13 +426,12 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
             chunk = {}
             limit = min(size, limit * 2)
         last_subscriber = t.subscriber_id
-        rules, withdrawn = rules_cache[t.source_id]
+        rules, _withdrawn = rules_cache[t.source_id]
         obs, problems = plan_obligations(t, rules, now, horizon, after=lo, before=hi + timedelta(microseconds=1),
-                                         cache=cache, lineage=lineage.get(t.source_id), withdrawn=withdrawn)
+                                         cache=cache, lineage=lineage.get(t.source_id))
         for p in problems:
-            log.error("planning problem: source %s rule %s: %s", p.source, p.rule_id, p.message)
             failed.add((t.source_id, p.rule_id))
-        out.problems.extend(problems)
+        out.add_problems(problems)
         slots = len(t.offsets) * len(t.channels)
         for o in obs:
             first = chunk.get(o.key)

@@ -47,7 +47,7 @@ from sqlalchemy import (
     update,
 )
 
-from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.rules import RuleRecord, rule_kinds
 from deadline_pipeline.store.schema import (
     Id,
     UtcDateTime,
@@ -173,11 +173,14 @@ def active_targets(conn: Connection):
     ).mappings().all()
 
 
-def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, RuleRecord]], set[str]]:
-    """The latest active version of each rule of a source, and the ids of withdrawn rules."""
+def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, RuleRecord]], dict[str, frozenset[str]]]:
+    """The latest active version of each rule of a source (``(version, record)``, by rule id), and
+    each withdrawn rule's id → its kinds (:func:`~deadline_pipeline.rules.rule_kinds` of the record it
+    last had: a withdrawal keeps that payload), so a subscription's ``kinds`` that only a withdrawn
+    rule had are not judged a typo."""
     latest = latest_versions(conn, source_id)
     rules = [(v["version"], RuleRecord.from_payload(v["payload"])) for v in latest.values() if not v["withdrawn"]]
-    withdrawn = {rid for rid, v in latest.items() if v["withdrawn"]}
+    withdrawn = {rid: frozenset(rule_kinds(v["payload"] or {})) for rid, v in latest.items() if v["withdrawn"]}
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 

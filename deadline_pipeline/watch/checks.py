@@ -181,9 +181,11 @@ _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
 def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     """The last completed planning run had no planning problem (see the module docstring).
 
-    Red for a run whose outcome is ``partial``: each problem is a reminder not planned on purpose
-    but not by the subscriber's choice, e.g. a subscriber without an email on a mail channel, which
-    left ``fanout_complete`` and ``reminders_owed`` green (both only expect what can be planned).
+    Red for a run whose outcome is ``partial``: each problem is one the configuration or a source must
+    fix, e.g. a subscriber without an email on a mail channel (its reminders are not planned, which
+    left ``fanout_complete`` and ``reminders_owed`` green: both only expect what can be planned), or a
+    subscriber of another tenant (planned as listed). The summary reads ``the planning run completed
+    <instant> (<run>) reported N problem(s): …``.
     Green when planning has never run (``horizon_planned`` is red for that)."""
     with engine.connect() as conn:
         beats = health.read_heartbeats(conn)
@@ -197,9 +199,13 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     if last.get("last_outcome") == "partial":
         found = _PROBLEM_COUNT.search(detail)
         count = int(found.group(1)) if found else 1
+        # Not "left reminders unplanned": some problems plan every reminder (a subscriber of another
+        # tenant is planned as listed), so the summary says what is known — the run's problems.
+        run = detail[:found.start()].rstrip("; ") if found else ""
+        listed = detail[found.start():] if found else detail
         return CheckOutcome("plan_complete", False, max(count, 1),
-                            f"the planning run completed {last['last_completed_at'].isoformat()} left reminders "
-                            f"unplanned: {detail[:500]}", [offender])
+                            f"the planning run completed {last['last_completed_at'].isoformat()}"
+                            f"{f' ({run})' if run else ''} reported {listed[:500]}", [offender])
     return CheckOutcome("plan_complete", True, 0, f"the planning run completed "
                         f"{last['last_completed_at'].isoformat()} reported no problem", [])
 

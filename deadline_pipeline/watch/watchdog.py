@@ -177,7 +177,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     report.rows.append(_heartbeat_row("sweep_alive", "deliver", beats, SWEEP_COMPONENTS, now,
                                       timedelta(minutes=watch.sweep_interval_minutes) + hb_grace))
     report.rows.append(_heartbeat_row("plan_alive", "plan", beats, ("plan",), now, plan_allowed))
-    # Planning that ran on time but knowingly left reminders unplanned (its heartbeat says "partial").
+    # Planning that ran on time but reported problems (its heartbeat says "partial").
     planned = plan_complete(engine, now)
     report.rows.append(WatchRow("plan_complete", "plan", planned.passed, planned.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
