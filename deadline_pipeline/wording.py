@@ -86,3 +86,8 @@ def offset_words(seconds: int) -> str:
 def offset_text(seconds: int) -> str:
     """An offset as ISO 8601 and in words: ``-604800`` → ``"-P7D, 7 days before"``."""
     return f"{iso_duration(seconds)}, {offset_words(seconds)}"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in ``…`` when cut."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -144,7 +144,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
                config: str | None) -> int:
     """``rules diff``; returns the exit code. Raises :class:`_BadInput` for unusable arguments."""
     from deadline_pipeline.ingest.diff import diff_snapshots, format_diff
-    from deadline_pipeline.store.sources import list_snapshots
+    from deadline_pipeline.store.sources import latest_snapshot, list_snapshots
 
     if (from_id is None) != (to_id is None):
         raise _BadInput("give both --from and --to, or neither (default: the last two applied snapshots)")
@@ -163,12 +163,12 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         waiting = None  # a quarantined snapshot newer than every applied one
         if from_id is None:
             applied = list_snapshots(conn, row.id, statuses=("parsed",))
-            latest = list_snapshots(conn, row.id)[:1]
-            if latest and latest[0].parse_status == "quarantined":
+            latest = latest_snapshot(conn, row.id)
+            if latest is not None and latest.parse_status == "quarantined":
                 # What an operator asks before `source accept`: what would it change? The default
                 # compared the two last applied snapshots instead, and with one applied it said
                 # "every rule shows as added" while the quarantined snapshot was the point.
-                waiting = latest[0].id
+                waiting = latest.id
                 to_id, from_id = waiting, (applied[0].id if applied else None)
             else:
                 if not applied:

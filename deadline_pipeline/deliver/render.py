@@ -37,7 +37,7 @@ import jinja2
 
 from deadline_pipeline.deliver.notification import Notification
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
-from deadline_pipeline.wording import iso_duration, offset_words
+from deadline_pipeline.wording import iso_duration, offset_words, shorten
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # The Message-ID domain when the sender has none usable (RFC 5322 §3.6.4 wants a domain the
@@ -228,10 +228,6 @@ def _late(n: Notification, zone) -> str | None:
             + "; ".join(reasons))
 
 
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
 def _context(n: Notification) -> dict:
     zone = resolve_zone(n.subscriber_tz)
     title = one_line(n.title) or "(untitled)"
@@ -243,7 +239,7 @@ def _context(n: Notification) -> dict:
         "subscriber_id": one_line(n.subscriber_id),
         "title": title,
         # Shortened for the subject only, so a very long title cannot push the due time out of it.
-        "subject_title": _shorten(title, SUBJECT_TITLE_MAX_CHARS),
+        "subject_title": shorten(title, SUBJECT_TITLE_MAX_CHARS),
         "source": one_line(n.source),
         "rule_id": one_line(n.rule_id),
         "zone_name": one_line(n.subscriber_tz),
@@ -287,7 +283,7 @@ def render(n: Notification) -> RenderedMessage:
     except jinja2.TemplateError as exc:
         raise RenderError(n.dedup_key, f"{n.kind} template: {exc.__class__.__name__}: {exc}") from exc
     # Sanitised again after rendering: whatever a template does, the subject stays one header line.
-    subject = _shorten(header_text(subject), SUBJECT_MAX_CHARS)
+    subject = shorten(header_text(subject), SUBJECT_MAX_CHARS)
     return RenderedMessage(subject=subject, text=text, html=html)
 
 

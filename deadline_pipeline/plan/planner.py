@@ -203,12 +203,12 @@ def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
 RULE_ID_SAMPLE = 5
 
 
-# Ids of a source's withdrawn rules, each with its kinds when known (see selection_problems).
-Withdrawn = Mapping[str, Collection[str]] | Collection[str]
+# A source's withdrawn rules: rule id -> the kinds of the record it last had (see selection_problems).
+Withdrawn = Mapping[str, Collection[str]]
 
 
 def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
-                       withdrawn: Withdrawn = ()) -> list[PlanProblem]:
+                       withdrawn: Withdrawn | None = None) -> list[PlanProblem]:
     """Problems of a subscription whose ``rules`` patterns or ``kinds`` select none of one source's
     active ``rules`` (``(version, record)`` pairs): without them a misspelt pattern (``filing-1`` for
     the UID ``filing-1@example.org``) or kind (``papr``) plans nothing for it, silently. Judged per
@@ -218,11 +218,12 @@ def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
     withdrawn), which its own checks report; patterns that match only ``withdrawn`` rule ids, and
     ``kinds`` that only a withdrawn rule the patterns select had (the source dropped the deadline,
     e.g. a past conference's paper date; nothing is owed). ``withdrawn``: rule id → that rule's kinds
-    (:func:`~deadline_pipeline.rules.rule_kinds` of its last record), or bare ids when the kinds are
-    unknown — then any withdrawn rule the patterns select exempts ``kinds``.
+    (:func:`~deadline_pipeline.rules.rule_kinds` of its last record,
+    :func:`~deadline_pipeline.store.planning.active_rules`).
     """
     if not rules:
         return []
+    withdrawn = withdrawn or {}
     name = f"subscription {target.subscription!r}: " if target.subscription else "subscription "
     # any() stops at the first match: with the usual "*" this costs one fnmatch per target.
     if not any(target.wants(r.rule_id) for _, r in rules):
@@ -236,12 +237,8 @@ def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
                             "fnmatch)")]
     if target.kinds and not any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
         wanted = {k.lower() for k in target.kinds}
-        for rid in withdrawn:
-            if target.wants(rid):
-                had = withdrawn[rid] if isinstance(withdrawn, Mapping) else None
-                # Kinds unknown (bare ids): a selected withdrawn rule may have been the kind asked for.
-                if had is None or wanted & {k.lower() for k in had}:
-                    return []
+        if any(target.wants(rid) and wanted & set(had) for rid, had in withdrawn.items()):
+            return []  # rule_kinds gives lower case
         present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
         return [PlanProblem(target.source, "*", f"{name}kinds {list(target.kinds)} match no rule of this source; "
                             f"its kinds are {present}")]

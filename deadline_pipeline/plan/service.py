@@ -336,7 +336,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                 rules, withdrawn = sql.active_rules(conn, t.source_id)
                 rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
                 lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
-        out.add_problems(selection_problems(targets, rules_cache))
+        out.add_problems(subscriptions_selection_problems(targets, rules_cache))
 
         sql.create_stage(conn)
         try:
@@ -370,7 +370,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def selection_problems(targets: list[Target], rules_cache: dict[int, tuple]) -> list[PlanProblem]:
+def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[int, tuple]) -> list[PlanProblem]:
     """Each subscription's selection problem (:func:`~deadline_pipeline.plan.planner.subscription_selection_problems`),
     judged once per subscription over its sources — not per subscriber, whose targets differ only in
     who is reminded. ``rules_cache``: source id → (active rules, withdrawn rules) of every target's

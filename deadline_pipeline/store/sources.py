@@ -123,15 +123,6 @@ def latest_snapshot(conn: Connection, source_id: int):
     ).first()
 
 
-def latest_applied_snapshot_id(conn: Connection, source_id: int) -> int | None:
-    """The id of the most recently fetched snapshot of a source that was applied (``parsed``): the one
-    whose rules are in force. None when none was."""
-    return conn.execute(
-        select(snapshots.c.id).where(snapshots.c.source_id == source_id, snapshots.c.parse_status == "parsed")
-        .order_by(snapshots.c.fetched_at.desc(), snapshots.c.id.desc()).limit(1)
-    ).scalar()
-
-
 def requeue_snapshot(conn: Connection, snapshot_id: int, now: datetime) -> None:
     """Make an older snapshot the latest again (its bytes came back) so that it is re-applied.
     ``fetched_at`` then means "last fetched"; the bytes and their hash are unchanged."""

@@ -53,7 +53,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.store import health
-from deadline_pipeline.wording import human_duration
+from deadline_pipeline.wording import human_duration, shorten
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +80,12 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _shorten(text: str, limit: int = 300) -> str:
-    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
 def oldest_text(first: dict) -> str:
     """``2027-01-14T11:00:00+00:00 (retry_wait; attempt 2 failed: <last error>)`` for an overdue
     alert row (:func:`~deadline_pipeline.store.health.overdue_alerts`). The last error is in the
     text itself: a red row then says why (a closed port, a refused address), which was only in the
     sweep's log lines."""
-    error = (f"; attempt {first['attempts']} failed: {_shorten(first['last_error'])}"
+    error = (f"; attempt {first['attempts']} failed: {shorten(' '.join(first['last_error'].split()), 300)}"
              if first.get("last_error") else "")
     return f"{first['send_at'].isoformat()} ({first['status']}{error})"
 

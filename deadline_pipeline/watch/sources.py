@@ -150,13 +150,13 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
         if q_id != out.metadata.get("snapshot_id"):
             out.summary += (f"; the newer snapshot {q_id} is quarantined, not applied (see "
                             f"source_not_quarantined; 'deadline-pipeline source accept {q_id}')")
-        else:
-            out.summary = out.summary.replace(f"snapshot {q_id} ", f"quarantined snapshot {q_id} (not applied) ", 1)
         return out
     meta = {"snapshot_id": snapshot_id, "snapshot_status": status}
     if not report:
         return SourceCheckOutcome("rules_complete", name, True,
                                   f"source {name!r}: no parsed snapshot with skipped records", meta)
+    label = (f"quarantined snapshot {snapshot_id} (not applied)" if status == "quarantined"
+             else f"snapshot {snapshot_id}")
     skipped, held = report.get("skipped_count", 0), report.get("held") or []
     meta.update(rules=report.get("rules"), skipped_count=skipped, held_count=len(held), held=held[:20],
                 skipped=(report.get("skipped") or [])[:10], accepted=bool(report.get("accepted")))
@@ -165,11 +165,11 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
         kept = f"; {len(held)} rule(s) kept in force from their last good version" if held else ""
         return SourceCheckOutcome(
             "rules_complete", name, False,
-            f"source {name!r}: snapshot {snapshot_id} skipped {skipped} record(s) and yielded "
+            f"source {name!r}: {label} skipped {skipped} record(s) and yielded "
             f"{report.get('rules')} rule(s){kept}; first: {first}. Fix the source, or run 'deadline-pipeline "
             f"source accept {snapshot_id}' to accept the loss", meta)
     return SourceCheckOutcome("rules_complete", name, True,
-                              f"source {name!r}: snapshot {snapshot_id} yielded {report.get('rules')} rule(s)"
+                              f"source {name!r}: {label} yielded {report.get('rules')} rule(s)"
                               + (", its skipped records accepted by a human" if skipped else ", none skipped"),
                               meta)
 
@@ -184,7 +184,7 @@ def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:
         meta = sql.snapshot_meta(conn, latest.id) if latest is not None else None
         if meta is not None and meta.parse_status == "quarantined":
             quarantined = (meta.id, meta.parse_report)
-            applied = sql.latest_applied_snapshot_id(conn, row.id)
-            meta = sql.snapshot_meta(conn, applied) if applied is not None else meta
+            applied = sql.list_snapshots(conn, row.id, statuses=("parsed",))[:1]
+            meta = sql.snapshot_meta(conn, applied[0].id) if applied else meta
     return evaluate_rules_complete(name, meta.id if meta else None, meta.parse_status if meta else None,
                                    meta.parse_report if meta else None, quarantined)
