@@ -368,12 +368,19 @@ def record_sent(conn: Connection, items: list[tuple[int, int, str, datetime]], *
             "UPDATE delivery_attempts AS d SET finished_at = v.s, outcome = 'sent', provider_message_id = v.p "
             "FROM unnest(CAST(%(t)b AS bigint[]), CAST(%(p)b AS text[]), CAST(%(s)b AS timestamptz[])) AS v(t, p, s) "
             "WHERE d.id = v.t"), params)
+        # The owner check alone selects the claim's rows: a claim sets lease_owner (unique per
+        # claim) together with status 'claimed', and every write that moves an alert out of
+        # 'claimed' clears it. A status condition here let the planner, whose statistics rarely
+        # know how many alerts are claimed, scan an index by status for the batch: every claimed
+        # alert's entry, live or dead (the old (status, send_at) index), or the whole partial claim
+        # index (the backlog), on every batch (test_delivery_claim_order.py reads the plan). Without
+        # it only the primary key (or a scan of a small table) can find the rows.
         rows = _pg_execute(conn, (
             "UPDATE alerts AS a SET status = 'delivered', provider_message_id = v.p, delivered_at = v.s, "
             "attempts = a.attempts + 1, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, "
             "next_attempt_at = NULL, updated_at = CAST(%(now)b AS timestamptz) "
             "FROM unnest(CAST(%(a)b AS bigint[]), CAST(%(p)b AS text[]), CAST(%(s)b AS timestamptz[])) AS v(a, p, s) "
-            "WHERE a.id = v.a AND a.lease_owner = CAST(%(owner)b AS text) AND a.status = 'claimed' RETURNING a.id"),
+            "WHERE a.id = v.a AND a.lease_owner = CAST(%(owner)b AS text) RETURNING a.id"),
             params).all()
         return {int(r[0]) for r in rows}
     done = set()
