@@ -72,11 +72,28 @@ class UtcDateTime(TypeDecorator):
         return value
 
     def process_result_value(self, value: datetime | None, dialect):
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return _utc_result(value)
+
+    def result_processor(self, dialect, coltype):
+        # The function itself, not TypeDecorator's wrapper around process_result_value: the sweep's
+        # claim reads three instants per alert, and the wrapper's extra calls were half their cost
+        # (a claim of 500: 17.6 ms of CPU, 4.7 ms of it in these conversions; cProfile).
+        impl = self.impl_instance.result_processor(dialect, coltype)
+        if impl is None:
+            return _utc_result
+        return lambda value: _utc_result(impl(value))
+
+
+def _utc_result(value: datetime | None) -> datetime | None:
+    """A stored instant as aware UTC: naive values (SQLite's text) are UTC already."""
+    if value is None:
+        return None
+    tz = value.tzinfo
+    if tz is UTC:
+        return value
+    if tz is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 sources = Table(
