@@ -201,3 +201,40 @@ def test_every_send_starts_after_its_attempt_row_is_committed(engine):
     assert sorted(channel.seen) == sorted(keys)
     for key, rows in channel.seen.items():
         assert [attempt for attempt, _ in rows] == [1], (key, rows)
+
+
+def test_every_way_out_of_a_claim_ends_its_lease_so_a_late_record_changes_nothing(db_url):
+    """The record statement selects a claim's rows by ``lease_owner`` alone (no status condition,
+    which misled PostgreSQL's planner into scanning the backlog): that holds only while no alert
+    keeps a lease owner outside ``claimed``. Every write that moves an alert out of ``claimed``
+    (delivered, released, retry, escalated after a failure, escalated unsent) is walked here; a late
+    record by the old owner must then change none of them."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        ids = _seed(engine, 5)
+        started = _claim_and_start(engine, "old#1#r", 5)
+        assert sorted(started) == sorted(ids)
+        a, b, c, d, e = ids
+        with engine.begin() as conn:
+            assert dsql.record_sent(conn, [(a, started[a], "HTTP 200", T0)], owner="old#1#r", now=T0) == {a}
+            assert dsql.release(conn, [b], owner="old#1#r", now=T0) == 1
+            assert dsql.mark_failed(conn, c, owner="old#1#r", now=T0, error="503", next_attempt_at=T0, escalate=False)
+            assert dsql.mark_failed(conn, d, owner="old#1#r", now=T0, error="410", next_attempt_at=None, escalate=True)
+            assert dsql.escalate_unsent(conn, e, owner="old#1#r", now=T0, reason="missed", attempts_consumed=0)
+        with engine.connect() as conn:
+            held = conn.execute(select(alerts.c.id, alerts.c.status).where(alerts.c.lease_owner.is_not(None))).all()
+            before = conn.execute(select(alerts.c.id, alerts.c.status, alerts.c.attempts, alerts.c.delivered_at)
+                                  .order_by(alerts.c.id)).all()
+        assert held == []
+        with engine.begin() as conn:
+            late = dsql.record_sent(conn, [(i, started[i], "HTTP 200", T0 + timedelta(minutes=1)) for i in ids],
+                                    owner="old#1#r", now=T0 + timedelta(minutes=1))
+        assert late == set()
+        with engine.connect() as conn:
+            after = conn.execute(select(alerts.c.id, alerts.c.status, alerts.c.attempts, alerts.c.delivered_at)
+                                 .order_by(alerts.c.id)).all()
+        assert after == before
+        assert [s for _, s, _, _ in after] == ["delivered", "pending", "retry_wait", "escalated", "escalated"]
+    finally:
+        engine.dispose()

@@ -386,6 +386,26 @@ def test_noop_revisions_change_no_alert(engine, tmp_path):
     assert applied.changed == 0 and _count(engine, rule_versions) == versions
 
 
+def test_a_title_that_is_not_text_is_repaired_and_every_deadline_planned(engine, tmp_path):
+    """A lone UTF-16 surrogate ("\\ud800" in a YAML title: not a character, no UTF-8 encoder takes
+    it) was stored on SQLite and then failed planning for every source with UnicodeEncodeError;
+    on PostgreSQL it failed the whole snapshot. Now it is stored as the text ``\\ud800`` (an
+    escaped surrogate pair becomes its character), the repair is reported, and every deadline of
+    both editions is planned."""
+    editions = [_edition(1, title="C1 \ud800 lone"), _edition(2, title="C2 \ud83d\ude00 pair"), _edition(3)]
+    cfg = _planned_world(tmp_path, ai_deadlines(*editions))
+    assert "\\uD800" in (tmp_path / "conf.yml").read_text(), "the YAML itself carries the escape"
+    _f, applied = _ingest(engine, cfg.sources[0], T0)
+    assert applied.status == "applied", applied.error
+    assert any("c127" in p and "unpaired UTF-16 surrogate" in p for p in applied.problems), applied.problems
+    assert any("c227" in p and "joined" in p for p in applied.problems), applied.problems
+    plan = plan_all(engine, cfg, T0)
+    assert not plan.problems, plan.problems
+    with engine.connect() as conn:
+        titles = sorted(t.split(" 2027")[0] for t in conn.execute(select(obligations.c.title)).scalars())
+    assert titles == ["C1 \\ud800 lone", "C2 \U0001F600 pair", "C3"]
+    assert len(_alerts(engine)) == 3 * 3
+
 def test_renamed_edition_is_a_rename(engine, tmp_path):
     editions = [_edition(i) for i in range(1, 5)]
     cfg = _planned_world(tmp_path, ai_deadlines(*editions))

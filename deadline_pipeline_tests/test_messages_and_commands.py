@@ -407,6 +407,11 @@ def test_alert_actions_name_missing_ids_blocking_states_and_the_os_user(engine, 
             "cancelled by carol"
     res = CliRunner().invoke(main, ["alerts", "acknowledge", str(ids[1]), "--by", "dave", "--db-url", db_url])
     assert res.exit_code == 1 and f"alert {ids[1]}: it is cancelled" in res.output
+    assert "the others are not escalated or were already acknowledged" in res.output
+    # Only a missing id left alone: no sentence about "the others", which read as if some existed.
+    res = CliRunner().invoke(main, ["alerts", "acknowledge", "999999", "--by", "dave", "--db-url", db_url])
+    assert res.exit_code == 1 and "alert 999999: no such alert" in res.output
+    assert "the others" not in res.output, res.output
 
 
 def test_occurrences_at_the_cap_exits_1_and_counts_what_it_left_out():

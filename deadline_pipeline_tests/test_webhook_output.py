@@ -287,3 +287,23 @@ def test_the_wire_request_equals_a_plain_aiohttp_post_of_the_documented_bytes(mo
         await server.wait_closed()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("title", [
+    "Plain", "Prüfungsanmeldung – Frist", "截止日期 🎓", 'quote " and back\\slash', "tab\there, new\nline",
+    "controls \x00\x01\x1f and DEL \x7f", "separators \u2028\u2029", "</script>", "",
+])
+def test_a_body_is_the_stdlib_json_bytes_of_its_document(title):
+    """The body encoder (orjson) writes exactly what ``json.dumps(ensure_ascii=False, compact)``
+    wrote before it, escapes and all: receivers that verify a signature over the bytes, or compare
+    bodies, see no change."""
+    from deadline_pipeline.deliver.channels.webhook import _encode_body, payload
+
+    n = notification_from_row({
+        "dedup_key": "k" * 32, "kind": "reminder", "subscriber": "s", "email": None, "webhook_url": "http://x/",
+        "timezone": "Europe/Berlin", "source": "src", "rule_id": "r", "title": title,
+        "due_at": datetime(2027, 3, 1, 9, tzinfo=UTC), "offset_seconds": -86400, "payload": {"note": title},
+        "send_at": datetime(2027, 2, 28, 9, tzinfo=UTC), "attempts": 2}, datetime(2027, 2, 28, 9, 0, 1, tzinfo=UTC))
+    doc = payload(n)
+    assert _encode_body(doc) == json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    assert json.loads(_encode_body(doc))["data"]["title"] == title

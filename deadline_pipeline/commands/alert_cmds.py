@@ -95,8 +95,11 @@ def register(main: click.Group) -> None:
         refused = [i for i in ids if i not in done]
         for i in refused:
             click.echo(f"alert {i}: {blocked_reason(before.get(i), now)}", err=True)
-        if refused:
+        if any(before.get(i) is not None for i in refused):
+            # Only about alerts that exist: after "alert 999: no such alert" alone it read as if
+            # some other alert had been left alone.
             click.echo(others, err=True)
+        if refused:
             sys.exit(EXIT_RED)
 
     @alerts.command("retry")

@@ -8,6 +8,7 @@ in force, and the loop serving the other sources goes on. Checks turn the record
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -204,7 +205,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
             f"{exc.__class__.__name__}: {exc}")
 
     problems = [sql.safe_text(f"{p.position}: {p.message}") for p in parsed.problems]
-    rules = [_without_nul(rec, problems) for rec in parsed.rules]
+    rules = [_storable(rec, problems) for rec in parsed.rules]
     for p in problems:
         log.warning("source %s: snapshot %s: skipped record: %s", src.name, snapshot_id, p)
     diff = diff_rules(latest, rules)
@@ -291,20 +292,37 @@ def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, sna
     return ApplyOutcome(src.name, "parse_failed", snapshot_id, error=msg)
 
 
-def _without_nul(rec: RuleRecord, problems: list[str]) -> RuleRecord:
-    """``rec`` with NUL characters in its text shown as ``\\x00``, the repair noted in ``problems``.
+# A UTF-16 surrogate pair written as two escapes (YAML "\ud83d\ude00"), and any surrogate left alone.
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-    PostgreSQL refuses NUL in text and JSONB; storing the rule unchanged would fail the whole
-    snapshot on one engine and not the other. The rule is kept (its date is fine) and the repair is
-    reported like a skipped part of a record.
+
+def _storable(rec: RuleRecord, problems: list[str]) -> RuleRecord:
+    """``rec`` with text no store refuses, each repair noted in ``problems``: NUL characters shown as
+    ``\\x00``; a surrogate pair written as two escapes joined into its character; a lone surrogate
+    (``"\\ud800"`` in a YAML or JSON title, not a character at all) shown as the text ``\\ud800``.
+
+    PostgreSQL refuses NUL in text and JSONB, and no UTF-8 encoder takes a lone surrogate: storing
+    the rule unchanged failed the whole snapshot on one engine, and on the other stored it and then
+    failed planning for every source (UnicodeEncodeError in the staging insert). The rule is kept
+    (its date is fine) and the repair is reported like a skipped part of a record.
     """
-    found = False
+    found: set[str] = set()
 
     def clean(value):
-        nonlocal found
-        if isinstance(value, str) and "\x00" in value:
-            found = True
-            return value.replace("\x00", "\\x00")
+        if isinstance(value, str):
+            if "\x00" in value:
+                found.add("NUL character(s) replaced by \\x00")
+                value = value.replace("\x00", "\\x00")
+            if _LONE_SURROGATE.search(value):
+                value = _SURROGATE_PAIR.sub(
+                    lambda m: chr(0x10000 + ((ord(m[0][0]) - 0xD800) << 10) + (ord(m[0][1]) - 0xDC00)), value)
+                if _LONE_SURROGATE.search(value):
+                    found.add("unpaired UTF-16 surrogate(s) (not text) shown as \\uXXXX")
+                    value = _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", value)
+                else:
+                    found.add("UTF-16 surrogate pair(s) joined into their character")
+            return value
         if isinstance(value, dict):
             return {clean(k): clean(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
@@ -314,5 +332,6 @@ def _without_nul(rec: RuleRecord, problems: list[str]) -> RuleRecord:
     payload = clean(rec.to_payload())
     if not found:
         return rec
-    problems.append(f"rule {sql.safe_text(rec.rule_id)!r}: NUL character(s) replaced by \\x00")
+    for what in sorted(found):
+        problems.append(f"rule {sql.safe_text(clean(rec.rule_id))!r}: {what}")
     return RuleRecord.from_payload(payload)

@@ -72,11 +72,28 @@ class UtcDateTime(TypeDecorator):
         return value
 
     def process_result_value(self, value: datetime | None, dialect):
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return _utc_result(value)
+
+    def result_processor(self, dialect, coltype):
+        # The function itself, not TypeDecorator's wrapper around process_result_value: the sweep's
+        # claim reads three instants per alert, and the wrapper's extra calls were half their cost
+        # (a claim of 500: 17.6 ms of CPU, 4.7 ms of it in these conversions; cProfile).
+        impl = self.impl_instance.result_processor(dialect, coltype)
+        if impl is None:
+            return _utc_result
+        return lambda value: _utc_result(impl(value))
+
+
+def _utc_result(value: datetime | None) -> datetime | None:
+    """A stored instant as aware UTC: naive values (SQLite's text) are UTC already."""
+    if value is None:
+        return None
+    tz = value.tzinfo
+    if tz is UTC:
+        return value
+    if tz is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 sources = Table(
@@ -233,8 +250,9 @@ alerts = Table(
     Column("due_at", UtcDateTime),
     UniqueConstraint("obligation_id", "offset_seconds", "channel", "kind", "revision", "due_at",
                      name=conv("uq_alerts_identity")),  # the generated name exceeds PostgreSQL's 63 chars
-    # The sensor's one cheap question ("is anything claimable now?") and the claim both read this.
-    Index(None, "status", "send_at"),
+    # No index leads with ``status``: every alert changes it twice on its way to delivered, and an
+    # entry per change cost PostgreSQL ~100 µs per alert in a backlog sharing a send_at (migration
+    # 0013, which has the measurement). The claim and the sensor read the partial claim index below.
 )
 
 # The states an alert can be claimed in (a claimed one once its lease has expired).
@@ -246,6 +264,11 @@ CLAIMABLE_STATES = ("pending", "retry_wait", "claimed")
 # row on every claim. Partial: delivered history, the bulk of the table, is not in it.
 Index("ix_alerts_claimable_send_at_id", alerts.c.send_at, alerts.c.id,
       postgresql_where=alerts.c.status.in_(CLAIMABLE_STATES), sqlite_where=alerts.c.status.in_(CLAIMABLE_STATES))
+
+# The watchdog's and the escalations_acknowledged check's question, oldest first: escalated alerts
+# are few, and normal deliveries never write to this index.
+Index("ix_alerts_escalated_updated_at_id", alerts.c.updated_at, alerts.c.id,
+      postgresql_where=alerts.c.status == "escalated", sqlite_where=alerts.c.status == "escalated")
 
 delivery_attempts = Table(
     "delivery_attempts",
