@@ -8,7 +8,6 @@ in force, and the loop serving the other sources goes on. Checks turn the record
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -292,11 +291,6 @@ def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, sna
     return ApplyOutcome(src.name, "parse_failed", snapshot_id, error=msg)
 
 
-# A UTF-16 surrogate pair written as two escapes (YAML "\ud83d\ude00"), and any surrogate left alone.
-_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _storable(rec: RuleRecord, problems: list[str]) -> RuleRecord:
     """``rec`` with text no store refuses, each repair noted in ``problems``: NUL characters shown as
     ``\\x00``; a surrogate pair written as two escapes joined into its character; a lone surrogate
@@ -314,14 +308,16 @@ def _storable(rec: RuleRecord, problems: list[str]) -> RuleRecord:
             if "\x00" in value:
                 found.add("NUL character(s) replaced by \\x00")
                 value = value.replace("\x00", "\\x00")
-            if _LONE_SURROGATE.search(value):
-                value = _SURROGATE_PAIR.sub(
-                    lambda m: chr(0x10000 + ((ord(m[0][0]) - 0xD800) << 10) + (ord(m[0][1]) - 0xDC00)), value)
-                if _LONE_SURROGATE.search(value):
-                    found.add("unpaired UTF-16 surrogate(s) (not text) shown as \\uXXXX")
-                    value = _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", value)
-                else:
-                    found.add("UTF-16 surrogate pair(s) joined into their character")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                # The codecs do both repairs: through UTF-16 a pair becomes its character, and what
+                # is still unencodable is escaped as clean_text does (backslashreplace: \\ud800).
+                value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+                fixed = value.encode("utf-8", "backslashreplace").decode("utf-8")
+                found.add("unpaired UTF-16 surrogate(s) (not text) shown as \\uXXXX" if fixed != value
+                          else "UTF-16 surrogate pair(s) joined into their character")
+                value = fixed
             return value
         if isinstance(value, dict):
             return {clean(k): clean(v) for k, v in value.items()}
