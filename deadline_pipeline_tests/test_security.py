@@ -194,11 +194,13 @@ class _Receiver:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.requests: list[str] = []
+        self.cookies: list[str | None] = []  # the Cookie header of each request (None: none sent)
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def _any(self):
                 owner.requests.append(self.path)
+                owner.cookies.append(self.headers.get("Cookie"))
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
@@ -210,6 +212,8 @@ class _Receiver:
                     return
                 body = json.dumps({"id": "ok"}).encode()
                 self.send_response(200)
+                if self.path.startswith("/set-cookie"):
+                    self.send_header("Set-Cookie", f"session=for{self.path.replace('/', '-')}; Path=/")
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -357,6 +361,36 @@ def test_allow_listed_loopback_receiver_is_accepted_on_both_transports(receiver)
     assert asyncio.run(go()).provider_message_id == "ok"
     ch.close()
     assert receiver.requests == ["/h", "/h"]
+
+
+def test_a_cookie_one_receiver_sets_never_goes_out_with_another_alert(receiver, monkeypatch):
+    """Every channel shares one HTTP client among all its subscribers: a receiver's Set-Cookie must
+    not be kept and sent with the next alert to the same host (another subscriber's receiver behind
+    the same host would get the first one's session). Checked on the webhook's two transports, the
+    Slack channel, through a host name (aiohttp keeps no cookie for a bare IP)."""
+    resolver = ALLOW_LOOPBACK.with_resolver(lambda host, port: ["127.0.0.1"])
+    base = f"http://hooks.test:{receiver.port}"
+    ch = WebhookSender("hook", WebhookChannel(type="webhook", timeout_seconds=2), network=resolver)
+    ch.send(make_notification(webhook_url=f"{base}/set-cookie/ana"))
+    ch.send(make_notification(webhook_url=f"{base}/bob", subscriber_id="bob"))
+
+    async def go():
+        try:
+            await ch.send_async(make_notification(webhook_url=f"{base}/set-cookie/ana"))
+            await ch.send_async(make_notification(webhook_url=f"{base}/bob", subscriber_id="bob"))
+        finally:
+            await ch.aclose()
+
+    asyncio.run(go())
+    ch.close()
+    monkeypatch.setenv("DP_TEST_SLACK_COOKIE", f"{base}/set-cookie/slack")
+    slack = SlackSender("slack", SlackChannel(type="slack", url_env="DP_TEST_SLACK_COOKIE",
+                                              timeout_seconds=2), network=resolver)
+    slack.send(make_notification())
+    slack.send(make_notification())
+    slack.close()
+    assert receiver.requests == ["/set-cookie/ana", "/bob"] * 2 + ["/set-cookie/slack"] * 2
+    assert receiver.cookies == [None] * 6
 
 
 def test_webhook_url_token_from_the_environment_is_sent_and_never_shown(receiver, monkeypatch):

@@ -35,6 +35,7 @@ Reusable API for any channel: :func:`check_url` (a decision, resolving the host)
 
 from __future__ import annotations
 
+import http.cookiejar
 import ipaddress
 import socket
 import time
@@ -376,6 +377,10 @@ def guarded_httpx_client(policy: NetworkPolicy = DEFAULT_POLICY, **kwargs):
     Proxies from the environment are not used (``trust_env=False``): through a proxy the guard would
     check the proxy, and the proxy would reach the internal target. A refusal surfaces from the
     client's calls as :class:`OutboundRefused` before any byte is sent.
+
+    Cookies are refused (:func:`refusing_cookie_jar`): one client serves every subscriber of a
+    channel, so a cookie one receiver set would be sent with the next alerts to the same host,
+    whoever they are for.
     """
     import httpx
 
@@ -383,7 +388,15 @@ def guarded_httpx_client(policy: NetworkPolicy = DEFAULT_POLICY, **kwargs):
     # httpx has no public hook for the network backend; the pool's is replaced. If httpx renamed it,
     # the guard's loopback-refusal tests fail (they connect through this client).
     transport._pool._network_backend = _guarded_backend(policy)
-    return httpx.Client(transport=transport, trust_env=False, **kwargs)
+    return httpx.Client(transport=transport, trust_env=False, cookies=refusing_cookie_jar(), **kwargs)
+
+
+def refusing_cookie_jar() -> http.cookiejar.CookieJar:
+    """A stdlib cookie jar that keeps no cookie (its policy admits no domain), for an HTTP client
+    shared by alerts to many subscribers: state one receiver sets must never travel with another
+    subscriber's alert. Webhooks, Slack, CalDAV and source fetches need no cookie: every request
+    carries its own credentials."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 # --- aiohttp (the webhook sweep path) ---------------------------------------------------------------

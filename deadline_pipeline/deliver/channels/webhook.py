@@ -432,9 +432,12 @@ class WebhookSender:
             # chunk, so a receiver dripping its answer a byte at a time held the send - and the
             # sweep waiting for its batch - for as long as it liked. A timeout while connecting is
             # then "unknown" like any other, never "failed": retried either way.
+            # DummyCookieJar: the session serves every subscriber of the channel, so a cookie one
+            # receiver set would go out with the next alerts to that host, whoever they are for.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_seconds),
                 connector=guarded_aiohttp_connector(self.network, limit=self.cfg.max_concurrency),
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
