@@ -314,6 +314,15 @@ def test_permanent_error_escalates_loudly_and_notifies_escalation_channel(engine
     assert "550 no such user" in msg.get_payload()[0].get_payload(decode=True).decode()
 
 
+def _oncall_config(oncall: DripServer, **delivery) -> DeadlinesConfig:
+    """Webhook alerts (timeout 5 s) whose escalation notices go to ``oncall`` (timeout 1 s)."""
+    return DeadlinesConfig(
+        channels={"hook": WebhookChannel(type="webhook", timeout_seconds=5),
+                  "ops": WebhookChannel(type="webhook", timeout_seconds=1)},
+        escalation=EscalationConfig(channels=["ops"], webhook_url=f"{oncall.url}/page"),
+        delivery=delivery, network=LOOPBACK_NETWORK)
+
+
 def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver):
     """Escalation notices are sent synchronously from the bookkeeping thread, which records every
     batch: a notice receiver dripping its answer (a byte every 0.5 s, each read within the 1 s
@@ -325,11 +334,7 @@ def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver
     good = seed(engine, 5, webhook_url=f"{base}/ok")
     # Dripping its header block: a dripping body after a 200 would be an acknowledged notice.
     with DripServer("headers", every=0.5) as oncall:
-        cfg = DeadlinesConfig(
-            channels={"hook": WebhookChannel(type="webhook", timeout_seconds=5),
-                      "ops": WebhookChannel(type="webhook", timeout_seconds=1)},
-            escalation=EscalationConfig(channels=["ops"], webhook_url=f"{oncall.url}/page"),
-            delivery={"batch_size": 2, "time_budget_seconds": 4}, network=LOOPBACK_NETWORK)
+        cfg = _oncall_config(oncall, batch_size=2, time_budget_seconds=4)
         started = time.monotonic()
         out = sweep(engine, cfg, T0)
         elapsed = time.monotonic() - started
@@ -340,6 +345,32 @@ def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver
     assert len(server.requests) == 1 + len(good)
     with engine.connect() as conn:
         assert conn.execute(select(alerts.c.status).where(alerts.c.id == bad)).scalar_one() == "escalated"
+
+
+def test_a_mass_escalation_to_a_timing_out_receiver_does_not_hold_the_sweep(engine, receiver, caplog):
+    """Escalation notices go out one by one from the thread that records every batch, each for up
+    to its channel's timeout. Twelve alerts escalated at once (their receiver refuses them) with an
+    on-call receiver that never answers in time held that thread for 12 timeouts, past the sweep's
+    time budget, while the other subscribers' sent alerts waited unrecorded. After three failed
+    notices in a row the channel gets no more in this sweep: each alert is still escalated, its
+    missing notice counted and logged, and the suspension said once."""
+    server, base = receiver
+    bad = seed(engine, 12, webhook_url=f"{base}/bad")  # 400: permanent, escalated at once
+    good = seed(engine, 5, webhook_url=f"{base}/ok")
+    with DripServer("headers", every=0.5) as oncall:
+        cfg = _oncall_config(oncall, batch_size=20, time_budget_seconds=8)
+        started = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="deadline_pipeline.deliver.sweep"):
+            out = sweep(engine, cfg, T0)
+        elapsed = time.monotonic() - started
+        assert oncall.requests == 3
+    assert elapsed < 3 + 3, f"the sweep took {elapsed:.1f} s"
+    assert (out.delivered, out.escalated, out.escalation_notices, out.escalation_notice_failures) == (5, 12, 0, 12)
+    assert states(engine) == {"delivered": 5, "escalated": 12}
+    assert len(server.requests) == len(bad) + len(good)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("escalation notices on channel 'ops' suspended") for m in messages) == 1
+    assert sum("notices there are suspended" in m for m in messages) == 12 - 3
 
 
 def test_attempts_exhausted_escalate_after_max_attempts(engine):

@@ -93,6 +93,14 @@ LEASE_SAFETY_SECONDS = 5.0
 # A reminder whose deadline passed longer ago than this is escalated instead of sent.
 DEADLINE_PASSED_GRACE = timedelta(minutes=15)
 
+# Failed escalation notices in a row after which a channel gets no more notices in this sweep.
+# Notices are sent one by one from the thread that records every batch, each for up to its
+# channel's timeout: a mass escalation (a provider outage) with an escalation receiver that times
+# out held the recording of every other subscriber's deliveries for alerts x timeout (500 x 10 s).
+# The alerts stay escalated in the store (escalations_acknowledged, the watchdog); only the
+# notices are given up, counted as failed and logged. The next sweep tries the channel again.
+ESCALATION_NOTICE_BREAKER = 3
+
 
 class AttemptRowsFailed(Exception):
     """Sends of a batch could not start because their attempt rows could not be written (the alerts
@@ -136,7 +144,9 @@ class SweepOutcome:
     their own failure (or sanitised) instead of failing the batch.
     ``unknown_found`` / ``unknown_absent``: of those on booking channels, the ones the provider lookup
     found booked (recorded delivered, not resent) / proved absent (booked again with the same key).
-    ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels.
+    ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels /
+    notices that failed or were not tried because their channel had failed
+    :data:`ESCALATION_NOTICE_BREAKER` times in a row in this sweep.
     ``batch_failures``: batches that failed as a whole (database or bookkeeping error), plus worker
     processes that ended without a result.
     ``processes``: how many processes swept (``delivery.processes``; 1 on SQLite).
@@ -429,6 +439,8 @@ class _Sweep:
         self.claims = 0
         self.gate = _StartGate(self)
         self.halted = False  # set when a send meets a BaseException: no further send starts
+        # Escalation channel name -> failed notices in a row (ESCALATION_NOTICE_BREAKER).
+        self.notice_failures_in_row: dict[str, int] = {}
         workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
         self.pool = ThreadPoolExecutor(max_workers=min(64, workers), thread_name_prefix="deliver-send")
         # The attempt rows' group commits run in one thread on one connection kept for the sweep: a
@@ -909,15 +921,31 @@ class _Sweep:
             sent_at=self.clock(),
         )
         for name in esc.channels:
+            in_row = self.notice_failures_in_row.get(name, 0)
+            if in_row >= ESCALATION_NOTICE_BREAKER:
+                self.out.escalation_notice_failures += 1
+                log.error("alert %s: no escalation notice on channel %r: notices there are suspended for the "
+                          "rest of this sweep after %d failures in a row", row["id"], name, in_row)
+                continue
             try:
-                # Sent synchronously (this runs in the bookkeeping thread): escalations are rare, and
-                # a blocking send ends within its channel's timeout_seconds however the receiver
-                # answers, so each notice delays the recording of later batches by at most that.
+                # Sent synchronously (this runs in the bookkeeping thread): a blocking send ends
+                # within its channel's timeout_seconds however the receiver answers, so each notice
+                # delays the recording of later batches by at most that, and the breaker above
+                # bounds how many such delays one sweep takes per channel.
                 self.channel(name).send(notice)
                 self.out.escalation_notices += 1
+                self.notice_failures_in_row[name] = 0
             except Exception as exc:  # the alert stays escalated and logged; the notice is best effort
                 self.out.escalation_notice_failures += 1
+                self.notice_failures_in_row[name] = in_row + 1
                 log.error("alert %s: escalation notice on channel %r failed: %s", row["id"], name, exc)
+                if in_row + 1 == ESCALATION_NOTICE_BREAKER:
+                    log.error("escalation notices on channel %r suspended for the rest of this sweep after %d "
+                              "failures in a row: each could hold the recording of every batch for up to the "
+                              "channel's timeout. The alerts are still escalated in the store (the "
+                              "escalations_acknowledged check, `deadline-pipeline watchdog`); the next sweep "
+                              "tries again",
+                              name, in_row + 1)
 
 
 def _resolve_unknown(ch: Channel, n: Notification) -> SendResult | None:
