@@ -277,8 +277,8 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
     Uses the channels of the delivery stage (one message per channel, kind ``reminder`` for an open
     incident and ``cancellation`` for a resolved one; the recipient is ``escalation.email`` or
     ``escalation.webhook_url``). No escalation channel configured is an error, never a silent no-op.
-    Each channel's page ends within that channel's ``timeout_seconds`` for the HTTP channels
-    (webhook, slack), however slowly the receiver answers.
+    Each channel's page ends within that channel's ``timeout_seconds`` for the webhook, slack and
+    smtp channels, however slowly the receiver answers.
     """
     from deadline_pipeline.deliver.channels.base import build_channel
     from deadline_pipeline.deliver.notification import Notification

@@ -10,7 +10,7 @@ bot token or webhook secret in them); ``{target}`` in it is replaced by the subs
 gives them. They bound each connect and each read, not the send as a whole: Apprise's services call
 ``requests``, which has no total timeout and cannot be given one from outside, so a service answering
 a byte at a time, each within ``rto``, holds the send past ``timeout_seconds`` (and the lease sized
-for it) for as long as it drips - unlike the webhook, slack and caldav channels. The message is the
+for it) for as long as it drips - unlike the smtp, webhook, slack and caldav channels. The message is the
 rendered subject as title and the plain-text body (which names the alert's reference, its dedup
 key) as body.
 

@@ -22,6 +22,11 @@ SMTPUTF8 (RFC 6531) and UTF-8 headers (RFC 6532) when the server's EHLO offers i
 permanent error when it does not (configuration refuses such an address at load unless the channel
 says ``smtputf8: true``).
 
+Time: a whole send (connect, TLS, EHLO, AUTH, ``MAIL``/``RCPT``, ``DATA``, ``QUIT``) ends within
+``timeout_seconds`` (plus a few milliseconds), however slowly the server answers (see
+:class:`_SendDeadline`). When that deadline passes the outcome follows the phase, as above:
+``"failed"`` (retryable) before ``DATA`` was issued, ``"unknown"`` after.
+
 The ``Message-ID`` is derived from the dedup key, so a resend after ``"unknown"`` is recognisable as
 the same mail; it is also the ``provider_message_id``.
 """
@@ -32,7 +37,10 @@ import dataclasses
 import os
 import re
 import smtplib
+import socket
 import ssl
+import threading
+import time
 
 from deadline_pipeline.config import SmtpChannel
 from deadline_pipeline.deliver.addresses import AddressError, WireAddress, wire_address
@@ -64,7 +72,8 @@ class SmtpSender:
 
     Credentials: ``cfg.username_env`` / ``cfg.password_env`` name environment variables read at each
     send; a named variable that is unset is a permanent :class:`DeliveryError`. ``cfg.timeout_seconds``
-    bounds connect and each reply, in seconds.
+    (seconds) bounds each send as a whole, from connecting to ``QUIT``, however slowly the server
+    answers; when it passes, :meth:`send` raises a retryable :class:`DeliveryError` saying so.
     """
 
     idempotency_class = IDEMPOTENCY_NOTIFICATION
@@ -99,15 +108,12 @@ class SmtpSender:
             values.append(value)
         return values[0], values[1]
 
-    def _connect(self) -> smtplib.SMTP:
+    def _connect(self, deadline: _SendDeadline) -> smtplib.SMTP:
         cfg = self.cfg
         if cfg.ssl and cfg.starttls:
             raise self._error("configuration sets both ssl and starttls; choose one", permanent=True)
         context = ssl.create_default_context()
-        if cfg.ssl:
-            smtp = smtplib.SMTP_SSL(cfg.host, cfg.port, timeout=cfg.timeout_seconds, context=context)
-        else:
-            smtp = smtplib.SMTP(cfg.host, cfg.port, timeout=cfg.timeout_seconds)
+        smtp = _BoundedSMTP(cfg.host, cfg.port, deadline, tls_context=context if cfg.ssl else None)
         try:
             if cfg.starttls:
                 smtp.ehlo()
@@ -143,66 +149,73 @@ class SmtpSender:
 
         smtp: smtplib.SMTP | None = None
         data_sent = False
-        try:
-            smtp = self._connect()
-            # mail() does not greet by itself (sendmail() would); without EHLO servers answer 503.
-            smtp.ehlo_or_helo_if_needed()
-            if wire.needs_smtputf8 and not smtp.has_extn("smtputf8"):
-                # RFC 6531 §3.4: without the extension the address cannot be sent at all.
-                raise self._error(f"recipient {recipient!r} has a non-ASCII local part and the server does not "
-                                  "offer SMTPUTF8 (RFC 6531)", permanent=True)
-            if credentials is not None:
-                smtp.login(*credentials)
-            code, reply = smtp.mail(self.cfg.sender, esmtp_options)
-            if code != 250:
-                raise smtplib.SMTPSenderRefused(code, reply, self.cfg.sender)
-            code, reply = smtp.rcpt(recipient)
-            if code not in (250, 251):
-                raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
-            # From here on the server may hold the whole message even if we never see its reply.
-            data_sent = True
-            code, reply = smtp.data(data)
-            if code != 250:
-                raise smtplib.SMTPDataError(code, reply)
-        except DeliveryError:
-            raise
-        except smtplib.SMTPRecipientsRefused as exc:
-            code, reply = next(iter(exc.recipients.values()))
-            raise self._error(
-                f"recipient {recipient} refused: {code} {_text(reply)}", permanent=reply_is_permanent(code, reply)
-            ) from exc
-        except smtplib.SMTPAuthenticationError as exc:
-            # 535 (wrong credentials) does not fix itself between retries; 454 (the server's
-            # authentication backend is down) does, and escalating it paged for every alert.
-            raise self._error(f"login refused: {exc.smtp_code} {_text(exc.smtp_error)}",
-                              permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error)) from exc
-        except smtplib.SMTPNotSupportedError as exc:
-            raise self._error(f"server does not support a configured feature: {exc}", permanent=True) from exc
-        except smtplib.SMTPResponseException as exc:
-            # SMTPSenderRefused, SMTPDataError, SMTPConnectError, SMTPHeloError: an explicit reply
-            # refusing the message, so it was not taken even when it came after DATA.
-            raise self._error(
-                f"{type(exc).__name__}: {exc.smtp_code} {_text(exc.smtp_error)}",
-                permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error),
-            ) from exc
-        except ssl.SSLCertVerificationError as exc:
-            raise self._error(f"TLS certificate rejected: {exc}", permanent=True) from exc
-        except UnicodeEncodeError as exc:
-            # Only the sender can get here (the recipient is IDNA / SMTPUTF8 above).
-            raise self._error(f"an address is not ASCII and SMTPUTF8 is not in use: {exc}", permanent=True) from exc
-        except (smtplib.SMTPException, OSError) as exc:
-            # OSError covers refused connections and timeouts (TimeoutError); smtplib turns a lost
-            # connection while reading a reply into SMTPServerDisconnected.
-            if data_sent:
+        # The with block cancels the deadline's timer however the send ends (no thread outlives it).
+        with _SendDeadline(self.cfg.timeout_seconds) as deadline:
+            try:
+                smtp = self._connect(deadline)
+                # mail() does not greet by itself (sendmail() would); without EHLO servers answer 503.
+                smtp.ehlo_or_helo_if_needed()
+                if wire.needs_smtputf8 and not smtp.has_extn("smtputf8"):
+                    # RFC 6531 §3.4: without the extension the address cannot be sent at all.
+                    raise self._error(f"recipient {recipient!r} has a non-ASCII local part and the server does not "
+                                      "offer SMTPUTF8 (RFC 6531)", permanent=True)
+                if credentials is not None:
+                    smtp.login(*credentials)
+                code, reply = smtp.mail(self.cfg.sender, esmtp_options)
+                if code != 250:
+                    raise smtplib.SMTPSenderRefused(code, reply, self.cfg.sender)
+                code, reply = smtp.rcpt(recipient)
+                if code not in (250, 251):
+                    raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
+                # From here on the server may hold the whole message even if we never see its reply.
+                data_sent = True
+                code, reply = smtp.data(data)
+                if code != 250:
+                    raise smtplib.SMTPDataError(code, reply)
+            except DeliveryError:
+                raise
+            except smtplib.SMTPRecipientsRefused as exc:
+                code, reply = next(iter(exc.recipients.values()))
                 raise self._error(
-                    f"connection lost after DATA, the message may have been delivered: {type(exc).__name__}: {exc}",
-                    permanent=False,
-                    outcome="unknown",
+                    f"recipient {recipient} refused: {code} {_text(reply)}", permanent=reply_is_permanent(code, reply)
                 ) from exc
-            raise self._error(f"{type(exc).__name__}: {exc}", permanent=False) from exc
-        finally:
-            if smtp is not None:
-                _quit(smtp)
+            except smtplib.SMTPAuthenticationError as exc:
+                # 535 (wrong credentials) does not fix itself between retries; 454 (the server's
+                # authentication backend is down) does, and escalating it paged for every alert.
+                raise self._error(f"login refused: {exc.smtp_code} {_text(exc.smtp_error)}",
+                                  permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error)) from exc
+            except smtplib.SMTPNotSupportedError as exc:
+                raise self._error(f"server does not support a configured feature: {exc}", permanent=True) from exc
+            except smtplib.SMTPResponseException as exc:
+                # SMTPSenderRefused, SMTPDataError, SMTPConnectError, SMTPHeloError: an explicit reply
+                # refusing the message, so it was not taken even when it came after DATA.
+                raise self._error(
+                    f"{type(exc).__name__}: {exc.smtp_code} {_text(exc.smtp_error)}",
+                    permanent=reply_is_permanent(exc.smtp_code, exc.smtp_error),
+                ) from exc
+            except ssl.SSLCertVerificationError as exc:
+                raise self._error(f"TLS certificate rejected: {exc}", permanent=True) from exc
+            except UnicodeEncodeError as exc:
+                # Only the sender can get here (the recipient is IDNA / SMTPUTF8 above).
+                raise self._error(f"an address is not ASCII and SMTPUTF8 is not in use: {exc}", permanent=True) from exc
+            except (smtplib.SMTPException, OSError) as exc:
+                # OSError covers refused connections and timeouts (TimeoutError); smtplib turns a lost
+                # connection while reading a reply into SMTPServerDisconnected. The deadline's cut lands
+                # here too (a reply it truncates is no reply, see _BoundedSMTP.getreply), and is named as
+                # such: a server too slow for timeout_seconds, not a mysterious disconnect.
+                what = f"{type(exc).__name__}: {exc}"
+                late = f"the send's deadline ({self.cfg.timeout_seconds:g} s) passed" if deadline.passed else None
+                if data_sent:
+                    raise self._error(
+                        f"{late or 'connection lost'} after DATA, the message may have been delivered: {what}",
+                        permanent=False,
+                        outcome="unknown",
+                    ) from exc
+                raise self._error(f"{late} before DATA, the message was not sent: {what}" if late else what,
+                                  permanent=False) from exc
+            finally:
+                if smtp is not None:
+                    _quit(smtp)
         return SendResult(provider_message_id=mid)
 
     def close(self) -> None:
@@ -219,3 +232,142 @@ def _quit(smtp: smtplib.SMTP) -> None:
 
 def _text(reply: bytes | str) -> str:
     return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+
+
+# --------------------------------------------------------------------------- the send's deadline
+
+
+class _SendDeadline:
+    """The deadline of one SMTP send: ``seconds`` (seconds, > 0) after entering the ``with`` block.
+
+    Why: smtplib's ``timeout`` bounds each socket call only, and a reply line is read one ``recv`` at
+    a time, so a server dripping its greeting or its reply to ``DATA`` a byte at a time, each byte
+    within the timeout, held a send for as long as it liked: a sweep worker past the lease the send
+    was started under (another sweep may then claim and send the alert too), or the bookkeeping
+    thread sending an escalation notice. No per-call timeout bounds such a readline; shutting the
+    socket down does:
+
+    * :meth:`time_left` gives the TCP connect (no socket to shut down yet) only the time left and
+      raises ``TimeoutError`` once the deadline has passed;
+    * :meth:`watch` takes the connection; a timer thread shuts it down (``SHUT_RDWR``) when the
+      deadline passes. That wakes a blocked read (it sees the end of the stream) or write (EPIPE) in
+      any phase - TLS handshake, greeting, any reply, ``QUIT`` - and smtplib raises
+      ``SMTPServerDisconnected`` (the TLS layer an ``OSError``), which :attr:`passed` lets the channel
+      name as the deadline and classify by phase.
+
+    Bound: ``seconds`` plus the timer thread's wake-up (milliseconds). Not shortened: the host name's
+    resolution (bounded by the system resolver; the deadline is checked when it returns) and
+    smtplib's ``socket.getfqdn()`` for the EHLO name, which are no socket this could shut down.
+
+    Cost of a send that ends in time: one timer thread started and cancelled and one ``dup`` of the
+    socket, well under a millisecond. Leaving the block cancels and joins the timer, so no thread
+    outlives the send, and closes the duplicate.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._at = 0.0
+        self._cut = False
+        self._watched: socket.socket | None = None
+        self._lock = threading.Lock()  # the timer thread against watch() and __exit__
+        self._timer = threading.Timer(seconds, self._shut_down)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _SendDeadline:
+        self._at = time.monotonic() + self.seconds
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        self._timer.join()
+        with self._lock:
+            if self._watched is not None:
+                self._watched.close()
+                self._watched = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the deadline has passed (the connection was cut, or the time is up)."""
+        return self._cut or time.monotonic() >= self._at
+
+    def time_left(self, timeout: float | None) -> float:
+        """``timeout`` (seconds; ``None``: none) shortened to the time left until the deadline.
+        Raises ``TimeoutError`` when it has passed."""
+        left = self._at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the send's deadline passed before connecting")
+        return left if timeout is None else min(timeout, left)
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut the connection of ``sock`` down when the deadline passes (at once if it has)."""
+        with self._lock:
+            # A duplicate descriptor of the same connection, owned here until __exit__: smtplib
+            # detaches its plain socket when TLS starts and closes its socket on errors, so cutting
+            # through smtplib's object could miss the connection or hit a closed descriptor whose
+            # number another send has reused meanwhile.
+            self._watched = sock.dup()
+            if self._cut:
+                _shut(self._watched)
+
+    def _shut_down(self) -> None:  # runs in the timer thread
+        with self._lock:
+            self._cut = True
+            if self._watched is not None:
+                _shut(self._watched)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already disconnected: nothing is left waiting on it
+
+
+class _BoundedSMTP(smtplib.SMTP):
+    """:class:`smtplib.SMTP` held to ``deadline``: connects with the time left, hands the connection to
+    the deadline to cut, and reads whole reply lines only. ``tls_context``: TLS from the first byte
+    (``ssl: true``) as :class:`smtplib.SMTP_SSL` does, which connects and shakes hands in one call and
+    so leaves no point at which to hand the plain connection to the deadline. Raises as
+    :class:`smtplib.SMTP` does (``OSError`` when the connection fails, ``SMTPConnectError`` for a
+    greeting other than 220).
+    """
+
+    def __init__(self, host: str, port: int, deadline: _SendDeadline, *, tls_context: ssl.SSLContext | None) -> None:
+        self._deadline = deadline
+        self._tls_context = tls_context
+        # Each socket call keeps its own bound as before; the deadline bounds them all together.
+        super().__init__(host, port, timeout=deadline.seconds)
+
+    def _get_socket(self, host: str, port: int, timeout: float | None) -> socket.socket:
+        sock = super()._get_socket(host, port, self._deadline.time_left(timeout))
+        self._deadline.watch(sock)
+        if self._tls_context is not None:
+            sock = self._tls_context.wrap_socket(sock, server_hostname=self._host)
+        return sock
+
+    def getreply(self) -> tuple[int, bytes]:
+        # A reply line the connection ended in the middle of (the deadline's cut, or a server going
+        # away mid-reply) is no reply: smtplib would read the "25" of a dripping "250 ..." as code 25,
+        # and the channel would report a refusal, "failed", for a message the server may have taken
+        # after DATA. Read as no line at all, it is SMTPServerDisconnected, classified by phase.
+        if self.file is None and self.sock is not None:
+            self.file = _WholeLines(self.sock.makefile("rb"))
+        return super().getreply()
+
+
+class _WholeLines:
+    """A reply reader over ``raw`` (the socket's binary file) whose ``readline`` returns ``b""`` for a
+    line that ended without its line feed because the connection did."""
+
+    def __init__(self, raw) -> None:
+        self._raw = raw
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self._raw.readline(limit)
+        if line.endswith(b"\n") or 0 <= limit <= len(line):
+            return line  # whole, or over smtplib's limit (which it reports as "Line too long")
+        return b""
+
+    def close(self) -> None:
+        self._raw.close()
