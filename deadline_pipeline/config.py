@@ -102,6 +102,19 @@ def _check_zone(value: str) -> str:
     return value
 
 
+def _one_line_of_text(value: str, what: str = "a value") -> str:
+    """``value`` unchanged when it holds no control character (Unicode category ``Cc``: NUL, ESC, CR,
+    LF, DEL, C1) and no line or paragraph separator. Raises ``ValueError`` naming the first one as
+    ``U+XXXX``. A subscriber's fields end up in mail headers, request URLs, SQL text and report lines:
+    PostgreSQL refuses NUL, so one subscriber's ``"t1\\0"`` once failed planning for every
+    subscriber there, and an address with a BEL in it passed loading only to be escalated at every send."""
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ValueError(f"{value!r} contains the control character U+{ord(bad):04X}; {what} is one line "
+                         "of printable text")
+    return value
+
+
 def _refuse_legacy_ipv4(url: str) -> None:
     """Raise ``ValueError`` when ``url``'s host is an IPv4 address in a legacy ``inet_aton`` spelling
     (``2130706433``, ``127.1``, ``0x7f.1``, ``0177.0.0.1``).
@@ -179,7 +192,9 @@ class SourceConfig(_Model):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
     format: Literal["ai-deadlines", "ics", "csv", "govuk-bank-holidays"]
     location: str
-    tenant: str = "default"
+    # A Dagster tag value (the source's assets carry it): any other text passed loading and then
+    # stopped every command with DagsterInvalidDefinitionError, naming neither file nor key.
+    tenant: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]*$", max_length=63)] = "default"
     freshness: str = "P1D"
     timezone: str | None = None  # zone for floating times in the source, when it names none
     business_days: BusinessDaysConfig | None = None
@@ -239,7 +254,9 @@ class SourceConfig(_Model):
 
 class SubscriberConfig(_Model):
     id: Annotated[str, Field(min_length=1, max_length=200)]
-    tenant: str = "default"
+    # At most the store's column (200): a longer tenant passed loading and then failed the one
+    # transaction that stores every subscriber, so PostgreSQL planned nobody.
+    tenant: Annotated[str, Field(max_length=200)] = "default"
     email: str | None = None
     webhook_url: str | None = None
     timezone: str = "UTC"
@@ -250,16 +267,15 @@ class SubscriberConfig(_Model):
     # Fills "{target}" in an apprise channel's service URL (a chat id, a topic, a user key); not a secret.
     apprise_target: Annotated[str, Field(min_length=1, max_length=500)] | None = None
 
-    @field_validator("id")
+    @field_validator("id", "tenant", "email", "webhook_url", "caldav_url", "apprise_target")
     @classmethod
-    def _one_line(cls, v: str) -> str:
+    def _one_line(cls, v: str | None, info: ValidationInfo) -> str | None:
         # A CSV value in quotes may hold a newline: "car\nl" was accepted as an id that no
         # `subscribers: [...]` list can name and that splits every report line it is printed on.
-        bad = next((c for c in v if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
-        if bad is not None:
-            raise ValueError(f"{v!r} contains the control character U+{ord(bad):04X}; an id is one line "
-                             "of printable text")
-        return v
+        # (quiet_hours and timezone have their own grammar, which refuses these characters.)
+        what = {"id": "an id", "email": "an email address", "apprise_target": "an apprise_target"}.get(
+            info.field_name, f"a {info.field_name}")
+        return None if v is None else _one_line_of_text(v, what)
 
     @field_validator("quiet_hours")
     @classmethod
@@ -292,7 +308,8 @@ class SubscriberConfig(_Model):
 
 
 class SubscriptionConfig(_Model):
-    name: str
+    # At most the store's column (200); longer failed the transaction storing every subscription.
+    name: Annotated[str, Field(max_length=200)]
     subscribers: list[str] = ["*"]  # subscriber ids, or "*" for every subscriber of the source's tenant
     sources: list[str]
     rules: list[str] = ["*"]  # fnmatch patterns on rule ids
@@ -466,6 +483,13 @@ class EscalationConfig(_Model):
     # The paging sensor and the watchdog remind about an incident still open after this long.
     reminder_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 60
 
+    @field_validator("email", "webhook_url", "apprise_target")
+    @classmethod
+    def _one_line(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # As a subscriber's: a control character in the operator's address would fail the very
+        # notice that reports a reminder as not delivered.
+        return None if v is None else _one_line_of_text(v, f"escalation.{info.field_name}")
+
 
 class DeliveryConfig(_Model):
     batch_size: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=10_000)] = 500
@@ -546,7 +570,9 @@ class DeadlinesConfig(_Model):
     subscribers: list[SubscriberConfig] = []
     subscribers_csv: str | None = None
     subscriptions: list[SubscriptionConfig] = []
-    channels: dict[str, ChannelConfig] = {}
+    # A channel's name is stored with each alert (a column of 100 characters): a longer name failed
+    # the transaction planning every alert on PostgreSQL.
+    channels: dict[Annotated[str, Field(max_length=100)], ChannelConfig] = {}
     delivery: DeliveryConfig = DeliveryConfig()
     escalation: EscalationConfig = EscalationConfig()
     watch: WatchConfig = WatchConfig()
@@ -705,7 +731,7 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
     (``line 7: 6 fields, the header has 5``): pandas takes the surplus first field as the row's index
     and shifts every other value one column left, so the error named the wrong column (an id read as
     a tenant, an address as a zone), or none at all. A row with fewer fields leaves the rest empty.
-    Returns ``(0, [], [])`` for a file that is not UTF-8; pandas then names the problem."""
+    ``data`` is UTF-8 (:func:`_refuse_undecodable` has refused any other file)."""
     import csv
     import io
 
@@ -724,14 +750,45 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
             starts.append(start)
             if len(row) > len(header):
                 problems.append(f"{path}: line {start}: {len(row)} fields, the header has {len(header)}")
-    except UnicodeDecodeError:
-        return 0, [], []
     except csv.Error as exc:  # a field over the reader's limit (131,072 characters), which pandas reads
         raise ConfigError(f"{path}: line {reader.line_num}: not a readable CSV row: {exc}") from None
     if problems:
         raise ConfigError("\n".join(problems[:20]) + (f"\n… and {len(problems) - 20} more row(s)" if len(problems) > 20
                                                        else ""))
     return header_line, header, starts
+
+
+def _refuse_undecodable(data: bytes, path: Path) -> None:
+    """Return when the subscriber file ``data`` is UTF-8 (a byte order mark allowed); else raise
+    :class:`ConfigError` naming ``path``, the line, the column (number and header name) and the byte
+    that is not UTF-8, e.g. ``subs.csv: line 4, column 2 (tenant): byte 0xff is not UTF-8 (invalid
+    start byte); save the file as UTF-8``. A UTF-16 file (its byte order mark) is named as such.
+
+    pandas' own message gave a byte offset from the start of the file ("position 4711"), which no
+    editor shows, so the one bad row of a thousand could not be found."""
+    import codecs
+    import csv
+    import io
+
+    try:
+        # "utf-8", not "utf-8-sig": a byte order mark is UTF-8 too, and the -sig codec counts the
+        # error's position from after it, one column off on the first line.
+        data.decode("utf-8")
+        return
+    except UnicodeDecodeError as exc:
+        bad = exc
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError(f"{path}: the file is UTF-16 (it starts with a UTF-16 byte order mark); save it as "
+                          "UTF-8") from None
+    start = data.rfind(b"\n", 0, bad.start) + 1
+    line = data.count(b"\n", 0, bad.start) + 1
+    # The fields before the bad byte on its line, read as CSV (the bytes before it decode), give its column.
+    before = data[start:bad.start].decode("utf-8-sig", "replace")
+    field = len(next(csv.reader(io.StringIO(before)), [""])) if before else 1
+    header = next(csv.reader(io.StringIO(data[:data.find(b"\n")].decode("utf-8-sig", "replace"))), [])
+    name = f" ({header[field - 1].strip()})" if line > 1 and field <= len(header) else ""
+    raise ConfigError(f"{path}: line {line}, column {field}{name}: byte 0x{data[bad.start]:02x} is not UTF-8 "
+                      f"({bad.reason}); save the file as UTF-8") from None
 
 
 def _subscriber_columns(header: list[str], header_line: int, path: Path) -> list[str]:
@@ -782,6 +839,7 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict
     if len(data) > MAX_SUBSCRIBERS_BYTES:
         raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
                           "(limit of the subscriber file)")
+    _refuse_undecodable(data, path)
     header_line, header, lines = _csv_layout(data, path)
     try:
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
@@ -839,7 +897,7 @@ def _parse_yaml(text: str, path: Path):
 
     label = str(path)
     try:
-        return load_yaml(text, source=label)[0]
+        data, root = load_yaml(text, source=label)
     except ParseError as exc:
         # The reader names a "source"; here the input is the configuration file.
         raise ConfigError(f"{path}: {str(exc).removeprefix(f'source {label!r}: ')}") from None
@@ -849,6 +907,51 @@ def _parse_yaml(text: str, path: Path):
         char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
                           "is not allowed in YAML") from None
+    problems = _not_text(root, (), set())
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
+                          + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
+    return data
+
+
+def _not_text(node, loc: tuple, seen: set[int]) -> list[str]:
+    """``line L, column C: KEY.PATH: …`` for every scalar (key or value) under the YAML ``node`` that
+    is not storable text: a NUL character (YAML's escape ``"\\0"``) or an unpaired UTF-16 surrogate
+    (``"\\ud800"``, which is not a character at all). ``loc`` is the key path of ``node``; ``seen``
+    guards against visiting an aliased node twice. Returns an empty list for clean text.
+
+    YAML's double-quoted escapes write both, and the values reach the store, file paths, headers and
+    URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a surrogate, and one such subscriber tenant,
+    subscription name, channel name or rule pattern failed planning for every subscriber (a channel's
+    sender or path failed every send). Refusing them here, for the whole file, names the key once."""
+    if node is None or id(node) in seen:
+        return []
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        value, why = node.value, None
+        if "\0" in value:
+            why = "a NUL character (U+0000)"
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:  # the codec finds the surrogate and its position
+                why = f"the unpaired UTF-16 surrogate U+{ord(value[exc.start]):04X}"
+        if why is None:
+            return []
+        mark = node.start_mark
+        # The key path may hold the bad text itself (a channel's name): shown escaped, as repr shows the value.
+        where = (_format_loc(loc) if loc else "(top level)").encode("utf-8", "backslashreplace").decode()
+        return [f"line {mark.line + 1}, column {mark.column + 1}: {where.replace(chr(0), chr(92) + 'x00')}: "
+                f"{why} is not text; remove it (got {value!r})"]
+    if isinstance(node, yaml.SequenceNode):
+        return [p for i, item in enumerate(node.value) for p in _not_text(item, (*loc, i), seen)]
+    if isinstance(node, yaml.MappingNode):
+        out = []
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            out += _not_text(key, (*loc, name), seen) + _not_text(value, (*loc, name), seen)
+        return out
+    return []
 
 
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:

@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import func, inspect, select
 
+from deadline_pipeline.cli import main
 from deadline_pipeline.config import ConfigError, load_config
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
 from deadline_pipeline.ingest.parsers.limits import MAX_CSV_ROWS, MAX_DEPTH
 from deadline_pipeline.plan.recurrence import to_instant
 from deadline_pipeline.rules import parse_local
+from deadline_pipeline.store.db import make_engine
+from deadline_pipeline.store.schema import subscribers
 from deadline_pipeline.timezones import resolve_zone
+from deadline_pipeline_tests.factories import ai_deadlines, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,3 +161,143 @@ def test_fuzz_parsers_never_traceback_and_stay_bounded(cases):
     assert proc.returncode == 0, proc.stderr[-2000:]
     took = [json.loads(line)["took"] for line in proc.stdout.splitlines()]
     assert len(took) == len(cases) and max(took) < 5
+
+
+# --- hostile text in the configuration and the subscriber file ------------------------------------
+
+HOSTILE_CSV_HEADER = "id,tenant,email,webhook_url,timezone,apprise_target\n"
+GOOD_ROWS = "ann,t1,ann@example.org,,Europe/Berlin,\nbob,t1,bob@example.org,,America/New_York,\n"
+
+
+def _hostile_world(tmp_path: Path, *, csv_rows: str = "", **changes) -> Path:
+    """A configuration of one ai-deadlines source, two good subscribers in ``subs.csv`` (plus
+    ``csv_rows``) and one maildir channel; ``changes`` maps a dotted key path (``subscriptions.0.name``,
+    ``channels``) to the value written there by ``yaml.safe_dump``, which writes a NUL or a lone
+    surrogate as a double-quoted escape ("\\0", "\\uD800"), as a hand-edited file would."""
+    (tmp_path / "conf.yml").write_text(ai_deadlines({"id": "conf27", "title": "Conf", "year": 2027,
+                                                     "deadline": "2027-01-20 23:59", "timezone": "UTC"}))
+    (tmp_path / "subs.csv").write_text(HOSTILE_CSV_HEADER + GOOD_ROWS + csv_rows)
+    cfg = {"sources": [{"name": "confs", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t1"}],
+           "subscribers": [], "subscribers_csv": "subs.csv",
+           "subscriptions": [{"name": "s", "sources": ["confs"], "offsets": ["-P30D", "-P1D"], "channels": ["box"]}],
+           "channels": {"box": {"type": "maildir", "path": str(tmp_path / "maildir")}}}
+    for dotted, value in changes.items():
+        *parents, last = [int(k) if k.isdigit() else k for k in dotted.split(".")]
+        target = cfg
+        for k in parents:
+            target = target[k]
+        target[last] = value
+    return write_config(tmp_path, **cfg)
+
+
+def _run_cli(tmp_path: Path, config: Path, db_url: str):
+    env = {"DEADLINE_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    return CliRunner().invoke(main, ["run", "--config", str(config), "--db-url", db_url,
+                                     "--as-of", "2027-01-10T00:00:00Z"], env=env)
+
+
+def _stored_subscribers(db_url: str) -> int:
+    """Subscriber rows in the store (0 when the run stopped before creating its tables)."""
+    eng = make_engine(db_url)
+    try:
+        if not inspect(eng).has_table("subscribers"):
+            return 0
+        with eng.connect() as conn:
+            return conn.execute(select(func.count()).select_from(subscribers)).scalar_one()
+    finally:
+        eng.dispose()
+
+
+@pytest.mark.parametrize(("key", "value", "shown"), [
+    # Each of these once passed loading and then failed the planning transaction of EVERY subscriber
+    # (UnicodeEncodeError on both engines for a surrogate, PostgreSQL's NUL refusal), or every send.
+    ("subscribers", [{"id": "eve", "tenant": "t1\ud800", "timezone": "UTC"}], r"subscribers\[0\]\.tenant: the "
+     r"unpaired UTF-16 surrogate U\+D800"),
+    ("subscribers", [{"id": "eve", "tenant": "t1", "email": "eve\x00@example.org", "timezone": "UTC"}],
+     r"subscribers\[0\]\.email: a NUL character \(U\+0000\)"),
+    ("subscriptions.0.name", "s\x00", r"subscriptions\[0\]\.name: a NUL character"),
+    ("subscriptions.0.rules", ["*\ud800", "*"], r"subscriptions\[0\]\.rules\[0\]: the unpaired UTF-16 surrogate"),
+    ("channels.box.sender", "re\ud800@example.org", r"channels\.box\.sender: the unpaired UTF-16 surrogate"),
+    ("sources.0.location", "conf.yml\x00", r"sources\[0\]\.location: a NUL character"),
+], ids=["subscriber-tenant-surrogate", "subscriber-email-nul", "subscription-name-nul",
+        "rule-pattern-surrogate", "channel-sender-surrogate", "source-location-nul"])
+def test_text_that_is_not_text_in_the_configuration_is_refused_naming_the_key(tmp_path, db_url, key, value, shown):
+    """A NUL ("\\0") or a lone surrogate ("\\ud800") anywhere in the YAML is refused when the file is
+    read, with its line, column and key path, before anything is written to the store."""
+    config = _hostile_world(tmp_path, **{key: value})
+    assert "\\0" in config.read_text() or "\\uD800" in config.read_text(), "the YAML itself carries the escape"
+    res = _run_cli(tmp_path, config, db_url)
+    assert res.exit_code == 2, res.output
+    assert re.search(rf"{re.escape(str(config))}: line \d+, column \d+: {shown}", res.output), res.output
+    assert "Traceback" not in res.output and _stored_subscribers(db_url) == 0
+
+
+@pytest.mark.parametrize(("row", "shown"), [
+    ("eve,t1\x00,eve@example.org,,UTC,\n", r"column tenant: 't1\\x00' contains the control character U\+0000"),
+    ("eve,t1,eve\x07@example.org,,UTC,\n", r"column email: 'eve\\x07@example.org' contains the control character "
+                                           r"U\+0007"),
+    ("eve,t1,eve@example.org,,UTC,a\x00b\n", r"column apprise_target: 'a\\x00b' contains the control character"),
+    (f"eve,{'t' * 201},eve@example.org,,UTC,\n", r"column tenant: String should have at most 200 characters"),
+], ids=["tenant-nul", "email-bel", "apprise-target-nul", "tenant-over-200"])
+def test_a_subscriber_row_with_hostile_text_is_refused_naming_its_line(tmp_path, db_url, row, shown):
+    """A NUL in a tenant failed every subscriber's planning on PostgreSQL, as did a tenant longer than
+    its column; a control character in an address was escalated at every send. Refused like any other
+    bad row: the whole file, naming the line and column, before anything is written."""
+    config = _hostile_world(tmp_path, csv_rows=row)
+    res = _run_cli(tmp_path, config, db_url)
+    assert res.exit_code == 2, res.output
+    assert re.search(rf"{re.escape(str(tmp_path / 'subs.csv'))}: line 4 \(id 'eve'\), {shown}", res.output), res.output
+    assert "Traceback" not in res.output and _stored_subscribers(db_url) == 0
+
+
+@pytest.mark.parametrize(("key", "value", "shown"), [
+    ("subscriptions.0.name", "s" * 201, r"subscriptions\[0\]\.name: String should have at most 200 characters"),
+    ("channels", {"b" * 101: {"type": "maildir", "path": "md"}}, r"channels\.b+\.\[key\]: String should have at most "
+                                                                  r"100 characters"),
+], ids=["subscription-name-over-200", "channel-name-over-100"])
+def test_a_name_longer_than_its_column_is_refused_at_load(tmp_path, db_url, key, value, shown):
+    """Stored with every subscription or alert, such a name failed the planning of every subscriber on
+    PostgreSQL ("value too long for type character varying")."""
+    changes = {key: value}
+    if key == "channels":
+        changes["subscriptions.0.channels"] = list(value)
+    config = _hostile_world(tmp_path, **changes)
+    res = _run_cli(tmp_path, config, db_url)
+    assert res.exit_code == 2, res.output
+    assert re.search(rf"{re.escape(str(config))}: {shown}", res.output), res.output
+    assert _stored_subscribers(db_url) == 0
+
+
+@pytest.mark.parametrize("tenant", ["t1\x1b", "acme corp", "t" * 64])
+def test_a_source_tenant_that_cannot_tag_its_assets_is_refused_at_load(tmp_path, tenant):
+    """The tenant tags the source's Dagster assets: any other text stopped every command with
+    DagsterInvalidDefinitionError, naming neither the file nor the key."""
+    config = _hostile_world(tmp_path, **{"sources.0.tenant": tenant})
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: sources\[0\]\.tenant: String should"):
+        load_config(config)
+
+
+def test_an_escalation_address_with_a_control_character_is_refused_at_load(tmp_path):
+    """It passed loading, and the notice announcing an undelivered reminder then failed on it."""
+    config = _hostile_world(tmp_path, escalation={"channels": ["box"], "email": "ops\x07@example.org"})
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: escalation\.email: 'ops\\x07@example.org' "
+                                          r"contains the control character U\+0007"):
+        load_config(config)
+
+
+def test_a_subscriber_file_that_is_not_utf8_names_line_and_column(tmp_path):
+    """pandas named a byte offset from the start of the file ("position 97"), which no editor shows."""
+    config = _hostile_world(tmp_path)
+    csv_file = tmp_path / "subs.csv"
+    csv_file.write_bytes(csv_file.read_bytes() + b"eve,t1\xff\xfe,eve@example.org,,UTC,\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert str(err.value) == (f"{csv_file}: line 4, column 2 (tenant): byte 0xff is not UTF-8 (invalid start "
+                              "byte); save the file as UTF-8")
+    # A byte order mark (which a spreadsheet writes) moves nothing; the header itself may be the bad line.
+    csv_file.write_bytes(b"\xef\xbb\xbf" + (HOSTILE_CSV_HEADER + GOOD_ROWS).encode().replace(b"tenant", b"ten\xffant"))
+    with pytest.raises(ConfigError, match=r"subs\.csv: line 1, column 2: byte 0xff is not UTF-8"):
+        load_config(config)
+    csv_file.write_bytes(csv_file.read_bytes().decode("utf-8", "replace").encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"subs\.csv: the file is UTF-16 .*; save it as UTF-8"):
+        load_config(config)
