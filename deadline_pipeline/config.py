@@ -907,7 +907,7 @@ def _parse_yaml(text: str, path: Path):
         char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
                           "is not allowed in YAML") from None
-    problems = _not_text(root, (), set())
+    problems = _not_text(root, (), set()) + _repeated_keys(root, (), set())
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
                           + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
@@ -952,6 +952,39 @@ def _not_text(node, loc: tuple, seen: set[int]) -> list[str]:
             out += _not_text(key, (*loc, name), seen) + _not_text(value, (*loc, name), seen)
         return out
     return []
+
+
+def _repeated_keys(node, loc: tuple, seen: set[int]) -> list[str]:
+    """``line L, column C: KEY.PATH: …`` for every key written twice in one mapping under the YAML
+    ``node`` (``loc``: its key path; ``seen``: aliased nodes already visited). Empty when none is.
+
+    YAML's loader keeps the last of two equal keys and drops the first without a word: a second
+    ``subscriptions:`` block, or ``offsets`` written twice in one subscription, made every reminder
+    of the first disappear while the run and all its checks stayed green. A key brought in by a
+    merge (``<<: *defaults``) and set again beside it is YAML's override, not a repetition: the
+    loader has copied the merged pairs into the mapping, but their keys are written elsewhere (at
+    the anchor), so only keys written within the mapping's own text are compared."""
+    if node is None or id(node) in seen:
+        return []
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return [p for i, item in enumerate(node.value) for p in _repeated_keys(item, (*loc, i), seen)]
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    out, first = [], {}
+    span = (node.start_mark.index, node.end_mark.index)
+    for key, value in node.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+        if isinstance(key, yaml.ScalarNode) and span[0] <= key.start_mark.index <= span[1]:
+            if name in first:
+                mark = key.start_mark
+                out.append(f"line {mark.line + 1}, column {mark.column + 1}: {_format_loc((*loc, name))}: written "
+                           f"twice in one mapping (first at line {first[name] + 1}); YAML would keep only this "
+                           "one and drop the first without a word - merge them into one")
+            else:
+                first[name] = key.start_mark.line
+        out += _repeated_keys(value, (*loc, name), seen)
+    return out
 
 
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:

@@ -69,6 +69,41 @@ def test_bad_configuration_is_named(tmp_path, text, expected):
     assert expected in str(err.value)
 
 
+_ONE_SOURCE = """sources:
+  - {name: conf, format: ics, location: a.ics}
+channels:
+  mail: {type: maildir, path: box}
+subscribers:
+  - {id: ana, email: ana@example.org}
+"""
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # Two subscriptions blocks: YAML kept the second, and every reminder of the first vanished.
+    (_ONE_SOURCE + "subscriptions:\n  - {name: one-day, sources: [conf], channels: [mail], offsets: [-P1D]}\n"
+     "subscriptions:\n  - {name: month, sources: [conf], channels: [mail], offsets: [-P30D]}\n",
+     "line 9, column 1: subscriptions: written twice in one mapping (first at line 7)"),
+    (_ONE_SOURCE + "subscriptions:\n  - {name: s, sources: [conf], channels: [mail], offsets: [-P1D], "
+     "offsets: [-P2D]}\n",
+     "line 8, column 67: subscriptions[0].offsets: written twice in one mapping (first at line 8)"),
+])
+def test_a_key_written_twice_is_refused_not_half_dropped(tmp_path, text, expected):
+    """YAML's loader keeps the last of two equal keys and drops the first without a word: a second
+    `subscriptions:` block (or `offsets` written twice) made the first one's reminders disappear
+    while the run and every check stayed green."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert expected in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_merged_key_set_again_is_yamls_override_not_a_repetition(tmp_path):
+    cfg, _ = load_config(_write(tmp_path, _ONE_SOURCE + (
+        "subscriptions:\n  - &base {name: a, sources: [conf], channels: [mail], offsets: [-P1D]}\n"
+        "  - {<<: *base, name: b, offsets: [-P2D]}\n")))
+    assert [(s.name, s.offsets) for s in cfg.subscriptions] == [("a", ["-P1D"]), ("b", ["-P2D"])]
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
