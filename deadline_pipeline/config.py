@@ -194,7 +194,7 @@ class SourceConfig(_Model):
     location: str
     # A Dagster tag value (the source's assets carry it): any other text passed loading and then
     # stopped every command with DagsterInvalidDefinitionError, naming neither file nor key.
-    tenant: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]*$", max_length=63)] = "default"
+    tenant: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=63)] = "default"
     freshness: str = "P1D"
     timezone: str | None = None  # zone for floating times in the source, when it names none
     business_days: BusinessDaysConfig | None = None

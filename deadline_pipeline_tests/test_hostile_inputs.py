@@ -268,10 +268,11 @@ def test_a_name_longer_than_its_column_is_refused_at_load(tmp_path, db_url, key,
     assert _stored_subscribers(db_url) == 0
 
 
-@pytest.mark.parametrize("tenant", ["t1\x1b", "acme corp", "t" * 64])
+@pytest.mark.parametrize("tenant", ["t1\x1b", "acme corp", "t" * 64, ""])
 def test_a_source_tenant_that_cannot_tag_its_assets_is_refused_at_load(tmp_path, tenant):
     """The tenant tags the source's Dagster assets: any other text stopped every command with
-    DagsterInvalidDefinitionError, naming neither the file nor the key."""
+    DagsterInvalidDefinitionError, naming neither the file nor the key. An empty one loaded and
+    then planned for nobody (no subscriber has the tenant '')."""
     config = _hostile_world(tmp_path, **{"sources.0.tenant": tenant})
     with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: sources\[0\]\.tenant: String should"):
         load_config(config)

@@ -9,6 +9,7 @@ instant 11:59Z — a re-expression, hence *reworded*, not moved.
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -386,7 +387,7 @@ def test_noop_revisions_change_no_alert(engine, tmp_path):
     assert applied.changed == 0 and _count(engine, rule_versions) == versions
 
 
-def test_a_title_that_is_not_text_is_repaired_and_every_deadline_planned(engine, tmp_path):
+def test_a_title_that_is_not_text_is_repaired_and_every_deadline_planned(engine, tmp_path, caplog):
     """A lone UTF-16 surrogate ("\\ud800" in a YAML title: not a character, no UTF-8 encoder takes
     it) was stored on SQLite and then failed planning for every source with UnicodeEncodeError;
     on PostgreSQL it failed the whole snapshot. Now it is stored as the text ``\\ud800`` (an
@@ -395,9 +396,13 @@ def test_a_title_that_is_not_text_is_repaired_and_every_deadline_planned(engine,
     editions = [_edition(1, title="C1 \ud800 lone"), _edition(2, title="C2 \ud83d\ude00 pair"), _edition(3)]
     cfg = _planned_world(tmp_path, ai_deadlines(*editions))
     assert "\\uD800" in (tmp_path / "conf.yml").read_text(), "the YAML itself carries the escape"
-    _f, applied = _ingest(engine, cfg.sources[0], T0)
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.ingest.service"):
+        _f, applied = _ingest(engine, cfg.sources[0], T0)
     assert applied.status == "applied", applied.error
     assert any("c127" in p and "unpaired UTF-16 surrogate" in p for p in applied.problems), applied.problems
+    # The log says the record was kept: "skipped record" sent an operator looking for a lost reminder.
+    lines = [r.getMessage() for r in caplog.records if "c127" in r.getMessage()]
+    assert lines and all("record kept, its text repaired" in m and "skipped" not in m for m in lines), lines
     assert any("c227" in p and "joined" in p for p in applied.problems), applied.problems
     plan = plan_all(engine, cfg, T0)
     assert not plan.problems, plan.problems

@@ -204,9 +204,16 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
             f"{exc.__class__.__name__}: {exc}")
 
     problems = [sql.safe_text(f"{p.position}: {p.message}") for p in parsed.problems]
-    rules = [_storable(rec, problems) for rec in parsed.rules]
-    for p in problems:
-        log.warning("source %s: snapshot %s: skipped record: %s", src.name, snapshot_id, p)
+    repairs: list[str] = []
+    rules = [_storable(rec, repairs) for rec in parsed.rules]
+    # Each line says what happened to its record: "skipped record" for a repaired one (kept and
+    # planned) or a note that skips nothing sent an operator looking for a reminder that was sent.
+    for p, text in zip(parsed.problems, problems, strict=True):
+        log.warning("source %s: snapshot %s: %s: %s", src.name, snapshot_id,
+                    "skipped record" if p.skipped else "note, nothing skipped", text)
+    for text in repairs:
+        log.warning("source %s: snapshot %s: record kept, its text repaired: %s", src.name, snapshot_id, text)
+    problems += repairs
     diff = diff_rules(latest, rules)
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
     skipped = [p for p in parsed.problems if p.skipped]
