@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -113,6 +114,14 @@ def _one_line_of_text(value: str, what: str = "a value") -> str:
         raise ValueError(f"{value!r} contains the control character U+{ord(bad):04X}; {what} is one line "
                          "of printable text")
     return value
+
+
+# A name or address that ends up in a mail header, a log line or a report: one line of printable text.
+# A sender with a CR/LF in it loaded and then failed every send of its channel (the e-mail library
+# refuses a header with a line break), a subscription or channel name with an escape sequence printed
+# it into every report line.
+_ONE_LINE_NAME = AfterValidator(lambda v: _one_line_of_text(v, "a name"))
+SenderAddress = Annotated[str, AfterValidator(lambda v: _one_line_of_text(v, "a sender address"))]
 
 
 def _refuse_legacy_ipv4(url: str) -> None:
@@ -309,7 +318,7 @@ class SubscriberConfig(_Model):
 
 class SubscriptionConfig(_Model):
     # At most the store's column (200); longer failed the transaction storing every subscription.
-    name: Annotated[str, Field(max_length=200)]
+    name: Annotated[str, Field(max_length=200), _ONE_LINE_NAME]
     subscribers: list[str] = ["*"]  # subscriber ids, or "*" for every subscriber of the source's tenant
     sources: list[str]
     rules: list[str] = ["*"]  # fnmatch patterns on rule ids
@@ -381,7 +390,7 @@ class _MailHeaders(_Model):
 class MaildirChannel(_ChannelLimits, _MailHeaders):
     type: Literal["maildir"]
     path: str
-    sender: str = "deadline-pipeline@localhost"
+    sender: SenderAddress = "deadline-pipeline@localhost"
     # One local folder: parallel writers gain nothing.
     max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 1
 
@@ -390,7 +399,7 @@ class SmtpChannel(_ChannelLimits, _MailHeaders):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
     port: Annotated[int, NOT_A_BOOLEAN] = 25
-    sender: str = "deadline-pipeline@localhost"
+    sender: SenderAddress = "deadline-pipeline@localhost"
     starttls: bool = False
     ssl: bool = False
     # Names of environment variables holding credentials; the secrets never live in this file.
@@ -572,7 +581,7 @@ class DeadlinesConfig(_Model):
     subscriptions: list[SubscriptionConfig] = []
     # A channel's name is stored with each alert (a column of 100 characters): a longer name failed
     # the transaction planning every alert on PostgreSQL.
-    channels: dict[Annotated[str, Field(max_length=100)], ChannelConfig] = {}
+    channels: dict[Annotated[str, Field(max_length=100), _ONE_LINE_NAME], ChannelConfig] = {}
     delivery: DeliveryConfig = DeliveryConfig()
     escalation: EscalationConfig = EscalationConfig()
     watch: WatchConfig = WatchConfig()
@@ -756,6 +765,30 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
         raise ConfigError("\n".join(problems[:20]) + (f"\n… and {len(problems) - 20} more row(s)" if len(problems) > 20
                                                        else ""))
     return header_line, header, starts
+
+
+def _utf8_text(data: bytes, path: Path) -> str:
+    """The configuration file ``data`` decoded as UTF-8 (a byte order mark is dropped); raises
+    :class:`ConfigError` naming ``path``, the line and column of the first byte that is not UTF-8 and
+    the fix, or saying the file is UTF-16/UTF-32 when it starts with their byte order mark. Python's
+    own message gave a byte offset from the start of the file, which no editor shows."""
+    import codecs
+
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bad = exc
+    for name, boms in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+                       ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
+        if data.startswith(boms):
+            raise ConfigError(f"{path}: the file is {name} (it starts with a {name} byte order mark); save it "
+                              "as UTF-8") from None
+    offset = bad.start + (3 if data.startswith(codecs.BOM_UTF8) else 0)
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    line = data.count(b"\n", 0, offset) + 1
+    column = len(data[line_start:offset].decode("utf-8-sig", "replace")) + 1
+    raise ConfigError(f"{path}: line {line}, column {column}: byte 0x{data[offset]:02x} is not UTF-8 "
+                      f"({bad.reason}); save the file as UTF-8") from None
 
 
 def _refuse_undecodable(data: bytes, path: Path) -> None:
@@ -998,11 +1031,12 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     """
     path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
+    text = _utf8_text(data, path)
     raw = _parse_yaml(text, path)
     if raw is None:
         raw = {}

@@ -278,6 +278,36 @@ def test_a_source_tenant_that_cannot_tag_its_assets_is_refused_at_load(tmp_path,
         load_config(config)
 
 
+@pytest.mark.parametrize(("changes", "shown"), [
+    # A line break in the sender loaded, then every send of the channel failed (the e-mail library
+    # refuses a header with one) and every reminder on it was escalated.
+    ({"channels.box.sender": "ops@example.org\r\nBcc: all@example.org"},
+     r"channels\.box\.sender: 'ops@example\.org\\r\\nBcc: all@example\.org' contains the control character "
+     r"U\+000D; a sender address is one line"),
+    ({"subscriptions.0.name": "s\x1b[31m"}, r"subscriptions\[0\]\.name: 's\\x1b\[31m' contains the control character "
+                                            r"U\+001B; a name is one line"),
+    ({"channels": {"b\x1bx": {"type": "maildir", "path": "m"}}, "subscriptions.0.channels": ["b\x1bx"]},
+     r"channels\..*\.\[key\]: 'b\\x1bx' contains the control character U\+001B; a name is one line"),
+])
+def test_a_sender_or_name_with_a_control_character_is_refused_at_load(tmp_path, changes, shown):
+    config = _hostile_world(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: {shown}"):
+        load_config(config)
+
+
+@pytest.mark.parametrize(("encode", "shown"), [
+    (lambda t: t.encode("latin-1"), r"line \d+, column 6: byte 0xe9 is not UTF-8 \(invalid continuation byte\); "
+                                    r"save the file as UTF-8"),
+    (lambda t: t.encode("utf-16"), r"the file is UTF-16 \(it starts with a UTF-16 byte order mark\); save it as UTF-8"),
+])
+def test_a_configuration_that_is_not_utf8_names_line_and_column(tmp_path, encode, shown):
+    """Python's codec message gave a byte offset from the start of the file, which no editor shows."""
+    config = _hostile_world(tmp_path)
+    config.write_bytes(encode(config.read_text(encoding="utf-8") + "# René's deadlines\n"))
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: {shown}"):
+        load_config(config)
+
+
 def test_an_escalation_address_with_a_control_character_is_refused_at_load(tmp_path):
     """It passed loading, and the notice announcing an undelivered reminder then failed on it."""
     config = _hostile_world(tmp_path, escalation={"channels": ["box"], "email": "ops\x07@example.org"})
