@@ -767,15 +767,18 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
     return header_line, header, starts
 
 
-def _utf8_text(data: bytes, path: Path) -> str:
-    """The configuration file ``data`` decoded as UTF-8 (a byte order mark is dropped); raises
-    :class:`ConfigError` naming ``path``, the line and column of the first byte that is not UTF-8 and
-    the fix, or saying the file is UTF-16/UTF-32 when it starts with their byte order mark. Python's
-    own message gave a byte offset from the start of the file, which no editor shows."""
+def _first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, int] | None:
+    """``None`` when the file ``data`` is UTF-8 (a byte order mark allowed); else ``(error, line,
+    offset of that line's start)`` for its first byte that is not, ``error.start`` being that byte's
+    offset in ``data``. Raises :class:`ConfigError` naming ``path`` when the file starts with a UTF-16 or
+    UTF-32 byte order mark (the whole file is in another encoding, not one bad byte)."""
     import codecs
 
     try:
-        return data.decode("utf-8-sig")
+        # "utf-8", not "utf-8-sig": a byte order mark is UTF-8 too, and the -sig codec counts the
+        # error's position from after it, one column off on the first line.
+        data.decode("utf-8")
+        return None
     except UnicodeDecodeError as exc:
         bad = exc
     for name, boms in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
@@ -783,45 +786,48 @@ def _utf8_text(data: bytes, path: Path) -> str:
         if data.startswith(boms):
             raise ConfigError(f"{path}: the file is {name} (it starts with a {name} byte order mark); save it "
                               "as UTF-8") from None
-    offset = bad.start + (3 if data.startswith(codecs.BOM_UTF8) else 0)
-    line_start = data.rfind(b"\n", 0, offset) + 1
-    line = data.count(b"\n", 0, offset) + 1
-    column = len(data[line_start:offset].decode("utf-8-sig", "replace")) + 1
-    raise ConfigError(f"{path}: line {line}, column {column}: byte 0x{data[offset]:02x} is not UTF-8 "
-                      f"({bad.reason}); save the file as UTF-8") from None
+    return bad, data.count(b"\n", 0, bad.start) + 1, data.rfind(b"\n", 0, bad.start) + 1
+
+
+def _not_utf8(path: Path, data: bytes, bad: UnicodeDecodeError, where: str) -> ConfigError:
+    return ConfigError(f"{path}: {where}: byte 0x{data[bad.start]:02x} is not UTF-8 ({bad.reason}); save the "
+                       "file as UTF-8")
+
+
+def _utf8_text(data: bytes, path: Path) -> str:
+    """The configuration file ``data`` decoded as UTF-8 (a byte order mark is dropped); raises
+    :class:`ConfigError` naming ``path``, the line and column of the first byte that is not UTF-8 and
+    the fix (:func:`_first_non_utf8`). Python's own message gave a byte offset from the start of the
+    file, which no editor shows."""
+    found = _first_non_utf8(data, path)
+    if found is None:
+        return data.decode("utf-8-sig")
+    bad, line, start = found
+    column = len(data[start:bad.start].decode("utf-8-sig", "replace")) + 1
+    raise _not_utf8(path, data, bad, f"line {line}, column {column}") from None
 
 
 def _refuse_undecodable(data: bytes, path: Path) -> None:
     """Return when the subscriber file ``data`` is UTF-8 (a byte order mark allowed); else raise
     :class:`ConfigError` naming ``path``, the line, the column (number and header name) and the byte
     that is not UTF-8, e.g. ``subs.csv: line 4, column 2 (tenant): byte 0xff is not UTF-8 (invalid
-    start byte); save the file as UTF-8``. A UTF-16 file (its byte order mark) is named as such.
+    start byte); save the file as UTF-8`` (:func:`_first_non_utf8`).
 
     pandas' own message gave a byte offset from the start of the file ("position 4711"), which no
     editor shows, so the one bad row of a thousand could not be found."""
-    import codecs
     import csv
     import io
 
-    try:
-        # "utf-8", not "utf-8-sig": a byte order mark is UTF-8 too, and the -sig codec counts the
-        # error's position from after it, one column off on the first line.
-        data.decode("utf-8")
+    found = _first_non_utf8(data, path)
+    if found is None:
         return
-    except UnicodeDecodeError as exc:
-        bad = exc
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise ConfigError(f"{path}: the file is UTF-16 (it starts with a UTF-16 byte order mark); save it as "
-                          "UTF-8") from None
-    start = data.rfind(b"\n", 0, bad.start) + 1
-    line = data.count(b"\n", 0, bad.start) + 1
+    bad, line, start = found
     # The fields before the bad byte on its line, read as CSV (the bytes before it decode), give its column.
     before = data[start:bad.start].decode("utf-8-sig", "replace")
     field = len(next(csv.reader(io.StringIO(before)), [""])) if before else 1
     header = next(csv.reader(io.StringIO(data[:data.find(b"\n")].decode("utf-8-sig", "replace"))), [])
     name = f" ({header[field - 1].strip()})" if line > 1 and field <= len(header) else ""
-    raise ConfigError(f"{path}: line {line}, column {field}{name}: byte 0x{data[bad.start]:02x} is not UTF-8 "
-                      f"({bad.reason}); save the file as UTF-8") from None
+    raise _not_utf8(path, data, bad, f"line {line}, column {field}{name}") from None
 
 
 def _subscriber_columns(header: list[str], header_line: int, path: Path) -> list[str]:
@@ -940,68 +946,37 @@ def _parse_yaml(text: str, path: Path):
         char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
                           "is not allowed in YAML") from None
-    problems = _not_text(root, (), set()) + _repeated_keys(root, (), set())
+    problems = _yaml_problems(root, (), set())
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
                           + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
     return data
 
 
-def _not_text(node, loc: tuple, seen: set[int]) -> list[str]:
-    """``line L, column C: KEY.PATH: …`` for every scalar (key or value) under the YAML ``node`` that
-    is not storable text: a NUL character (YAML's escape ``"\\0"``) or an unpaired UTF-16 surrogate
-    (``"\\ud800"``, which is not a character at all). ``loc`` is the key path of ``node``; ``seen``
-    guards against visiting an aliased node twice. Returns an empty list for clean text.
+def _yaml_problems(node, loc: tuple, seen: set[int]) -> list[str]:
+    """``line L, column C: KEY.PATH: …`` for every problem under the YAML ``node`` that the loader
+    would pass without a word (``loc``: the key path of ``node``; ``seen``: aliased nodes already
+    visited, so each is walked once). Empty when there is none. Two kinds, in one walk:
 
-    YAML's double-quoted escapes write both, and the values reach the store, file paths, headers and
-    URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a surrogate, and one such subscriber tenant,
-    subscription name, channel name or rule pattern failed planning for every subscriber (a channel's
-    sender or path failed every send). Refusing them here, for the whole file, names the key once."""
+    * a scalar (key or value) that is not storable text: a NUL character (YAML's escape ``"\\0"``)
+      or an unpaired UTF-16 surrogate (``"\\ud800"``, not a character at all). The values reach the
+      store, file paths, headers and URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a
+      surrogate, and one such subscriber tenant, subscription name, channel name or rule pattern
+      failed planning for every subscriber (a channel's sender or path failed every send);
+    * a key written twice in one mapping: the loader keeps the last and drops the first, so a second
+      ``subscriptions:`` block, or ``offsets`` written twice in one subscription, made every reminder
+      of the first disappear while the run and all its checks stayed green. A key brought in by a
+      merge (``<<: *defaults``) and set again beside it is YAML's override, not a repetition: the
+      loader has copied the merged pairs into the mapping, but their keys are written elsewhere (at
+      the anchor), so only keys written within the mapping's own text are compared.
+    """
     if node is None or id(node) in seen:
         return []
     seen.add(id(node))
     if isinstance(node, yaml.ScalarNode):
-        value, why = node.value, None
-        if "\0" in value:
-            why = "a NUL character (U+0000)"
-        else:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:  # the codec finds the surrogate and its position
-                why = f"the unpaired UTF-16 surrogate U+{ord(value[exc.start]):04X}"
-        if why is None:
-            return []
-        mark = node.start_mark
-        # The key path may hold the bad text itself (a channel's name): shown escaped, as repr shows the value.
-        where = (_format_loc(loc) if loc else "(top level)").encode("utf-8", "backslashreplace").decode()
-        return [f"line {mark.line + 1}, column {mark.column + 1}: {where.replace(chr(0), chr(92) + 'x00')}: "
-                f"{why} is not text; remove it (got {value!r})"]
+        return _not_text(node, loc)
     if isinstance(node, yaml.SequenceNode):
-        return [p for i, item in enumerate(node.value) for p in _not_text(item, (*loc, i), seen)]
-    if isinstance(node, yaml.MappingNode):
-        out = []
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-            out += _not_text(key, (*loc, name), seen) + _not_text(value, (*loc, name), seen)
-        return out
-    return []
-
-
-def _repeated_keys(node, loc: tuple, seen: set[int]) -> list[str]:
-    """``line L, column C: KEY.PATH: …`` for every key written twice in one mapping under the YAML
-    ``node`` (``loc``: its key path; ``seen``: aliased nodes already visited). Empty when none is.
-
-    YAML's loader keeps the last of two equal keys and drops the first without a word: a second
-    ``subscriptions:`` block, or ``offsets`` written twice in one subscription, made every reminder
-    of the first disappear while the run and all its checks stayed green. A key brought in by a
-    merge (``<<: *defaults``) and set again beside it is YAML's override, not a repetition: the
-    loader has copied the merged pairs into the mapping, but their keys are written elsewhere (at
-    the anchor), so only keys written within the mapping's own text are compared."""
-    if node is None or id(node) in seen:
-        return []
-    seen.add(id(node))
-    if isinstance(node, yaml.SequenceNode):
-        return [p for i, item in enumerate(node.value) for p in _repeated_keys(item, (*loc, i), seen)]
+        return [p for i, item in enumerate(node.value) for p in _yaml_problems(item, (*loc, i), seen)]
     if not isinstance(node, yaml.MappingNode):
         return []
     out, first = [], {}
@@ -1016,8 +991,28 @@ def _repeated_keys(node, loc: tuple, seen: set[int]) -> list[str]:
                            "one and drop the first without a word - merge them into one")
             else:
                 first[name] = key.start_mark.line
-        out += _repeated_keys(value, (*loc, name), seen)
+        out += _yaml_problems(key, (*loc, name), seen) + _yaml_problems(value, (*loc, name), seen)
     return out
+
+
+def _not_text(node: yaml.ScalarNode, loc: tuple) -> list[str]:
+    """The problem of the scalar ``node`` at key path ``loc`` when it holds a NUL or an unpaired
+    surrogate (see :func:`_yaml_problems`), as a one-item list; else an empty one."""
+    value, why = node.value, None
+    if "\0" in value:
+        why = "a NUL character (U+0000)"
+    else:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # the codec finds the surrogate and its position
+            why = f"the unpaired UTF-16 surrogate U+{ord(value[exc.start]):04X}"
+    if why is None:
+        return []
+    mark = node.start_mark
+    # The key path may hold the bad text itself (a channel's name): shown escaped, as repr shows the value.
+    where = (_format_loc(loc) if loc else "(top level)").encode("utf-8", "backslashreplace").decode()
+    return [f"line {mark.line + 1}, column {mark.column + 1}: {where.replace(chr(0), chr(92) + 'x00')}: "
+            f"{why} is not text; remove it (got {value!r})"]
 
 
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
