@@ -239,32 +239,46 @@ def ui_command(dagster_home: Path, config_path: Path, db_url: str | None = None)
 
 
 def store_counts(engine) -> dict[str, int]:
-    """Counters of the store whose growth is what one run did: ``rule_versions``, ``obligations``,
-    ``alerts`` (rows planned), ``sent`` (delivery attempts that sent), ``escalated`` (alerts in that
-    state). Totals alone hide whether *this* run did anything (a second run that sends nothing looks
-    the same as the first)."""
+    """Row counts of the store: ``rule_versions``, ``obligations``, ``alerts`` (rows planned). Their
+    growth over a run is what *every* writer of the store added meanwhile, this run included."""
     from sqlalchemy import func, select
 
-    from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions
-
-    def count(table, *where) -> int:
-        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+    from deadline_pipeline.store.schema import alerts, obligations, rule_versions
 
     with engine.connect() as conn:
-        return {"rule_versions": count(rule_versions), "obligations": count(obligations), "alerts": count(alerts),
-                "sent": count(delivery_attempts, delivery_attempts.c.outcome == "sent"),
-                "failed": count(delivery_attempts, delivery_attempts.c.outcome.in_(("failed", "unknown"))),
-                "escalated": count(alerts, alerts.c.status == "escalated")}
+        return {name: conn.execute(select(func.count()).select_from(table)).scalar_one()
+                for name, table in (("rule_versions", rule_versions), ("obligations", obligations),
+                                    ("alerts", alerts))}
 
 
-def this_run_text(before: dict[str, int], after: dict[str, int]) -> str:
-    """``"this run: sent this run: 3, failed attempts this run: 0, escalated this run: 0, new rule
-    versions: 12, …"``. Failed attempts are counted because a run whose every send failed (a closed
-    port, a refused address) otherwise read "sent this run: 0" like a run with nothing due."""
-    d = {k: after[k] - before.get(k, 0) for k in after}
-    return (f"this run: sent this run: {d['sent']}, failed attempts this run: {d.get('failed', 0)}, "
-            f"escalated this run: {d['escalated']}, new rule versions: "
-            f"{d['rule_versions']}, new obligations: {d['obligations']}, new alerts planned: {d['alerts']}")
+def this_run_text(delivery: dict[str, int] | None, before: dict[str, int], after: dict[str, int]) -> str:
+    """What the run did, as lines. ``delivery``: the counts its own delivery sweep recorded
+    (:attr:`RunSummary.delivery`), None when it recorded none; ``before`` / ``after``:
+    :func:`store_counts` around the run.
+
+    The delivery figures are this run's alone: store differences taken around the run counted the
+    sends of any other run or sweep on the same store meanwhile as this run's. Failed attempts are
+    counted because a run whose every send failed (a closed port, a refused address) otherwise read
+    "sent this run: 0" like a run with nothing due. No per-run source gives the planning figures as
+    rows, so they stay differences, labelled as the store's growth."""
+    if delivery is None:
+        # Said, not left out: a missing line read like a run with nothing due.
+        lines = ["this run: its delivery sweep recorded no counts (the delivery step failed without "
+                 "recording them; see the failed step below)"]
+    else:
+        lines = [f"this run: sent this run: {delivery.get('sent', 0)}, failed attempts this run: "
+                 f"{delivery.get('failed', 0)}, escalated this run: {delivery.get('escalated', 0)}"]
+        unsent = delivery.get("escalation_notice_failures", 0)
+        if unsent:
+            lines.append(f"WARNING: {unsent} escalation notice(s) could not be sent this run: the on-call was "
+                         "not told of those escalated alerts. Fix the escalation channel (the run's log names "
+                         "each error), tell the on-call yourself: `deadline-pipeline watchdog` lists the "
+                         "escalated alerts not acknowledged; acknowledge each once handled "
+                         "(`deadline-pipeline alerts acknowledge ID`).")
+    grew = {k: after[k] - before.get(k, 0) for k in after}
+    lines.append(f"store grew by (every writer during the run, this one included): rule versions "
+                 f"{grew['rule_versions']}, obligations {grew['obligations']}, alerts {grew['alerts']}")
+    return "\n".join(lines)
 
 
 def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | None = None) -> None:
@@ -281,7 +295,7 @@ def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | 
         states = health.alerts_by_state(conn)
     click.echo(f"as of {as_of or 'now'}")
     if before is not None:
-        click.echo(this_run_text(before, store_counts(engine)))
+        click.echo(this_run_text(summary.delivery, before, store_counts(engine)))
     click.echo("sources:")
     for s in srcs:
         err = f" — {s.last_error}" if s.last_error else ""

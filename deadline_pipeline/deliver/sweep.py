@@ -175,6 +175,28 @@ class SweepOutcome:
     errors: list[str] = field(default_factory=list)
 
 
+def sweep_beat_outcome(out: SweepOutcome) -> str:
+    """The ``deliver`` heartbeat's outcome: ``notices_failed`` when an escalation notice could not be
+    sent (the on-call may not know of an escalated alert: the outcome an operator must see first),
+    else ``escalations`` when alerts were escalated, else ``ok``. Readers treat only ``crashed``
+    (and, for planning, ``partial``) specially; any other value is shown as written."""
+    if out.escalation_notice_failures:
+        return "notices_failed"
+    return "escalations" if out.escalated else "ok"
+
+
+def sweep_beat_detail(out: SweepOutcome) -> str:
+    """The ``deliver`` heartbeat's detail: ``"delivered 3, failed 0, escalated 2, released 0,
+    recovered unknown 0"``, plus ``", escalation notices not sent 2 of 2"`` when notices failed or
+    were skipped (``ESCALATION_NOTICE_BREAKER``)."""
+    text = (f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
+            f"released {out.released}, recovered unknown {out.recovered_unknown}")
+    if out.escalation_notice_failures:
+        tried = out.escalation_notices + out.escalation_notice_failures
+        text += f", escalation notices not sent {out.escalation_notice_failures} of {tried}"
+    return text
+
+
 @dataclass
 class _Result:
     row: dict

@@ -7,7 +7,15 @@ import logging
 import dagster as dg
 
 from deadline_pipeline.deliver.channels.environment import unresolved_env
-from deadline_pipeline.deliver.sweep import SweepFailed, SweepOutcome, lease_owner, sweep, utcnow
+from deadline_pipeline.deliver.sweep import (
+    SweepFailed,
+    SweepOutcome,
+    lease_owner,
+    sweep,
+    sweep_beat_detail,
+    sweep_beat_outcome,
+    utcnow,
+)
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.store import health
@@ -44,11 +52,8 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
         raise dg.Failure(description=f"delivery sweep failed: {exc}") from exc
     finished = clock.now()
     with engine.begin() as conn:
-        health.beat(conn, "deliver", started_at=started, completed_at=finished,
-                    outcome="ok" if not out.escalated else "escalations",
-                    detail=f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
-                           f"released {out.released}, recovered unknown {out.recovered_unknown}",
-                    replay=clock.frozen)
+        health.beat(conn, "deliver", started_at=started, completed_at=finished, outcome=sweep_beat_outcome(out),
+                    detail=sweep_beat_detail(out), replay=clock.frozen)
     for err in out.errors[:20]:
         context.log.warning(err)
     yield _observation(out)

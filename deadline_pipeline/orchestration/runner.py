@@ -21,12 +21,19 @@ from deadline_pipeline.orchestration.resources import ClockResource
 
 @dataclass
 class RunSummary:
-    """What one chain run did; ``checks`` maps check name → (passed, description)."""
+    """What one chain run did; ``checks`` maps check name → (passed, description).
+
+    ``delivery``: the counts this chain's own delivery sweep recorded (the ``alerts`` observation of
+    its ``deliver_job`` run, read back from the Dagster instance: ``sent``, ``failed``, ``escalated``,
+    ``escalation_notices``, ``escalation_notice_failures``, …, integers), or None when that run
+    recorded none (it failed before sweeping). Exact for this run, whatever else writes to the store.
+    """
 
     success: bool
     run_ids: dict[str, str] = field(default_factory=dict)
     checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    delivery: dict[str, int] | None = None
 
 
 def dagster_instance(home: Path) -> dg.DagsterInstance:
@@ -75,4 +82,16 @@ def run_chain(config_path: str | os.PathLike, *, instance: dg.DagsterInstance, d
                 if data.asset_key.path[0] in ("source", "snapshot"):  # one check per source: name it
                     key = f"{key}[{data.asset_key.path[-1]}]"
                 summary.checks[key] = (data.passed, data.description or "")
+    summary.delivery = sweep_counts(instance, summary.run_ids[DELIVER_JOB])
     return summary
+
+
+def sweep_counts(instance: dg.DagsterInstance, run_id: str) -> dict[str, int] | None:
+    """The integer counts of the last ``alerts`` observation the run ``run_id`` recorded in
+    ``instance`` (what its delivery sweep did), or None when it recorded none."""
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
+    for record in reversed(records):
+        observation = record.event_log_entry.dagster_event.event_specific_data.asset_observation
+        if observation.asset_key == dg.AssetKey("alerts"):
+            return {k: v.value for k, v in observation.metadata.items() if isinstance(v.value, int)}
+    return None

@@ -13,7 +13,9 @@ It reads the store with its own small queries over the schema's tables and evalu
   (beyond :data:`CLOCK_SKEW`) is red by itself: a replay (``--as-of``) wrote into a live store, or
   clocks disagree. Without this a future heartbeat read as "completed -1 day ago (ok)" and hid a
   dead sweep for as long as the replay was ahead;
-* escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``);
+* escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``), saying
+  so when the last sweep's heartbeat (``deliver``, outcome ``notices_failed``) could not send every
+  escalation notice;
 * freshness and quarantine of each source, with the pure rules of
   :mod:`deadline_pipeline.watch.sources` (``evaluate_fresh`` / ``evaluate_not_quarantined``).
 
@@ -100,7 +102,7 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     return rows
 
 
-def _escalations_row(conn) -> WatchRow:
+def _escalations_row(conn, beats: dict) -> WatchRow:
     # An escalation is the loud end of a failed delivery; until a human acknowledges it, it is an
     # open incident the watchdog must keep reporting (cron, without the Dagster daemon).
     cond = (alerts.c.status == "escalated") & alerts.c.acknowledged_at.is_(None)
@@ -108,9 +110,16 @@ def _escalations_row(conn) -> WatchRow:
     oldest = conn.execute(select(alerts.c.id).where(cond).order_by(alerts.c.updated_at, alerts.c.id)
                           .limit(3)).scalars().all()
     shown = ", ".join(f"alert {i}" for i in oldest)
-    return WatchRow("escalations_acknowledged", "alerts", count == 0,
-                    f"{count} escalated alert(s) not acknowledged" + (f" (oldest: {shown}; "
-                    "`deadline-pipeline alerts acknowledge ID`)" if count else ""))
+    detail = f"{count} escalated alert(s) not acknowledged" + (f" (oldest: {shown}; "
+                                                               "`deadline-pipeline alerts acknowledge ID`)"
+                                                               if count else "")
+    last = beats.get("deliver") or {}
+    if count and last.get("last_outcome") == "notices_failed":
+        # The notices are the on-call's only word of an escalation: when the last sweep could not
+        # send them, the unacknowledged alerts above may be unknown to anyone.
+        detail += (f"; the last delivery sweep could not send every escalation notice, so the on-call may not "
+                   f"know ({last.get('detail')})")
+    return WatchRow("escalations_acknowledged", "alerts", count == 0, detail)
 
 
 def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, ...], now: datetime,
@@ -160,8 +169,8 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     try:
         with engine.connect() as conn:
             report.rows += _reconciliation(conn, now, grace)
-            report.rows.append(_escalations_row(conn))
             beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
+            report.rows.append(_escalations_row(conn, beats))
             states = _source_states(conn, names)
             ahead = future_instants(conn, now + CLOCK_SKEW)
     except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron
