@@ -252,7 +252,7 @@ def test_channels_or_an_unpicklable_clock_are_refused_before_anything_is_claimed
         assert conn.execute(select(delivery_attempts.c.id)).all() == []
 
 
-def _run_deliver_job(pg_url, base, tmp_path, *, timeout_seconds, **delivery):
+def _run_deliver_job(pg_url, base, tmp_path, *, timeout_seconds, instance=None, **delivery):
     """``deliver_job`` in process against the PostgreSQL store, a configuration file with a loopback
     webhook channel and ``delivery`` settings, at the frozen instant T0; returns the Dagster result."""
     import dagster as dg
@@ -270,7 +270,7 @@ def _run_deliver_job(pg_url, base, tmp_path, *, timeout_seconds, **delivery):
         "delivery": delivery,
     }))
     return deliver_job.execute_in_process(
-        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+        instance=instance or dg.DagsterInstance.ephemeral(), raise_on_error=False,
         resources={"store": StoreResource(db_url=pg_url), "settings": SettingsResource(config_path=str(path)),
                    "clock": ClockResource(as_of=T0.isoformat())})
 
@@ -318,3 +318,22 @@ def test_processes_must_be_a_plain_count(value):
     """YAML's `true` must not quietly become one process; the range names the key."""
     with pytest.raises(ValueError, match="delivery.processes"):
         DeadlinesConfig(delivery={"processes": value})
+
+
+def test_a_run_log_listing_the_first_errors_says_how_many_more_there_are(pg, pg_url, gated, tmp_path):
+    """25 alerts refused for good (HTTP 400) are escalated; the run's log lists 20 of them and says
+    that 5 more are not listed. Before, the log stopped at 20 and read as if there were 20."""
+    import dagster as dg
+
+    server, base = gated
+    seed(pg, 25, webhook_url=f"{base}/bad")
+    instance = dg.DagsterInstance.ephemeral()
+    result = _run_deliver_job(pg_url, base, tmp_path, timeout_seconds=5, instance=instance, processes=1,
+                              batch_size=50)
+    assert result.success
+    [obs] = result.asset_observations_for_node("deliver_sweep")
+    assert obs.metadata["escalated"].value == 25
+    messages = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    listed = [m for m in messages if m.startswith("alert ") and "HTTP 400" in m]
+    assert len(listed) == 20, listed
+    assert any(m.startswith("… and 5 more error(s)") for m in messages), messages[-5:]

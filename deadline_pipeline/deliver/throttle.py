@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
+
+# Lines of one kind (per-alert errors, skipped rules) written one by one into a Dagster run's log.
+LOG_FIRST_LIMIT = 20
 
 
 class ThrottledLogger:
@@ -54,3 +58,16 @@ class ThrottledLogger:
         """Consecutive failures of ``key`` so far."""
         with self._lock:
             return self._counts.get(key, 0)
+
+
+def log_first(emit: Callable[[str], object], lines: Sequence[str], *, limit: int = LOG_FIRST_LIMIT,
+              what: str = "more") -> None:
+    """Write the first ``limit`` of ``lines`` through ``emit`` (``context.log.error``, say) and, when
+    there are more, one line ``"… and N more <what> (...)"``. Without that line a run log of 500
+    escalated alerts showed 20 of them and read as if there were 20.
+    """
+    for line in lines[:limit]:
+        emit(line)
+    if len(lines) > limit:
+        emit(f"… and {len(lines) - limit} more {what} (not listed here; the counts above and the run's "
+             "metadata have them all)")

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
+from deadline_pipeline.deliver.throttle import log_first
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
@@ -241,8 +242,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
                         problems=out.problems, replay=clock.frozen)
         with engine.connect() as conn:
             states = health.alerts_by_state(conn)
-        for p in out.problems[:20]:
-            context.log.error(f"source {p.source} rule {p.rule_id}: {p.message}")
+        log_first(context.log.error, [f"source {p.source} rule {p.rule_id}: {p.message}" for p in out.problems],
+                  what="skipped rule(s)")
         yield dg.MaterializeResult(asset_key=OBLIGATIONS, metadata={
             "planned": out.obligations_planned, "inserted": out.obligations_inserted,
             "moved": out.obligations_moved, "updated": out.obligations_updated,

@@ -16,7 +16,7 @@ from deadline_pipeline.deliver.sweep import (
     sweep_beat_outcome,
     utcnow,
 )
-from deadline_pipeline.deliver.throttle import ThrottledLogger
+from deadline_pipeline.deliver.throttle import ThrottledLogger, log_first
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.store import health
 from deadline_pipeline.store.delivery import count_claimable
@@ -46,16 +46,14 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
     except SweepFailed as exc:
         # The run fails (red in the UI, no "ok" heartbeat), and still says what was done before.
         if exc.outcome is not None:
-            for err in exc.outcome.errors[:20]:
-                context.log.error(err)
+            log_first(context.log.error, exc.outcome.errors, what="error(s)")
             yield _observation(exc.outcome)
         raise dg.Failure(description=f"delivery sweep failed: {exc}") from exc
     finished = clock.now()
     with engine.begin() as conn:
         health.beat(conn, "deliver", started_at=started, completed_at=finished, outcome=sweep_beat_outcome(out),
                     detail=sweep_beat_detail(out), replay=clock.frozen)
-    for err in out.errors[:20]:
-        context.log.warning(err)
+    log_first(context.log.warning, out.errors, what="error(s)")
     yield _observation(out)
     yield dg.Output(None)
 
