@@ -170,3 +170,34 @@ def test_smtp_over_tls_still_delivers(mode, certificate, monkeypatch):
     finally:
         controller.stop()
     assert [e["to"] for e in handler.envelopes] == [["ana@example.org"]]
+
+
+@pytest.mark.parametrize("slow_smtp_server", [0.0], indirect=True)
+def test_this_hosts_name_is_looked_up_once_not_in_every_send(slow_smtp_server, monkeypatch):
+    """smtplib looked this host's name up (``socket.getfqdn``, a reverse DNS query) in every connection,
+    after connecting. Where that lookup hangs (here 1.2 s, past the 1 s deadline), every send was cut
+    by its deadline while the lookup ran and failed, one after another. Now it is made once, before
+    the first send's deadline starts, and every send is delivered."""
+    import socket
+
+    from deadline_pipeline.deliver.channels.smtp import ehlo_name
+
+    handler, port = slow_smtp_server
+    real, calls, sender = socket.getfqdn, [], threading.current_thread()
+
+    def slow_getfqdn(name: str = "") -> str:
+        if threading.current_thread() is sender:  # the server's own lookups (its thread) stay fast
+            calls.append(name)
+            time.sleep(DRIP_TIMEOUT + 0.2)
+        return real(name)
+
+    ehlo_name.cache_clear()
+    monkeypatch.setattr(socket, "getfqdn", slow_getfqdn)
+    try:
+        ch = smtp_channel(port, timeout_seconds=DRIP_TIMEOUT)
+        results = [ch.send(make_notification()) for _ in range(3)]
+    finally:
+        ehlo_name.cache_clear()
+    assert [r.provider_message_id for r in results] == [f"<{KEY}@example.org>"] * 3
+    assert len(handler.envelopes) == 3
+    assert len(calls) == 1, calls

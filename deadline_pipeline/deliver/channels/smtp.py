@@ -34,6 +34,7 @@ the same mail; it is also the ``provider_message_id``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import smtplib
@@ -149,6 +150,7 @@ class SmtpSender:
 
         smtp: smtplib.SMTP | None = None
         data_sent = False
+        ehlo_name()  # the first send of the process looks it up here, before its deadline starts
         # The with block cancels the deadline's timer however the send ends (no thread outlives it).
         with _SendDeadline(self.cfg.timeout_seconds) as deadline:
             try:
@@ -256,8 +258,8 @@ class _SendDeadline:
       name as the deadline and classify by phase.
 
     Bound: ``seconds`` plus the timer thread's wake-up (milliseconds). Not shortened: the host name's
-    resolution (bounded by the system resolver; the deadline is checked when it returns) and
-    smtplib's ``socket.getfqdn()`` for the EHLO name, which are no socket this could shut down.
+    resolution (bounded by the system resolver; the deadline is checked when it returns), which is no
+    socket this could shut down. The EHLO name's lookup is out of the send: :func:`ehlo_name`.
 
     Cost of a send that ends in time: one timer thread started and cancelled and one ``dup`` of the
     socket, well under a millisecond. Leaving the block cancels and joins the timer, so no thread
@@ -337,7 +339,7 @@ class _BoundedSMTP(smtplib.SMTP):
         self._deadline = deadline
         self._tls_context = tls_context
         # Each socket call keeps its own bound as before; the deadline bounds them all together.
-        super().__init__(host, port, timeout=deadline.seconds)
+        super().__init__(host, port, local_hostname=ehlo_name(), timeout=deadline.seconds)
 
     def _get_socket(self, host: str, port: int, timeout: float | None) -> socket.socket:
         sock = super()._get_socket(host, port, self._deadline.time_left(timeout))
@@ -354,6 +356,21 @@ class _BoundedSMTP(smtplib.SMTP):
         if self.file is None and self.sock is not None:
             self.file = _WholeLines(self.sock.makefile("rb"))
         return super().getreply()
+
+
+@functools.cache
+def ehlo_name() -> str:
+    """The name this host gives in EHLO/HELO: smtplib's own choice (the fully qualified domain name,
+    else ``[<address>]``), worked out once per process.
+
+    Why once: smtplib works it out again for every connection with ``socket.getfqdn()``, a reverse
+    lookup of this host's name, after connecting. Where that lookup hangs (no reverse DNS, a resolver
+    timing out), it took the resolver's timeout out of every SMTP send, inside the send's deadline: a
+    lookup longer than the channel's timeout failed every send, one after another, and no socket of
+    the send could cut it short. Raises nothing (smtplib falls back itself).
+    """
+    # SMTP() without a host connects to nothing; its constructor makes exactly smtplib's choice.
+    return smtplib.SMTP().local_hostname
 
 
 class _WholeLines:
