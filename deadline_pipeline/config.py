@@ -103,16 +103,33 @@ def _check_zone(value: str) -> str:
     return value
 
 
+# Characters that show as nothing, so that "ann" and "\ufeffann" look the same and are different ids,
+# tenants or addresses: U+FEFF (a byte order mark; two CSV files saved with one and concatenated put
+# it at the start of a row, inside that subscriber's id), the zero-width space, non-joiner and joiner
+# (U+200B-U+200D) and the word joiner (U+2060). Every field checked here is matched as exact text
+# (a subscription names subscribers and channels by it, planning compares tenants), none is prose,
+# so even the joiners some scripts and emoji sequences use are refused rather than let two names
+# that look alike differ.
+_INVISIBLE = {"\ufeff": "a byte order mark", "\u200b": "a zero-width space", "\u200c": "a zero-width non-joiner",
+              "\u200d": "a zero-width joiner", "\u2060": "a word joiner"}
+
+
 def _one_line_of_text(value: str, what: str = "a value") -> str:
     """``value`` unchanged when it holds no control character (Unicode category ``Cc``: NUL, ESC, CR,
-    LF, DEL, C1) and no line or paragraph separator. Raises ``ValueError`` naming the first one as
-    ``U+XXXX``. A subscriber's fields end up in mail headers, request URLs, SQL text and report lines:
+    LF, DEL, C1), no line or paragraph separator and no invisible character (:data:`_INVISIBLE`).
+    Raises ``ValueError`` naming the first one as ``U+XXXX`` (an invisible one with its position in
+    ``value``, counted from 1).
+    A subscriber's fields end up in mail headers, request URLs, SQL text and report lines:
     PostgreSQL refuses NUL, so one subscriber's ``"t1\\0"`` once failed planning for every
     subscriber there, and an address with a BEL in it passed loading only to be escalated at every send."""
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
-    if bad is not None:
-        raise ValueError(f"{value!r} contains the control character U+{ord(bad):04X}; {what} is one line "
-                         "of printable text")
+    for at, c in enumerate(value, start=1):
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp"):
+            found = f"the control character U+{ord(c):04X}"
+        elif c in _INVISIBLE:  # its place said too: the value looks the same with it or without it
+            found = f"the invisible character U+{ord(c):04X} ({_INVISIBLE[c]}) at character {at}"
+        else:
+            continue
+        raise ValueError(f"{value!r} contains {found}; {what} is one line of printable text")
     return value
 
 
@@ -767,13 +784,40 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
     return header_line, header, starts
 
 
+def _utf16_without_bom(data: bytes) -> str | None:
+    """``"UTF-16-LE"`` or ``"UTF-16-BE"`` when the first line of ``data`` reads as UTF-16 text of that
+    byte order: a NUL byte in (at least three quarters of) every other position, after each byte for
+    little-endian, before it for big-endian, and none in the others; else ``None``. ASCII text in
+    UTF-16 is valid UTF-8 (a NUL is a character), so a spreadsheet's "Unicode text" export saved
+    without a byte order mark passed the UTF-8 check and was refused for "unknown column
+    'i\\x00d\\x00'"; a UTF-8 text file holds no NUL."""
+    end = data.find(b"\n", 0, 4096)
+    line = data[: end if end >= 0 else 4096]
+    for name, nul_at in (("UTF-16-LE", 1), ("UTF-16-BE", 0)):
+        nuls, others = line[nul_at::2], line[1 - nul_at::2]
+        if len(line) >= 2 and b"\0" not in others and nuls.count(0) * 4 >= len(nuls) * 3:
+            return name
+    return None
+
+
 def _first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, int] | None:
     """``None`` when the file ``data`` is UTF-8 (a byte order mark allowed); else ``(error, line,
     offset of that line's start)`` for its first byte that is not, ``error.start`` being that byte's
-    offset in ``data``. Raises :class:`ConfigError` naming ``path`` when the file starts with a UTF-16 or
-    UTF-32 byte order mark (the whole file is in another encoding, not one bad byte)."""
+    offset in ``data``. Raises :class:`ConfigError` naming ``path`` when the whole file is in another
+    encoding, not one bad byte: it starts with a UTF-16 or UTF-32 byte order mark, or its first line
+    is UTF-16 without one (:func:`_utf16_without_bom`)."""
     import codecs
 
+    # The marks first: a UTF-16 file with one has the NULs of one without it.
+    for name, boms in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+                       ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
+        if data.startswith(boms):
+            raise ConfigError(f"{path}: the file is {name} (it starts with a {name} byte order mark); save it "
+                              "as UTF-8")
+    utf16 = _utf16_without_bom(data)
+    if utf16 is not None:
+        raise ConfigError(f"{path}: line 1: the file looks like {utf16} without a byte order mark (a NUL byte "
+                          "beside every character); save it as UTF-8")
     try:
         # "utf-8", not "utf-8-sig": a byte order mark is UTF-8 too, and the -sig codec counts the
         # error's position from after it, one column off on the first line.
@@ -781,11 +825,6 @@ def _first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, i
         return None
     except UnicodeDecodeError as exc:
         bad = exc
-    for name, boms in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
-                       ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
-        if data.startswith(boms):
-            raise ConfigError(f"{path}: the file is {name} (it starts with a {name} byte order mark); save it "
-                              "as UTF-8") from None
     return bad, data.count(b"\n", 0, bad.start) + 1, data.rfind(b"\n", 0, bad.start) + 1
 
 

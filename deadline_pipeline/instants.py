@@ -8,6 +8,7 @@ One parser for every command, so that one input gets one answer: before, ``statu
 
 from __future__ import annotations
 
+import calendar
 import re
 from datetime import UTC, datetime
 
@@ -35,14 +36,48 @@ def parse_instant(text: str, years: tuple[int, int] = INSTANT_YEARS) -> datetime
         offset = _OFFSET.search(raw)
         if offset and int(offset.group(1)) >= 24:
             raise ValueError("its UTC offset is out of range (-23:59 to +23:59)") from None
-        raise ValueError(f"not an ISO 8601 instant; write e.g. {EXAMPLE}") from None
+        raise ValueError(impossible_part(raw) or f"not an ISO 8601 instant; write e.g. {EXAMPLE}") from None
     if value.tzinfo is None:
         raise ValueError(f"has no offset; write e.g. {EXAMPLE}")
+    return in_years(value, years)
+
+
+def in_years(value: datetime, years: tuple[int, int] = INSTANT_YEARS) -> datetime:
+    """The aware ``value`` as UTC; raises ``ValueError`` ("out of range (years …)") when its UTC
+    year is outside ``years`` or it has no UTC form (``0001-01-01T00:00+01:00``)."""
     low, high = years
     try:
         value = value.astimezone(UTC)
-    except OverflowError:  # 0001-01-01T00:00+01:00 has no UTC form
+    except OverflowError:
         raise ValueError(f"out of range (years {low} to {high})") from None
     if not low <= value.year <= high:
         raise ValueError(f"out of range (years {low} to {high})")
     return value
+
+
+# A date and time as ISO 8601 (extended or basic) or ICS writes it, each field by its digits alone.
+_FIELDS = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})(?:[T ](\d{2})(?::?(\d{2})(?::?(\d{2}))?)?)?", re.IGNORECASE)
+
+
+def impossible_part(text: str) -> str | None:
+    """Why ``text``, written as a date or date-time (``2026-02-30T09:00:00Z``, ``20260230T090000``),
+    names no moment: the first field out of range, e.g. ``"no such date: 2026-02 has 28 days"`` or
+    ``"hour 24 is out of range (00 to 23)"``; ``None`` when its fields are in range or it is not of that
+    shape. Python's parser says only "Invalid isoformat string" (or "day is out of range for month"),
+    which the commands passed on as "not an ISO 8601 instant" for a date that is one in form."""
+    m = _FIELDS.match(text.strip())
+    if not m:
+        return None
+    year, month, day = (int(g) for g in m.group(1, 2, 3))
+    if year == 0:
+        return "year 0000 does not exist (the calendar starts at 0001)"
+    if not 1 <= month <= 12:
+        return f"month {m.group(2)} is out of range (01 to 12)"
+    days = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= days:
+        return f"no such date: {m.group(1)}-{m.group(2)} has {days} days"
+    for group, what, top in ((4, "hour", 23), (5, "minute", 59), (6, "second", 59)):
+        if m.group(group) is not None and int(m.group(group)) > top:
+            hint = "; write 24:00 as 00:00 of the next day" if what == "hour" else ""
+            return f"{what} {m.group(group)} is out of range (00 to {top}){hint}"
+    return None

@@ -17,7 +17,10 @@ Accepted spellings:
   it uses it in winter;
 * Windows zone names (``W. Europe Standard Time``), through the CLDR table below.
 
-Anything else raises :class:`UnknownTimeZone` naming the input.
+Anything else raises :class:`UnknownTimeZone` naming the input. So do the keys of a machine's
+zoneinfo folder that are not IANA zone names and mean different instants on different machines:
+``localtime``, ``Factory``, ``posixrules``, ``posix/…``, ``right/…`` (IANA names are those of the
+``tzdata`` package's zone list; its ``backward`` aliases such as ``US/Eastern`` stay accepted).
 
 Floating times (RFC 5545 §3.3.5 form 1: an ICS date-time with neither ``Z`` nor ``TZID``, or a
 source row without a zone) are *not* a zone and never resolve to UTC: the rule keeps ``tz=None`` and
@@ -31,7 +34,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
 class UnknownTimeZone(ValueError):
@@ -209,9 +212,42 @@ def _fixed(hours: float, name: str) -> timezone:
     return timezone(timedelta(hours=hours)) if hours else UTC
 
 
+# Keys that a zoneinfo folder holds but that name no zone anywhere else. Python's
+# available_timezones() lists the zone files of the machine's zoneinfo folder (less posix/, right/ and
+# posixrules), so on Debian it listed, and this module accepted, `localtime` (a link to /etc/localtime:
+# the zone of whichever machine reads the file, so planning and review put the same due date at
+# different instants without a word); `Factory` is IANA's placeholder for "no zone set" (abbreviation
+# "-00"); `posixrules` is the default rule for POSIX TZ strings; `posix/X` copies X, and `right/X` is X
+# on a clock that counts leap seconds. The rule is an allow-list, IANA's own names (_iana_names), with
+# these named in the refusal because they do open a file on some machines.
+_NOT_PORTABLE = {
+    "localtime": "it is the zone of the machine reading the file, which differs between machines",
+    "Factory": "it is IANA's placeholder for a machine whose zone is not set",
+    "posixrules": "it is the rule file for POSIX TZ strings",
+}
+
+
+def _not_portable(text: str) -> str | None:
+    """Why the zone key ``text`` is not a portable IANA zone name and what to write instead, or
+    ``None`` when it is not one of those keys."""
+    if text in _NOT_PORTABLE:
+        return f"{_NOT_PORTABLE[text]}; write the zone itself, e.g. Europe/Berlin"
+    for folder, meant in (("posix/", "a copy of"), ("right/", "a leap-second-counting variant of")):
+        if text.startswith(folder):
+            zone = text.removeprefix(folder)
+            return f"it is {meant} {zone!r} in a machine's zoneinfo folder; write {zone!r}"
+    return None
+
+
 @lru_cache(maxsize=1)
 def _iana_names() -> frozenset[str]:
-    return frozenset(available_timezones())
+    """The IANA zone names (zones and links, ``backward`` aliases such as ``US/Eastern`` included),
+    from the zone list of the ``tzdata`` package (a dependency): the same on every machine, unlike
+    the machine's zoneinfo folder, whose extra keys are refused (see :data:`_NOT_PORTABLE`)."""
+    from importlib.resources import files
+
+    listed = files("tzdata").joinpath("zones").read_text(encoding="utf-8").split()
+    return frozenset(name for name in listed if _not_portable(name) is None)
 
 
 def _iana(text: str) -> ZoneInfo | None:
@@ -273,11 +309,11 @@ def _resolve(name: str) -> tzinfo:
     windows = _WINDOWS_FOLDED.get(text.casefold())
     if windows is not None:
         return ZoneInfo(windows)
-    try:
-        if "/" in text or text in ("UTC", "GMT"):
-            return ZoneInfo(text)
-    except (ZoneInfoNotFoundError, ValueError):
-        pass
+    # Said for what it is, not "unknown": the key may open a file in a machine's zoneinfo folder
+    # (before, any key with a "/" was opened as one, and posix/… and right/… were accepted).
+    why = _not_portable(text) or (_not_portable(text.rsplit("/", 1)[-1]) if text.startswith("/") else None)
+    if why is not None:
+        raise UnknownTimeZone(f"time zone {name!r} is not an IANA zone name: {why}")
     raise UnknownTimeZone(
         f"unknown time zone {name!r}: expected an IANA name (Europe/Berlin), AoE, a UTC offset "
         "(UTC-12, GMT+8), a known abbreviation (PDT) or a Windows zone name"
@@ -341,8 +377,6 @@ def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
     cache = _iana_signatures()
     matches = []
     for name in sorted(_iana_names()):
-        if name.startswith(("posix/", "right/")) or name in ("localtime", "Factory"):
-            continue
         try:
             candidate = ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError):

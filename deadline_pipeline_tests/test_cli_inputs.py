@@ -176,6 +176,10 @@ def test_preview_window_out_of_range_names_the_option(tmp_path, window, option):
     ("2026-12-01T15:00:00+25:00", "its UTC offset is out of range (-23:59 to +23:59)"),
     ("9999-12-31T23:59:59Z", "out of range (years 1900 to 9000)"),
     ("2026-12-01T15:00:00", "has no offset; write e.g. 2026-05-01T12:00:00Z"),
+    # ISO 8601 in form, so "not an ISO 8601 instant" sent the reader looking for a typo in the format.
+    ("2026-02-30T00:00:00Z", "no such date: 2026-02 has 28 days"),
+    ("2026-13-01T00:00:00Z", "month 13 is out of range (01 to 12)"),
+    ("2026-12-01T24:00:01Z", "hour 24 is out of range (00 to 23); write 24:00 as 00:00 of the next day"),
 ])
 def test_as_of_gets_one_answer_from_every_command(tmp_path, command, value, reason):
     """One parser for every command: ``status --as-of 9999-12-31T23:59:59Z`` failed with

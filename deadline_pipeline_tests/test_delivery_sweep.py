@@ -323,12 +323,14 @@ def _oncall_config(oncall: DripServer, **delivery) -> DeadlinesConfig:
         delivery=delivery, network=LOOPBACK_NETWORK)
 
 
-def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver):
+def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver, caplog):
     """Escalation notices are sent synchronously from the bookkeeping thread, which records every
     batch: a notice receiver dripping its answer (a byte every 0.5 s, each read within the 1 s
     timeout) held it for the whole drip (15 s), past the sweep's time budget, with the later
     batches' sent alerts unrecorded meanwhile. The notice now ends at its timeout, as a failed
-    notice, and the sweep records every alert within its budget."""
+    notice, and the sweep records every alert within its budget. Its log line says the notice may
+    have been delivered: the channel's own words, "the alert may have been delivered", were read
+    as news of the escalated alert, which was not."""
     server, base = receiver
     [bad] = seed(engine, 1, webhook_url=f"{base}/bad")  # 400: permanent, escalated in the first batch
     good = seed(engine, 5, webhook_url=f"{base}/ok")
@@ -336,10 +338,14 @@ def test_a_dripping_escalation_receiver_does_not_hold_the_sweep(engine, receiver
     with DripServer("headers", every=0.5) as oncall:
         cfg = _oncall_config(oncall, batch_size=2, time_budget_seconds=4)
         started = time.monotonic()
-        out = sweep(engine, cfg, T0)
+        with caplog.at_level(logging.ERROR, logger="deadline_pipeline.deliver.sweep"):
+            out = sweep(engine, cfg, T0)
         elapsed = time.monotonic() - started
         assert oncall.requests == 1
     assert elapsed < cfg.delivery.time_budget_seconds, f"the sweep took {elapsed:.1f} s"
+    [failed] = [r.getMessage() for r in caplog.records if "escalation notice on channel 'ops' failed" in r.getMessage()]
+    assert "the notice may have been delivered" in failed and "the alert may" not in failed, failed
+    assert f"alert {bad}: escalation notice on channel 'ops' failed: DeliveryError:" in failed, failed
     assert (out.delivered, out.escalated, out.escalation_notices, out.escalation_notice_failures) == (5, 1, 0, 1)
     assert states(engine) == {"delivered": 5, "escalated": 1}
     assert len(server.requests) == 1 + len(good)

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -299,7 +300,10 @@ def test_a_sender_or_name_with_a_control_character_is_refused_at_load(tmp_path, 
     (lambda t: t.encode("latin-1"), r"line \d+, column 6: byte 0xe9 is not UTF-8 \(invalid continuation byte\); "
                                     r"save the file as UTF-8"),
     (lambda t: t.encode("utf-16"), r"the file is UTF-16 \(it starts with a UTF-16 byte order mark\); save it as UTF-8"),
-])
+    # Without the mark it passed the UTF-8 check (a NUL is UTF-8) and YAML refused "character U+0000".
+    (lambda t: t.encode("utf-16-le"), r"line 1: the file looks like UTF-16-LE without a byte order mark \(a NUL byte "
+                                      r"beside every character\); save it as UTF-8"),
+], ids=["latin-1", "utf-16-with-mark", "utf-16-without-mark"])
 def test_a_configuration_that_is_not_utf8_names_line_and_column(tmp_path, encode, shown):
     """Python's codec message gave a byte offset from the start of the file, which no editor shows."""
     config = _hostile_world(tmp_path)
@@ -332,3 +336,86 @@ def test_a_subscriber_file_that_is_not_utf8_names_line_and_column(tmp_path):
     csv_file.write_bytes(csv_file.read_bytes().decode("utf-8", "replace").encode("utf-16"))
     with pytest.raises(ConfigError, match=r"subs\.csv: the file is UTF-16 .*; save it as UTF-8"):
         load_config(config)
+
+
+
+@pytest.mark.parametrize(("row", "shown"), [
+    # Two subscriber files saved with a byte order mark and concatenated: the second one's mark
+    # starts a row, inside that subscriber's id, which then matched no `subscribers: [eve]`.
+    ("\ufeffeve,t1,eve@example.org,,UTC,\n", r"\(id '\\ufeffeve'\), column id: '\\ufeffeve' contains the invisible "
+                                             r"character U\+FEFF \(a byte order mark\) at character 1; an id is"),
+    ("eve,t1\u200b,eve@example.org,,UTC,\n", r"\(id 'eve'\), column tenant: 't1\\u200b' contains the invisible "
+                                             r"character U\+200B \(a zero-width space\) at character 3"),
+    ("eve,t1,eve\u2060@example.org,,UTC,\n", r"\(id 'eve'\), column email: 'eve\\u2060@example.org' contains the "
+                                             r"invisible character U\+2060 \(a word joiner\) at character 4"),
+    ("eve,t1,eve@example.org,,UTC,ab\u200d\n", r"\(id 'eve'\), column apprise_target: 'ab\\u200d' contains the "
+                                               r"invisible character U\+200D \(a zero-width joiner\)"),
+], ids=["id-bom-of-a-concatenated-file", "tenant-zero-width-space", "email-word-joiner", "apprise-target-zwj"])
+def test_an_invisible_character_in_a_subscriber_row_is_refused_naming_line_and_column(tmp_path, row, shown):
+    """An id, tenant or address that differs from the intended one by a character that shows as
+    nothing; the byte order mark at the very start of the file is still the file's own, and read."""
+    config = _hostile_world(tmp_path)
+    csv_file = tmp_path / "subs.csv"
+    csv_file.write_bytes(b"\xef\xbb\xbf" + csv_file.read_bytes())
+    cfg, _ = load_config(config)
+    assert [s.id for s in cfg.subscribers] == ["ann", "bob"]
+    csv_file.write_bytes(csv_file.read_bytes() + row.encode())
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(csv_file))}: line 4 {shown}"):
+        load_config(config)
+
+
+def test_an_invisible_character_in_a_configured_name_is_refused_naming_the_key(tmp_path):
+    """The same check for every field that is one line of text: a channel name with a zero-width
+    space is not the name the subscription lists."""
+    config = _hostile_world(tmp_path, **{"channels": {"box\u200b": {"type": "maildir", "path": "m"}},
+                                         "subscriptions.0.channels": ["box\u200b"]})
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: channels\..*\.\[key\]: 'box\\u200b' contains "
+                                          r"the invisible character U\+200B"):
+        load_config(config)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_subscriber_file_in_utf16_without_a_byte_order_mark_is_named(tmp_path, encoding):
+    """ASCII text in UTF-16 is valid UTF-8 (each NUL a character): such a file was refused for
+    "unknown column 'i\\x00d\\x00'" and so on, column by column, which no one reads as an encoding."""
+    config = _hostile_world(tmp_path)
+    csv_file = tmp_path / "subs.csv"
+    csv_file.write_bytes(csv_file.read_text(encoding="utf-8").encode(encoding))
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert str(err.value) == (f"{csv_file}: line 1: the file looks like {encoding.upper()} without a byte order "
+                              "mark (a NUL byte beside every character); save it as UTF-8")
+
+
+@pytest.mark.parametrize(("zone", "why"), [
+    ("localtime", "it is the zone of the machine reading the file, which differs between machines; write the "
+                  "zone itself, e.g. Europe/Berlin"),
+    ("posixrules", "it is the rule file for POSIX TZ strings"),
+    ("Factory", "it is IANA's placeholder for a machine whose zone is not set"),
+    ("posix/Europe/Berlin", "it is a copy of 'Europe/Berlin' in a machine's zoneinfo folder; write 'Europe/Berlin'"),
+    ("right/UTC", "it is a leap-second-counting variant of 'UTC' in a machine's zoneinfo folder; write 'UTC'"),
+])
+def test_a_zone_key_that_is_no_iana_zone_is_refused_in_the_csv_and_the_configuration(tmp_path, zone, why):
+    """Keys of this machine's zoneinfo folder that are no IANA zone: `localtime` was accepted (it is
+    in available_timezones() on Debian) and meant the planning machine's own zone, so the same due
+    date was another instant on the machine reviewing it; posix/… and right/… were opened as files."""
+    shown = re.escape(f"time zone {zone!r} is not an IANA zone name: {why}")
+    config = _hostile_world(tmp_path, csv_rows=f"eve,t1,eve@example.org,,{zone},\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path / 'subs.csv'))}: line 4 \(id 'eve'\), "
+                                          rf"column timezone: {shown}"):
+        load_config(config)
+    config = _hostile_world(tmp_path, **{"sources.0.timezone": zone})
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(config))}: sources\[0\]\.timezone: {shown}"):
+        load_config(config)
+
+
+def test_iana_names_and_their_aliases_stay_accepted(tmp_path):
+    """The rule refuses machine-specific keys only: IANA's zones, its `backward` aliases (US/Eastern),
+    Etc/ zones and the vendor-prefixed TZIDs of calendar exports still resolve."""
+    rows = "".join(f"s{i},t1,s{i}@example.org,,{zone},\n" for i, zone in enumerate(
+        ["UTC", "Etc/GMT+5", "America/Argentina/Buenos_Aires", "US/Eastern", "EST5EDT", "Etc/UTC"]))
+    cfg, _ = load_config(_hostile_world(tmp_path, csv_rows=rows))
+    assert [s.timezone for s in cfg.subscribers][2:] == ["UTC", "Etc/GMT+5", "America/Argentina/Buenos_Aires",
+                                                        "US/Eastern", "EST5EDT", "Etc/UTC"]
+    assert str(resolve_zone("/mozilla.org/20050126_1/Europe/Berlin")) == "Europe/Berlin"
+    assert resolve_zone("Etc/GMT+5").utcoffset(datetime(2027, 1, 1)) == -timedelta(hours=5)  # POSIX sign

@@ -124,3 +124,24 @@ def test_ics_and_dtstart_are_exclusive(tmp_path: Path):
     out = run("--ics", str(tmp_path / "missing.ics"), "--dtstart", "20260101T000000Z")
     assert out.returncode == 2
     assert run("--ics", str(tmp_path / "missing.ics")).returncode == 2
+
+
+@pytest.mark.parametrize(("option", "value", "reason"), [
+    # ISO 8601 and ICS in form: "neither an ICS value nor ISO 8601" sent the reader after the format.
+    ("--after", "2026-02-30T00:00:00Z", "no such date: 2026-02 has 28 days"),
+    ("--dtstart", "20261301T090000Z", "month 13 is out of range (01 to 12)"),
+    ("--before", "2026-12-01T24:00:01Z", "hour 24 is out of range (00 to 23); write 24:00 as 00:00 of the next day"),
+    # The window's other end is computed from it: "error: OverflowError: date value out of range".
+    ("--after", "9999-12-31T23:59:59Z", "out of range (years 1900 to 9000)"),
+    ("--after", "0001-01-01T00:00:00+01:00", "out of range (years 1900 to 9000)"),
+    # Read as an ICS property name: "'garbage' is a property name without ':' and value".
+    ("--after", "garbage", "is neither a date or date-time (2026-01-05T09:00:00Z, 20260105T090000Z) nor a property "
+                           "line with ':' and a value (DTSTART;TZID=Europe/Berlin:20260105T090000)"),
+])
+def test_an_impossible_or_unreadable_instant_is_named_with_its_option(option, value, reason):
+    args = {"--dtstart": "20260105T090000Z", "--after": "2026-01-01T00:00:00Z", "--before": "2027-01-01T00:00:00Z"}
+    args[option] = value
+    out = run(*[w for kv in args.items() for w in kv])
+    assert out.returncode == 2, out.stdout + out.stderr
+    separator = " " if reason.startswith("is ") else ": "
+    assert out.stderr.strip() == f"error: {option}: {value!r}{separator}{reason}", out.stderr

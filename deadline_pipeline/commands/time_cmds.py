@@ -34,6 +34,16 @@ class _Value:
     tz: str | None
 
 
+def _unreadable(what: str, text: str, otherwise: str) -> InputError:
+    """The error for the value ``text`` of option ``what`` that does not parse: the field that names
+    no moment when it is a date in form (``2026-02-30``: "no such date: 2026-02 has 28 days", not
+    "neither … nor ISO 8601"), else ``otherwise``."""
+    from deadline_pipeline.instants import impossible_part
+
+    impossible = impossible_part(text)
+    return InputError(f"{what}: {text!r}: {impossible}" if impossible else f"{what}: {text!r} {otherwise}")
+
+
 def _parse_one(text: str, tz: str | None, value_type: str | None, what: str) -> _Value:
     raw = text.strip()
     m = _BASIC.match(raw)
@@ -44,14 +54,14 @@ def _parse_one(text: str, tz: str | None, value_type: str | None, what: str) -> 
                 return _Value(datetime.strptime(day, "%Y%m%d").date(), None)
             moment = datetime.strptime(day + clock, "%Y%m%d%H%M%S")
         except ValueError:
-            raise InputError(f"{what}: {text!r} is not a real date or time") from None
+            raise _unreadable(what, text, "is not a real date or time") from None
         return _Value(moment, "UTC" if zulu else tz)
     try:
         if len(raw) == 10:
             return _Value(date.fromisoformat(raw), None)
         moment = datetime.fromisoformat(raw)
     except ValueError:
-        raise InputError(f"{what}: {text!r} is neither an ICS value (20250307T023000[Z]) nor ISO 8601") from None
+        raise _unreadable(what, text, "is neither an ICS value (20250307T023000[Z]) nor ISO 8601") from None
     if moment.tzinfo is not None:
         if tz is not None:
             raise InputError(f"{what}: {text!r} carries an offset and a TZID; give one")
@@ -78,7 +88,10 @@ def parse_values(text: str, what: str) -> list[_Value]:
     if raw[:1].isalpha():  # an ICS property line: DTSTART;TZID=…:…  (ISO values start with a digit)
         head, sep, raw = raw.partition(":")
         if not sep:
-            raise InputError(f"{what}: {text!r} is a property name without ':' and value")
+            # "garbage" is read as a property name: say what a value may be, not only what is missing.
+            raise InputError(f"{what}: {text!r} is neither a date or date-time (2026-01-05T09:00:00Z, "
+                             "20260105T090000Z) nor a property line with ':' and a value "
+                             "(DTSTART;TZID=Europe/Berlin:20260105T090000)")
         for param in head.split(";")[1:]:
             key, _, val = param.partition("=")
             key = key.strip().upper()
@@ -95,10 +108,21 @@ def _instant(text: str, what: str) -> datetime:
     values = parse_values(text, what)
     if len(values) != 1 or not isinstance(values[0].value, datetime) or values[0].tz is None:
         raise InputError(f"{what}: {text!r} must be one instant with Z or an offset (e.g. 2026-01-01T00:00:00Z)")
+    from deadline_pipeline.instants import in_years
     from deadline_pipeline.plan.recurrence import to_instant
     from deadline_pipeline.timezones import resolve_zone
 
-    return to_instant(values[0].value, resolve_zone(values[0].tz))
+    try:
+        zone = resolve_zone(values[0].tz)
+        try:
+            instant = to_instant(values[0].value, zone)
+        except OverflowError:  # 0001-01-01T00:00+01:00 has no UTC form: a year out of range like any other
+            instant = datetime.min.replace(tzinfo=UTC)
+        # The window's other end is this plus a year or more: 9999-12-31 ended in "OverflowError:
+        # date value out of range", naming neither the option nor the value.
+        return in_years(instant)
+    except ValueError as exc:
+        raise InputError(f"{what}: {text!r}: {exc}") from None
 
 
 def _in_zone(v: _Value, zone: tzinfo, rule_tz: str) -> str:

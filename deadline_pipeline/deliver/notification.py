@@ -223,3 +223,18 @@ class DeliveryError(Exception):
             f"DeliveryError({str(self)!r}, permanent={self.permanent}, outcome={self.outcome!r}, "
             f"retry_after={self.retry_after!r})"
         )
+
+
+def notice_error(exc: BaseException) -> str:
+    """``"<exception class>: <message>"`` for the failed send ``exc`` of an escalation notice (a
+    message to an on-call channel about an escalated alert or an incident), as its log line and
+    record show it.
+
+    A channel words its errors for the alert it carries: a notice whose webhook timed out said "the
+    alert may have been delivered", read as news of the escalated alert, which was not delivered.
+    Here the wording is the notice's, and an unknown outcome says that the notice may have arrived
+    (a second page may follow it) whatever the channel's own words."""
+    text = str(exc).replace("the alert may have been delivered", "the notice may have been delivered")
+    if isinstance(exc, DeliveryError) and exc.outcome == "unknown" and "may have been" not in text:
+        text += "; the notice may have been delivered"
+    return f"{type(exc).__name__}: {text}"

@@ -71,7 +71,13 @@ from sqlalchemy import Engine
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.config_ranges import channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
-from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult, notification_from_row
+from deadline_pipeline.deliver.notification import (
+    DeliveryError,
+    Notification,
+    SendResult,
+    notice_error,
+    notification_from_row,
+)
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.store import delivery as sql
@@ -960,7 +966,7 @@ class _Sweep:
             except Exception as exc:  # the alert stays escalated and logged; the notice is best effort
                 self.out.escalation_notice_failures += 1
                 self.notice_failures_in_row[name] = in_row + 1
-                log.error("alert %s: escalation notice on channel %r failed: %s", row["id"], name, exc)
+                log.error("alert %s: escalation notice on channel %r failed: %s", row["id"], name, notice_error(exc))
                 if in_row + 1 == ESCALATION_NOTICE_BREAKER:
                     log.error("escalation notices on channel %r suspended for the rest of this sweep after %d "
                               "failures in a row: each could hold the recording of every batch for up to the "

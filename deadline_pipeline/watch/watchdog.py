@@ -290,7 +290,7 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
     smtp channels, however slowly the receiver answers.
     """
     from deadline_pipeline.deliver.channels.base import build_channel
-    from deadline_pipeline.deliver.notification import Notification
+    from deadline_pipeline.deliver.notification import Notification, notice_error
 
     esc = cfg.escalation
     if not esc.channels:
@@ -310,7 +310,7 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
         except Exception as exc:  # one broken channel must not stop the page on the others
             from deadline_pipeline.security.redact import redact
 
-            errors.append(redact(f"escalation channel {name!r}: {exc.__class__.__name__}: {exc}"))
+            errors.append(redact(f"escalation channel {name!r}: {notice_error(exc)}"))
         finally:
             if channel is not None:
                 try:
