@@ -13,26 +13,14 @@ from pathlib import Path
 
 import click
 
-from deadline_pipeline.commands.common import config_option
+from deadline_pipeline.commands.common import EXIT_BAD_INPUT, EXIT_OK, EXIT_RED, config_option, option_instant
+from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.config import ConfigError
-
-EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _fail_input(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_BAD_INPUT)
 
 
 def _check_as_of(as_of: str | None) -> None:
-    if as_of is None:
-        return
-    from deadline_pipeline.instants import parse_instant
-
-    try:
-        parse_instant(as_of)
-    except ValueError as exc:
-        _fail_input(f"--as-of {as_of!r}: {exc}")
+    if as_of is not None:
+        option_instant(as_of)
 
 
 class _Main(click.Group):

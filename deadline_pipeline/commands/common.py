@@ -10,11 +10,17 @@ note when they do.
 
 from __future__ import annotations
 
+import sys
+from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from deadline_pipeline.config import DEFAULT_CONFIG_NAME, ConfigError
+
+# Exit codes of every command: 0 all green, 1 something is red, 2 the input was refused.
+EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
 CONFIG_HELP = ("Configuration file. Every command finds it the same way: --config FILE, else $DEADLINE_CONFIG, "
                f"else ./{DEFAULT_CONFIG_NAME} in the working directory.")
@@ -44,3 +50,21 @@ def require_config(explicit: str | None) -> Path:
                           f"./{DEFAULT_CONFIG_NAME} (examples/deadlines.yaml shows every key; "
                           "`deadline-pipeline demo` runs the examples)")
     return path
+
+
+def fail_input(message: str) -> NoReturn:
+    """Print ``error: <message>`` on standard error and exit with :data:`EXIT_BAD_INPUT` (2)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def option_instant(text: str, option: str = "--as-of") -> datetime:
+    """The value ``text`` of the command-line option ``option`` as an aware UTC instant, or exit 2
+    naming the option, the value and what is wrong with it (unparseable, no offset, an impossible
+    date or time, a year outside :data:`~deadline_pipeline.instants.INSTANT_YEARS`)."""
+    from deadline_pipeline.instants import parse_instant
+
+    try:
+        return parse_instant(text)
+    except ValueError as exc:
+        fail_input(f"{option} {text!r}: {exc}")

@@ -19,11 +19,18 @@ from pathlib import Path
 
 import click
 
-from deadline_pipeline.commands.common import config_option, find_config, require_config
+from deadline_pipeline.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_RED,
+    config_option,
+    find_config,
+    option_instant,
+    require_config,
+)
 
 # The codes of deadline_pipeline.cli, repeated: importing that module from here would be circular
 # (it imports every command module while it loads, also when run as ``python -m``).
-EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
 
 _DB_URL = click.option("--db-url", envvar="DEADLINE_DB_URL",
                        help="Store URL (default: $DEADLINE_DB_URL, else the embedded SQLite file).")
@@ -55,14 +62,7 @@ def _engine(db_url: str | None):
 
 
 def _now(as_of: str | None) -> datetime:
-    if as_of is None:
-        return datetime.now(UTC)
-    from deadline_pipeline.instants import parse_instant
-
-    try:
-        return parse_instant(as_of)
-    except ValueError as exc:
-        raise _BadInput(f"--as-of {as_of!r}: {exc}") from None
+    return datetime.now(UTC) if as_of is None else option_instant(as_of)
 
 
 def _config(config: str | None):

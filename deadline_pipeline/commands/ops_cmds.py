@@ -15,27 +15,14 @@ from pathlib import Path
 
 import click
 
-from deadline_pipeline.commands.common import config_option
+from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, option_instant
+from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.wording import human_duration
-
-EXIT_OK, EXIT_RED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _fail_input(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_BAD_INPUT)
 
 
 def _now(as_of: str | None) -> datetime:
     """``--as-of`` as aware UTC (an instant without an offset is refused), else the real clock."""
-    if as_of is None:
-        return datetime.now(UTC)
-    from deadline_pipeline.instants import parse_instant
-
-    try:
-        return parse_instant(as_of)
-    except ValueError as exc:
-        _fail_input(f"--as-of {as_of!r}: {exc}")
+    return datetime.now(UTC) if as_of is None else option_instant(as_of)
 
 
 def _config(path: str | None, required: bool):

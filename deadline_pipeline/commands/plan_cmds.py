@@ -8,20 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from deadline_pipeline.commands.common import config_option, require_config
+from deadline_pipeline.commands.common import config_option, option_instant, require_config
 from deadline_pipeline.config import ConfigError, load_config
-
-
-def _instant(text: str, option: str) -> datetime:
-    """``text`` as an aware UTC instant, or exit 2 naming ``option`` (unparseable, no offset, or a
-    year outside :data:`~deadline_pipeline.instants.INSTANT_YEARS`)."""
-    from deadline_pipeline.instants import parse_instant
-
-    try:
-        return parse_instant(text)
-    except ValueError as exc:
-        click.echo(f"error: {option} {text!r}: {exc}", err=True)
-        sys.exit(2)
 
 
 def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],
@@ -235,8 +223,8 @@ def register(main: click.Group) -> None:
         beside each, what a re-plan would change (moved, cancelled, added). Writes nothing."""
         from deadline_pipeline.store.db import StoreUrlError, get_engine
 
-        t0, t1 = _instant(start, "--from"), _instant(end, "--to")
-        now = _instant(as_of, "--as-of") if as_of is not None else None
+        t0, t1 = option_instant(start, "--from"), option_instant(end, "--to")
+        now = option_instant(as_of, "--as-of") if as_of is not None else None
         if t1 <= t0:
             click.echo("error: --to must be after --from", err=True)
             sys.exit(2)
