@@ -22,10 +22,12 @@ SUMMARY:{summary}\r
 
 
 def ics(*events: dict) -> str:
-    """An ICS calendar of VEVENTs given as dicts with uid, tzid, dtstart, summary and optional rrule."""
+    """An ICS calendar of VEVENTs given as dicts with uid, tzid, dtstart, summary and optional rrule
+    and status (``CANCELLED``)."""
     body = ""
     for e in events:
         extra = f"RRULE:{e['rrule']}\r\n" if e.get("rrule") else ""
+        extra += f"STATUS:{e['status']}\r\n" if e.get("status") else ""
         body += EVENT_TEMPLATE.format(uid=e["uid"], tzid=e["tzid"], dtstart=e["dtstart"], summary=e["summary"],
                                       extra=extra)
     return ICS_TEMPLATE.format(events=body)

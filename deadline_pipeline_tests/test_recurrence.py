@@ -595,6 +595,51 @@ def test_thisandfuture_on_an_unbounded_series_bounds_the_master():
     assert [r for r, _d in got] == ["u", "u"] + ["u#2026-01-19T14:00:00Z"] * 4
 
 
+# A series with one occurrence cancelled, as Thunderbird writes it (an override with STATUS:CANCELLED;
+# recurring-ical-events' own test calendar issue_18_cancel_status.ics has this shape).
+CANCELLED_OCCURRENCE = _calendar(
+    *_event("tb", "DTSTART;TZID=Europe/Berlin:20260128T220000", "RRULE:FREQ=DAILY;COUNT=3", "SEQUENCE:1"),
+    *_event("tb", "RECURRENCE-ID;TZID=Europe/Berlin:20260129T220000", "DTSTART;TZID=Europe/Berlin:20260129T220000",
+            "STATUS:CANCELLED", "SEQUENCE:2"),
+)
+
+
+def test_a_cancelled_occurrence_is_not_planned():
+    """Before, the cancelled override was planned as a one-off at its own DTSTART: the subscriber was
+    reminded of a deadline its publisher had cancelled."""
+    from deadline_pipeline_tests.differential import compare
+
+    before = COUNTERS["cancelled_occurrences"]
+    got = _expand_rules(apply_overrides(parse_ics(CANCELLED_OCCURRENCE, source="t").rules))
+    assert [d.isoformat() for _r, _p, d in got] == ["2026-01-28T21:00:00+00:00", "2026-01-30T21:00:00+00:00"]
+    assert COUNTERS["cancelled_occurrences"] == before + 1
+    assert compare(CANCELLED_OCCURRENCE).identical  # the reference, its cancelled occurrence left out
+
+
+def test_a_cancelled_thisandfuture_override_ends_the_series_there():
+    content = _calendar(
+        *_event("u", "DTSTART;TZID=America/New_York:20260105T090000", "RRULE:FREQ=WEEKLY;COUNT=6"),
+        *_event("u", "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=America/New_York:20260119T090000",
+                "DTSTART;TZID=America/New_York:20260119T090000", "STATUS:CANCELLED"),
+    )
+    got = _expand_rules(apply_overrides(_with_range(content)))
+    assert [(r, d.date().isoformat()) for r, _p, d in got] == [("u", "2026-01-05"), ("u", "2026-01-12")]
+
+
+def test_a_cancelled_event_and_its_overrides_are_out_of_force_with_a_note():
+    content = _calendar(
+        *_event("gone", "DTSTART;TZID=Europe/Berlin:20260128T220000", "RRULE:FREQ=DAILY;COUNT=3", "STATUS:CANCELLED"),
+        *_event("gone", "RECURRENCE-ID;TZID=Europe/Berlin:20260129T220000",
+                "DTSTART;TZID=Europe/Berlin:20260129T230000"),
+        *_event("kept", "DTSTART:20260201T120000Z"),
+    )
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["kept"]
+    notes = [(p.record_id, p.skipped, p.message) for p in result.problems]
+    assert [(rid, skipped) for rid, skipped, _m in notes] == [("gone", False), ("gone#2026-01-29T21:00:00Z", False)]
+    assert all("withdrawn" in m for _r, _s, m in notes), notes
+
+
 # --- business days inside expand ---------------------------------------------------------------
 
 

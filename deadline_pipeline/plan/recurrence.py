@@ -357,6 +357,9 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
     * An all-day master's occurrence is named by the RECURRENCE-ID's date as written, also when the
       RECURRENCE-ID is a DATE-TIME (``extra["recurrence_id_date"]``, Outlook exports).
+    * A cancelled override (``extra["cancelled"]``, STATUS:CANCELLED) removes the occurrence it names
+      (with ``RANGE=THISANDFUTURE``, every later one) and is not planned itself; logged and counted
+      (``cancelled_occurrences``). A cancelled override without its master is dropped.
 
     Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
     override in place).
@@ -377,6 +380,8 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
             continue
         master_id = r.rule_id[: -len(rid) - 1] if r.rule_id.endswith("#" + str(rid)) else r.extra.get("uid")
         master = masters.get(master_id)
+        if master is None and r.extra.get("cancelled"):
+            continue  # nothing in this snapshot to cancel; dropped below
         if master is None:
             COUNTERS["orphan_overrides"] += 1
             log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
@@ -419,6 +424,11 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
                     note=override.note or master.note, kind=override.kind, extra=extra)
     out = []
     for r in rules:
+        if "recurrence_id" in r.extra and r.extra.get("cancelled"):
+            # Its occurrence (or tail) is already taken out of the master above.
+            COUNTERS["cancelled_occurrences"] += 1
+            log.info("override %s is cancelled (STATUS:CANCELLED): its occurrence is not planned", r.rule_id)
+            continue
         r = replaced.get(r.rule_id, r)
         if "recurrence_id" in r.extra and _range(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
             # An override is one instance (§3.8.4.4); an RRULE copied onto it by the producer is not a

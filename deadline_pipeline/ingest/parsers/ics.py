@@ -324,7 +324,34 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
             result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}",
                                                 uid))
-    return drop_duplicate_ids(_latest_revisions(result, ranks))
+    return _without_cancelled(drop_duplicate_ids(_latest_revisions(result, ranks)))
+
+
+def _without_cancelled(result: ParseResult) -> ParseResult:
+    """Take the events and to-dos their publisher cancelled (``extra["cancelled"]``) out of force.
+
+    A cancelled master (no RECURRENCE-ID) is dropped with every override of its UID: the whole event
+    or series is cancelled, so its reminders are withdrawn as for a removed event, and a note says
+    why (it is not a record that failed to parse, which would be held in force). A cancelled
+    override stays, marked: planning makes the occurrence it names an EXDATE of its master and
+    plans nothing for it (:func:`deadline_pipeline.plan.recurrence.apply_overrides`).
+    """
+    cancelled = {str(r.extra.get("uid") or r.rule_id) for r in result.rules
+                 if r.extra.get("cancelled") and "recurrence_id" not in r.extra}
+    if not cancelled:
+        return result
+    kept = []
+    for rule in result.rules:
+        uid = str(rule.extra.get("uid") or rule.rule_id)
+        if uid not in cancelled:
+            kept.append(rule)
+            continue
+        what = "an override of a cancelled event" if "recurrence_id" in rule.extra else "cancelled (STATUS:CANCELLED)"
+        result.problems.append(ParseProblem(
+            f"{rule.extra.get('component', 'VEVENT')} UID={uid}",
+            f"{what}: not in force, its reminders are withdrawn", rule.rule_id, skipped=False))
+    result.rules = kept
+    return result
 
 
 _EPOCH = datetime(1, 1, 1, tzinfo=UTC)
@@ -435,6 +462,11 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         if rng:
             extra["range"] = str(rng).upper()
 
+    if (_text(component, "STATUS") or "").strip().upper() == "CANCELLED":
+        # RFC 5545 §3.8.1.11: the publisher cancelled this event or to-do (Thunderbird and Google
+        # export a cancelled occurrence of a series as an override with STATUS:CANCELLED). Reminding
+        # of it told subscribers to meet a deadline that no longer exists; see _without_cancelled.
+        extra["cancelled"] = True
     return RuleRecord(
         rule_id=rule_id,
         title=summary if summary is not None else "(untitled)",

@@ -1,0 +1,59 @@
+"""A deadline its publisher cancels (RFC 5545 STATUS:CANCELLED) stops being reminded: real CLI runs on
+SQLite with a maildir channel, the calendar revised between runs."""
+
+from __future__ import annotations
+
+import mailbox
+
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from deadline_pipeline.cli import main
+from deadline_pipeline.store.db import make_engine
+from deadline_pipeline.store.schema import alerts
+from deadline_pipeline_tests.factories import ics, write_config
+
+# Due 2027-01-15 11:00 UTC; with -P1D its reminder is due 2027-01-14 11:00 UTC.
+EVENT = dict(uid="report@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="Quarterly report")
+OTHER = dict(uid="audit@test", tzid="Europe/Berlin", dtstart="20270116T120000", summary="Audit")
+# Later ones: a revision that withdraws more than 30% of a source's future rules is quarantined (a
+# feed cancelling everything by mistake is held for review); one in four is a cancellation.
+LATER = [dict(uid=f"later{i}@test", tzid="Europe/Berlin", dtstart=f"2027060{i}T120000", summary=f"Later {i}")
+         for i in (1, 2)]
+
+
+def _run(path, url, as_of, tmp_path):
+    env = {"DEADLINE_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    return CliRunner().invoke(main, ["run", "--config", str(path), "--db-url", url, "--as-of", as_of], env=env)
+
+
+def test_a_deadline_cancelled_by_its_publisher_is_withdrawn_not_reminded(tmp_path):
+    """Before, STATUS:CANCELLED was not read: the cancelled deadline's reminder went out on time."""
+    cal = tmp_path / "cal.ics"
+    cal.write_text(ics(EVENT, OTHER, *LATER), newline="")
+    maildir = tmp_path / "maildir"
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(maildir)}},
+    )
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    first = _run(path, url, "2027-01-10T00:00:00Z", tmp_path)
+    assert first.exit_code == 0, first.output
+
+    cal.write_text(ics({**EVENT, "status": "CANCELLED"}, OTHER, *LATER), newline="")
+    revised = _run(path, url, "2027-01-11T00:00:00Z", tmp_path)
+    assert revised.exit_code == 0, revised.output
+    assert "has no quarantined snapshot waiting" in revised.output
+
+    later = _run(path, url, "2027-01-16T00:00:00Z", tmp_path)  # past both reminders' send times
+    assert later.exit_code == 0, later.output
+    subjects = [m["Subject"] for m in mailbox.Maildir(str(maildir), create=False)]
+    assert len(subjects) == 1 and "Audit" in subjects[0], subjects
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        states = sorted(conn.execute(select(alerts.c.status)).scalars())
+    engine.dispose()
+    assert states == ["cancelled", "delivered", "pending", "pending"], states
