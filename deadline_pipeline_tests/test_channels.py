@@ -12,6 +12,7 @@ import asyncio
 import base64
 import email.parser
 import email.policy
+import email.utils
 import hashlib
 import hmac
 import json
@@ -110,6 +111,14 @@ def test_message_id_is_derived_from_dedup_key():
     assert a["X-Deadline-Dedup-Key"] == KEY
     with pytest.raises(ValueError):
         message_id("abc>\r\nBcc: x")
+
+
+def test_the_date_header_is_the_attempts_instant_also_in_a_replay():
+    """A replay (``--as-of``) worded the body from the replayed instant ("due in 7 days") but dated
+    the mail by the machine's clock."""
+    sent = datetime(2024, 7, 15, 9, 30, tzinfo=UTC)
+    msg = build_email(make_notification(sent_at=sent), "alerts@example.org")
+    assert email.utils.parsedate_to_datetime(msg["Date"]) == sent
 
 
 def test_render_error_names_dedup_key():

@@ -180,9 +180,13 @@ def test_configuration_refuses_addresses_the_channel_cannot_carry_with_the_line(
     # Accepted where it can be carried: an smtp relay that offers SMTPUTF8, or a maildir.
     load_config(_config(tmp_path, {**smtp, "smtputf8": True}, rows))
     load_config(_config(tmp_path, {"type": "maildir", "path": str(tmp_path / "box")}, rows))
-    bad = "id,email,timezone\nana,ana@exa\u200bmple..org,UTC\n"
+    bad = "id,email,timezone\nana,ana@bücher..example,UTC\n"
     with pytest.raises(ConfigError, match="line 2.*not a valid internationalised domain"):
         load_config(_config(tmp_path, {"type": "maildir", "path": str(tmp_path / "box")}, bad))
+    # An invisible character is refused where the file is read, before any channel looks at it.
+    invisible = "id,email,timezone\nana,ana@exa\u200bmple.org,UTC\n"
+    with pytest.raises(ConfigError, match="line 2.*invisible character U\\+200B"):
+        load_config(_config(tmp_path, {"type": "maildir", "path": str(tmp_path / "box")}, invisible))
 
 
 def test_maildir_carries_idna_and_utf8_local_parts(tmp_path):

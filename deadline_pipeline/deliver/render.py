@@ -318,7 +318,8 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None, me
                 unsubscribe_url: str | None = None, unsubscribe_mailto: str | None = None) -> EmailMessage:
     """The e-mail for ``n``: ``multipart/alternative`` (text, HTML), ``policy=email.policy.SMTP``.
 
-    Headers: From ``sender``, To ``n.email``, Subject, Date (``now``, default the current time, aware),
+    Headers: From ``sender``, To ``n.email``, Subject, Date (``now``, default ``n.sent_at``, else the
+    current time; aware),
     Message-ID :func:`message_id` at ``message_id_domain`` (default: the sender's domain, so the id
     is one the sender's domain vouches for), ``X-Deadline-Dedup-Key``, ``Auto-Submitted:
     auto-generated`` (RFC 3834, so auto-responders do not answer a reminder and loop), and, when an
@@ -344,7 +345,9 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None, me
         msg["From"] = sender
         msg["To"] = email
         msg["Subject"] = rendered.subject
-        msg["Date"] = format_datetime(now or datetime.now(UTC))
+        # The attempt's instant (a replay's --as-of too), as the body's "due in …" is worded from it:
+        # the clock's time beside a replayed body dated every test mail today.
+        msg["Date"] = format_datetime(now or n.sent_at or datetime.now(UTC))
         msg["Message-ID"] = mid
         msg["X-Deadline-Dedup-Key"] = n.dedup_key
         msg["Auto-Submitted"] = "auto-generated"
