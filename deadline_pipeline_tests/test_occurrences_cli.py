@@ -120,6 +120,22 @@ def test_ics_file_with_floating_times_and_an_override(tmp_path: Path, cases):
     assert lines.stdout.strip() == "2015-03-02T08:00:00Z\tm"
 
 
+def test_an_ics_file_with_a_skipped_component_exits_1_saying_the_list_is_incomplete(tmp_path: Path):
+    """Before, a file whose events were all skipped (here: an unknown TZID) printed warnings and
+    nothing else and exited 0, like a window with no occurrence."""
+    path = tmp_path / "cal.ics"
+    path.write_text("\r\n".join([
+        "BEGIN:VCALENDAR", "VERSION:2.0",
+        "BEGIN:VEVENT", "UID:lost", "SUMMARY:s", "DTSTART;TZID=Mars/Olympus:20270302T090000",
+        "RRULE:FREQ=WEEKLY;COUNT=3", "END:VEVENT",
+        "BEGIN:VEVENT", "UID:kept", "SUMMARY:s", "DTSTART:20270305T090000Z", "END:VEVENT",
+        "END:VCALENDAR", ""]))
+    out = run("--ics", str(path), "--after", "2027-01-01T00:00:00Z")
+    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout.strip() == "2027-03-05T09:00:00Z\tkept"  # the good component is still listed
+    assert "error: 1 component(s) of" in out.stderr and "not in the list" in out.stderr, out.stderr
+
+
 def test_ics_and_dtstart_are_exclusive(tmp_path: Path):
     out = run("--ics", str(tmp_path / "missing.ics"), "--dtstart", "20260101T000000Z")
     assert out.returncode == 2

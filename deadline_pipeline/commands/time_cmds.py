@@ -211,7 +211,8 @@ def register(main: click.Group) -> None:
     def occurrences(dtstart, rrule, exdate, rdate, tz, calendar_spec, convention, after, before, count, ics_file,
                     as_json) -> None:
         """Print a rule's due instants, one ISO 8601 UTC instant (…Z) per line. Exits 1 when a rule has
-        more occurrences in the window than the expansion cap, saying how many were left out."""
+        more occurrences in the window than the expansion cap, saying how many were left out, and when
+        an ``--ics`` component was skipped (the list is then incomplete)."""
         from deadline_pipeline.plan.business_days import UnknownCalendar, calendar, check_convention
         from deadline_pipeline.plan.occurrences import GRACE, HORIZON, expand
         from deadline_pipeline.plan.recurrence import COUNTERS, RRuleError
@@ -239,6 +240,7 @@ def register(main: click.Group) -> None:
                 raise InputError("--before is earlier than --after")
             caps_before = COUNTERS["occurrence_cap"]
             truncated: list[tuple[str, int, bool]] = []
+            skipped: list[str] = []
             if ics_file is None:
                 rule, zone = build_rule(dtstart, rrule, exdate, rdate, tz)
                 found = [(rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
@@ -248,7 +250,7 @@ def register(main: click.Group) -> None:
             else:
                 if rrule or exdate or rdate:
                     raise InputError("--rrule/--exdate/--rdate describe one rule; they cannot be combined with --ics")
-                found = _expand_file(Path(ics_file), tz, lo, hi, business, count, truncated)
+                found = _expand_file(Path(ics_file), tz, lo, hi, business, count, truncated, skipped)
         except (InputError, RRuleError, UnknownTimeZone, UnknownCalendar, ValueError) as exc:
             _fail(str(exc))
             return
@@ -268,6 +270,12 @@ def register(main: click.Group) -> None:
                 click.echo(f"error: rule {rid}: stopped at {MAX_OCCURRENCES} occurrences; "
                            f"{rest if exact else f'more than {rest}'} more in the window were not printed "
                            "(narrow --after/--before, or use --count)", err=True)
+        if skipped:
+            # As in ingest, where a skipped record turns rules_complete red: a file whose every event
+            # was skipped (an unknown TZID, say) printed nothing and exited 0, like an empty window.
+            click.echo(f"error: {len(skipped)} component(s) of {ics_file} were skipped (see the warnings above); "
+                       "their occurrences are not in the list", err=True)
+        if truncated or skipped:
             sys.exit(EXIT_RED)
 
     return None
@@ -310,11 +318,13 @@ class _DropRecords(logging.Filter):
 
 
 def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, business, count: int | None,
-                 truncated: list | None = None):
+                 truncated: list | None = None, skipped: list | None = None):
     """Parse an iCalendar file as ingest does, fold its overrides, and expand every rule.
 
     Parse problems are printed to stderr as warnings (the good components still count, as in
-    ingest). Raises :class:`InputError` for an unreadable file or a floating rule without a zone.
+    ingest); the skipped components and rules over the expansion budget are appended to ``skipped``
+    (their messages). Raises :class:`InputError` for an unreadable file or a floating rule without a
+    zone.
     """
     from deadline_pipeline.ingest.parsers.base import ParseError
     from deadline_pipeline.ingest.parsers.ics import parse_ics
@@ -332,6 +342,8 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
         raise InputError(str(exc)) from None
     for problem in result.problems:
         click.echo(f"warning: {path}: {problem}", err=True)
+        if problem.skipped and skipped is not None:
+            skipped.append(str(problem))
     found = []
     for rule in apply_overrides(result.rules):
         if rule.tz is None:
@@ -343,6 +355,8 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
             mine = expand(rule, zone, after=lo, before=hi, business_days=business, limit=count)
         except ExpansionBudgetExceeded as exc:  # that rule alone is skipped, as in planning
             click.echo(f"warning: {path}: {exc}", err=True)
+            if skipped is not None:
+                skipped.append(str(exc))
             continue
         found.extend((rule.rule_id, o) for o in mine)
         if truncated is not None and COUNTERS["occurrence_cap"] > caps_before:
