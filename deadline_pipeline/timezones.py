@@ -55,6 +55,33 @@ ABBREVIATIONS: dict[str, float] = {
     "AOE": -12,  # Anywhere on Earth
 }
 
+# Abbreviations of ABBREVIATIONS that name other zones too, with what else they name. Read as above,
+# but said at ingest (:func:`ambiguous_abbreviation`): "23:59 CST" from a publisher in China is 14 hours
+# earlier than the US Central reading, so a reminder at the deadline would come after it.
+AMBIGUOUS_ABBREVIATIONS: dict[str, str] = {
+    "CST": "China Standard Time (UTC+8, Asia/Shanghai) and Cuba Standard Time (UTC-5, America/Havana)",
+    "IST": "Irish Standard Time (UTC+1, Europe/Dublin) and Israel Standard Time (UTC+2, Asia/Jerusalem)",
+    "AST": "Arabia Standard Time (UTC+3, Asia/Riyadh)",
+    "BST": "Bangladesh Standard Time (UTC+6, Asia/Dhaka)",
+}
+
+
+def ambiguous_abbreviation(name: object) -> str | None:
+    """For a zone written as an abbreviation that names more than one zone (``CST``, ``IST``, ``AST``,
+    ``BST``; any case, surrounding space ignored), a sentence saying how it is read and what else it
+    names; ``None`` for anything else (an IANA name, an offset, an unambiguous abbreviation)."""
+    if not isinstance(name, str):
+        return None
+    upper = name.strip().upper()
+    others = AMBIGUOUS_ABBREVIATIONS.get(upper)
+    if others is None or _iana(name.strip()) is not None:
+        return None
+    hours = ABBREVIATIONS[upper]
+    offset = f"UTC{hours:+g}" if hours else "UTC"
+    return (f"time zone {name.strip()!r} is ambiguous: read as {offset}, but it also names {others}; "
+            "write the IANA name of the zone meant")
+
+
 # Windows time-zone names → IANA, from the Unicode CLDR windowsZones table (territory "001", the
 # zone Windows itself designates). Outlook and Exchange write these as TZID; without the table such a
 # calendar's every event would be refused, and with a guess it would be silently wrong.

@@ -69,6 +69,23 @@ def test_unknown_format_and_bad_default_tz_are_configuration_errors():
 
 # --- ai-deadlines: the real files ----------------------------------------------------------------
 
+def test_an_ambiguous_zone_abbreviation_is_read_as_documented_and_said():
+    """"CST" is read as US Central (UTC-6); a publisher in China means UTC+8, 14 hours earlier. Before,
+    the reading was silent; now one note per abbreviation names the rules and what else it means."""
+    csv = (b"id,title,due,timezone\nq1,Filing,2027-03-01 23:59,CST\nq2,Filing,2027-06-01 23:59,cst\n"
+           b"q3,Filing,2027-09-01 23:59,Asia/Shanghai\n")
+    result = parse_payload("csv", csv, source="s")
+    assert [r.tz for r in result.rules] == ["CST", "cst", "Asia/Shanghai"]  # the reading is unchanged
+    notes = [p for p in result.problems]
+    assert [(p.skipped, p.position) for p in notes] == [(False, "1 rule(s), first 'q1'"),
+                                                        (False, "1 rule(s), first 'q2'")]
+    assert "read as UTC-6, but it also names China Standard Time (UTC+8" in notes[0].message
+    # A source whose default zone is the abbreviation: said for its rules without a zone too.
+    floating = parse_payload("csv", b"id,title,due,timezone\nq1,Filing,2027-03-01 23:59,\n", source="s",
+                             default_tz="IST")
+    assert any("'IST' is ambiguous" in p.message for p in floating.problems), floating.problems
+
+
 def test_every_pwc_file_parses_without_problems(data: Path):
     files = [data / "ai-deadlines-pwc" / "conferences.yml",
              *sorted((data / "ai-deadlines-pwc" / "revisions").glob("*.yml"))]

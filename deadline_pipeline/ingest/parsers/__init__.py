@@ -14,7 +14,7 @@ from deadline_pipeline.ingest.parsers.base import ParseError, ParseProblem, Pars
 from deadline_pipeline.ingest.parsers.csv_format import parse_csv
 from deadline_pipeline.ingest.parsers.govuk import parse_govuk_bank_holidays
 from deadline_pipeline.ingest.parsers.ics import parse_ics
-from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.timezones import UnknownTimeZone, ambiguous_abbreviation, resolve_zone
 
 __all__ = ["PARSERS", "ParseError", "ParseProblem", "ParseResult", "parse_payload"]
 
@@ -42,4 +42,20 @@ def parse_payload(fmt: str, content: bytes, *, source: str, default_tz: str | No
             resolve_zone(default_tz)
         except UnknownTimeZone as exc:
             raise ValueError(f"source {source!r}: default_tz: {exc}") from None
-    return parser(content, source=source, default_tz=default_tz)
+    result = parser(content, source=source, default_tz=default_tz)
+    _note_ambiguous_zones(result, default_tz)
+    return result
+
+
+def _note_ambiguous_zones(result: ParseResult, default_tz: str | None) -> None:
+    """One note (nothing skipped) per ambiguous zone abbreviation the rules use (``CST`` read as US
+    Central, say), with how many rules and the first: the reading is a guess, so it is said where the
+    source's records are reported, not applied silently."""
+    by_zone: dict[str, list[str]] = {}
+    for rule in result.rules:
+        zone = rule.tz if rule.tz is not None else default_tz
+        if ambiguous_abbreviation(zone):
+            by_zone.setdefault(zone.strip(), []).append(rule.rule_id)
+    for zone, ids in by_zone.items():
+        result.problems.append(ParseProblem(
+            f"{len(ids)} rule(s), first {ids[0]!r}", ambiguous_abbreviation(zone), None, skipped=False))
