@@ -1054,14 +1054,45 @@ def _not_text(node: yaml.ScalarNode, loc: tuple) -> list[str]:
             f"{why} is not text; remove it (got {value!r})"]
 
 
+def tenant_problems(cfg: DeadlinesConfig, origins: dict[str, str]) -> list[str]:
+    """One line per subscriber whose tenant is no source's tenant but differs from one only in letter
+    case (``Acme`` against a source's ``acme``), naming where the subscriber was written (``origins``:
+    subscriber id → ``FILE: line N`` or ``FILE: subscribers[i]``), its tenant and the source tenant(s)
+    it nearly matches. Empty when there is none.
+
+    Tenants are compared exactly (a source's reminders are for its own tenant only), so such a
+    subscriber was never planned for the source: no reminder, exit 0, and no warning whenever another
+    subscriber of the source's exact tenant existed (the "reaches no subscriber" problem needs all of
+    them to miss). A tenant that matches a source's exactly, or no source's at all even ignoring case
+    (a tenant without sources yet), is not refused here.
+    """
+    by_folded: dict[str, dict[str, list[str]]] = {}
+    for src in cfg.sources:
+        by_folded.setdefault(src.tenant.casefold(), {}).setdefault(src.tenant, []).append(src.name)
+    exact = {src.tenant for src in cfg.sources}
+    problems = []
+    for sub in cfg.subscribers:
+        near = by_folded.get(sub.tenant.casefold(), {})
+        if sub.tenant in exact or not near:
+            continue
+        where = origins.get(sub.id, f"subscribers ({sub.id})")
+        of = "; ".join(f"source(s) {names} have tenant {tenant!r}" for tenant, names in sorted(near.items()))
+        meant = " or ".join(repr(t) for t in sorted(near))
+        problems.append(f"{where}: subscriber {sub.id!r}: tenant {sub.tenant!r} is no source's tenant, but differs "
+                        f"only in letter case from one ({of}); tenants are compared exactly, so this subscriber "
+                        f"would get none of their reminders; did you mean {meant}?")
+    return problems
+
+
 def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
     """Read and validate a configuration file.
 
     ``path`` defaults to ``$DEADLINE_CONFIG``, then ``./deadlines.yaml``. Returns the validated
     configuration (with paths resolved) and the file's absolute path.
 
-    Raises :class:`ConfigError` for a missing file, invalid YAML (with line and column) or a value
-    that fails validation (with the key path, e.g. ``subscriptions[0].offsets``).
+    Raises :class:`ConfigError` for a missing file, invalid YAML (with line and column), a value
+    that fails validation (with the key path, e.g. ``subscriptions[0].offsets``), or a subscriber
+    whose tenant differs from a source's only in letter case (:func:`tenant_problems`).
     """
     path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
     try:
@@ -1140,7 +1171,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     register_config_secrets(cfg)
     from deadline_pipeline.deliver.addresses import address_problems
 
-    problems = address_problems(cfg, origins)
+    problems = tenant_problems(cfg, origins) + address_problems(cfg, origins)
     if problems:
         raise ConfigError("\n".join(p if p.startswith(str(path)) or ": line " in p else f"{path}: {p}"
                                      for p in problems))

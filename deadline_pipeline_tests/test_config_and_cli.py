@@ -117,6 +117,46 @@ def test_subscribers_csv_bad_row_names_the_csv(tmp_path):
     assert "subs.csv: line 2 (id 'a'), column timezone" in str(err.value) and "Nowhere/Land" in str(err.value)
 
 
+TENANTS = ("sources:\n  - {name: conf, format: ics, location: a.ics, tenant: acme}\n"
+           "  - {name: cal, format: ics, location: b.ics, tenant: ACME}\n"
+           "  - {name: other, format: ics, location: c.ics, tenant: beta}\n")
+
+
+def test_a_tenant_differing_from_a_source_tenant_only_in_case_is_refused(tmp_path):
+    """bob of tenant ``Acme`` beside sources of ``acme`` and ``ACME`` only: never planned for either
+    (tenants compare exactly), while ann of ``acme`` kept the "reaches no subscriber" problem away.
+    Refused at load, naming where bob is written, his tenant and the tenants he nearly matches."""
+    subscribers = ("subscribers:\n  - {id: ann, tenant: acme}\n  - {id: bob, tenant: Acme}\n"
+                   "  - {id: cid, tenant: Beta}\n")
+    path = _write(tmp_path, TENANTS + subscribers)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{path}: subscribers[1]: subscriber 'bob': tenant 'Acme' is no source's tenant"), lines
+    assert "source(s) ['cal'] have tenant 'ACME'; source(s) ['conf'] have tenant 'acme'" in lines[0], lines
+    assert lines[0].endswith("tenants are compared exactly, so this subscriber would get none of their "
+                             "reminders; did you mean 'ACME' or 'acme'?"), lines
+    assert lines[1].startswith(f"{path}: subscribers[2]: subscriber 'cid': tenant 'Beta'"), lines
+    assert lines[1].endswith("did you mean 'beta'?"), lines
+    # From the subscriber file: named by its line.
+    (tmp_path / "subs.csv").write_text("id,tenant,timezone\nann,acme,UTC\nbob,Acme,UTC\n")
+    path = _write(tmp_path, TENANTS + "subscribers_csv: subs.csv\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{tmp_path / 'subs.csv'}: line 3: subscriber 'bob': tenant 'Acme' "), err.value
+    res = _cli("run", "--config", str(path), cwd=tmp_path)
+    assert res.returncode == 2 and "did you mean 'ACME' or 'acme'?" in res.stderr, res.stderr
+
+
+def test_a_tenant_matching_exactly_or_no_source_at_all_is_accepted(tmp_path):
+    """``ACME`` matches a source's tenant exactly (another's differs in case: not a near miss); a
+    tenant with no source even ignoring case is a tenant without sources, not a misspelling."""
+    path = _write(tmp_path, TENANTS + "subscribers:\n  - {id: ann, tenant: ACME}\n  - {id: bob, tenant: gamma}\n")
+    cfg, _ = load_config(path)
+    assert [s.tenant for s in cfg.subscribers] == ["ACME", "gamma"]
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("-P7D", -604800), ("PT0S", 0), ("-PT90M", -5400),
                                                ("P1DT2H", 93600), ("-P1W", -604800)])
 def test_parse_duration(text, seconds):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
 
 from deadline_pipeline.config import load_config
 from deadline_pipeline.ingest.versions import is_future
 from deadline_pipeline.plan import occurrences as occ_mod
 from deadline_pipeline.plan.service import plan_all, record_plan_run
+from deadline_pipeline.store.schema import obligations, sources
 from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.watchdog import evaluate
 from deadline_pipeline_tests.factories import ics, write_config
@@ -132,34 +135,35 @@ def test_rule_patterns_are_not_judged_without_rules_in_force(engine, tmp_path):
 
 
 def test_star_reaching_no_subscriber_turns_plan_complete_red(engine, tmp_path):
-    """``subscribers: ["*"]`` where every subscriber is of tenant T1 and the source of t1: nothing is
-    planned, and plan_complete says why (tenants compare exactly)."""
-    cfg, _ = _config(tmp_path, tenant="T1")
+    """``subscribers: ["*"]`` where every subscriber is of tenant t2 and the source of t1: nothing is
+    planned, and plan_complete says why. (A tenant that differs from a source's only in letter case,
+    ``T1``, is refused when the configuration is loaded.)"""
+    cfg, _ = _config(tmp_path, tenant="t2")
     ingest(engine, cfg, T0)
     assert _plan(engine, cfg, T0).obligations_planned == 0
     out = w.plan_complete(engine, T0)
     assert not out.passed and out.count == 1, out.summary
     assert "subscription 'all' reaches no subscriber" in out.summary, out.summary
-    assert "tenant 't1'" in out.summary and "['T1']" in out.summary, out.summary
+    assert "tenant 't1'" in out.summary and "['t2']" in out.summary, out.summary
 
 
 def test_a_listed_subscriber_of_another_tenant_is_planned_and_reported(engine, tmp_path):
-    """bob (tenant T1) listed by id for a source of tenant t1: his reminders are planned (dropping
+    """bob (tenant t2) listed by id for a source of tenant t1: his reminders are planned (dropping
     them would be a silent miss), and plan_complete is red naming him and both tenants."""
-    cfg, _ = _config(tmp_path, tenant="T1", subscribers=["bob"])
+    cfg, _ = _config(tmp_path, tenant="t2", subscribers=["bob"])
     ingest(engine, cfg, T0)
     assert _plan(engine, cfg, T0).obligations_planned > 0
     out = w.plan_complete(engine, T0)
     assert not out.passed and out.count == 1, out.summary
-    assert "'bob' (tenant 'T1')" in out.summary and "(tenant 't1')" in out.summary, out.summary
+    assert "'bob' (tenant 't2')" in out.summary and "(tenant 't1')" in out.summary, out.summary
     # Nothing was left unplanned: the summary says what the run reported, not that.
     assert "unplanned" not in out.summary and "(test) reported 1 problem(s): cal/*: " in out.summary, out.summary
 
 
 def test_star_reaching_no_one_is_reported_next_to_a_listed_subscriber(engine, tmp_path):
-    """``subscribers: ["*", "bob"]`` with ann and bob of tenant T1 and the source of t1: bob is
+    """``subscribers: ["*", "bob"]`` with ann and bob of tenant t2 and the source of t1: bob is
     planned as listed, and both the "*" that reaches no one and bob's tenant are reported."""
-    cfg, _ = _config(tmp_path, tenant="T1", subscribers=["*", "bob"])
+    cfg, _ = _config(tmp_path, tenant="t2", subscribers=["*", "bob"])
     ingest(engine, cfg, T0)
     out = _plan(engine, cfg, T0)
     assert out.obligations_planned > 0
@@ -167,12 +171,12 @@ def test_star_reaching_no_one_is_reported_next_to_a_listed_subscriber(engine, tm
     assert len(messages) == 2, messages
     assert any("'*' in subscribers ['*', 'bob'] reaches no subscriber" in m and "tenant 't1'" in m
                for m in messages), messages
-    assert any("'bob' (tenant 'T1')" in m for m in messages), messages
+    assert any("'bob' (tenant 't2')" in m for m in messages), messages
 
 
-def _two_sources(tmp_path, rules):
-    """ann of tenant t1 and one subscription ``both`` with ``rules`` over ``cal`` (a@test, b@test)
-    and ``conf`` (c@conf)."""
+def _two_sources(tmp_path, rules, **subscription):
+    """ann of tenant t1 and one subscription ``both`` with ``rules`` (and ``subscription``'s other
+    keys) over ``cal`` (a@test, b@test) and ``conf`` (c@conf)."""
     (tmp_path / "cal.ics").write_text(ics(EVENT_A, EVENT_B), newline="")
     (tmp_path / "conf.ics").write_text(ics(dict(EVENT_A, uid="c@conf")), newline="")
     path = write_config(
@@ -181,7 +185,7 @@ def _two_sources(tmp_path, rules):
                  for n in ("cal", "conf")],
         subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
         subscriptions=[{"name": "both", "sources": ["cal", "conf"], "offsets": ["-P1D"], "channels": ["box"],
-                        "rules": rules}],
+                        "rules": rules, **subscription}],
         channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
     )
     return load_config(path)[0]
@@ -204,6 +208,92 @@ def test_rule_patterns_are_judged_per_subscription_over_its_sources(engine, tmp_
     assert "selects no rule in any of its sources ['cal', 'conf']" in p.message, p.message
     assert "cal: rule patterns ['x*']" in p.message and "'a@test', 'b@test'" in p.message, p.message
     assert "conf: rule patterns ['x*']" in p.message and "'c@conf'" in p.message, p.message
+
+
+def test_kinds_with_rule_patterns_are_judged_where_the_patterns_select(engine, tmp_path):
+    """Patterns leave ``conf`` out (``a@*``): its rules are not judged on ``kinds``, with or without
+    a kinds problem in ``cal``. Patterns selecting in both sources: kinds selecting nothing in either
+    are one problem per source, each naming its source, the kinds asked for and the kinds it has."""
+    cfg = _two_sources(tmp_path, ["a@*"], kinds=["event"])
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    assert out.obligations_planned == 1 and out.problems == [], out.problems
+    cfg = _two_sources(tmp_path, ["a@*"], kinds=["todo"])
+    out = _plan(engine, cfg, T0)
+    assert [(p.source, p.message) for p in out.problems] == [
+        ("cal", "subscription 'both': kinds ['todo'] match no rule of source 'cal'; its kinds are ['event']")]
+    cfg = _two_sources(tmp_path, ["*"], kinds=["todo"])
+    out = _plan(engine, cfg, T0)
+    assert [(p.source, p.message) for p in out.problems] == [
+        (name, f"subscription 'both': kinds ['todo'] match no rule of source {name!r}; its kinds are ['event']")
+        for name in ("cal", "conf")], out.problems
+    check = w.plan_complete(engine, T0)
+    assert not check.passed and check.count == 2, check.summary
+
+
+def _conferences(tmp_path, shared_dir, kinds):
+    """Real ai-deadlines-hf files as two sources of tenant t1: ``all`` (every conference but WACV,
+    in one file) and ``wacv``, and one subscription ``papers`` over both with ``kinds``. WACV types
+    its paper deadlines ``submission``; the others mostly ``paper``."""
+    folder = shared_dir / "data" / "ai-deadlines-hf" / "conferences"
+    (tmp_path / "all.yml").write_text("\n".join(f.read_text() for f in sorted(folder.glob("*.yml"))
+                                                if f.stem != "wacv"))
+    (tmp_path / "wacv.yml").write_bytes((folder / "wacv.yml").read_bytes())
+    path = write_config(
+        tmp_path,
+        sources=[{"name": n, "format": "ai-deadlines", "location": f"{n}.yml", "tenant": "t1"}
+                 for n in ("all", "wacv")],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "papers", "sources": ["all", "wacv"], "offsets": ["-P1D"], "channels": ["box"],
+                        "kinds": kinds}],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+    return load_config(path)[0], path
+
+
+# Before WACV 2027's "Round 1 Paper Submission" (2026-06-25 AoE).
+SPRING_2026 = datetime(2026, 5, 1, tzinfo=UTC)
+
+
+def _planned_sources(engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(sources.c.name).join(obligations, obligations.c.source_id == sources.c.id)
+                                .where(obligations.c.status == "active")).scalars())
+
+
+def test_kinds_matching_no_rule_of_one_named_source_turn_plan_complete_red(engine, tmp_path, shared_dir):
+    """``sources: [all, wacv]`` with ``kinds: [paper, abstract]``: ``all`` has paper deadlines, WACV
+    none (its are ``submission``). WACV's deadlines are not planned, and plan_complete is red naming
+    the subscription, WACV, the kinds asked for and WACV's own kinds; with ``submission`` added,
+    WACV's deadlines are planned and the plan is complete."""
+    cfg, _ = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
+    ingest(engine, cfg, SPRING_2026)
+    out = _plan(engine, cfg, SPRING_2026)
+    assert _planned_sources(engine) == {"all"}
+    (problem,) = out.problems
+    assert problem.source == "wacv", problem
+    assert problem.message.startswith("subscription 'papers': kinds ['paper', 'abstract'] match no rule of source "
+                                      "'wacv'; its kinds are ["), problem.message
+    assert "'submission'" in problem.message and "'registration'" in problem.message, problem.message
+    check = w.plan_complete(engine, SPRING_2026)
+    assert not check.passed and check.count == 1, check.summary
+    assert "wacv" in check.summary and "'submission'" in check.offenders[0]["detail"], check.offenders
+    cfg, _ = _conferences(tmp_path, shared_dir, ["paper", "abstract", "submission"])
+    out = _plan(engine, cfg, SPRING_2026)
+    assert out.problems == [] and _planned_sources(engine) == {"all", "wacv"}, out.problems
+    with engine.connect() as conn:
+        titles = conn.execute(select(obligations.c.title).join(sources, obligations.c.source_id == sources.c.id)
+                              .where(sources.c.name == "wacv", obligations.c.status == "active")).scalars().all()
+    assert any("Round 1 Paper Submission" in t for t in titles), titles
+    assert w.plan_complete(engine, SPRING_2026).passed
+
+
+def test_run_exits_1_when_kinds_match_no_rule_of_one_named_source(tmp_path, db_url, shared_dir):
+    _, path = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
+    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2026-05-01T00:00:00Z"], tmp_path)
+    assert res.exit_code == 1, res.output
+    line = next(ln for ln in res.output.splitlines() if "plan_complete" in ln)
+    assert "FAIL" in line and "'wacv'" in line and "'submission'" in line, res.output
 
 
 def test_run_exits_1_when_rule_patterns_match_nothing(tmp_path, db_url):

@@ -203,66 +203,91 @@ def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
 RULE_ID_SAMPLE = 5
 
 
-# A source's withdrawn rules: rule id -> the kinds of the record it last had (see selection_problems).
+# A source's withdrawn rules: rule id -> the kinds of the record it last had
+# (:func:`~deadline_pipeline.rules.rule_kinds` of its last record,
+# :func:`~deadline_pipeline.store.planning.active_rules`).
 Withdrawn = Mapping[str, Collection[str]]
 
 
-def selection_problems(target: Target, rules: list[tuple[int, RuleRecord]],
-                       withdrawn: Withdrawn | None = None) -> list[PlanProblem]:
-    """Problems of a subscription whose ``rules`` patterns or ``kinds`` select none of one source's
-    active ``rules`` (``(version, record)`` pairs): without them a misspelt pattern (``filing-1`` for
-    the UID ``filing-1@example.org``) or kind (``papr``) plans nothing for it, silently. Judged per
-    source; :func:`subscription_selection_problems` judges a subscription over all its sources.
+def _name(target: Target) -> str:
+    """How a problem's message starts: ``"subscription 'papers': "`` (``"subscription "`` unnamed)."""
+    return f"subscription {target.subscription!r}: " if target.subscription else "subscription "
 
-    Not judged (empty list): a source with no rule in force (never ingested, or every rule
-    withdrawn), which its own checks report; patterns that match only ``withdrawn`` rule ids, and
-    ``kinds`` that only a withdrawn rule the patterns select had (the source dropped the deadline,
-    e.g. a past conference's paper date; nothing is owed). ``withdrawn``: rule id → that rule's kinds
-    (:func:`~deadline_pipeline.rules.rule_kinds` of its last record,
-    :func:`~deadline_pipeline.store.planning.active_rules`).
-    """
-    if not rules:
-        return []
-    withdrawn = withdrawn or {}
-    name = f"subscription {target.subscription!r}: " if target.subscription else "subscription "
+
+def _pattern_problem(target: Target, rules: list[tuple[int, RuleRecord]],
+                     withdrawn: Withdrawn) -> list[PlanProblem] | None:
+    """``None`` when ``target``'s rule patterns select an active rule of ``rules`` (non-empty); else
+    the problem that they select none, as a one-item list — empty when they match a ``withdrawn``
+    rule id (the source dropped it: nothing is owed)."""
     # any() stops at the first match: with the usual "*" this costs one fnmatch per target.
-    if not any(target.wants(r.rule_id) for _, r in rules):
-        if any(target.wants(rid) for rid in withdrawn):
-            return []
-        ids = sorted(r.rule_id for _, r in rules)
-        more = f", … ({len(ids)} in all)" if len(ids) > RULE_ID_SAMPLE else ""
-        shown = ", ".join(repr(i) for i in ids[:RULE_ID_SAMPLE])
-        return [PlanProblem(target.source, "*", f"{name}rule patterns {list(target.rule_patterns)} match no rule id "
-                            f"of this source; its rule ids are [{shown}{more}] (patterns match the whole id, "
-                            "fnmatch)")]
-    if target.kinds and not any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
-        wanted = {k.lower() for k in target.kinds}
-        if any(target.wants(rid) and wanted & set(had) for rid, had in withdrawn.items()):
-            return []  # rule_kinds gives lower case
-        present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
-        return [PlanProblem(target.source, "*", f"{name}kinds {list(target.kinds)} match no rule of this source; "
-                            f"its kinds are {present}")]
-    return []
+    if any(target.wants(r.rule_id) for _, r in rules):
+        return None
+    if any(target.wants(rid) for rid in withdrawn):
+        return []
+    ids = sorted(r.rule_id for _, r in rules)
+    more = f", … ({len(ids)} in all)" if len(ids) > RULE_ID_SAMPLE else ""
+    shown = ", ".join(repr(i) for i in ids[:RULE_ID_SAMPLE])
+    return [PlanProblem(target.source, "*", f"{_name(target)}rule patterns {list(target.rule_patterns)} match no "
+                        f"rule id of this source; its rule ids are [{shown}{more}] (patterns match the whole id, "
+                        "fnmatch)")]
+
+
+def _kinds_problem(target: Target, rules: list[tuple[int, RuleRecord]], withdrawn: Withdrawn,
+                   of: str = "this source") -> PlanProblem | None:
+    """The problem of ``target``'s ``kinds`` selecting none of the active ``rules`` its patterns
+    select, naming the kinds asked for and the kinds those rules have (``of``: how the message names
+    the source); ``None`` when they select one, when ``kinds`` is unset, or when a ``withdrawn`` rule
+    the patterns select had one of them."""
+    if not target.kinds or any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
+        return None
+    wanted = {k.lower() for k in target.kinds}  # rule_kinds gives lower case
+    if any(target.wants(rid) and wanted & set(had) for rid, had in withdrawn.items()):
+        return None
+    present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
+    return PlanProblem(target.source, "*", f"{_name(target)}kinds {list(target.kinds)} match no rule of {of}; "
+                       f"its kinds are {present}")
 
 
 def subscription_selection_problems(
         per_source: Iterable[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]]) -> list[PlanProblem]:
-    """The selection problem of one subscription over its sources, ``per_source`` holding one
-    ``(target, active rules, withdrawn)`` per source (see :func:`selection_problems`): none when its
-    patterns and kinds select a rule in any source with rules in force (a subscription over ``cal``
-    and ``conf`` with ``filing-*`` is meant for ``cal``'s filings), or when no source is judged.
-    Otherwise one problem: a single judged source's own, or one naming every judged source (source
-    field ``"cal, conf"``) with each source's message (its rule ids or kinds)."""
-    judged = [(t, selection_problems(t, rules, withdrawn)) for t, rules, withdrawn in per_source if rules]
-    if not judged or any(not found for _, found in judged):
-        return []
-    if len(judged) == 1:
-        return judged[0][1]
-    first = judged[0][0]
-    name = f"subscription {first.subscription!r}: " if first.subscription else "subscription "
-    names = [t.source for t, _ in judged]
-    each = "; ".join(f"{t.source}: {p.message.removeprefix(name)}" for t, found in judged for p in found)
-    return [PlanProblem(", ".join(names), "*", f"{name}selects no rule in any of its sources {names} — {each}")]
+    """The selection problems of one subscription over its sources: rule patterns or ``kinds`` that
+    select none of a source's active rules, which would otherwise plan nothing for it in silence (a
+    misspelt pattern, ``filing-1`` for the UID ``filing-1@example.org``, or kind, ``papr``).
+    ``per_source`` holds one ``(target, active rules, withdrawn)`` per source, the rules as
+    ``(version, record)`` pairs (:data:`Withdrawn`).
+
+    * Rule patterns are judged over the whole subscription: none when they select a rule in any
+      judged source (a subscription over ``cal`` and ``conf`` with ``filing-*`` is meant for
+      ``cal``'s filings). Otherwise one problem: a single judged source's own, or one naming every
+      judged source (source field ``"cal, conf"``) with each source's rule ids.
+    * ``kinds`` are judged per source, among the rules the patterns select there: one problem for
+      each source whose selected rules have none of the kinds, naming the source, the kinds asked
+      for and the kinds it has (``submission`` where ``paper`` was asked).
+
+    Not judged: a source with no rule in force (never ingested, or every rule withdrawn), which its
+    own checks report; patterns that match only withdrawn rule ids, and ``kinds`` that only a
+    withdrawn rule the patterns select had (the source dropped the deadline, e.g. a past
+    conference's paper date; nothing is owed).
+    """
+    judged = [(t, rules, withdrawn or {}) for t, rules, withdrawn in per_source if rules]
+    patterns = [(t, _pattern_problem(t, rules, withdrawn)) for t, rules, withdrawn in judged]
+    if judged and all(found for _, found in patterns):
+        if len(judged) == 1:
+            return patterns[0][1]
+        name = _name(judged[0][0])
+        names = [t.source for t, _ in patterns]
+        each = "; ".join(f"{t.source}: {p.message.removeprefix(name)}" for t, found in patterns for p in found)
+        return [PlanProblem(", ".join(names), "*", f"{name}selects no rule in any of its sources {names} — {each}")]
+    # Kinds per source, unlike patterns: every source of a subscription is named in its `sources`
+    # (the configuration has no wildcard for sources, and refuses a name it does not know), so each
+    # is wanted for the kinds listed. Judged over the whole subscription, `sources: [all, wacv]` with
+    # `kinds: [paper, abstract]` passed because `all` has paper deadlines, while WACV, which types
+    # its paper deadline `submission`, had none planned and every check stayed green. A source whose
+    # rules the patterns leave out is not judged on kinds (the patterns say it is not meant).
+    several = len(judged) > 1
+    found = (_kinds_problem(t, rules, withdrawn, f"source {t.source!r}" if several else "this source")
+             for (t, rules, withdrawn), (_, pattern) in zip(judged, patterns, strict=True) if pattern is None)
+    return [p for p in found if p is not None]
 
 
 def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,

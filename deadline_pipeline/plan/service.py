@@ -128,9 +128,11 @@ def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, s
 def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
     """Problems of the subscriptions' subscriber lists, one per subscription and source:
 
-    * ``"*"`` that reaches no subscriber (no subscriber of the source's tenant, e.g. ``T1`` against
-      ``t1``; tenants compare exactly): the subscription plans nothing, which would otherwise pass
-      every check — also when it lists others by id (``["*", "bob"]``): the ``"*"`` meant someone;
+    * ``"*"`` that reaches no subscriber (no subscriber of the source's tenant; tenants compare
+      exactly, and one differing from a source's only in letter case is refused at load,
+      :func:`~deadline_pipeline.config.tenant_problems`): the subscription plans nothing, which would
+      otherwise pass every check — also when it lists others by id (``["*", "bob"]``): the ``"*"``
+      meant someone;
     * a subscriber listed by id whose tenant is not the source's: planned as listed (dropping it
       would be a silent miss), but a source's reminders are for its own tenant, so it is reported.
     """
