@@ -985,58 +985,61 @@ def _parse_yaml(text: str, path: Path):
         char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
                           "is not allowed in YAML") from None
-    problems = _yaml_problems(root, (), set())
+    problems = _yaml_problems(root)
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
                           + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
     return data
 
 
-def _yaml_problems(node, loc: tuple, seen: set[int]) -> list[str]:
-    """``line L, column C: KEY.PATH: …`` for every problem under the YAML ``node`` that the loader
-    would pass without a word (``loc``: the key path of ``node``; ``seen``: aliased nodes already
-    visited, so each is walked once). Empty when there is none. Two kinds, in one walk:
+def _yaml_problems(root) -> list[str]:
+    """``line L, column C: KEY.PATH: …`` for every problem under the YAML ``root`` that the loader
+    would pass without a word, in document order. Empty when there is none. Two kinds:
 
-    * a scalar (key or value) that is not storable text: a NUL character (YAML's escape ``"\\0"``)
-      or an unpaired UTF-16 surrogate (``"\\ud800"``, not a character at all). The values reach the
-      store, file paths, headers and URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a
-      surrogate, and one such subscriber tenant, subscription name, channel name or rule pattern
-      failed planning for every subscriber (a channel's sender or path failed every send);
-    * a key written twice in one mapping: the loader keeps the last and drops the first, so a second
-      ``subscriptions:`` block, or ``offsets`` written twice in one subscription, made every reminder
-      of the first disappear while the run and all its checks stayed green. A key brought in by a
-      merge (``<<: *defaults``) and set again beside it is YAML's override, not a repetition: the
-      loader has copied the merged pairs into the mapping, but their keys are written elsewhere (at
-      the anchor), so only keys written within the mapping's own text are compared.
+    * a scalar (key or value) that is not storable text (:func:`_text_problems`);
+    * a key written twice in one mapping
+      (:func:`~deadline_pipeline.ingest.parsers.limits.repeated_keys`, shared with the YAML sources):
+      the loader keeps the last and drops the first, so a second ``subscriptions:`` block, or
+      ``offsets`` written twice in one subscription, made every reminder of the first disappear while
+      the run and all its checks stayed green. A key set again beside a merge (``<<: *defaults``) is
+      YAML's override and accepted.
     """
+    from deadline_pipeline.ingest.parsers.limits import repeated_keys
+
+    found = [(r.index, f"line {r.line}, column {r.column}: {_format_loc(r.path)}: written twice in one mapping "
+                       f"(first at line {r.first_line}); YAML would keep only this one and drop the first without "
+                       "a word - merge them into one") for r in repeated_keys(root)]
+    found += _text_problems(root, (), set())
+    return [message for _index, message in sorted(found, key=lambda item: item[0])]
+
+
+def _text_problems(node, loc: tuple, seen: set[int]) -> list[tuple[int, str]]:
+    """``(offset, message)`` for every scalar (key or value) under the YAML ``node`` that is not
+    storable text: a NUL character (YAML's escape ``"\\0"``) or an unpaired UTF-16 surrogate
+    (``"\\ud800"``, not a character at all). The values reach the store, file paths, headers and
+    URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a surrogate, and one such subscriber tenant,
+    subscription name, channel name or rule pattern failed planning for every subscriber (a channel's
+    sender or path failed every send). ``loc``: the key path of ``node``; ``seen``: aliased nodes
+    already visited, so each is walked once."""
     if node is None or id(node) in seen:
         return []
     seen.add(id(node))
     if isinstance(node, yaml.ScalarNode):
-        return _not_text(node, loc)
+        return [(node.start_mark.index, p) for p in _not_text(node, loc)]
     if isinstance(node, yaml.SequenceNode):
-        return [p for i, item in enumerate(node.value) for p in _yaml_problems(item, (*loc, i), seen)]
+        return [p for i, item in enumerate(node.value) for p in _text_problems(item, (*loc, i), seen)]
     if not isinstance(node, yaml.MappingNode):
         return []
-    out, first = [], {}
-    span = (node.start_mark.index, node.end_mark.index)
+    out = []
     for key, value in node.value:
         name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-        if isinstance(key, yaml.ScalarNode) and span[0] <= key.start_mark.index <= span[1]:
-            if name in first:
-                mark = key.start_mark
-                out.append(f"line {mark.line + 1}, column {mark.column + 1}: {_format_loc((*loc, name))}: written "
-                           f"twice in one mapping (first at line {first[name] + 1}); YAML would keep only this "
-                           "one and drop the first without a word - merge them into one")
-            else:
-                first[name] = key.start_mark.line
-        out += _yaml_problems(key, (*loc, name), seen) + _yaml_problems(value, (*loc, name), seen)
+        out += _text_problems(key, (*loc, name), seen) + _text_problems(value, (*loc, name), seen)
     return out
 
 
 def _not_text(node: yaml.ScalarNode, loc: tuple) -> list[str]:
     """The problem of the scalar ``node`` at key path ``loc`` when it holds a NUL or an unpaired
-    surrogate (see :func:`_yaml_problems`), as a one-item list; else an empty one."""
+    surrogate (see :func:`_text_problems`), as a one-item list; else an empty one."""
     value, why = node.value, None
     if "\0" in value:
         why = "a NUL character (U+0000)"

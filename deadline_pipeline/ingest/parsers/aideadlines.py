@@ -16,6 +16,12 @@ date-only value stays a date, meaning the end of that day) and ``tz`` the zone a
 it (``AoE``, ``UTC-12``, ``GMT+8``, ``PDT``, ``America/Los_Angeles``), checked with
 :func:`~deadline_pipeline.timezones.resolve_zone`. A deadline without a zone takes ``default_tz``
 when given and is otherwise a problem: a time without zone is never read as UTC.
+
+A key written twice in one mapping (``date:`` twice in an item, ``deadline:`` twice in a flat entry)
+is found on the composed YAML (:func:`~.limits.repeated_keys`, as for the configuration) and skips
+its record — the item, or the whole entry when the key is at the entry's level — naming both lines:
+the loader alone keeps the last value and drops the first without a word. Two deadlines with one
+rule id keep the one due first (:func:`~.base.drop_duplicate_ids`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
-from deadline_pipeline.ingest.parsers.limits import SafeLoader, load_yaml
+from deadline_pipeline.ingest.parsers.limits import RepeatedKey, SafeLoader, load_yaml, repeated_keys
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
@@ -84,8 +90,8 @@ def normalise_local(value: object) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _load(text: str, source: str) -> tuple[list, list[int]]:
-    """Load the YAML list and the 1-based line of each entry; raise ParseError if unusable."""
+def _load(text: str, source: str) -> tuple[list, list]:
+    """Load the YAML list and the composed node of each entry; raise ParseError if unusable."""
     try:
         data, node = load_yaml(text, source=source, loader=_Loader)
     except yaml.reader.ReaderError as exc:
@@ -95,8 +101,7 @@ def _load(text: str, source: str) -> tuple[list, list[int]]:
             f"source {source!r}: line 1: expected a YAML list of conference entries, "
             f"got {type(data).__name__}"
         )
-    lines = [item.start_mark.line + 1 for item in node.value]
-    return data, lines
+    return data, list(node.value)
 
 
 def _reader_error(exc: yaml.reader.ReaderError, text: str, source: str) -> ParseError:
@@ -134,9 +139,10 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
     UTF-8, empty, an HTML page, invalid YAML (message with line and column) or not a list.
     """
     text = decode_text(content, source=source, what=WHAT)
-    entries, lines = _load(text, source)
+    entries, nodes = _load(text, source)
     result = ParseResult()
-    for index, (entry, line) in enumerate(zip(entries, lines, strict=True), start=1):
+    for index, (entry, node) in enumerate(zip(entries, nodes, strict=True), start=1):
+        line = node.start_mark.line + 1
         if not isinstance(entry, dict):
             result.problems.append(ParseProblem(
                 f"entry {index} (line {line})", f"expected a mapping, got {type(entry).__name__}"))
@@ -149,14 +155,41 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
         edition = str(edition).strip()
         position = f"entry {index} (id={edition}, line {line})"
         before = len(result.problems)
-        _read_entry(entry, edition, position, default_tz, result)
+        repeats = repeated_keys(node)
+        # A key written twice at the entry's level (``deadline``, ``timezone``, ``id``…) touches every
+        # deadline of the entry; one written twice inside a deadlines item touches that item alone.
+        in_items: dict[int, list[RepeatedKey]] = {}
+        for r in repeats:
+            if len(r.path) > 2 and r.path[0] == "deadlines" and isinstance(r.path[1], int):
+                in_items.setdefault(r.path[1] + 1, []).append(r)
+        at_entry = [r for r in repeats if r.path[0] != "deadlines" or len(r.path) <= 2]
+        if at_entry:
+            result.problems.append(ParseProblem(position, _repeated_message(at_entry, "entry")))
+        else:
+            _read_entry(entry, node, edition, position, default_tz, result, in_items)
         for p in result.problems[before:]:
-            p.record_id = edition  # every rule of the entry is named "{edition}/…"
+            # Every rule of the entry is named "{edition}/…"; with ``id`` itself written twice, which
+            # edition it is cannot be told, so it may be any rule the snapshot lacks.
+            p.record_id = None if any(r.path == ("id",) for r in at_entry) else edition
     return drop_duplicate_ids(result)
 
 
-def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None,
-                result: ParseResult) -> None:
+def _repeated_message(repeats: list[RepeatedKey], what: str) -> str:
+    """Why a record (``what``: ``"entry"`` or ``"deadline"``, an item of ``deadlines``) with keys
+    written twice is skipped, naming each key, from the record, and both of its lines."""
+    skip = 2 if what == "deadline" else 0  # ("deadlines", n, ...) leads to the item's own keys
+    keys = "; ".join(f"'{'.'.join(str(k) for k in r.path[skip:])}' at line {r.line} (first at line {r.first_line})"
+                     for r in repeats)
+    return (f"key written twice in one mapping: {keys}; YAML would keep only the last and drop the first "
+            f"without a word, so which value the publisher meant cannot be told and the {what} is skipped "
+            "- merge them into one")
+
+
+def _read_entry(entry: dict, node, edition: str, position: str, default_tz: str | None,
+                result: ParseResult, repeated_in_items: dict[int, list[RepeatedKey]]) -> None:
+    """Append the rules of one entry (its composed YAML ``node`` gives lines) and its problems.
+    ``repeated_in_items``: keys written twice, by 1-based index of the ``deadlines`` item holding them
+    (such an item is skipped)."""
     conference = str(entry.get("title") or edition).strip()
     year = entry.get("year")
     heading = f"{conference} {year}" if year is not None and str(year) not in conference else conference
@@ -171,8 +204,15 @@ def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None
             result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
             return
         specs = []
+        item_nodes = next((v.value for k, v in node.value if isinstance(k, yaml.ScalarNode)
+                           and k.value == "deadlines" and isinstance(v, yaml.SequenceNode)), [])
         for n, item in enumerate(items, start=1):
             where = f"{position} deadline {n}"
+            if n <= len(item_nodes):
+                where += f" (line {item_nodes[n - 1].start_mark.line + 1})"
+            if n in repeated_in_items:
+                result.problems.append(ParseProblem(where, _repeated_message(repeated_in_items[n], "deadline")))
+                continue
             if not isinstance(item, dict):
                 result.problems.append(ParseProblem(where, f"expected a mapping, got {type(item).__name__}"))
                 continue
@@ -209,7 +249,7 @@ def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None
         except UnknownTimeZone as exc:
             result.problems.append(ParseProblem(where, str(exc)))
             continue
-        result.rules.append(RuleRecord(
+        result.add(RuleRecord(
             rule_id=f"{edition}/{kind}/{id_label}",
             title=f"{heading} — {shown}",
             start=start,
@@ -219,4 +259,4 @@ def _read_entry(entry: dict, edition: str, position: str, default_tz: str | None
             note=note,
             extra={"edition_id": edition, "conference": conference, "year": year,
                    "deadline_type": kind, "label": shown},
-        ))
+        ), where)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from deadline_pipeline.rules import RuleRecord
 
@@ -34,9 +35,9 @@ class ParseProblem:
     ``record_id``: the identity of the skipped record when it could be read — a rule id, or the
     prefix of the rule ids it yields (``cvpr24`` for ``cvpr24/submission/deadline``, a UID for its
     ``UID#RECURRENCE-ID`` overrides); ``None`` when the id itself is unreadable.
-    ``skipped``: False for a note that skips nothing (a part ignored, a duplicate whose first copy was
-    kept). A skipped record is not a withdrawal: ingest keeps the last good version of every rule it
-    may have yielded (all the missing ones when ``record_id`` is ``None``), and a check turns red.
+    ``skipped``: False for a note that skips nothing (a part ignored, an exact copy of a record). A
+    skipped record is not a withdrawal: ingest keeps the last good version of every rule it may have
+    yielded (all the missing ones when ``record_id`` is ``None``), and a check turns red.
     ``unannounced``: the record is readable but announces no instant yet (an ai-deadlines entry
     without ``deadline``: "not announced yet" in a real feed). It counts as skipped — rules held in
     force, ``rules_complete`` red, the source's ``last_error`` — only when it may be a rule in force
@@ -89,6 +90,14 @@ class ParseResult:
 
     rules: list[RuleRecord] = field(default_factory=list)
     problems: list[ParseProblem] = field(default_factory=list)
+    #: Where each rule was read (``"line 12"``), parallel to ``rules`` when every rule went through
+    #: :meth:`add`; used to name both records of a repeated id (:func:`drop_duplicate_ids`).
+    positions: list[str | None] = field(default_factory=list)
+
+    def add(self, rule: RuleRecord, position: str | None) -> None:
+        """Append ``rule`` read at ``position`` (kept parallel in ``positions``)."""
+        self.rules.append(rule)
+        self.positions.append(position)
 
 
 def decode_text(content: bytes, *, source: str, what: str) -> str:
@@ -119,26 +128,78 @@ def decode_text(content: bytes, *, source: str, what: str) -> str:
 
 
 def drop_duplicate_ids(result: ParseResult) -> ParseResult:
-    """Keep the first rule of each ``rule_id`` and report the later ones as problems.
+    """Keep one rule per ``rule_id``; report every other record that carried the same id.
 
-    Two rules with one identity in a snapshot cannot both be stored; keeping the first is
-    deterministic, and the problem makes the clash visible to the source's maintainer.
+    Two rules with one identity in a snapshot cannot both be stored, so one is kept:
+
+    * copies with the same content (:meth:`RuleRecord.content_hash`): the first is kept and each copy
+      is a note (``skipped=False``) — nothing is lost;
+    * records that differ (due time, title, recurrence, link, note…): the one **due first** is kept
+      (:func:`first_due`; on a tie the first in the file) and each other one is a *skipped* record
+      (counted: ``rules_complete`` red, the source's ``last_error``), its message naming both
+      positions. Its deadline is not planned until the source gives it an id of its own.
+
+    Why the one due first, and not the first in the file: a CSV without ``id`` column takes the title
+    as id, so two "Estimated tax payment" rows (January and April) share one; a revision that
+    inserted the April row *above* the January one made the rule look moved to April and superseded
+    the January reminders while that row was still in the file. Keeping the earliest due time never
+    drops the more urgent deadline, and it is a function of the records alone — not of file order
+    nor of the time the snapshot is applied — so re-reading the same bytes keeps the same rule and a
+    reordered file is no change.
+
+    ``result.positions`` (parallel to ``result.rules``, see :meth:`ParseResult.add`) names the
+    records in messages; a rule without a position is named by its id. Returns ``result``, changed.
     """
-    seen: set[str] = set()
-    kept: list[RuleRecord] = []
-    for rule in result.rules:
-        if rule.rule_id in seen:
-            result.problems.append(
-                ParseProblem(f"rule {rule.rule_id!r}", "duplicate rule id in this payload; the first was kept",
-                             rule.rule_id, skipped=False)
-            )
-            continue
-        seen.add(rule.rule_id)
-        kept.append(rule)
-    result.rules = kept
+    positions = result.positions if len(result.positions) == len(result.rules) else [None] * len(result.rules)
+    groups: dict[str, list[int]] = {}
+    for i, rule in enumerate(result.rules):
+        groups.setdefault(rule.rule_id, []).append(i)
+    keep: set[int] = set()
+    for rule_id, indices in groups.items():
+        chosen = min(indices, key=lambda i: (first_due(result.rules[i]), i))
+        keep.add(chosen)
+        kept_rule, kept_at = result.rules[chosen], positions[chosen] or f"rule {rule_id!r}"
+        for i in indices:
+            if i == chosen:
+                continue
+            rule, at = result.rules[i], positions[i] or f"rule {rule_id!r}"
+            if rule.content_hash() == kept_rule.content_hash():
+                result.problems.append(ParseProblem(
+                    at, f"rule id {rule_id!r} repeats {kept_at} with the same content; one copy kept",
+                    rule_id, skipped=False))
+                continue
+            fields = ", ".join(f for f in ("start", "tz", "rrule", "exdates", "rdates", "title", "kind", "url",
+                                           "note", "extra") if getattr(rule, f) != getattr(kept_rule, f))
+            result.problems.append(ParseProblem(at, (
+                f"rule id {rule_id!r} is also used by {kept_at} for a different record (differs in {fields}); "
+                f"this one (due {rule.start}) is skipped and the one due first ({kept_at}, due {kept_rule.start}) "
+                "is kept: give each deadline its own id"), rule_id))
+    result.rules = [r for i, r in enumerate(result.rules) if i in keep]
+    result.positions = [p for i, p in enumerate(positions) if i in keep]
     return result
 
 
+def first_due(rule: RuleRecord) -> datetime:
+    """When ``rule`` is first due, as an aware UTC instant, to order records that share an id.
+
+    The start (a recurring rule's first instance too) in its zone; a floating time or an unknown zone
+    is read as UTC (at most 14 hours off, enough to order records of one id); an unreadable start
+    sorts last. Pure; never raises.
+    """
+    from deadline_pipeline.plan.recurrence import to_instant
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    try:
+        local = rule.start_local()
+    except (TypeError, ValueError):
+        return datetime.max.replace(tzinfo=UTC)
+    zone = UTC
+    if rule.tz is not None:
+        try:
+            zone = resolve_zone(rule.tz)
+        except UnknownTimeZone:
+            zone = UTC
+    return to_instant(local, zone)
 
 
 def check_recur(text: str) -> str | None:

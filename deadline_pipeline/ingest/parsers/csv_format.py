@@ -1,6 +1,7 @@
 """A plain CSV of deadlines, for sources kept by hand in a spreadsheet.
 
-Header (names are matched case-insensitively, surrounding spaces ignored)::
+Header (names are matched case-insensitively, surrounding spaces ignored; a name given twice refuses
+the payload)::
 
     title,due,timezone[,id][,rrule][,url][,note]
 
@@ -18,6 +19,7 @@ Header (names are matched case-insensitively, surrounding spaces ignored)::
 
 from __future__ import annotations
 
+import csv
 import io
 import re
 from datetime import date, datetime
@@ -66,9 +68,10 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
     for rows with an empty ``timezone`` cell.
 
     Bad rows are problems positioned ``"line N"`` (the physical line, header = line 1; a quoted
-    cell spanning several lines shifts the numbers of the rows after it). Raises
-    :class:`ParseError` for undecodable, empty or HTML payloads, a header missing a required column
-    and malformed CSV (e.g. a row with more cells than the header).
+    cell spanning several lines shifts the numbers of the rows after it). Two rows with one id keep
+    the one due first (:func:`~.base.drop_duplicate_ids`). Raises :class:`ParseError` for
+    undecodable, empty or HTML payloads, a header missing a required column or naming one twice, and
+    malformed CSV (e.g. a row with more cells than the header).
     """
     text = decode_text(content, source=source, what=WHAT)
     try:
@@ -83,7 +86,8 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
     if len(frame) > MAX_CSV_ROWS:
         raise ParseError(f"source {source!r}: line {MAX_CSV_ROWS + 2}: more than {MAX_CSV_ROWS:,} data rows "
                          "(limit of this reader)")
-    frame.columns = [str(c).strip().lower() for c in frame.columns]
+    _refuse_repeated_columns(text, source)
+    frame.columns = [column_name(c) for c in frame.columns]
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
         raise ParseError(
@@ -122,7 +126,7 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
             if message:
                 result.problems.append(ParseProblem(position, message, rid))
                 continue
-        result.rules.append(RuleRecord(
+        result.add(RuleRecord(
             rule_id=cell.get("id") or title,
             title=title,
             start=start,
@@ -133,8 +137,42 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
             note=cell.get("note") or None,
             # No line number in extra: it is part of the content hash, and moving a row is no change.
             extra={},
-        ))
+        ), position)
     return drop_duplicate_ids(result)
+
+
+def column_name(raw: object) -> str:
+    """A header name as the parser matches it: surrounding spaces removed, lower case."""
+    return str(raw).strip().lower()
+
+
+def _refuse_repeated_columns(text: str, source: str) -> None:
+    """Raise :class:`ParseError` when the header names one column twice (after :func:`column_name`).
+
+    The header is read as written (pandas renames a repeated ``due`` to ``due.1`` and the parser then
+    used the first one without a word, so a sheet whose second ``due`` column held the real dates
+    was planned on the other's). Which of the two the publisher meant cannot be told, and the header
+    governs every row, so the whole payload is refused.
+    """
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
+        return
+    number = lines[0][0]
+    header = next(csv.reader(io.StringIO(text[text.index(lines[0][1]):])), [])
+    seen: dict[str, int] = {}
+    repeats = []
+    for column, raw in enumerate(header, start=1):
+        name = column_name(raw)
+        if not name:
+            continue
+        if name in seen:
+            repeats.append(f"{name!r} (columns {seen[name]} and {column})")
+        else:
+            seen[name] = column
+    if repeats:
+        raise ParseError(f"source {source!r}: line {number}: CSV header names a column twice: {', '.join(repeats)} "
+                         "(names are compared ignoring case and surrounding spaces); which one holds the data "
+                         "cannot be told, so the payload is refused")
 
 
 def _row_lines(text: str) -> list[int]:

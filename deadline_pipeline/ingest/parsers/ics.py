@@ -18,7 +18,10 @@ What becomes of each component (section numbers are RFC 5545's):
   RECURRENCE-ID as a UTC ISO instant (``…Z``; a date stays a date; a floating one is read in the
   rule's zone, or kept as local ISO when it has none). A component without UID gets the sha256 of
   its DTSTART and SUMMARY: **unstable** — editing the title or time of such an event makes it a new
-  rule — because nothing else identifies it.
+  rule — because nothing else identifies it. Several components with one identity: a revision that
+  another supersedes (higher SEQUENCE, then later DTSTAMP/LAST-MODIFIED) is dropped with a note;
+  components tied on the latest revision are different records under one UID, and the one due
+  first is kept, the others being skipped records (:func:`~.base.drop_duplicate_ids`).
 
 A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (Outlook's
 ``(GMT+01.00) Sarajevo/Warsaw/Zagreb``) is authoritative (§3.6.5): it is read as the IANA zone with
@@ -295,7 +298,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     paired = len(scanned) == len(components) and all(
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
-    ranks: list[tuple[tuple, str]] = []  # per rule read: its revision rank and position
+    ranks: list[tuple] = []  # per rule read: its revision rank
     for n, (component, zone) in enumerate(components):
         scan = scanned[n] if paired else None
         uid = _text(component, "UID")
@@ -317,8 +320,8 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
                 continue
         try:
             rule = _component_rule(component, zone, uid, scan, result.problems, position)
-            result.rules.append(rule)
-            ranks.append((_revision_rank(component), position))
+            result.add(rule, position)
+            ranks.append(_revision_rank(component))
         except _Skip as exc:
             result.problems.append(ParseProblem(position, str(exc), uid))
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
@@ -375,30 +378,36 @@ def _revision_rank(component: icalendar.cal.Component) -> tuple[int, datetime]:
     return sequence, max(stamps)
 
 
-def _latest_revisions(result: ParseResult, ranks: list[tuple[tuple, str]]) -> ParseResult:
-    """Of several components with one identity (UID, and RECURRENCE-ID for an override), keep the latest
-    revision (:func:`_revision_rank`; the first in the file on a tie) and report the others.
+def _latest_revisions(result: ParseResult, ranks: list[tuple]) -> ParseResult:
+    """Of several components with one identity (UID, and RECURRENCE-ID for an override), drop each
+    revision that a later one supersedes (:func:`_revision_rank`: a higher SEQUENCE, then a later
+    DTSTAMP/LAST-MODIFIED; RFC 5546 §2.1.5) and report it as a note. ``ranks``: parallel to
+    ``result.rules`` (and ``result.positions``).
 
     Keeping the first in the file instead would plan a superseded time when a feed appends the new
-    revision of an event after the old one.
+    revision of an event after the old one. Components that tie on the latest rank are all left to
+    :func:`~.base.drop_duplicate_ids`: nothing says which is the newer, so they are not revisions of
+    one event but different records under one UID (two exports merged, a generator reusing UIDs), and
+    keeping the first in the file dropped a different deadline without a word. There a differing
+    copy is a skipped record and the one due first is kept; an identical copy stays a note.
     """
-    best: dict[str, int] = {}
+    best: dict[str, tuple] = {}
     for i, rule in enumerate(result.rules):
-        j = best.get(rule.rule_id)
-        if j is None or ranks[i][0] > ranks[j][0]:
-            best[rule.rule_id] = i
-    kept = []
+        if rule.rule_id not in best or ranks[i] > best[rule.rule_id][0]:
+            best[rule.rule_id] = (ranks[i], i)
+    kept, where = [], []
     for i, rule in enumerate(result.rules):
-        j = best[rule.rule_id]
-        if i == j:
+        rank, j = best[rule.rule_id]
+        if ranks[i] == rank:
             kept.append(rule)
+            where.append(result.positions[i])
             continue
-        (seq, stamp), (seq_kept, stamp_kept) = ranks[i][0], ranks[j][0]
-        result.problems.append(ParseProblem(ranks[i][1], (
+        (seq, stamp), (seq_kept, stamp_kept) = ranks[i], rank
+        result.problems.append(ParseProblem(result.positions[i], (
             f"duplicate UID: this revision (SEQUENCE {seq}, stamped {stamp.isoformat()}) is superseded by the one "
-            f"at {ranks[j][1]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept"),
+            f"at {result.positions[j]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept"),
             rule.rule_id, skipped=False))
-    result.rules = kept
+    result.rules, result.positions = kept, where
     return result
 
 

@@ -11,11 +11,15 @@ limit — never a ``RecursionError`` without a file, never minutes of CPU or gig
 * JSON (:func:`check_json_depth`): nesting at most :data:`MAX_DEPTH` levels, checked by a linear
   scan before ``json.loads`` recurses;
 * CSV: at most :data:`MAX_CSV_ROWS` data rows.
+
+:func:`repeated_keys` finds the keys a YAML mapping writes twice (which the loader would collapse
+silently), for the configuration and the YAML sources alike.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import yaml
 
@@ -133,6 +137,55 @@ def load_yaml(text: str, *, source: str, loader: type[SafeLoader] = SafeLoader):
         raise ParseError(f"source {source!r}: position unknown: invalid YAML: {exc}") from None
     finally:
         instance.dispose()
+
+
+@dataclass(frozen=True)
+class RepeatedKey:
+    """A key written twice in one YAML mapping.
+
+    ``path``: the key path from the walked node to the repeated key (``("deadlines", 0, "date")``);
+    ``line``/``column``: 1-based position of the second writing; ``first_line``: 1-based line of the
+    first; ``index``: character offset of the second writing (document order).
+    """
+
+    path: tuple
+    line: int
+    column: int
+    first_line: int
+    index: int
+
+
+def repeated_keys(node, path: tuple = (), seen: set[int] | None = None) -> list[RepeatedKey]:
+    """Every key written twice in one mapping under the composed YAML ``node``, in document order.
+
+    The loader keeps the last of two equal keys and drops the first without a word: a second
+    ``subscriptions:`` block in the configuration, or a deadline item's ``date:`` written twice in a
+    source, silently lost the first. A key brought in by a merge (``<<: *defaults``) and set again
+    beside it is YAML's override, not a repetition: the loader has copied the merged pairs into the
+    mapping, but their keys are written elsewhere (at the anchor), so only keys written within the
+    mapping's own text are compared. ``seen``: aliased nodes already walked (each is walked once).
+    """
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:
+        return []
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return [r for i, item in enumerate(node.value) for r in repeated_keys(item, (*path, i), seen)]
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    out: list[RepeatedKey] = []
+    first: dict[str, int] = {}
+    start, end = node.start_mark.index, node.end_mark.index
+    for key, value in node.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+        if isinstance(key, yaml.ScalarNode) and start <= key.start_mark.index <= end:
+            mark = key.start_mark
+            if name in first:
+                out.append(RepeatedKey((*path, name), mark.line + 1, mark.column + 1, first[name], mark.index))
+            else:
+                first[name] = mark.line + 1
+        out += repeated_keys(key, (*path, name), seen) + repeated_keys(value, (*path, name), seen)
+    return out
 
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
