@@ -171,6 +171,82 @@ def test_skip_policy_skips_every_late_reminder(engine, tmp_path):
     assert rem == {-7 * 86400: "skipped", -86400: "skipped"}
 
 
+def _mails(folder) -> list[tuple[str, str]]:
+    """(subject, plain-text body) of every mail the maildir channel wrote into ``folder``."""
+    import email.parser
+    import email.policy
+    import mailbox
+
+    if not folder.exists():
+        return []
+    box = mailbox.Maildir(folder, create=False)
+    parsed = [email.parser.BytesParser(policy=email.policy.default).parsebytes(box.get_bytes(k))
+              for k in box.iterkeys()]
+    return [(str(m["Subject"]).strip(), m.get_body(("plain",)).get_content()) for m in parsed]
+
+
+def test_moved_deadline_under_skip_sends_its_latest_late_reminder(engine, tmp_path):
+    """``late_policy: skip`` spares a first plan the reminders already past; it must not hide a
+    deadline a revision moved close: its subscriber knows only the old date."""
+    from deadline_pipeline.deliver.sweep import sweep
+    from deadline_pipeline.plan.planner import MOVED_DESPITE_SKIP
+
+    moving = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270220T120000", "summary": "Moved report"}
+    cfg = _configure(tmp_path, [moving, B, C, D], late_policy="skip")
+    first = _ingest_plan(engine, cfg, datetime(2027, 1, 5, tzinfo=UTC))
+    assert first.moved_sent_despite_skip == 0
+    # The revision moves the deadline from 20 Feb to 10 Jan 12:00Z, 23 hours after this run: both
+    # of its new reminders (3 Jan, 9 Jan 12:00Z) are past. A deadline new to this revision, due as
+    # soon, is planned for the first time: its past reminders stay skipped.
+    now = datetime(2027, 1, 9, 13, tzinfo=UTC)
+    new = {"uid": "n@test", "tzid": "UTC", "dtstart": "20270110T120000", "summary": "New report"}
+    cfg = _configure(tmp_path, [dict(moving, dtstart="20270110T120000"), new, B, C, D], late_policy="skip")
+    out = _ingest_plan(engine, cfg, now)
+    assert (out.obligations_moved, out.obligations_inserted, out.corrections) == (1, 1, 0)
+    assert out.moved_sent_despite_skip == 1
+    new_due = datetime(2027, 1, 10, 12, tzinfo=UTC)
+    moved = {r["offset_seconds"]: r for r in _alerts(engine, "m@test") if r["due_at"] == new_due}
+    assert moved[-7 * 86400]["status"] == "skipped"
+    latest = moved[-86400]
+    assert latest["status"] == "pending" and latest["send_at"] == datetime(2027, 1, 9, 12, tzinfo=UTC)
+    assert latest["status_reason"].startswith("deadline moved from 2027-02-20T12:00:00+00:00: reminder time ")
+    assert "sent at once because the deadline is still ahead" in latest["status_reason"]
+    assert latest["status_reason"].endswith(MOVED_DESPITE_SKIP)
+    assert {r["offset_seconds"]: r["status"] for r in _alerts(engine, "n@test")} == \
+        {-7 * 86400: "skipped", -86400: "skipped"}
+    # Delivered: one mail, the moved deadline's, saying why it is late.
+    sweep(engine, cfg, now)
+    [(subject, body)] = _mails(tmp_path / "maildir")
+    assert subject.startswith("Reminder: Moved report due 2027-01-10 13:00 CET (23 hours left, sent late)")
+    assert "deadline moved from 2027-02-20" in body and MOVED_DESPITE_SKIP in body
+    # Re-planning the same revision neither counts nor sends it again.
+    again = plan_all(engine, cfg, now + timedelta(hours=1))
+    assert (again.obligations_moved, again.moved_sent_despite_skip, again.alerts_written) == (0, 0, 0)
+
+
+def test_late_reminder_sent_just_after_its_deadline_says_it_has_passed(engine, tmp_path):
+    """A deadline moved to 11:59:59Z and re-planned at 12:00:00Z: its latest reminder still goes
+    out (within the delivery grace), and neither its reason nor the mail claims the deadline is
+    still ahead of a mail that says "It is due now"."""
+    from deadline_pipeline.deliver.sweep import sweep
+
+    moving = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270220T120000", "summary": "Moved report"}
+    cfg = _configure(tmp_path, [moving, B, C, D])
+    _ingest_plan(engine, cfg, datetime(2027, 1, 5, tzinfo=UTC))
+    now = datetime(2027, 1, 10, 12, tzinfo=UTC)
+    cfg = _configure(tmp_path, [dict(moving, dtstart="20270110T115959"), B, C, D])
+    _ingest_plan(engine, cfg, now)
+    due = datetime(2027, 1, 10, 11, 59, 59, tzinfo=UTC)
+    [latest] = [r for r in _alerts(engine, "m@test") if r["due_at"] == due and r["status"] == "pending"]
+    assert latest["offset_seconds"] == -86400
+    assert "sent at once although the deadline has just passed (2027-01-10T11:59:59+00:00)" \
+        in latest["status_reason"]
+    assert "still ahead" not in latest["status_reason"]
+    sweep(engine, cfg, now)
+    [(_subject, body)] = _mails(tmp_path / "maildir")
+    assert "It is due now." in body and "the deadline has just passed" in body and "still ahead" not in body
+
+
 def test_partitions_backfill_is_idempotent(engine, tmp_path):
     cfg = _configure(tmp_path, [A, B, C, D])
     now = T0
@@ -232,6 +308,27 @@ def test_fold_late_policies(policy):
     fold_late(alerts_, now, policy)
     assert [a.status for a in alerts_] == (["skipped", "pending", "pending"] if policy == "send_latest"
                                            else ["skipped", "skipped", "pending"])
+
+
+def test_fold_late_keeps_the_latest_of_a_moved_deadline_under_skip_and_says_when_it_passed():
+    from deadline_pipeline.plan.planner import MOVED_DESPITE_SKIP, PlannedAlert
+
+    now = datetime(2027, 1, 10, 12, tzinfo=UTC)
+
+    def late(due):
+        return [PlannedAlert(o, "mail", "reminder", "", due + timedelta(days=o), due_at=due) for o in (-7, -1)]
+
+    ahead = late(now + timedelta(hours=1))
+    fold_late(ahead, now, "skip", moved=True)
+    assert [a.status for a in ahead] == ["skipped", "pending"]
+    assert ahead[1].status_reason.endswith("still ahead; " + MOVED_DESPITE_SKIP)
+    first = late(now + timedelta(hours=1))
+    fold_late(first, now, "skip")
+    assert [a.status for a in first] == ["skipped", "skipped"]
+    passed = late(now - timedelta(seconds=1))
+    fold_late(passed, now)
+    assert passed[1].status_reason.endswith(
+        "sent at once although the deadline has just passed (2027-01-10T11:59:59+00:00)")
 
 
 def test_revised_time_of_a_recurring_rule_moves_instead_of_replacing(engine, tmp_path):

@@ -255,6 +255,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,
             "cancelled": out.alerts_cancelled, "corrections": out.corrections,
             "cancellation_notices": out.cancellation_notices,
+            # Late reminders of moved deadlines sent at once despite late_policy skip.
+            "moved_sent_despite_skip": out.moved_sent_despite_skip,
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 

@@ -4,7 +4,8 @@ No database and no Dagster here, so every rule of planning is testable on its ow
 
 * late reminders fold (:func:`fold_late`): of the reminders already past at planning time only the
   most recent goes out, at once; the others are ``skipped`` with the reason — or all are skipped
-  under the ``skip`` late policy;
+  under the ``skip`` late policy, except for a deadline a revision moved (its subscriber expects
+  the old date: the most recent goes out at once);
 * offsets (:func:`~deadline_pipeline.plan.offsets.send_instant`): days and weeks are calendar days
   in the deadline's own zone, hours and smaller are exact (RFC 5545 §3.3.6);
 * quiet hours (:func:`apply_quiet_hours`): a reminder inside the subscriber's local quiet window is
@@ -116,15 +117,30 @@ class PlanProblem:
     message: str
 
 
+# Why a late reminder goes out although its subscription skips late reminders: the obligation
+# existed and a revision moved its due instant, so its subscriber knows only the old date. Under
+# ``skip`` a deadline moved to 23 hours away had every reminder skipped, and with nothing delivered
+# for the old date no correction went out either: a silent miss. Also what planning counts
+# (``PlanOutcome.moved_sent_despite_skip``) and the store is searched for.
+MOVED_DESPITE_SKIP = "this subscription skips late reminders, but not those of a deadline that moved"
+
+
 def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "send_latest",
-              reason_prefix: str = "late at planning") -> None:
+              reason_prefix: str = "late at planning", *, moved: bool = False) -> None:
     """Set the status of reminders already past at ``now`` (aware UTC), per channel.
 
     ``send_latest``: the most recent past reminder stays ``pending`` (it goes out at once); earlier
-    ones become ``skipped`` with the reason. ``skip``: every past reminder is ``skipped``. Future
-    reminders are ``pending``. Without folding, a new subscriber would get the 90-, 7- and 1-day
-    reminders of one deadline in the same minute.
+    ones become ``skipped`` with the reason. ``skip``: every past reminder is ``skipped`` — unless
+    ``moved`` (an obligation already planned whose due instant a revision changed): its subscriber
+    expects the old date, so the most recent past reminder goes out at once as under
+    ``send_latest``, its reason ending in :data:`MOVED_DESPITE_SKIP`. Future reminders are
+    ``pending``. Without folding, a new subscriber would get the 90-, 7- and 1-day reminders of one
+    deadline in the same minute. The reason of the one sent at once says whether the deadline
+    (``due_at``) is still ahead or has just passed (planning looks back
+    :data:`~deadline_pipeline.plan.occurrences.GRACE`, and delivery still sends within its own
+    grace after the deadline).
     """
+    skip = late_policy == "skip" and not moved
     by_channel: dict[str, list[PlannedAlert]] = {}
     for a in alerts:
         if a.kind != "reminder":
@@ -135,18 +151,26 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
             by_channel.setdefault(a.channel, []).append(a)
     for late in by_channel.values():
         late.sort(key=lambda a: a.send_at)
-        keep = None if late_policy == "skip" else late[-1]
+        keep = None if skip else late[-1]
         for a in late:
+            past = f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
             if a is keep:
                 a.status = "pending"
-                a.status_reason = (f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
-                                   "sent at once because the deadline is still ahead")
+                a.status_reason = past + _sent_at_once(a.due_at, now) + (
+                    f"; {MOVED_DESPITE_SKIP}" if late_policy == "skip" else "")
             else:
                 a.status = "skipped"
-                a.status_reason = (f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
-                                   + ("late reminders are skipped by this subscription's policy"
-                                      if late_policy == "skip" else "a later reminder of the same deadline "
-                                      "is sent instead"))
+                a.status_reason = past + ("late reminders are skipped by this subscription's policy"
+                                          if skip else "a later reminder of the same deadline is sent instead")
+
+
+def _sent_at_once(due_at: datetime | None, now: datetime) -> str:
+    """Why a late reminder is still sent, true on either side of the deadline: a reminder planned
+    one second after its deadline said "the deadline is still ahead" above a mail saying "It is
+    due now"."""
+    if due_at is not None and due_at <= now:
+        return f"sent at once although the deadline has just passed ({due_at.isoformat()})"
+    return "sent at once because the deadline is still ahead"
 
 
 def in_quiet_hours(local: time, window_: tuple[time, time]) -> bool:
@@ -395,42 +419,45 @@ def _fingerprint(due_at: datetime, target: Target, zone: tzinfo, profile: tuple,
 
 
 def reminder_alerts(ob: PlannedObligation, target: Target, now: datetime,
-                    cache: dict | None = None) -> list[PlannedAlert]:
+                    cache: dict | None = None, *, moved: bool = False) -> list[PlannedAlert]:
     """The reminder alerts ``target`` owes for obligation ``ob`` (planned by :func:`plan_obligations`
     for that target): one per offset and channel, with its send instant (calendar-day offsets in the
     deadline's zone, quiet hours), late ones folded (:func:`fold_late`). ``cache`` memoises the
     instants and statuses, which depend on the due instant and the subscription's shape only; the
-    dedup keys are the obligation's own."""
-    template = _template(ob, target, now, cache)
+    dedup keys are the obligation's own. ``moved``: ``ob`` is stored already and a revision changed
+    its due instant (late ones then fold as under ``send_latest`` even for ``skip``)."""
+    template = _template(ob, target, now, cache, moved)
     keys = reminder_dedup_keys(ob.key, ob.due_at, [slot for slot, _ in template])
     return [PlannedAlert(seconds, channel, "reminder", key, send_at, status, reason, ob.due_at, offset)
             for ((seconds, channel, send_at, status, reason), offset), key in zip(template, keys, strict=True)]
 
 
 def reminder_rows(ob: PlannedObligation, target: Target, now: datetime,
-                  cache: dict | None = None) -> list[tuple[tuple, str]]:
+                  cache: dict | None = None, *, moved: bool = False) -> list[tuple[tuple, str]]:
     """:func:`reminder_alerts` as ``(slot, dedup_key)`` pairs, ``slot`` = ``(offset_seconds, channel,
     send_at, status, status_reason)``: what a large plan writes, without an object per alert. The
     slot tuples are shared by every obligation with the same due instant and subscription shape
-    (do not mutate them)."""
-    template = _template(ob, target, now, cache)
+    (do not mutate them). ``moved`` as for :func:`reminder_alerts`."""
+    template = _template(ob, target, now, cache, moved)
     slots = [slot for slot, _ in template]
     return list(zip(slots, reminder_dedup_keys(ob.key, ob.due_at, slots), strict=True))
 
 
-def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None) -> list[tuple]:
-    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now)
+def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None,
+              moved: bool = False) -> list[tuple]:
+    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now, moved)
     template = cache.get(ckey) if cache is not None else None
     if template is None:
-        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now)
+        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved)
         if cache is not None:
             cache[ckey] = template
     return template
 
 
-def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime) -> list[tuple]:
+def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime,
+                    moved: bool = False) -> list[tuple]:
     """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
-    due instant for ``target``'s subscription shape."""
+    due instant for ``target``'s subscription shape (``moved``: see :func:`fold_late`)."""
     subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
     alerts: list[PlannedAlert] = []
     for offset in target.offsets:
@@ -440,7 +467,7 @@ def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetim
         for channel in target.channels:
             alerts.append(PlannedAlert(seconds, channel, "reminder", "", send_at, status_reason=reason,
                                        due_at=due_at, offset=offset))
-    fold_late(alerts, now, target.late_policy)
+    fold_late(alerts, now, target.late_policy, moved=moved)
     if target.quiet_hours:
         for a in alerts:
             if a.status == "pending" and a.send_at <= now:

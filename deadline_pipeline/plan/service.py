@@ -4,7 +4,8 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 
 * new obligation → its reminders, late ones folded (:func:`planner.fold_late`);
 * moved due instant → reminders are owed per due instant: the new instant gets its own reminder rows
-  (late ones folded by the late policy), the open rows of the old instant are ``superseded``, the
+  (late ones folded by the late policy; under ``skip`` the latest late one still goes out at once,
+  because the subscriber expects the old date), the open rows of the old instant are ``superseded``, the
   delivered ones stay as sent, and one *correction* per channel goes out ("old → new") where a
   reminder was delivered, keyed on the obligation's revision. Moving back to an instant whose
   reminders were delivered finds those rows and sends none of them again;
@@ -35,6 +36,7 @@ from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.planner import (
+    MOVED_DESPITE_SKIP,
     PlannedObligation,
     PlanProblem,
     Target,
@@ -69,6 +71,9 @@ class PlanOutcome:
     alerts_superseded: int = 0
     corrections: int = 0
     cancellation_notices: int = 0
+    # Late reminders left to send at once for moved obligations of ``late_policy: skip``
+    # subscriptions (:data:`~deadline_pipeline.plan.planner.MOVED_DESPITE_SKIP`; logged).
+    moved_sent_despite_skip: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
@@ -455,16 +460,17 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
         yield chunk
 
 
-def _alerts_of(p: _Planned, now: datetime, cache: dict) -> list[tuple[tuple, str]]:
+def _alerts_of(p: _Planned, now: datetime, cache: dict, moved: bool = False) -> list[tuple[tuple, str]]:
     """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`: ``(slot,
     dedup_key)``) of one planned obligation: those of its first subscription, then any (offset,
-    channel) only a later subscription asks for."""
-    rows = reminder_rows(p.ob, p.targets[0], now, cache)
+    channel) only a later subscription asks for. ``moved``: a stored obligation whose due instant
+    changed (see :func:`~deadline_pipeline.plan.planner.fold_late`)."""
+    rows = reminder_rows(p.ob, p.targets[0], now, cache, moved=moved)
     if len(p.targets) == 1:
         return rows
     at = {(slot[0], slot[1]): i for i, (slot, _) in enumerate(rows)}
     for t in p.targets[1:]:
-        for slot, key in reminder_rows(p.ob, t, now, cache):
+        for slot, key in reminder_rows(p.ob, t, now, cache, moved=moved):
             i = at.get((slot[0], slot[1]))
             if i is None:
                 at[(slot[0], slot[1])] = len(rows)
@@ -559,12 +565,33 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
          chunk[key].ob.due_at)
         for key in diff.need_alerts if key not in new
-        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(chunk[key], now, cache)
+        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(chunk[key], now, cache,
+                                                                              moved=key in old_due)
     ))
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
+    _count_moved_despite_skip(conn, diff.moved, chunk, out)
+
+
+def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, _Planned], out: PlanOutcome) -> None:
+    """Count and log the late reminders of moved obligations that go out at once although their
+    subscription skips late reminders: a deliberate exception to the configured policy, so it is
+    visible in the plan's metadata and log, not only in each alert's reason."""
+    ids = {m["id"]: m for m in moved
+           if any(t.late_policy == "skip" for t in chunk[m["obligation_key"]].targets)}
+    if not ids:
+        return
+    found = sql.pending_reminders_noting(conn, sorted(ids), MOVED_DESPITE_SKIP)
+    if not found:
+        return
+    out.moved_sent_despite_skip += len(found)
+    first = ids[found[0][0]]
+    log.warning("planning: %d late reminder(s) of %d moved deadline(s) sent at once although their subscription "
+                "has late_policy skip (its subscriber knew only the old date); first: obligation %s moved from %s "
+                "to %s", len(found), len({oid for oid, _ in found}), first["obligation_key"],
+                first["old_due_at"].isoformat(), first["new_due_at"].isoformat())
 
 
 def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,

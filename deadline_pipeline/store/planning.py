@@ -691,6 +691,24 @@ def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
     return out
 
 
+def pending_reminders_noting(conn: Connection, obligation_ids: list[int], note: str) -> list[tuple[int, datetime]]:
+    """``(obligation id, due instant)`` of each pending reminder of these obligations, planned for the
+    obligation's current due instant, whose ``status_reason`` contains ``note`` (matched literally).
+    Read after a merge: what the merge really left to send, not what was staged (a reminder already
+    delivered for that instant stays delivered and is not counted)."""
+    out: list[tuple[int, datetime]] = []
+    for part in chunks(obligation_ids, 500):
+        out.extend(tuple(r) for r in conn.execute(
+            select(alerts.c.obligation_id, alerts.c.due_at)
+            .join(obligations, obligations.c.id == alerts.c.obligation_id)
+            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder", alerts.c.status == "pending",
+                   alerts.c.due_at == obligations.c.due_at,
+                   alerts.c.status_reason.contains(note, autoescape=True))
+            .order_by(alerts.c.obligation_id, alerts.c.id)
+        ).all())
+    return out
+
+
 def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
     """Supersede the open reminders of these obligations that were planned for another due instant
     than the obligation's current one (call after the merge). Delivered ones are history and stay.
