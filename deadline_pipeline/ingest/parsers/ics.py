@@ -343,17 +343,21 @@ def _without_cancelled(result: ParseResult) -> ParseResult:
                  if r.extra.get("cancelled") and "recurrence_id" not in r.extra}
     if not cancelled:
         return result
-    kept = []
-    for rule in result.rules:
+    # Kept parallel to the rules (ParseResult.add), when they were.
+    positions = result.positions if len(result.positions) == len(result.rules) else [None] * len(result.rules)
+    kept, where = [], []
+    for rule, position in zip(result.rules, positions, strict=True):
         uid = str(rule.extra.get("uid") or rule.rule_id)
         if uid not in cancelled:
             kept.append(rule)
+            where.append(position)
             continue
         what = "an override of a cancelled event" if "recurrence_id" in rule.extra else "cancelled (STATUS:CANCELLED)"
         result.problems.append(ParseProblem(
-            f"{rule.extra.get('component', 'VEVENT')} UID={uid}",
+            position or f"{rule.extra.get('component', 'VEVENT')} UID={uid}",
             f"{what}: not in force, its reminders are withdrawn", rule.rule_id, skipped=False))
     result.rules = kept
+    result.positions = where if len(result.positions) == len(positions) else result.positions
     return result
 
 
