@@ -271,3 +271,18 @@ def test_a_csv_header_naming_a_column_twice_refuses_the_snapshot_last_good_in_fo
     assert (_due(engine), _open_alerts(engine)) == before, "the last good snapshot stays in force"
     fresh = source_fresh(engine, "src", later)
     assert not fresh.passed and "names a column twice: 'due'" in fresh.summary, fresh.summary
+
+
+def test_rules_complete_stays_red_for_the_snapshot_in_force_when_a_newer_payload_fails(engine, tmp_path):
+    """A snapshot in force skipped a record (the April row); the next fetch is an HTML error page
+    and fails to parse. Before, rules_complete judged that failed snapshot, which has no report,
+    and turned green while the April record was still missing."""
+    cfg, target = _world(tmp_path, "csv", "tax.csv", TAX.format(first="2027-01-15", second="2027-04-15"))
+    _ingest_and_plan(engine, cfg, NOW)
+    assert not rules_complete(engine, "src").passed
+    target.write_text("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>")
+    failed = _ingest_and_plan(engine, cfg, NOW + timedelta(hours=1))
+    assert failed.status == "parse_failed", failed
+    check = rules_complete(engine, "src")
+    assert not check.passed, check.summary
+    assert "skipped 1 record(s)" in check.summary, check.summary

@@ -175,8 +175,9 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
 
 
 def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:
-    """:func:`evaluate_rules_complete` on the store: the snapshot in force (the latest applied one;
-    the latest when none was applied), and a newer quarantined snapshot if one waits."""
+    """:func:`evaluate_rules_complete` on the store: the snapshot in force (the latest applied one,
+    also when a newer one failed to parse or waits to be parsed; the latest when none was applied),
+    and a newer quarantined snapshot if one waits."""
     quarantined = None
     with engine.connect() as conn:
         row = sql.find_source(conn, name)
@@ -184,6 +185,12 @@ def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:
         meta = sql.snapshot_meta(conn, latest.id) if latest is not None else None
         if meta is not None and meta.parse_status == "quarantined":
             quarantined = (meta.id, meta.parse_report)
+            applied = sql.list_snapshots(conn, row.id, statuses=("parsed",))[:1]
+            meta = sql.snapshot_meta(conn, applied[0].id) if applied else meta
+        elif meta is not None and meta.parse_status in ("failed", "pending"):
+            # A newer payload that failed to parse (source_fresh is red for it) or is not parsed yet
+            # has no report: judged on it, the check turned green while the snapshot in force still
+            # held records back that it had skipped.
             applied = sql.list_snapshots(conn, row.id, statuses=("parsed",))[:1]
             meta = sql.snapshot_meta(conn, applied[0].id) if applied else meta
     return evaluate_rules_complete(name, meta.id if meta else None, meta.parse_status if meta else None,
