@@ -608,16 +608,22 @@ def test_ics_event_broken_under_a_new_uid_is_held_not_withdrawn():
     assert sorted(c.rule_id for c in diff.unparsed) == missing and not diff.withdrawn
 
 
-def test_not_yet_announced_entry_is_information_only(engine, tmp_path, shared_dir):
+def test_not_yet_announced_entry_is_information_only(engine, tmp_path, shared_dir, caplog):
     """The real feed's cvpr27 (no deadline announced yet) matches no rule in force: nothing red, no
-    source error, and the snapshot asset is confirmed (the Dagster freshness agrees with source_fresh)."""
+    source error, and the snapshot asset is confirmed (the Dagster freshness agrees with source_fresh).
+    The ingest log says so: it said "skipped record" while rules_complete said "none skipped"."""
+    import logging
+
     from deadline_pipeline.orchestration.assets import snapshot_confirmed
     from deadline_pipeline.watch.sources import rules_complete
 
     cfg, dest = _source_config(tmp_path, "ai-deadlines")
     dest.write_bytes((shared_dir / "data" / "ai-deadlines-hf" / "conferences" / "cvpr.yml").read_bytes())
     src = cfg.sources[0]
-    _, out = _ingest(engine, src, T0)
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.ingest.service"):
+        _, out = _ingest(engine, src, T0)
+    said = [r.getMessage() for r in caplog.records if "cvpr27" in r.getMessage()]
+    assert said and all(": not announced yet, nothing to plan: " in m for m in said), said
     assert out.status == "applied" and out.skipped == 0 and out.held == [], out
     assert any("cvpr27" in p and "no 'deadline'" in p for p in out.problems), out.problems
     with engine.connect() as conn:

@@ -206,15 +206,20 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     problems = [sql.safe_text(f"{p.position}: {p.message}") for p in parsed.problems]
     repairs: list[str] = []
     rules = [_storable(rec, repairs) for rec in parsed.rules]
-    # Each line says what happened to its record: "skipped record" for a repaired one (kept and
-    # planned) or a note that skips nothing sent an operator looking for a reminder that was sent.
+    diff = diff_rules(latest, rules)
+    # Only skipped records that may be a rule in force count; an entry announcing no deadline yet
+    # (a real feed's "not announced") is information: not red, not an error keeping the source unconfirmed.
+    counted = counted_problems(parsed.problems, diff.withdrawn)
+    # Each line says what happened to its record, as rules_complete counts it: "skipped record" for a
+    # repaired one (kept and planned), for a note that skips nothing, or for an entry announcing no
+    # deadline yet, sent an operator looking for a reminder that was sent or never owed.
     for p, text in zip(parsed.problems, problems, strict=True):
-        log.warning("source %s: snapshot %s: %s: %s", src.name, snapshot_id,
-                    "skipped record" if p.skipped else "note, nothing skipped", text)
+        label = ("skipped record" if p in counted else "not announced yet, nothing to plan" if p.skipped
+                 else "note, nothing skipped")
+        log.warning("source %s: snapshot %s: %s: %s", src.name, snapshot_id, label, text)
     for text in repairs:
         log.warning("source %s: snapshot %s: record kept, its text repaired: %s", src.name, snapshot_id, text)
     problems += repairs
-    diff = diff_rules(latest, rules)
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
     skipped = [p for p in parsed.problems if p.skipped]
     if not rules and not active_before and not force:
@@ -227,9 +232,6 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
             f"{src.format!r} ({len(skipped)} record(s) skipped{first})")
     # Only a parseable snapshot that lacks a rule withdraws it: a rule whose record failed to parse
     # keeps its last good version (until the source is fixed, or a human accepts the withdrawal).
-    # Only skipped records that may be a rule in force count; an entry announcing no deadline yet
-    # (a real feed's "not announced") is information: not red, not an error keeping the source unconfirmed.
-    counted = counted_problems(parsed.problems, diff.withdrawn)
     held = [] if force else held_back(diff.withdrawn, counted, known=latest.keys())
     if held:
         diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
