@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time
 
@@ -86,7 +87,13 @@ def rule_kinds(rule: RuleRecord | dict) -> set[str]:
 def kinds_allow(kinds: list[str] | tuple[str, ...] | None, exclude: list[str] | tuple[str, ...] | None,
                 rule: RuleRecord | dict) -> bool:
     """Whether a subscription with ``kinds`` (None = every kind) and ``exclude_kinds`` wants ``rule``."""
-    have = rule_kinds(rule)
+    return kinds_admit(kinds, exclude, rule_kinds(rule))
+
+
+def kinds_admit(kinds: Collection[str] | None, exclude: Collection[str] | None, have: Collection[str]) -> bool:
+    """:func:`kinds_allow` for a rule whose kinds are ``have`` (lower case, as :func:`rule_kinds`
+    gives them), e.g. the kinds a withdrawn rule last had."""
+    have = set(have)
     if kinds and not have & {k.lower() for k in kinds}:
         return False
     return not (exclude and have & {k.lower() for k in exclude})

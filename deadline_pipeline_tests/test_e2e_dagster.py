@@ -140,3 +140,25 @@ def test_overdue_alert_turns_the_check_red(config_path, db_url, tmp_path, smtp_s
         _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
         _, checks = _cycle(config_path, db_url, "2027-01-10T01:00:00Z", instance)
     assert checks["alerts_reconciled"] is False
+
+
+def test_deadline_moved_into_the_past_is_escalated_through_dagster(config_path, db_url, tmp_path, smtp_server):
+    """The paper deadline (21 Jan 11:59:59Z, nothing delivered yet) is revised to 9 Jan, already past
+    on 11 Jan: each of its subscribers' channels gets a reminder the deliver job escalates as
+    missed, escalations_acknowledged is red, and the plan's `alerts` materialization counts them."""
+    _, smtp = smtp_server
+    with dg.instance_for_test() as instance:
+        _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
+        sent = len(smtp.messages)
+        (tmp_path / "confs.yml").write_text(ai_deadlines({
+            "title": "TESTCONF", "year": 2027, "id": "testconf27", "link": "https://conf.example.org/",
+            "deadlines": [{"type": "submission", "label": "Paper Submission", "date": "2027-01-08 23:59:59",
+                           "timezone": "AoE"}],
+        }))
+        tick, checks = _cycle(config_path, db_url, "2027-01-11T12:00:00Z", instance)
+        assert isinstance(tick, dg.RunRequest)
+        assert checks["escalations_acknowledged"] is False, checks
+        event = instance.get_latest_materialization_event(dg.AssetKey("alerts"))
+        # ann by mail, bob by mail and webhook.
+        assert event.asset_materialization.metadata["moved_into_past_missed"].value == 3
+        assert len(smtp.messages) == sent  # nobody was sent a reminder for a deadline already past

@@ -231,10 +231,11 @@ def test_kinds_with_rule_patterns_are_judged_where_the_patterns_select(engine, t
     assert not check.passed and check.count == 2, check.summary
 
 
-def _conferences(tmp_path, shared_dir, kinds):
+def _conferences(tmp_path, shared_dir, kinds, exclude_kinds=None):
     """Real ai-deadlines-hf files as two sources of tenant t1: ``all`` (every conference but WACV,
-    in one file) and ``wacv``, and one subscription ``papers`` over both with ``kinds``. WACV types
-    its paper deadlines ``submission``; the others mostly ``paper``."""
+    in one file) and ``wacv``, and one subscription ``papers`` over both with ``kinds`` (None: every
+    kind) and ``exclude_kinds``. WACV types its paper deadlines ``submission``; the others mostly
+    ``paper``."""
     folder = shared_dir / "data" / "ai-deadlines-hf" / "conferences"
     (tmp_path / "all.yml").write_text("\n".join(f.read_text() for f in sorted(folder.glob("*.yml"))
                                                 if f.stem != "wacv"))
@@ -245,7 +246,8 @@ def _conferences(tmp_path, shared_dir, kinds):
                  for n in ("all", "wacv")],
         subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
         subscriptions=[{"name": "papers", "sources": ["all", "wacv"], "offsets": ["-P1D"], "channels": ["box"],
-                        "kinds": kinds}],
+                        **({"kinds": kinds} if kinds else {}),
+                        **({"exclude_kinds": exclude_kinds} if exclude_kinds else {})}],
         channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}},
     )
     return load_config(path)[0], path
@@ -286,6 +288,59 @@ def test_kinds_matching_no_rule_of_one_named_source_turn_plan_complete_red(engin
                               .where(sources.c.name == "wacv", obligations.c.status == "active")).scalars().all()
     assert any("Round 1 Paper Submission" in t for t in titles), titles
     assert w.plan_complete(engine, SPRING_2026).passed
+
+
+# Every deadline type WACV gives, but none of the paper and abstract dates the other conferences give.
+WACV_TYPES = ["submission", "registration", "supplementary", "notification", "camera_ready", "review_release",
+              "rebuttal_and_revision"]
+
+
+def test_exclude_kinds_excluding_every_rule_of_one_named_source_turn_plan_complete_red(engine, tmp_path,
+                                                                                      shared_dir):
+    """``exclude_kinds`` meant to drop administrative dates, over ``sources: [all, wacv]``, with
+    ``submission`` among them: ``all`` keeps its paper deadlines, WACV (which types its paper
+    deadlines ``submission``) keeps nothing. Its deadlines are not planned, and plan_complete is red
+    naming the subscription, WACV, the excluded kinds and WACV's own kinds; without ``submission``
+    excluded, WACV's paper deadlines are planned and the plan is complete."""
+    cfg, _ = _conferences(tmp_path, shared_dir, None, WACV_TYPES)
+    ingest(engine, cfg, SPRING_2026)
+    out = _plan(engine, cfg, SPRING_2026)
+    assert _planned_sources(engine) == {"all"}
+    (problem,) = out.problems
+    assert problem.source == "wacv", problem
+    assert problem.message.startswith(f"subscription 'papers': exclude_kinds {WACV_TYPES} exclude every rule of "
+                                      "source 'wacv'; its kinds are ["), problem.message
+    assert "'submission'" in problem.message and "'deadline'" in problem.message, problem.message
+    check = w.plan_complete(engine, SPRING_2026)
+    assert not check.passed and check.count == 1, check.summary
+    assert "wacv" in check.summary and "exclude_kinds" in check.offenders[0]["detail"], check.offenders
+    cfg, _ = _conferences(tmp_path, shared_dir, None, WACV_TYPES[1:])
+    out = _plan(engine, cfg, SPRING_2026)
+    assert out.problems == [] and _planned_sources(engine) == {"all", "wacv"}, out.problems
+    assert w.plan_complete(engine, SPRING_2026).passed
+
+
+def test_kinds_and_exclude_kinds_are_judged_together():
+    """``kinds`` that select a source's rules and ``exclude_kinds`` that drop every one of them are
+    one problem naming both; a rule they admit anywhere among the selected ones, or a withdrawn rule
+    they admitted (the source dropped that deadline), is none."""
+    from deadline_pipeline.plan.planner import Target, subscription_selection_problems
+    from deadline_pipeline.rules import RuleRecord
+
+    def rule(rid, kind):
+        return 1, RuleRecord(rid, rid, "2027-03-01T12:00:00", "UTC", extra={"deadline_type": kind})
+
+    target = Target(1, "ann", "t1", "UTC", 1, "wacv", None, ("*",), (-86400,), ("box",),
+                    kinds=("paper", "submission"), exclude_kinds=("submission",), subscription="papers")
+    rules = [rule("r1/submission", "submission"), rule("r1/notification", "notification")]
+    (p,) = subscription_selection_problems([(target, rules, {})])
+    assert (p.source, p.message) == ("wacv", "subscription 'papers': exclude_kinds ['submission'] exclude every "
+                                     "rule of this source that kinds ['paper', 'submission'] select; its kinds are "
+                                     "['deadline', 'notification', 'submission']"), p
+    assert subscription_selection_problems([(target, [*rules, rule("r2/paper", "paper")], {})]) == []
+    assert subscription_selection_problems([(target, rules, {"r0/paper": {"deadline", "paper"}})]) == []
+    # A withdrawn rule the exclusion dropped as well does not excuse it.
+    assert len(subscription_selection_problems([(target, rules, {"r0/sub": {"deadline", "submission"}})])) == 1
 
 
 def test_run_exits_1_when_kinds_match_no_rule_of_one_named_source(tmp_path, db_url, shared_dir):

@@ -24,21 +24,30 @@ def entry(deadline: str, **extra) -> dict:
     return {"title": "X", "year": 2026, "id": "x26", "deadline": deadline, "timezone": "AoE", **extra}
 
 
-def setup(tmp_path, *entries, offsets=("-P7D", "-P1D", "PT0S")):
+def setup(tmp_path, *entries, offsets=("-P7D", "-P1D", "PT0S"), oncall=False):
+    """ann subscribed to ``conf`` on the maildir channel ``mail``; with ``oncall``, escalations are
+    announced on the maildir channel ``ops`` (folder ``oncall``)."""
     (tmp_path / "conf.yml").write_text(ai_deadlines(*entries))
+    channels = {"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}
+    extra = {}
+    if oncall:
+        channels["ops"] = {"type": "maildir", "path": str(tmp_path / "oncall")}
+        extra["escalation"] = {"channels": ["ops"], "email": "ops@example.org"}
     path = write_config(
         tmp_path,
         sources=[{"name": "conf", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t"}],
         subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
         subscriptions=[{"name": "s", "sources": ["conf"], "offsets": list(offsets), "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+        channels=channels, **extra,
     )
     return load_config(path)[0]
 
 
-def mails(tmp_path) -> list[str]:
-    """Subjects of every message in the maildir, oldest first."""
-    box = mailbox.Maildir(tmp_path / "maildir", create=False)
+def mails(tmp_path, folder="maildir") -> list[str]:
+    """Subjects of every message in the maildir ``folder``, oldest first."""
+    if not (tmp_path / folder).exists():
+        return []
+    box = mailbox.Maildir(tmp_path / folder, create=False)
     return [str(box[k]["Subject"]) for k in sorted(box.keys(), key=lambda k: box[k].get_date())]
 
 
@@ -267,12 +276,70 @@ def test_deadline_moved_into_the_past_is_a_move(engine, tmp_path):
     assert "(already passed)" in sent[1] and "moved from" in sent[1]
     rows = kinds(engine)
     assert not [r for r in rows if r[0] == "cancellation"]
+    # The channel had a reminder delivered: the correction tells the subscriber, no miss is escalated.
+    assert not [r for r in rows if r[3] in ("pending", "escalated")], rows
     assert ("reminder", at("2026-03-19T11:59:59"), -86400, "superseded") in rows
     with engine.connect() as conn:
         ob = conn.execute(select(obligations.c.status, obligations.c.due_at, obligations.c.revision)).one()
     assert tuple(ob) == ("active", at("2026-03-13T11:59:59"), 1)
     cycle(engine, cfg, at("2026-03-15T12:00:00"))  # nothing more: no second correction, no cancellation
     assert len(mails(tmp_path)) == 2
+
+
+def test_deadline_moved_into_the_past_before_any_reminder_is_escalated_as_missed(engine, tmp_path):
+    """A deadline 10 days ahead with a -P1D reminder, nothing delivered yet, revised to 2 days ago:
+    no reminder for it can be useful any more, and no correction was owed (none delivered). The
+    subscriber must not simply hear nothing: its reminder is escalated as missed by the sweep (ERROR
+    log, the on-call notice, escalations_acknowledged red), counted by planning, and nothing more on
+    later runs."""
+    from deadline_pipeline.plan.service import MOVED_INTO_PAST
+    from deadline_pipeline.watch import checks as w
+    from deadline_pipeline_tests.test_watch_checks import deliver, plan
+
+    cfg = setup(tmp_path, entry("2026-03-18 23:59:59"), offsets=("-P1D",), oncall=True)
+    cycle(engine, cfg, at("2026-03-08T12:00:00"))
+    assert mails(tmp_path) == []
+    old_due, new_due = at("2026-03-19T11:59:59"), at("2026-03-07T11:59:59")
+    assert kinds(engine) == [("reminder", old_due, -86400, "pending")]
+    now = at("2026-03-09T12:00:00")  # 10 days before the old date; the new one passed 2 days ago
+    (tmp_path / "conf.yml").write_text(ai_deadlines(entry("2026-03-06 23:59:59")))
+    ingest(engine, cfg, now)
+    out = plan(engine, cfg, now)
+    assert (out.obligations_moved, out.corrections, out.moved_into_past_missed) == (1, 0, 1), out
+    with engine.connect() as conn:
+        [reason] = conn.execute(select(alerts.c.status_reason).where(alerts.c.due_at == new_due)).scalars()
+    assert MOVED_INTO_PAST in reason and "2026-03-19T11:59:59" in reason, reason
+    swept = deliver(engine, cfg, now)
+    assert (swept.delivered, swept.escalated, swept.escalation_notices) == (0, 1, 1), swept
+    assert sorted(kinds(engine)) == [("reminder", new_due, -86400, "escalated"),
+                                     ("reminder", old_due, -86400, "superseded")]
+    with engine.connect() as conn:
+        [reason] = conn.execute(select(alerts.c.status_reason).where(alerts.c.status == "escalated")).scalars()
+    assert reason.startswith("missed: the deadline 2026-03-07T11:59:59+00:00 passed"), reason
+    assert reason.endswith("a revision moved it there from 2026-03-19T11:59:59+00:00"), reason
+    assert mails(tmp_path) == [] and len(mails(tmp_path, "oncall")) == 1
+    check = w.escalations_acknowledged(engine, now)
+    assert not check.passed and check.count == 1, check.summary
+    # Later runs leave it at that: no second reminder, escalation or notice.
+    cycle(engine, cfg, at("2026-03-10T12:00:00"))
+    assert len(kinds(engine)) == 2 and len(mails(tmp_path, "oncall")) == 1 and mails(tmp_path) == []
+
+
+def test_deadline_moved_before_a_partition_but_still_ahead_is_not_a_miss(engine, tmp_path):
+    """Planning April alone sees an April deadline moved to 21 March as moved before its window; the
+    deadline is still ahead, so nothing is left to escalate: March's planning gives it its reminder."""
+    cfg = setup(tmp_path, entry("2026-04-15 23:59:59"), offsets=("-P1D",))
+    now = at("2026-03-01T12:00:00")
+    cycle(engine, cfg, now)
+    (tmp_path / "conf.yml").write_text(ai_deadlines(entry("2026-03-20 23:59:59")))
+    ingest(engine, cfg, now)
+    april = plan_all(engine, cfg, now, after=at("2026-04-01T00:00:00"), before=at("2026-05-01T00:00:00"))
+    assert (april.obligations_moved, april.moved_into_past_missed) == (1, 0), april
+    plan_all(engine, cfg, now, after=at("2026-03-01T00:00:00"), before=at("2026-04-01T00:00:00"))
+    with engine.connect() as conn:
+        rows = conn.execute(select(alerts.c.due_at, alerts.c.send_at, alerts.c.status)).all()
+    assert sorted(rows) == [(at("2026-03-21T11:59:59"), at("2026-03-20T11:59:59"), "pending"),
+                            (at("2026-04-16T11:59:59"), at("2026-04-15T11:59:59"), "superseded")], rows
 
 
 # --------------------------------------------------------------------------- renames

@@ -671,6 +671,11 @@ class _Sweep:
                     # the miss is escalated instead, loudly, for a human to act on.
                     r.escalate_reason = (f"missed: the deadline {row['due_at'].isoformat()} passed before this "
                                          f"reminder (due {row['send_at'].isoformat()}) could be sent")
+                    if row.get("previous_due_at") is not None:
+                        # A deadline a revision moved into the past (plan.service.missed_row): the
+                        # on-call must know the subscriber still expects the old date.
+                        r.escalate_reason += (f"; a revision moved it there from "
+                                              f"{row['previous_due_at'].isoformat()}")
                 results.append(r)
         return rows, results
 

@@ -257,6 +257,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "cancellation_notices": out.cancellation_notices,
             # Late reminders of moved deadlines sent at once despite late_policy skip.
             "moved_sent_despite_skip": out.moved_sent_despite_skip,
+            # Reminders of deadlines moved into the past with none delivered, left for the sweep to
+            # escalate as missed.
+            "moved_into_past_missed": out.moved_into_past_missed,
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 

@@ -26,7 +26,7 @@ from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
-from deadline_pipeline.rules import RuleRecord, kinds_allow, rule_kinds
+from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
@@ -258,25 +258,37 @@ def _pattern_problem(target: Target, rules: list[tuple[int, RuleRecord]],
 
 def _kinds_problem(target: Target, rules: list[tuple[int, RuleRecord]], withdrawn: Withdrawn,
                    of: str = "this source") -> PlanProblem | None:
-    """The problem of ``target``'s ``kinds`` selecting none of the active ``rules`` its patterns
-    select, naming the kinds asked for and the kinds those rules have (``of``: how the message names
-    the source); ``None`` when they select one, when ``kinds`` is unset, or when a ``withdrawn`` rule
-    the patterns select had one of them."""
-    if not target.kinds or any(target.wants(r.rule_id) and kinds_allow(target.kinds, (), r) for _, r in rules):
+    """The problem of ``target``'s ``kinds`` and ``exclude_kinds`` together admitting none of the
+    active ``rules`` its patterns select (``of``: how the message names the source); ``None`` when
+    they admit one, when neither is set, or when a ``withdrawn`` rule the patterns select was
+    admitted. The message names what shut the rules out — ``kinds`` that match none of them, else
+    ``exclude_kinds`` that exclude every one the ``kinds`` left — and the kinds those rules have."""
+    kinds, exclude = target.kinds, target.exclude_kinds
+    if not kinds and not exclude:
         return None
-    wanted = {k.lower() for k in target.kinds}  # rule_kinds gives lower case
-    if any(target.wants(rid) and wanted & set(had) for rid, had in withdrawn.items()):
+    selected = [r for _, r in rules if target.wants(r.rule_id)]
+    if any(kinds_allow(kinds, exclude, r) for r in selected):
         return None
-    present = sorted({k for _, r in rules if target.wants(r.rule_id) for k in rule_kinds(r)})
-    return PlanProblem(target.source, "*", f"{_name(target)}kinds {list(target.kinds)} match no rule of {of}; "
-                       f"its kinds are {present}")
+    if any(target.wants(rid) and kinds_admit(kinds, exclude, had) for rid, had in withdrawn.items()):
+        return None
+    present = sorted({k for r in selected for k in rule_kinds(r)})
+    if kinds and not any(kinds_allow(kinds, (), r) for r in selected):
+        what = f"kinds {list(kinds)} match no rule of {of}"
+    else:
+        # Excluded, not unmatched: `exclude_kinds: [submission]` meant to drop a conference's admin
+        # dates drops every deadline of WACV, which types its paper deadlines `submission`, and
+        # planned nothing for it while every check stayed green.
+        left = f" that kinds {list(kinds)} select" if kinds else ""
+        what = f"exclude_kinds {list(exclude)} exclude every rule of {of}{left}"
+    return PlanProblem(target.source, "*", f"{_name(target)}{what}; its kinds are {present}")
 
 
 def subscription_selection_problems(
         per_source: Iterable[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]]) -> list[PlanProblem]:
-    """The selection problems of one subscription over its sources: rule patterns or ``kinds`` that
-    select none of a source's active rules, which would otherwise plan nothing for it in silence (a
-    misspelt pattern, ``filing-1`` for the UID ``filing-1@example.org``, or kind, ``papr``).
+    """The selection problems of one subscription over its sources: rule patterns, or ``kinds`` and
+    ``exclude_kinds``, that select none of a source's active rules, which would otherwise plan
+    nothing for it in silence (a misspelt pattern, ``filing-1`` for the UID ``filing-1@example.org``,
+    or kind, ``papr``; an exclusion that drops every rule of a source).
     ``per_source`` holds one ``(target, active rules, withdrawn)`` per source, the rules as
     ``(version, record)`` pairs (:data:`Withdrawn`).
 
@@ -284,13 +296,14 @@ def subscription_selection_problems(
       judged source (a subscription over ``cal`` and ``conf`` with ``filing-*`` is meant for
       ``cal``'s filings). Otherwise one problem: a single judged source's own, or one naming every
       judged source (source field ``"cal, conf"``) with each source's rule ids.
-    * ``kinds`` are judged per source, among the rules the patterns select there: one problem for
-      each source whose selected rules have none of the kinds, naming the source, the kinds asked
-      for and the kinds it has (``submission`` where ``paper`` was asked).
+    * ``kinds`` / ``exclude_kinds`` are judged per source, among the rules the patterns select
+      there: one problem for each source none of whose selected rules they admit, naming the source,
+      the kinds asked for (``submission`` where ``paper`` was asked) or the kinds excluded, and the
+      kinds it has.
 
     Not judged: a source with no rule in force (never ingested, or every rule withdrawn), which its
-    own checks report; patterns that match only withdrawn rule ids, and ``kinds`` that only a
-    withdrawn rule the patterns select had (the source dropped the deadline, e.g. a past
+    own checks report; patterns that match only withdrawn rule ids, and kinds that only a withdrawn
+    rule the patterns select was admitted by (the source dropped the deadline, e.g. a past
     conference's paper date; nothing is owed).
     """
     judged = [(t, rules, withdrawn or {}) for t, rules, withdrawn in per_source if rules]
@@ -308,6 +321,7 @@ def subscription_selection_problems(
     # `kinds: [paper, abstract]` passed because `all` has paper deadlines, while WACV, which types
     # its paper deadline `submission`, had none planned and every check stayed green. A source whose
     # rules the patterns leave out is not judged on kinds (the patterns say it is not meant).
+    # `exclude_kinds` is judged with them, per source alike.
     several = len(judged) > 1
     found = (_kinds_problem(t, rules, withdrawn, f"source {t.source!r}" if several else "this source")
              for (t, rules, withdrawn), (_, pattern) in zip(judged, patterns, strict=True) if pattern is None)

@@ -9,6 +9,10 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
   delivered ones stay as sent, and one *correction* per channel goes out ("old → new") where a
   reminder was delivered, keyed on the obligation's revision. Moving back to an instant whose
   reminders were delivered finds those rows and sends none of them again;
+* deadline moved into the past (before the planning window) → a move as above, but no reminder of
+  the new instant can go out: each channel with a delivered reminder gets its correction ("the new
+  instant has already passed"), each channel without one gets a reminder for the passed instant that
+  the delivery sweep escalates as missed (:func:`missed_row`);
 * withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
   *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
 """
@@ -32,8 +36,8 @@ from deadline_pipeline.config import (
     SubscriptionConfig,
     parse_duration,
 )
-from deadline_pipeline.plan.keys import alert_dedup_key
-from deadline_pipeline.plan.occurrences import window
+from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
+from deadline_pipeline.plan.occurrences import GRACE, window
 from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.planner import (
     MOVED_DESPITE_SKIP,
@@ -74,6 +78,10 @@ class PlanOutcome:
     # Late reminders left to send at once for moved obligations of ``late_policy: skip``
     # subscriptions (:data:`~deadline_pipeline.plan.planner.MOVED_DESPITE_SKIP`; logged).
     moved_sent_despite_skip: int = 0
+    # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline a
+    # revision moved into the past before any reminder of it was delivered on that channel
+    # (:func:`missed_row`; logged).
+    moved_into_past_missed: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
@@ -671,6 +679,45 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
     )
 
 
+# Why a deadline moved into the past leaves a pending reminder rather than an escalated one: the
+# delivery sweep escalates a reminder whose deadline passed more than DEADLINE_PASSED_GRACE before it
+# could be sent ("missed: …"), with the ERROR log, the notice to the escalation channels, the
+# `escalations` heartbeat and a red escalations_acknowledged that every other miss gets. Marking the
+# alert escalated here would skip the notice (nobody would be told), and a state of its own would be
+# one no check or watchdog row knows. Before, the old instant's reminders were superseded and, with
+# none delivered, nothing else was written: the subscriber never heard of the move, and every check
+# stayed green.
+MOVED_INTO_PAST = "the deadline moved to an instant already past before any reminder was delivered on this channel"
+
+
+def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, old_due: datetime,
+               new_due: datetime, now: datetime) -> dict:
+    """The alert row of a reminder for ``new_due`` (aware UTC, already past at ``now``), due at once,
+    that the delivery sweep escalates as missed (:data:`MOVED_INTO_PAST`): one per channel of an
+    obligation moved into the past with no reminder delivered there. ``offset_seconds``: the latest
+    offset the channel had (the reminder nearest the deadline); keyed like the reminder planning
+    would have written for that offset and instant, so a re-plan never writes a second one."""
+    (dedup,) = reminder_dedup_keys(key, new_due, [(offset_seconds, channel)])
+    return dict(
+        obligation_id=obligation_id, offset_seconds=offset_seconds, channel=channel, kind="reminder", revision=0,
+        dedup_key=dedup, send_at=now, due_at=new_due, status="pending", previous_due_at=old_due, attempts=0,
+        created_at=now, updated_at=now,
+        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}; "
+                      "escalated as missed by the delivery sweep",
+    )
+
+
+def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],
+                 now: datetime) -> list[dict]:
+    """:func:`missed_row` for each channel of stale obligation ``r`` that has reminder rows but none
+    delivered (``reminders``: its reminder rows, :func:`~deadline_pipeline.store.planning.reminders_of`)."""
+    latest: dict[str, int] = {}
+    for a in reminders:
+        if a["channel"] not in delivered:
+            latest[a["channel"]] = max(latest.get(a["channel"], a["offset_seconds"]), a["offset_seconds"])
+    return [missed_row(r.id, key, ch, latest[ch], r.due_at, new_due, now) for ch in sorted(latest)]
+
+
 def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -> dict[int, tuple]:
     """obligation id → (new due instant, rule version) for the stale one-off obligations whose rule is
     still in force for a still-subscribed target but now falls before the planning window: a deadline
@@ -701,8 +748,9 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
     as its own reminder. A removed subscriber or subscription, or a rule the subscription's own
     filter now leaves out (``filtered``, e.g. a new ``exclude_kinds``), is cancelled silently: a
     notice would claim the source withdrew a deadline it still publishes. A one-off
-    deadline moved into the past is moved instead (open reminders superseded, one correction where
-    a reminder was delivered, saying the new instant has passed)."""
+    deadline moved into the past is moved instead (open reminders superseded, one correction per
+    channel where a reminder was delivered, saying the new instant has passed, and where none was,
+    a reminder the delivery sweep escalates as missed: :func:`missed_row`)."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
@@ -711,15 +759,32 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
     if past:
         ids = sorted(past)
         delivered = sql.delivered_channels(conn, ids)
-        notices = []
+        reminders: dict[int, list[dict]] = {}
+        for a in sql.reminders_of(conn, ids):
+            reminders.setdefault(a["obligation_id"], []).append(a)
+        notices, missed = [], []
         for r in stale:
             if r.id in past:
                 new_due, version, key = past[r.id]
                 sql.move_obligation(conn, r.id, new_due, version, now)
                 notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
                                for ch in sorted(delivered.get(r.id, ())))
+                # Only a deadline really past: `lo` may be a partition's first day, and a move to an
+                # earlier month still ahead gets its reminders when that month is planned.
+                if new_due < now - GRACE:
+                    missed.extend(_missed_rows(r, key, new_due, reminders.get(r.id, []),
+                                               delivered.get(r.id, set()), now))
         out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
         out.corrections += sql.insert_notices(conn, notices)
+        written = sql.insert_notices(conn, missed)
+        if written:
+            out.moved_into_past_missed += written
+            first = missed[0]
+            log.error("planning: %d reminder(s) of %d deadline(s) moved into the past before any reminder was "
+                      "delivered on their channel are left to the delivery sweep, which escalates them as missed; "
+                      "first: obligation %s channel %s moved from %s to %s", written,
+                      len({m["obligation_id"] for m in missed}), first["obligation_id"], first["channel"],
+                      first["previous_due_at"].isoformat(), first["due_at"].isoformat())
         out.obligations_moved += len(ids)
         stale = [r for r in stale if r.id not in past]
         if not stale:
