@@ -314,6 +314,24 @@ def test_permanent_error_escalates_loudly_and_notifies_escalation_channel(engine
     assert "550 no such user" in msg.get_payload()[0].get_payload(decode=True).decode()
 
 
+def test_an_alert_on_a_channel_no_longer_configured_is_escalated_not_left_claimed(engine, tmp_path):
+    """A channel renamed in the configuration (``box`` became ``mail``) left its alerts claimed: the
+    error came before any attempt row, was taken for one already recorded, and nothing was written;
+    every sweep claimed them again and reported "failed 0, escalated 0"."""
+    [a] = seed(engine, 1, channel="box", title="Tax return")
+    cfg = DeadlinesConfig(
+        channels={"mail": MaildirChannel(type="maildir", path=str(tmp_path / "mail")),
+                  "ops": MaildirChannel(type="maildir", path=str(tmp_path / "ops"))},
+        escalation=EscalationConfig(channels=["ops"], email="ops@example.org"),
+    )
+    out = sweep(engine, cfg, T0)
+    assert (out.claimed, out.escalated, out.escalation_notices) == (1, 1, 1), out
+    with engine.connect() as conn:
+        status, reason = conn.execute(select(alerts.c.status, alerts.c.status_reason).where(alerts.c.id == a)).one()
+    assert status == "escalated" and "channel 'box' is no longer configured" in reason, (status, reason)
+    assert len(list(mailbox.Maildir(tmp_path / "ops", create=False))) == 1
+
+
 def _oncall_config(oncall: DripServer, **delivery) -> DeadlinesConfig:
     """Webhook alerts (timeout 5 s) whose escalation notices go to ``oncall`` (timeout 1 s)."""
     return DeadlinesConfig(

@@ -826,9 +826,12 @@ class _Sweep:
                     self.out.errors.append(f"alert {r.row['id']}: escalated without sending: {r.escalate_reason}")
                 continue
             err = r.error
-            if err is None or err.recorded_attempt == r.attempt_id:
+            if err is None or (err.recorded and err.recorded_attempt == r.attempt_id):
                 # Already counted on this very attempt (recorded by a handler nearer the send):
-                # counting it again would escalate the alert early.
+                # counting it again would escalate the alert early. `recorded` first: an error met
+                # before any attempt row (a channel no longer configured) has no attempt id, and
+                # None == None skipped it, leaving the alert claimed, re-claimed by every sweep and
+                # never escalated until its deadline had passed.
                 continue
             if r.attempt_id is not None:
                 sql.finish_attempt(conn, r.attempt_id, now=t, outcome=err.outcome, error=str(err))
