@@ -134,6 +134,8 @@ def channel_send_window(ch_cfg) -> float:
 
 
 def _agreement(cfg, out: list[InitErrorDetails]) -> None:
+    from deadline_pipeline.config import parse_duration
+
     d = cfg.delivery
     if d.time_budget_seconds >= d.lease_seconds:
         out.append(_problem(("delivery", "time_budget_seconds"), d.time_budget_seconds,
@@ -142,6 +144,18 @@ def _agreement(cfg, out: list[InitErrorDetails]) -> None:
     if d.backoff_base_seconds > d.backoff_cap_seconds:
         out.append(_problem(("delivery", "backoff_base_seconds"), d.backoff_base_seconds,
                             f"must not exceed delivery.backoff_cap_seconds ({d.backoff_cap_seconds})"))
+    horizon = timedelta(days=cfg.plan.horizon_days)
+    for i, sub in enumerate(cfg.subscriptions):
+        for j, item in enumerate(sub.offsets):
+            if -parse_duration(item) > horizon:
+                # Planning sees a deadline only plan.horizon_days ahead: a reminder further ahead than
+                # that is already past when its deadline is first planned, so it went out late for
+                # every deadline, and under late_policy: skip never, with no word at load.
+                out.append(_problem(("subscriptions", i, "offsets", j), item,
+                                    f"is longer than plan.horizon_days ({cfg.plan.horizon_days} days): planning "
+                                    "sees a deadline only that far ahead, so this reminder would be planned after "
+                                    "its time for every deadline (sent late, or never with late_policy: skip); "
+                                    "shorten the offset or raise plan.horizon_days"))
     for name, ch in cfg.channels.items():
         need = channel_send_window(ch)
         if d.lease_seconds <= need:

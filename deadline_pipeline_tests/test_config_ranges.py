@@ -89,6 +89,19 @@ def test_a_lease_too_short_for_a_channel_timeout_is_refused_naming_both_keys(tmp
     assert cfg.delivery.lease_seconds == 30
 
 
+def test_an_offset_longer_than_the_planning_horizon_is_refused(tmp_path):
+    """With ``plan.horizon_days: 30``, ``-P90D`` loaded without a word: every deadline was first planned
+    60 days after that reminder's time, so it went out late each time, and never under
+    ``late_policy: skip``."""
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, {"plan.horizon_days": 30, "subscriptions.0.offsets": ["-P90D", "-P7D"]})
+    msg = str(info.value)
+    assert "subscriptions[0].offsets[0]: is longer than plan.horizon_days (30 days)" in msg, msg
+    assert "offsets[1]" not in msg
+    cfg, _ = _load(tmp_path, {"plan.horizon_days": 90, "subscriptions.0.offsets": ["-P90D", "-P7D"]})
+    assert cfg.plan.horizon_days == 90
+
+
 def test_the_defaults_pass(tmp_path):
     cfg, _ = _load(tmp_path)
     assert cfg.delivery.retry_after_cap == cfg.delivery.backoff_cap_seconds
