@@ -505,33 +505,3 @@ def test_late_reminder_waits_for_the_end_of_quiet_hours():
     (a,) = ob.alerts
     assert a.status == "pending" and a.send_at == datetime(2027, 1, 10, 13, tzinfo=UTC)  # 08:00 local
     assert "quiet hours" in a.status_reason
-
-
-def test_missed_while_unfetched_takes_only_what_came_and_went_between_the_fetches():
-    """Only occurrences of newly seen rules due after the previous fetch and before both the fetch
-    that first saw them and now - 15 min (planning windows plan the rest), of rules the subscription
-    selects, keyed as planning keys them."""
-    from deadline_pipeline.plan.service import missed_while_unfetched
-
-    target = Target(1, "ann", "t", "UTC", 1, "cal", None, ("*",), (-86400,), ("mail",), exclude_kinds=("event",))
-    prev, now = datetime(2027, 1, 10, 12, tzinfo=UTC), datetime(2027, 1, 15, 12, tzinfo=UTC)
-    rules = [(1, RuleRecord("at-prev", "A", "2027-01-10T12:00:00", "UTC")),
-             (1, RuleRecord("between", "B", "2027-01-12T09:00:00", "UTC")),
-             (1, RuleRecord("daily", "D", "2027-01-13T08:00:00", "UTC", rrule="FREQ=DAILY")),
-             (1, RuleRecord("event", "E", "2027-01-12T09:00:00", "UTC", kind="event")),
-             (1, RuleRecord("in-grace", "G", "2027-01-15T11:50:00", "UTC")),
-             (1, RuleRecord("known", "K", "2027-01-12T09:00:00", "UTC"))]
-    seen_after = {r.rule_id: (prev, now) for _, r in rules if r.rule_id != "known"}
-    found = missed_while_unfetched(target, rules, seen_after, now)
-    assert sorted((ob.rule_id, ob.due_at.isoformat()) for ob, _ in found) == [
-        ("between", "2027-01-12T09:00:00+00:00"), ("daily", "2027-01-13T08:00:00+00:00"),
-        ("daily", "2027-01-14T08:00:00+00:00"), ("daily", "2027-01-15T08:00:00+00:00")]
-    assert {since for _, since in found} == {prev}
-    (planned,), _ = plan_target(target, [rules[1]], datetime(2027, 1, 11, tzinfo=UTC))
-    assert next(ob.key for ob, _ in found if ob.rule_id == "between") == planned.key
-    # First seen on 13 Jan at noon: what fell due after that was in that run's planning window.
-    early = missed_while_unfetched(target, rules, dict.fromkeys(seen_after, (prev, datetime(2027, 1, 13, 12,
-                                                                                            tzinfo=UTC))), now)
-    assert sorted((ob.rule_id, ob.due_at.day) for ob, _ in early) == [("between", 12), ("daily", 13)]
-    # A previous fetch within the last 15 minutes leaves everything to the planning window.
-    assert missed_while_unfetched(target, rules, dict.fromkeys(seen_after, (now, now)), now) == []

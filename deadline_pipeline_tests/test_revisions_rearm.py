@@ -325,62 +325,6 @@ def test_deadline_moved_into_the_past_before_any_reminder_is_escalated_as_missed
     assert len(kinds(engine)) == 2 and len(mails(tmp_path, "oncall")) == 1 and mails(tmp_path) == []
 
 
-def test_deadline_that_came_and_went_while_the_source_was_not_fetched_is_escalated_as_missed(engine, tmp_path):
-    """The source is fetched on 1 March (one deadline, in June); a deadline due 6 March is added to it,
-    and the next fetch is on 8 March (the pipeline was down). Planning only looks from now - 15 min on,
-    so before, its rule was stored and nothing else: no reminder, every check green. Now its
-    obligation is written and its reminder escalated as missed by the sweep (ERROR log, the on-call
-    notice, escalations_acknowledged red), counted by planning, and nothing more on later runs."""
-    from deadline_pipeline.plan.service import FIRST_SEEN_PASSED
-    from deadline_pipeline.watch import checks as w
-    from deadline_pipeline_tests.test_watch_checks import deliver, plan
-
-    far = entry("2026-06-18 23:59:59", id="far")
-    cfg = setup(tmp_path, far, offsets=("-P7D", "-P1D"), oncall=True)
-    t0, t1 = at("2026-03-01T12:00:00"), at("2026-03-08T12:00:00")
-    cycle(engine, cfg, t0)
-    (tmp_path / "conf.yml").write_text(ai_deadlines(far, entry("2026-03-05 23:59:59", id="missed")))
-    ingest(engine, cfg, t1)
-    out = plan(engine, cfg, t1)
-    assert out.first_seen_passed_missed == 1, out
-    due = at("2026-03-06T11:59:59")
-    with engine.connect() as conn:
-        [(offset, reason)] = conn.execute(select(alerts.c.offset_seconds, alerts.c.status_reason)
-                                          .where(alerts.c.due_at == due)).all()
-    assert offset == -86400, offset  # the reminder nearest the deadline, keyed as planning keys it
-    assert FIRST_SEEN_PASSED in reason and "(previous fetch 2026-03-01T12:00:00+00:00)" in reason, reason
-    swept = deliver(engine, cfg, t1)
-    assert (swept.delivered, swept.escalated, swept.escalation_notices) == (0, 1, 1), swept
-    with engine.connect() as conn:
-        [reason] = conn.execute(select(alerts.c.status_reason).where(alerts.c.status == "escalated")).scalars()
-    assert reason.startswith("missed: the deadline 2026-03-06T11:59:59+00:00 passed"), reason
-    assert reason.endswith(f"{FIRST_SEEN_PASSED} (previous fetch 2026-03-01T12:00:00+00:00)"), reason
-    assert mails(tmp_path) == [] and len(mails(tmp_path, "oncall")) == 1
-    check = w.escalations_acknowledged(engine, t1)
-    assert not check.passed and check.count == 1, check.summary
-    # Later runs leave it at that: no second obligation, reminder, escalation or notice.
-    before = kinds(engine)
-    assert plan(engine, cfg, t1).first_seen_passed_missed == 0
-    cycle(engine, cfg, at("2026-03-09T12:00:00"))
-    assert kinds(engine) == before and len(mails(tmp_path, "oncall")) == 1 and mails(tmp_path) == []
-
-
-def test_past_deadline_of_a_source_fetched_for_the_first_time_is_history(engine, tmp_path):
-    """A source's first fetch has no earlier look to have missed anything in: a deadline already past
-    in it is history, and nothing is escalated."""
-    cfg = setup(tmp_path, entry("2026-06-18 23:59:59", id="far"), entry("2026-03-05 23:59:59", id="old"),
-                offsets=("-P1D",), oncall=True)
-    from deadline_pipeline_tests.test_watch_checks import deliver, plan
-
-    now = at("2026-03-08T12:00:00")
-    ingest(engine, cfg, now)
-    out = plan(engine, cfg, now)
-    assert out.first_seen_passed_missed == 0, out
-    swept = deliver(engine, cfg, now)
-    assert swept.escalated == 0 and mails(tmp_path, "oncall") == [], swept
-    assert [due for _k, due, _o, _s in kinds(engine)] == [at("2026-06-19T11:59:59")]
-
-
 def test_deadline_moved_before_a_partition_but_still_ahead_is_not_a_miss(engine, tmp_path):
     """Planning April alone sees an April deadline moved to 21 March as moved before its window; the
     deadline is still ahead, so nothing is left to escalate: March's planning gives it its reminder."""

@@ -80,7 +80,6 @@ from deadline_pipeline.deliver.notification import (
 )
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
-from deadline_pipeline.plan.service import FIRST_SEEN_PASSED
 from deadline_pipeline.store import delivery as sql
 
 log = logging.getLogger(__name__)
@@ -677,11 +676,6 @@ class _Sweep:
                         # on-call must know the subscriber still expects the old date.
                         r.escalate_reason += (f"; a revision moved it there from "
                                               f"{row['previous_due_at'].isoformat()}")
-                    elif FIRST_SEEN_PASSED in (row.get("status_reason") or ""):
-                        # A deadline that came and went while its source was not fetched
-                        # (plan.service.missed_while_unfetched): the on-call must know the
-                        # subscriber was never told, and why.
-                        r.escalate_reason += "; " + row["status_reason"].split("; escalated as missed")[0]
                 results.append(r)
         return rows, results
 

@@ -260,9 +260,6 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Reminders of deadlines moved into the past with none delivered, left for the sweep to
             # escalate as missed.
             "moved_into_past_missed": out.moved_into_past_missed,
-            # Reminders of deadlines first seen after they had passed (they came and went while their
-            # source was not fetched), left for the sweep to escalate as missed.
-            "first_seen_passed_missed": out.first_seen_passed_missed,
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 

@@ -13,10 +13,6 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
   the new instant can go out: each channel with a delivered reminder gets its correction ("the new
   instant has already passed"), each channel without one gets a reminder for the passed instant that
   the delivery sweep escalates as missed (:func:`missed_row`);
-* deadline first seen after it had passed (it came and went while its source was not fetched:
-  a new rule, an earlier snapshot of its source, an occurrence due between that snapshot's fetch
-  and the planning window) → its obligation and one reminder per channel that the delivery sweep
-  escalates as missed (:func:`missed_while_unfetched`); a source's first snapshot is history;
 * withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
   *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
 """
@@ -86,10 +82,6 @@ class PlanOutcome:
     # revision moved into the past before any reminder of it was delivered on that channel
     # (:func:`missed_row`; logged).
     moved_into_past_missed: int = 0
-    # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline
-    # first seen after it had passed, because it came and went while its source was not fetched
-    # (:func:`missed_while_unfetched`; logged at ERROR).
-    first_seen_passed_missed: int = 0
     problems: list[PlanProblem] = field(default_factory=list)
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
@@ -385,7 +377,6 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             sql.analyze_planned(conn)
             if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
                 sql.analyze_written(conn)
-            _write_missed_while_unfetched(conn, targets, rules_cache, lineage, now, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
@@ -699,107 +690,21 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
 MOVED_INTO_PAST = "the deadline moved to an instant already past before any reminder was delivered on this channel"
 
 
-def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, old_due: datetime | None,
-               new_due: datetime, now: datetime, why: str | None = None) -> dict:
+def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, old_due: datetime,
+               new_due: datetime, now: datetime) -> dict:
     """The alert row of a reminder for ``new_due`` (aware UTC, already past at ``now``), due at once,
-    that the delivery sweep escalates as missed: one per channel of an obligation moved into the past
-    from ``old_due`` with no reminder delivered there (:data:`MOVED_INTO_PAST`), or, with ``old_due``
-    None, of a deadline first seen after it had passed (``why``: :func:`first_seen_passed_reason`).
-    ``offset_seconds``: the latest offset the channel has (the reminder nearest the deadline); keyed
-    like the reminder planning would have written for that offset and instant, so a re-plan never
-    writes a second one."""
+    that the delivery sweep escalates as missed (:data:`MOVED_INTO_PAST`): one per channel of an
+    obligation moved into the past with no reminder delivered there. ``offset_seconds``: the latest
+    offset the channel had (the reminder nearest the deadline); keyed like the reminder planning
+    would have written for that offset and instant, so a re-plan never writes a second one."""
     (dedup,) = reminder_dedup_keys(key, new_due, [(offset_seconds, channel)])
-    if why is None:
-        why = f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}"
     return dict(
         obligation_id=obligation_id, offset_seconds=offset_seconds, channel=channel, kind="reminder", revision=0,
         dedup_key=dedup, send_at=now, due_at=new_due, status="pending", previous_due_at=old_due, attempts=0,
-        created_at=now, updated_at=now, status_reason=f"{why}; escalated as missed by the delivery sweep",
+        created_at=now, updated_at=now,
+        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}; "
+                      "escalated as missed by the delivery sweep",
     )
-
-
-# Why a deadline first seen after it had passed is escalated: a source not fetched for days (the
-# pipeline down, the source unreachable) can gain a deadline that falls due before the next fetch.
-# Planning only looks from now - GRACE on, so before, its rule version was stored and nothing else:
-# no obligation, no alert, every check green, and the subscriber never heard. Narrowly: only a rule
-# whose first version came after an earlier parsed snapshot of its source, with an occurrence due
-# between that snapshot's fetch and now - GRACE. A source's first snapshot is history, not a miss.
-FIRST_SEEN_PASSED = "first seen after it had passed: it came and went while the source was not fetched"
-
-
-def first_seen_passed_reason(previous_fetch: datetime) -> str:
-    """The reason of a reminder of a deadline first seen after it had passed (:data:`FIRST_SEEN_PASSED`),
-    naming the source's previous fetch (aware UTC)."""
-    return f"{FIRST_SEEN_PASSED} (previous fetch {previous_fetch.isoformat()})"
-
-
-def missed_while_unfetched(target: Target, rules: list[tuple[int, RuleRecord]],
-                           fetches: dict[str, tuple[datetime, datetime]], now: datetime,
-                           lineage: dict[str, str] | None = None) -> list[tuple[PlannedObligation, datetime]]:
-    """The obligations of ``target`` that came and went while its source was not fetched (pure),
-    with the previous fetch: each occurrence of a rule in ``fetches`` (rule_id → (the source's
-    previous fetch before the rule first appeared, the fetch it first appeared in), aware UTC:
-    :func:`~deadline_pipeline.store.planning.first_seen_after_a_fetch`) due after the previous fetch
-    and before both the fetch that first saw it and ``now`` - GRACE, keyed as planning keys it. A
-    rule the target does not select, or that fails to expand (planning reports it), gives nothing."""
-    out = []
-    for version, rule in rules:
-        since, first = fetches.get(rule.rule_id, (None, None))
-        if since is None:
-            continue
-        # Bounded by the fetch that first saw the rule, not by now: what fell due after it was in a
-        # planning window already, and a window reaching back to now would re-expand a rule's whole
-        # history on every run and escalate its old occurrences to a subscriber added since.
-        cutoff = min(first, now - GRACE)
-        if since >= cutoff:
-            continue
-        # plan_obligations' window starts at its `now` - GRACE: started at `since`, ended before `cutoff`.
-        obs, _problems = plan_obligations(target, [(version, rule)], since + GRACE, cutoff - since,
-                                          after=since + timedelta(microseconds=1), before=cutoff, lineage=lineage)
-        out.extend((ob, since) for ob in obs)
-    return out
-
-
-def _write_missed_while_unfetched(conn, targets: list[Target], rules_cache: dict, lineage: dict, now: datetime,
-                                  out: PlanOutcome) -> None:
-    """Write the obligations :func:`missed_while_unfetched` finds that are not stored yet, and for
-    each one reminder per channel (its latest offset there) that the delivery sweep escalates as
-    missed (:func:`missed_row`); counted in ``out.first_seen_passed_missed`` and logged at ERROR. An
-    obligation already stored was planned while it was still ahead: nothing is added for it, so a
-    re-plan adds nothing either."""
-    gaps: dict[int, dict[str, tuple[datetime, datetime]]] = {}
-    found: dict[str, tuple[PlannedObligation, datetime, dict[str, int]]] = {}
-    for t in targets:
-        if t.source_id not in gaps:
-            gaps[t.source_id] = sql.first_seen_after_a_fetch(conn, t.source_id)
-        if not gaps[t.source_id]:
-            continue
-        for ob, since in missed_while_unfetched(t, rules_cache[t.source_id][0], gaps[t.source_id], now,
-                                                lineage.get(t.source_id)):
-            latest = found.setdefault(ob.key, (ob, since, {}))[2]
-            top = max(o.nominal_seconds for o in t.offsets)
-            # Two subscriptions of one subscriber merge into one obligation, as planning merges them.
-            for ch in t.channels:
-                latest[ch] = max(latest.get(ch, top), top)
-    if not found:
-        return
-    ids = sql.insert_obligations_if_new(conn, [dict(
-        obligation_key=ob.key, tenant=ob.tenant, subscriber_id=ob.subscriber_id, source_id=ob.source_id,
-        rule_id=ob.rule_id, rule_version=ob.rule_version, period=ob.period, title=ob.title, due_at=ob.due_at,
-        status="active", planned_at=now, revision=0, fingerprint=ob.fingerprint) for ob, _, _ in found.values()])
-    rows = [missed_row(ids[key], key, ch, seconds, None, ob.due_at, now, first_seen_passed_reason(since))
-            for key, (ob, since, latest) in found.items() if key in ids for ch, seconds in sorted(latest.items())]
-    written = sql.insert_notices(conn, rows)
-    out.obligations_inserted += len(ids)
-    out.alerts_inserted += written
-    out.first_seen_passed_missed += written
-    if ids:
-        first = found[next(iter(ids))][0]
-        source = next(t.source for t in targets if t.source_id == first.source_id)
-        log.error("planning: %d deadline(s) first seen after they had passed (they came and went while their source "
-                  "was not fetched): %d reminder(s) left to the delivery sweep, which escalates them as missed; "
-                  "first: source %s rule %s due %s", len(ids), written, source,
-                  first.rule_id, first.due_at.isoformat())
 
 
 def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],

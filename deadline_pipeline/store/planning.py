@@ -53,8 +53,6 @@ from deadline_pipeline.store.schema import (
     UtcDateTime,
     alerts,
     obligations,
-    rule_versions,
-    snapshots,
     sources,
     subscribers,
     subscriptions,
@@ -746,37 +744,6 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
         stmt = dialect_insert(conn, alerts).values(list(part)).on_conflict_do_nothing().returning(alerts.c.id)
         n += len(conn.execute(stmt).all())
     return n
-
-
-def first_seen_after_a_fetch(conn: Connection, source_id: int) -> dict[str, tuple[datetime, datetime]]:
-    """rule_id → (``fetched_at`` of the source's previous parsed snapshot before the snapshot that
-    brought the rule's first version, ``fetched_at`` of that snapshot), both aware UTC, for each rule
-    of ``source_id`` that has such an earlier snapshot. Renamed rules (``lineage`` set) are left out:
-    their obligations carry over from the id they had. A rule that came with the source's first
-    snapshot has no entry."""
-    rv, r2, s, prev = rule_versions, rule_versions.alias("r2"), snapshots, snapshots.alias("prev")
-    first = (select(func.min(r2.c.version))
-             .where(r2.c.source_id == rv.c.source_id, r2.c.rule_id == rv.c.rule_id).scalar_subquery())
-    previous = (select(func.max(prev.c.fetched_at))
-                .where(prev.c.source_id == rv.c.source_id, prev.c.parse_status == "parsed",
-                       prev.c.fetched_at < s.c.fetched_at).scalar_subquery())
-    rows = conn.execute(
-        select(rv.c.rule_id, previous.label("previous_fetch"), s.c.fetched_at)
-        .join(s, s.c.id == rv.c.snapshot_id)
-        .where(rv.c.source_id == source_id, rv.c.lineage.is_(None), rv.c.version == first)
-    ).all()
-    return {r.rule_id: (r.previous_fetch, r.fetched_at) for r in rows if r.previous_fetch is not None}
-
-
-def insert_obligations_if_new(conn: Connection, rows: list[dict]) -> dict[str, int]:
-    """Insert obligation rows (``obligations`` columns) whose key is not stored yet; an existing key
-    is left as it is. Returns obligation_key → id of the rows inserted."""
-    out: dict[str, int] = {}
-    for part in chunks(rows, 500):
-        stmt = (dialect_insert(conn, obligations).values(list(part)).on_conflict_do_nothing()
-                .returning(obligations.c.id, obligations.c.obligation_key))
-        out.update({key: i for i, key in conn.execute(stmt).all()})
-    return out
 
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime):
