@@ -68,7 +68,10 @@ def _version_text() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    return f"deadline-pipeline {of('deadline_pipeline')} (dagster {of('dagster')}, Python {platform.python_version()})"
+    from deadline_pipeline.zone_data import time_data_text
+
+    return (f"deadline-pipeline {of('deadline_pipeline')} (dagster {of('dagster')}, Python {platform.python_version()})"
+            f"\n{time_data_text()}")
 
 
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
@@ -281,7 +284,9 @@ def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | 
         versions = conn.execute(select(func.count()).select_from(rule_versions)).scalar_one()
         obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
         states = health.alerts_by_state(conn)
-    click.echo(f"as of {as_of or 'now'}")
+    from deadline_pipeline.zone_data import time_data_text
+
+    click.echo(f"as of {as_of or 'now'}; {time_data_text()}")
     if before is not None:
         click.echo(this_run_text(summary.delivery, before, store_counts(engine)))
     click.echo("sources:")

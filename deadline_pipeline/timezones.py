@@ -36,6 +36,8 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from deadline_pipeline import zone_data
+
 
 class UnknownTimeZone(ValueError):
     """A time-zone name that maps to no zone; the message names the input."""
@@ -318,6 +320,10 @@ def _resolve_or_problem(name: str) -> tzinfo | UnknownTimeZone:
         return exc
 
 
+# A zone resolved before the database switched carries the old rules: drop every cached answer.
+zone_data.on_change(_resolve_or_problem.cache_clear)
+
+
 def _resolve(name: str) -> tzinfo:
     if not isinstance(name, str) or not name.strip():
         raise UnknownTimeZone(f"time zone {name!r} is empty; a rule needs an IANA zone or a UTC offset")
@@ -388,6 +394,9 @@ def _iana_signatures() -> dict[str, tuple]:
     return {}
 
 
+zone_data.on_change(_iana_signatures.cache_clear)
+
+
 @lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar
 def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
     """The IANA zone whose UTC offsets and transitions equal ``zone``'s over :data:`EQUIVALENCE_YEARS`.
@@ -421,3 +430,6 @@ def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
         if name.rsplit("/", 1)[-1].replace("_", " ").casefold() in words:
             return name
     return matches[0]
+
+
+zone_data.on_change(equivalent_iana_zone.cache_clear)

@@ -10,6 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 from functools import lru_cache
 
+# Between a correction's "deadline moved from … to …" and why it moved when the rule did not change
+# (a zone-data or calendar upgrade): the message shows the part after it as "Why: …".
+MOVE_CAUSE = "; cause: "
+
 _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 

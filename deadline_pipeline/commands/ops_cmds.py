@@ -222,8 +222,11 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         states = health.alerts_by_state(conn)
         overdue, oldest = health.overdue_alerts(conn, now - grace, 1)
         beats = health.read_heartbeats(conn)
+        planned_with = health.time_data_of_obligations(conn, now)
         names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
-    lines = [f"status as of {now.isoformat()}", "sources:"]
+    from deadline_pipeline.zone_data import time_data_text
+
+    lines = [f"status as of {now.isoformat()}", f"time data in force: {time_data_text()}", "sources:"]
     for s in srcs:
         age = ("never" if not s.last_fresh_at else f"{human_duration(now - s.last_fresh_at)} ago"
                if s.last_fresh_at <= now else f"{human_duration(s.last_fresh_at - now)} IN THE FUTURE")
@@ -234,6 +237,9 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         lines.append(f"  {name:<24} {len(rules.get(sid, {}))} / {versions.get((sid, False), 0)} / "
                      f"{versions.get((sid, True), 0)}")
     lines.append(f"obligations due in the horizon ({horizon.days} days): {in_horizon}")
+    if planned_with:
+        lines.append("  planned with (obligations due from now, by zone data / calendar data): " + ", ".join(
+            f"IANA {z or 'unrecorded'} / {c or '-'}: {n}" for (z, c), n in sorted(planned_with.items(), key=str)))
     lines.append("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     if overdue:
         o = oldest[0]
@@ -251,5 +257,6 @@ def status_text(engine, now: datetime, cfg=None) -> str:
                 f"{human_duration(done - now)} IN THE FUTURE (a replay wrote into this store, or clocks disagree)")
         lines.append(f"  {comp:<28} {b['last_outcome'] or '-':<11} completed {when}"
                      f"{'  [replay]' if b.get('clock') == 'replay' else ''}"
+                     f"{'  [IANA ' + b['zone_data'] + ']' if b.get('zone_data') else ''}"
                      f"{'  ' + b['detail'] if b['detail'] else ''}")
     return "\n".join(lines)

@@ -37,7 +37,7 @@ import jinja2
 
 from deadline_pipeline.deliver.notification import Notification
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
-from deadline_pipeline.wording import iso_duration, offset_words, shorten
+from deadline_pipeline.wording import MOVE_CAUSE, iso_duration, offset_words, shorten
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # The Message-ID domain when the sender has none usable (RFC 5322 §3.6.4 wants a domain the
@@ -228,6 +228,14 @@ def _late(n: Notification, zone) -> str | None:
             + "; ".join(reasons))
 
 
+def _move_cause(n: Notification) -> str | None:
+    """The cause a correction's planner recorded after :data:`~deadline_pipeline.wording.MOVE_CAUSE`
+    ("the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)"), else ``None``."""
+    if n.kind != "correction" or not n.planned_reason or MOVE_CAUSE not in n.planned_reason:
+        return None
+    return one_line(n.planned_reason.split(MOVE_CAUSE, 1)[1]) or None
+
+
 def _context(n: Notification) -> dict:
     zone = resolve_zone(n.subscriber_tz)
     title = one_line(n.title) or "(untitled)"
@@ -250,6 +258,8 @@ def _context(n: Notification) -> dict:
         "previous_utc": _utc_text(previous) if previous else None,
         # A deadline moved into the past: the correction says the new instant has already passed.
         "passed": n.kind == "correction" and n.sent_at is not None and n.due_at <= n.sent_at,
+        # Why a deadline moved when its source did not change it (a zone-data or calendar upgrade).
+        "why": _move_cause(n),
         "left": time_left(n.offset_seconds if n.sent_at is None
                           else int((n.sent_at - n.due_at).total_seconds())),
         # Which reminder this is ("7 days before", ISO "-P7D"), the deadline in its own zone, the

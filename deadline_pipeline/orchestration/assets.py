@@ -250,6 +250,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "unchanged": out.obligations_unchanged, "withdrawn": out.obligations_withdrawn,
             "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
             "direct_write_fallbacks": out.direct_write_fallbacks,
+            # Which time rules computed these instants, and how many moved only because they changed.
+            "zone_data": f"IANA {out.zone_data}", "calendar_data": out.calendar_data,
+            "moved_by_time_data": out.moved_by_time_data,
         })
         yield dg.MaterializeResult(asset_key=ALERTS, metadata={
             "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,

@@ -28,6 +28,7 @@ from deadline_pipeline.orchestration.partitions import (
 from deadline_pipeline.orchestration.planning import PLAN_JOB, build_planning_automation
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.orchestration.source_checks import SOURCE_CHECKS_FACTORY
+from deadline_pipeline.orchestration.time_data import build_time_data_sensor
 
 EXAMPLES_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "deadlines.yaml"
 INGEST_JOB = "ingest_job"
@@ -108,7 +109,8 @@ def build_definitions(config_path: str | os.PathLike, *, db_url: str | None = No
         assets=assets,
         asset_checks=[*ALL_CHECKS, *SOURCE_CHECKS_FACTORY(cfg)],
         jobs=[ingest_job, plan_job, checks_job, deliver_job],
-        sensors=[deliver_sensor, *plan_sensors, paging_sensor],
+        sensors=[deliver_sensor, *plan_sensors, paging_sensor,
+                 build_time_data_sensor(plan_job, partitions_def, cfg.plan.horizon_days)],
         schedules=[
             *plan_schedules,
             dg.ScheduleDefinition(name="ingest_hourly", job=ingest_job, cron_schedule="7 * * * *",

@@ -91,6 +91,19 @@ def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
     return to_result(w.escalations_acknowledged(store.engine(), now), dg.AssetCheckSeverity.WARN, evaluated_at=now)
 
 
+@dg.asset_check(asset=OBLIGATIONS, name="time_data_agrees",
+                description="Every process serving the store (planner, sweep, checks) computes instants with the same "
+                            "IANA time-zone data version, and the horizon was planned with the version in force.")
+def time_data_agrees_check(store: StoreResource, settings: SettingsResource):
+    from datetime import UTC, datetime
+
+    cfg = settings.load()
+    # The real clock: a replay's heartbeats are excluded anyway, and recent means recent now.
+    return to_result(w.time_data_agrees(store.engine(), datetime.now(UTC),
+                                        timedelta(minutes=cfg.watch.plan_interval_minutes)))
+
+
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, plan_complete_check,
+              time_data_agrees_check,
               fanout_complete_check,
               reminders_owed_check, escalations_acknowledged_check]

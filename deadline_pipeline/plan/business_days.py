@@ -213,3 +213,22 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
 
 __all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
            "calendar", "check_convention", "describe_roll", "holiday_name", "is_business_day"]
+
+
+def calendar_data_version() -> str:
+    """The holiday calendar library and its version, e.g. ``"holidays 0.109"``: what an obligation
+    rolled by a library calendar records, so an upgrade that moves a roll is a named revision."""
+    import holidays
+
+    return f"holidays {holidays.__version__}"
+
+
+def calendar_data_of(cal: HolidayCalendar) -> str | None:
+    """:func:`calendar_data_version` for a calendar built from the library (a ``holidays`` calendar,
+    or a union with one); ``None`` for explicit dates (an ingested holiday source is versioned as a
+    source, by its snapshots)."""
+    if isinstance(cal, (DateSetCalendar, set, frozenset)):
+        return None
+    if isinstance(cal, UnionCalendar) and all(calendar_data_of(m) is None for m in cal.members):
+        return None
+    return calendar_data_version()

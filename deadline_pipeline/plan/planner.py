@@ -22,7 +22,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta, tzinfo
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import parse_quiet_hours
+from deadline_pipeline.plan.business_days import calendar_data_of
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
@@ -108,6 +110,10 @@ class PlannedObligation:
     # The deadline's own zone (its calendar days carry the nominal part of every offset).
     zone: str = ""
     tz: tzinfo | None = field(default=None, repr=False, compare=False)
+    # The IANA zone-data version and the business-day calendar library (None: no library roll) that
+    # computed ``due_at``: a change of either that moves it is named in the correction.
+    zone_data: str | None = None
+    calendar_data: str | None = None
 
 
 @dataclass
@@ -368,6 +374,8 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     problems: list[PlanProblem] = []
     rules = list(rules)
     profile = _profile(target)
+    zone_version = zone_data.version()
+    calendar_version = calendar_data_of(target.business_days[0]) if target.business_days else None
     for version, rule in rules:
         if not target.wants_rule(rule):
             continue
@@ -409,7 +417,7 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
             out.append(PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                          version, period, rule.title, occ.due_at,
                                          _fingerprint(occ.due_at, target, zone, profile, cache), zone=zone_name,
-                                         tz=zone))
+                                         tz=zone, zone_data=zone_version, calendar_data=calendar_version))
     return out, problems
 
 

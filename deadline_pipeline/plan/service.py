@@ -25,10 +25,12 @@ from collections.abc import Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import (
     DeadlinesConfig,
     SourceConfig,
@@ -36,6 +38,7 @@ from deadline_pipeline.config import (
     SubscriptionConfig,
     parse_duration,
 )
+from deadline_pipeline.plan.business_days import calendar_data_version
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
 from deadline_pipeline.plan.offsets import Offset
@@ -53,6 +56,7 @@ from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import sync_source
+from deadline_pipeline.wording import MOVE_CAUSE
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,12 @@ class PlanOutcome:
     # revision moved into the past before any reminder of it was delivered on that channel
     # (:func:`missed_row`; logged).
     moved_into_past_missed: int = 0
+    # Obligations whose due instant moved although their rule did not: the zone data or the
+    # working-day calendar changed (:func:`time_data_cause`; logged, named in the corrections).
+    moved_by_time_data: int = 0
+    # The IANA zone-data version and calendar library this run planned with.
+    zone_data: str = ""
+    calendar_data: str = ""
     problems: list[PlanProblem] = field(default_factory=list)
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
@@ -340,7 +350,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         lo = max(lo, after)
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
-    out = PlanOutcome()
+    out = PlanOutcome(zone_data=zone_data.version(), calendar_data=calendar_data_version())
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
@@ -508,7 +518,7 @@ def _prepare(chunk: dict[str, _Planned], now: datetime, cache: dict, expect_new:
     plan's client time) and the obligations' binary COPY fields, so the writing thread only streams them.
     A wrong expectation costs only this work: a chunk that is not all new is merged as usual."""
     rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
-             o.fingerprint) for o in (p.ob for p in chunk.values())]
+             o.fingerprint, o.zone_data, o.calendar_data) for o in (p.ob for p in chunk.values())]
     if not expect_new:
         return _Prepared(chunk, rows)
     return _Prepared(chunk, rows, [_alerts_of(p, now, cache) for p in chunk.values()],
@@ -648,8 +658,14 @@ def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: Plan
     for m in moved:
         ob = by_key[m["obligation_key"]]
         revision = m["revision"] + 1  # the merge bumped it once for this move
+        cause = time_data_cause(m, ob)
+        if cause:
+            out.moved_by_time_data += 1
+            log.warning("planning: obligation %s moved from %s to %s: %s", ob.key, m["old_due_at"].isoformat(),
+                        ob.due_at.isoformat(), cause)
         for channel in sorted(delivered.get(m["id"], ())):
-            notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now))
+            notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now,
+                                          cause=cause))
     out.corrections += sql.insert_notices(conn, notices)
 
 
@@ -664,12 +680,33 @@ def _filtered_out(targets, rules_cache) -> set[tuple[int, int, str]]:
     return {k for k, v in wanted.items() if not v}
 
 
+def time_data_cause(stored: dict, ob: PlannedObligation) -> str | None:
+    """Why obligation ``ob`` moved although its rule did not: ``stored`` is the obligation as it was
+    (``rule_version``, ``zone_data``, ``calendar_data``: :class:`~deadline_pipeline.store.planning.StagedDiff`
+    ``moved``). Returns e.g. "the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)",
+    the working-day calendar's upgrade, both joined by "; ", or ``None`` (the rule changed, or no
+    recorded version did: a NULL is "planned before versions were recorded", not a version)."""
+    if stored.get("rule_version") != ob.rule_version:
+        return None
+    causes = []
+    old_zone, old_cal = stored.get("zone_data"), stored.get("calendar_data")
+    # Only an IANA zone has rules that change; a fixed offset (AoE, UTC-12) means the same everywhere.
+    if old_zone and ob.zone_data and old_zone != ob.zone_data and isinstance(ob.tz, ZoneInfo):
+        causes.append(f"the time-zone rules of {ob.zone} changed (IANA {old_zone} → {ob.zone_data})")
+    if old_cal and ob.calendar_data and old_cal != ob.calendar_data:
+        causes.append(f"the working-day calendar changed ({old_cal} → {ob.calendar_data})")
+    return "; ".join(causes) or None
+
+
 def correction_row(obligation_id: int, key: str, channel: str, revision: int, old_due: datetime,
-                   new_due: datetime, now: datetime) -> dict:
+                   new_due: datetime, now: datetime, *, cause: str | None = None) -> dict:
     """The alert row of one correction ("moved from ``old_due`` to ``new_due``", both aware UTC),
     keyed on the obligation's revision so a re-plan never sends a second one for the same move. A
-    move into the past says so: the new instant has passed, so no reminder for it will follow."""
+    move into the past says so: the new instant has passed, so no reminder for it will follow.
+    ``cause``: why it moved when its rule did not (:func:`time_data_cause`), after
+    :data:`~deadline_pipeline.wording.MOVE_CAUSE`, which the message shows as "Why: …"."""
     passed = "; the new instant has already passed" if new_due <= now else ""
+    passed += f"{MOVE_CAUSE}{cause}" if cause else ""
     return dict(
         obligation_id=obligation_id, offset_seconds=0, channel=channel, kind="correction", revision=revision,
         dedup_key=alert_dedup_key(key, 0, channel, "correction", revision), send_at=now, due_at=new_due,

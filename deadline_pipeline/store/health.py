@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.store.schema import (
     alerts,
@@ -33,9 +34,10 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome,
                                    detail=redact_optional(detail),
-                                   clock="replay" if replay else "live", first_completed_at=completed_at)],
+                                   clock="replay" if replay else "live", first_completed_at=completed_at,
+                                   zone_data=zone_data.version())],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
-                                           "clock"])
+                                           "clock", "zone_data"])
     # A row created by beat_started has no first completion yet; this is it.
     conn.execute(update(heartbeats).where(heartbeats.c.component == component,
                                           heartbeats.c.first_completed_at.is_(None))
@@ -75,13 +77,41 @@ def future_instants(conn: Connection, now: datetime) -> list[tuple[str, datetime
     return sorted(found, key=lambda f: f[1], reverse=True)
 
 
+def zone_data_by_component(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, str]:
+    """component → the IANA zone-data version its process recorded, for every live heartbeat that
+    completed or started within ``window`` before ``real_now`` (aware UTC) and recorded one: the
+    processes serving the store now, whose versions must agree (see ``time_data_agrees``)."""
+    since = real_now - window
+    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.zone_data).where(
+        heartbeats.c.clock == "live", heartbeats.c.zone_data.is_not(None),
+        or_(heartbeats.c.last_completed_at >= since, heartbeats.c.last_started_at >= since)))
+    return {c: v for c, v in rows.all()}
+
+
+def plan_zone_data(conn: Connection, component: str = "plan") -> str | None:
+    """The zone-data version recorded by the last run of the horizon planner ``component`` (``None``
+    before its first run, or when it predates the record)."""
+    return conn.execute(select(heartbeats.c.zone_data).where(heartbeats.c.component == component)).scalar()
+
+
+def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[str | None, str | None], int]:
+    """(zone_data, calendar_data) → count of active obligations due at or after ``since`` (aware UTC):
+    the versions that planned the instants still ahead."""
+    o = obligations
+    rows = conn.execute(select(o.c.zone_data, o.c.calendar_data, func.count())
+                        .where(o.c.status == "active", o.c.due_at >= since)
+                        .group_by(o.c.zone_data, o.c.calendar_data))
+    return {(z, c): n for z, c, n in rows.all()}
+
+
 def beat_started(conn: Connection, component: str, started_at: datetime) -> None:
     """Record that a run of ``component`` started, leaving ``last_completed_at`` alone, so a run that
     dies half-way shows as "started at X, last completed long before" instead of leaving no trace."""
     ins = dialect_insert(conn, heartbeats).values(component=component, last_started_at=started_at,
-                                                  last_outcome="running")
+                                                  last_outcome="running", zone_data=zone_data.version())
     conn.execute(ins.on_conflict_do_update(index_elements=["component"],
-                                           set_={"last_started_at": started_at, "last_outcome": "running"}))
+                                           set_={"last_started_at": started_at, "last_outcome": "running",
+                                                 "zone_data": ins.excluded.zone_data}))
 
 
 def beat_failed(conn: Connection, component: str, error: str) -> None:

@@ -74,6 +74,7 @@ stage_obligations = Table(
     Column("tenant", String(200)), Column("subscriber_id", Id), Column("source_id", Id),
     Column("rule_id", String(500)), Column("rule_version", Integer), Column("period", String(64)),
     Column("title", Text), Column("due_at", UtcDateTime), Column("fingerprint", String(64)),
+    Column("zone_data", String(20)), Column("calendar_data", String(40)),
     prefixes=["TEMPORARY"],
 )
 stage_alerts = Table(
@@ -515,7 +516,7 @@ def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
 NEW_OBLIGATION_COLUMNS = [*OB_COLS, "status", "planned_at", "revision"]
 # Their column types (after the id), for the binary COPY of new obligations.
 _NEW_OBLIGATION_KINDS = ("text", "text", "int8", "int8", "text", "int4", "text", "text", "timestamptz", "text",
-                         "text", "timestamptz", "int4")
+                         "text", "text", "text", "timestamptz", "int4")
 
 
 def new_obligation_records(rows: Iterable[tuple], now: datetime) -> list[bytes]:
@@ -560,7 +561,8 @@ class StagedDiff:
     """How the staged chunk differs from the stored obligations (see :func:`compare_staged`)."""
 
     new: list[str] = field(default_factory=list)
-    # id, obligation_key, revision (before the merge), old_due_at, new_due_at of each moved one.
+    # id, obligation_key, revision (before the merge), old_due_at, new_due_at, and the stored
+    # rule_version, zone_data and calendar_data (what planned the old instant) of each moved one.
     moved: list[dict] = field(default_factory=list)
     changed: int = 0
     need_alerts: set[str] = field(default_factory=set)
@@ -570,7 +572,9 @@ def _differs(o, s):
     """Whether stored obligation ``o`` differs from staged/excluded ``s`` in anything planning writes."""
     return or_(o.c.due_at.is_distinct_from(s.due_at), o.c.fingerprint.is_distinct_from(s.fingerprint),
                o.c.status != "active", o.c.rule_version.is_distinct_from(s.rule_version),
-               o.c.title.is_distinct_from(s.title), o.c.rule_id != s.rule_id)
+               o.c.title.is_distinct_from(s.title), o.c.rule_id != s.rule_id,
+               # A new zone-data or calendar version is recorded even where it moved nothing.
+               o.c.zone_data.is_distinct_from(s.zone_data), o.c.calendar_data.is_distinct_from(s.calendar_data))
 
 
 def compare_staged(conn: Connection) -> StagedDiff:
@@ -580,9 +584,10 @@ def compare_staged(conn: Connection) -> StagedDiff:
     fingerprint changed, or coming back from withdrawn). Unchanged rows are not returned at all."""
     s, o = stage_obligations, obligations
     diff = StagedDiff()
-    for key, oid, revision, old_due, new_due, fp_differs, inactive in conn.execute(
+    for key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal in conn.execute(
         select(s.c.obligation_key, o.c.id, o.c.revision, o.c.due_at, s.c.due_at,
-               o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active")
+               o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active",
+               o.c.rule_version, o.c.zone_data, o.c.calendar_data)
         .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), _differs(o, s.c)))
     ):
@@ -592,7 +597,8 @@ def compare_staged(conn: Connection) -> StagedDiff:
             continue
         if old_due != new_due:
             diff.moved.append(dict(id=oid, obligation_key=key, revision=revision, old_due_at=old_due,
-                                   new_due_at=new_due))
+                                   new_due_at=new_due, rule_version=version, zone_data=zone,
+                                   calendar_data=cal))
         else:
             diff.changed += 1
         if fp_differs or inactive:
@@ -622,6 +628,7 @@ def merge_obligations(conn: Connection, now: datetime) -> dict[str, int]:
             "rule_id": ex.rule_id,
             "rule_version": ex.rule_version, "title": ex.title, "due_at": ex.due_at, "status": ex.status,
             "fingerprint": ex.fingerprint, "planned_at": ex.planned_at,
+            "zone_data": ex.zone_data, "calendar_data": ex.calendar_data,
             "revision": case((due_moved, o.c.revision + 1), else_=o.c.revision),
             "previous_due_at": case((due_moved, o.c.due_at), else_=o.c.previous_due_at),
         },

@@ -210,6 +210,11 @@ obligations = Table(
     # Hash of everything the alert rows derive from (due, offsets, channels, zone, quiet hours): an
     # unchanged fingerprint lets a re-plan skip the obligation's alerts entirely.
     Column("fingerprint", String(64)),
+    # The IANA zone-data version (``2026f``) and, for a rule rolled by a business-day calendar, the
+    # calendar library (``holidays 0.109``) that planned ``due_at``: a change of either that moves
+    # the instant is a revision whose correction names it (migration 0014).
+    Column("zone_data", String(20)),
+    Column("calendar_data", String(40)),
     Index(None, "due_at"),
 )
 
@@ -301,4 +306,7 @@ heartbeats = Table(
     Column("clock", String(10), nullable=False, server_default="live"),
     # Set by the first completed run, never updated: where the plan partitions start by default.
     Column("first_completed_at", UtcDateTime),
+    # The IANA zone-data version the component's process computed with (see zone_data): two
+    # processes on different versions plan and check different instants.
+    Column("zone_data", String(20)),
 )

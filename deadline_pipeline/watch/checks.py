@@ -304,3 +304,31 @@ def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> 
     summary = (f"{count} escalated alert(s) not acknowledged; oldest escalated {oldest[0]['updated_at'].isoformat()}"
                if count else "every escalated alert is acknowledged")
     return CheckOutcome("escalations_acknowledged", count == 0, count, summary, offenders)
+
+
+def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),
+                     own: str | None = None) -> CheckOutcome:
+    """Every process serving the store computes instants with one IANA zone-data version: the
+    versions recorded by the live heartbeats of the last ``window`` before ``real_now`` (aware UTC,
+    the real clock: a replay's heartbeats prove nothing) and ``own`` (default: this process's,
+    :func:`~deadline_pipeline.zone_data.version`) are all equal. Red otherwise, naming each
+    process's version: a planner on 2025b and a checker on 2026f put America/Vancouver's deadlines an
+    hour apart, and neither would say so. Also red while the last horizon plan's version differs
+    from the one in force (the re-plan of the horizon is pending: ``replan_on_zone_data``)."""
+    from deadline_pipeline import zone_data
+
+    own = own or zone_data.version()
+    with engine.connect() as conn:
+        seen = health.zone_data_by_component(conn, real_now, window)
+    versions = {**seen, "this check": own}
+    distinct = sorted(set(versions.values()))
+    if len(distinct) == 1:
+        return CheckOutcome("time_data_agrees", True, 0,
+                            f"every process of the last {human_duration(window)} computes with IANA {own}"
+                            f" ({', '.join(sorted(versions))})")
+    offenders = [{"component": c, "zone_data": v} for c, v in sorted(versions.items()) if v != own]
+    named = ", ".join(f"{c} IANA {v}" for c, v in sorted(versions.items()))
+    return CheckOutcome("time_data_agrees", False, len(offenders),
+                        f"processes compute instants with different time-zone data: {named}; deploy one zone "
+                        f"database everywhere (DEADLINE_ZONE_DATA and the tzdata package) so due instants agree",
+                        offenders)

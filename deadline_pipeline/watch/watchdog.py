@@ -29,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.store.health import future_instants, overdue_alerts
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
-from deadline_pipeline.watch.checks import oldest_text, plan_complete
+from deadline_pipeline.watch.checks import oldest_text, plan_complete, time_data_agrees
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
@@ -189,6 +189,9 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     # Planning that ran on time but reported problems (its heartbeat says "partial").
     planned = plan_complete(engine, now)
     report.rows.append(WatchRow("plan_complete", "plan", planned.passed, planned.summary))
+    # Processes on different zone data put one deadline at two instants (the real clock: recent heartbeats).
+    agrees = time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=watch.plan_interval_minutes))
+    report.rows.append(WatchRow("time_data_agrees", "zone data", agrees.passed, agrees.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
     for name in names if names is not None else sorted(states):
         state = states.get(name)

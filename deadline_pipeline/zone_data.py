@@ -1,0 +1,198 @@
+"""The IANA time-zone database every instant is computed with: chosen on purpose, the same in every
+process, and named by its version so each obligation says which rules planned it.
+
+Why: :mod:`zoneinfo` reads the machine's zoneinfo folder first and the ``tzdata`` package only for
+keys the folder lacks. On a machine whose folder is older than the package the project depends on
+(Debian's 2025b against ``tzdata`` 2026f), ``DTSTART;TZID=America/Vancouver:20261116T090000`` was
+planned at 17:00Z, though 2026f puts British Columbia on UTC-7 all year from 2026-11-01 (16:00Z): a
+``PT0S`` reminder arrived an hour after the deadline, and nothing recorded which rules planned it.
+A planner and a sweeper on two machines could also read two versions without anybody noticing.
+
+The choice (:func:`choose`), from ``$DEADLINE_ZONE_DATA``:
+
+* ``newest`` (the default): the newer of the ``tzdata`` package and the system folder, by IANA
+  version (``2025b`` < ``2026f``); the package when they are equal or the folder's version is
+  unreadable (an unversioned folder cannot be compared, so it is never preferred);
+* ``package``: the ``tzdata`` package alone;
+* ``system``: the system folder (the first folder of ``$PYTHONTZPATH``, else Python's default
+  search path, that holds a versioned database), for a site whose operating system is kept newer
+  than its Python packages. Refused with :class:`ZoneDataError` when no such folder exists.
+
+:func:`activate` (run when the package is imported) points :mod:`zoneinfo` at the choice and
+empties its cache, so every ``ZoneInfo(key)`` in the process, the libraries' included (icalendar,
+Dagster's schedules), reads the same database. The version in force is recorded with each planning
+run, each obligation and each heartbeat; a change of version is a revision (see ``plan``), and
+processes that disagree turn the ``time_data_agrees`` check red.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sysconfig
+import zoneinfo
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV = "DEADLINE_ZONE_DATA"
+POLICIES = ("newest", "package", "system")
+_VERSION = re.compile(r"^(?P<year>\d{4})(?P<letter>[a-z]*)$")
+
+
+class ZoneDataError(ValueError):
+    """A zone-data setting that cannot be honoured; the message names the setting and the value."""
+
+
+@dataclass(frozen=True)
+class ZoneData:
+    """One zone database: ``source`` ``"package"`` or ``"system"``, its IANA ``version`` (``"2026f"``),
+    ``folder`` (the system folder read, ``None`` for the package), ``policy`` (the setting that chose
+    it) and ``other`` (the version of the database not chosen, ``None`` when there is none)."""
+
+    source: str
+    version: str
+    folder: str | None = None
+    policy: str = "newest"
+    other: str | None = None
+
+    def describe(self) -> str:
+        """``IANA 2026f (tzdata package)`` or ``IANA 2025b (system folder /usr/share/zoneinfo)``."""
+        where = "tzdata package" if self.source == "package" else f"system folder {self.folder}"
+        return f"IANA {self.version} ({where})"
+
+
+def version_key(version: str) -> tuple[int, str]:
+    """``"2026f"`` → ``(2026, "f")``, ordered as IANA releases are (``2025b`` < ``2025aa`` is not a
+    real case: letters run a–z within a year). Raises :class:`ZoneDataError` on anything else."""
+    m = _VERSION.match(version or "")
+    if not m:
+        raise ZoneDataError(f"zone data version {version!r} is not an IANA release name such as 2026f")
+    return int(m.group("year")), m.group("letter").rjust(2, " ")
+
+
+def package_version() -> str:
+    """The IANA version of the installed ``tzdata`` package (a dependency), e.g. ``"2026f"``."""
+    import tzdata
+
+    return tzdata.IANA_VERSION
+
+
+def folder_version(folder: str | os.PathLike) -> str | None:
+    """The IANA version of the zoneinfo folder ``folder``, from its ``tzdata.zi`` first line
+    (``# version 2025b``) or a ``+VERSION`` file; ``None`` when it has neither (or is no folder)."""
+    root = Path(folder)
+    try:
+        with open(root / "tzdata.zi", encoding="ascii", errors="replace") as fh:
+            first = fh.readline().split()
+        if len(first) == 3 and first[:2] == ["#", "version"]:
+            return first[2]
+    except OSError:
+        pass
+    try:
+        text = (root / "+VERSION").read_text(encoding="ascii", errors="replace").strip()
+        return text or None
+    except OSError:
+        return None
+
+
+def system_folders() -> list[str]:
+    """The folders :mod:`zoneinfo` searches by default: ``$PYTHONTZPATH`` (``os.pathsep``-separated,
+    absolute paths only, as :mod:`zoneinfo` reads it) or Python's compiled-in ``TZPATH``."""
+    env = os.environ.get("PYTHONTZPATH")
+    raw = env if env is not None else (sysconfig.get_config_var("TZPATH") or "")
+    return [p for p in raw.split(os.pathsep) if p and os.path.isabs(p)]
+
+
+def _system() -> tuple[str, str] | None:
+    """(folder, version) of the first default folder that holds a versioned zone database."""
+    for folder in system_folders():
+        version = folder_version(folder)
+        if version is not None:
+            try:
+                version_key(version)
+            except ZoneDataError:
+                log.warning("zone data: folder %s has an unreadable version %r; not used", folder, version)
+                continue
+            return folder, version
+    return None
+
+
+def choose(policy: str | None = None) -> ZoneData:
+    """The zone database ``policy`` (default ``$DEADLINE_ZONE_DATA``, else ``newest``) selects; see the
+    module docstring. Deterministic: the same installation and setting give the same answer in every
+    process. Raises :class:`ZoneDataError` naming the setting for an unknown policy, or for
+    ``system`` without a versioned system folder."""
+    policy = (policy if policy is not None else os.environ.get(ENV, "newest")).strip() or "newest"
+    if policy not in POLICIES:
+        raise ZoneDataError(f"{ENV}={policy!r}: expected one of {', '.join(POLICIES)}")
+    package = package_version()
+    system = _system()
+    if policy == "system":
+        if system is None:
+            searched = system_folders() or "the search path"
+            raise ZoneDataError(f"{ENV}=system: no versioned zoneinfo folder in {searched}")
+        return ZoneData("system", system[1], system[0], policy, other=package)
+    if policy == "newest" and system is not None and version_key(system[1]) > version_key(package):
+        return ZoneData("system", system[1], system[0], policy, other=package)
+    return ZoneData("package", package, None, policy, other=system[1] if system else None)
+
+
+_in_force: ZoneData | None = None
+
+
+def activate(choice: ZoneData | None = None) -> ZoneData:
+    """Make ``choice`` (default :func:`choose`) the database of every ``ZoneInfo`` in this process:
+    :func:`zoneinfo.reset_tzpath` to its folder (none for the package, so only ``tzdata`` is read)
+    and :meth:`zoneinfo.ZoneInfo.clear_cache` (a zone built before would keep the old rules).
+    Returns the choice, logged when it is not the package the project depends on."""
+    global _in_force
+    choice = choice or choose()
+    zoneinfo.reset_tzpath(to=[choice.folder] if choice.folder else [])
+    zoneinfo.ZoneInfo.clear_cache()
+    # Caches of zone lookups built on the database before (the project's name → tzinfo cache).
+    for clear in _on_change:
+        clear()
+    _in_force = choice
+    if choice.other and choice.other != choice.version:
+        log.info("zone data: %s in force (policy %s; the other database is IANA %s)",
+                 choice.describe(), choice.policy, choice.other)
+    return choice
+
+
+_on_change: list = []
+
+
+def on_change(clear) -> None:
+    """Register ``clear()`` (a cache's clear method) to run whenever :func:`activate` switches."""
+    _on_change.append(clear)
+
+
+def in_force() -> ZoneData:
+    """The zone database this process computes with (activated on first use)."""
+    return _in_force if _in_force is not None else activate()
+
+
+def version() -> str:
+    """The IANA version in force, e.g. ``"2026f"``: what obligations and heartbeats record."""
+    return in_force().version
+
+
+def time_data_text() -> str:
+    """One line naming every versioned input of an instant besides the sources, for ``--version``,
+    ``status`` and run summaries: ``zone data IANA 2026f (tzdata package; the system folder has
+    2025b), calendars holidays 0.109``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    zd = in_force()
+    other = ""
+    if zd.other and zd.other != zd.version:
+        other = f"; the {'system folder' if zd.source == 'package' else 'tzdata package'} has {zd.other}"
+    try:
+        calendars = f"holidays {dist_version('holidays')}"
+    except PackageNotFoundError:
+        calendars = "holidays not installed"
+    return f"zone data {zd.describe()[:-1]}{other}), calendars {calendars}"

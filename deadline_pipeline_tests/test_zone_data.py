@@ -1,0 +1,227 @@
+"""One zone database, chosen on purpose and recorded: the IANA data every instant is computed with is
+the project's (the ``tzdata`` package, or a newer system folder), the same in every process, named
+on every obligation and heartbeat; a change of it is a revision whose corrections name the zones.
+
+The old database of these tests is built, not read from the machine: a zoneinfo folder marked
+``2025b`` whose ``America/Vancouver`` and ``America/Edmonton`` follow the rules those zones had
+before British Columbia and Alberta stayed on summer time from 2026-11-01 (the same transitions as
+``America/Los_Angeles`` and ``America/Denver``, which is what 2025b says for 2026–2027).
+"""
+
+from __future__ import annotations
+
+import mailbox
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from deadline_pipeline import zone_data
+from deadline_pipeline.config import load_config
+from deadline_pipeline.store.schema import alerts, heartbeats, obligations
+from deadline_pipeline.watch import checks as w
+from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.test_watch_checks import cycle, plan
+
+PACKAGE = zone_data.package_version()
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def old_zone_folder(folder: Path, version: str = "2025b") -> Path:
+    """A zoneinfo folder of IANA ``version`` in which Vancouver and Edmonton still observe standard
+    time in winter (their pre-2026 rules); every other key falls back to the ``tzdata`` package."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tzdata.zi").write_text(f"# version {version}\n")
+    for zone, same_as in (("America/Vancouver", "America/Los_Angeles"), ("America/Edmonton", "America/Denver")):
+        target = folder / zone
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(files("tzdata.zoneinfo").joinpath(same_as).read_bytes())
+    return folder
+
+
+@contextmanager
+def zone_database(choice: zone_data.ZoneData):
+    """Compute with ``choice`` inside the block; the project's own choice again after it."""
+    zone_data.activate(choice)
+    try:
+        yield choice
+    finally:
+        zone_data.activate()
+
+
+def old(tmp_path) -> zone_data.ZoneData:
+    return zone_data.ZoneData("system", "2025b", str(old_zone_folder(tmp_path / "zoneinfo-2025b")), "system")
+
+
+def test_the_package_is_2026f_or_newer():
+    """The project depends on the rules of 2026f (BC and Alberta on UTC-7 / UTC-6 all year)."""
+    assert zone_data.version_key(PACKAGE) >= zone_data.version_key("2026f"), PACKAGE
+
+
+def test_version_order_and_bad_versions():
+    assert zone_data.version_key("2025b") < zone_data.version_key("2026a") < zone_data.version_key("2026f")
+    with pytest.raises(zone_data.ZoneDataError, match="'latest'"):
+        zone_data.version_key("latest")
+
+
+def test_choose_newest_package_and_system(tmp_path, monkeypatch):
+    older = old_zone_folder(tmp_path / "older", "2025b")
+    newer = old_zone_folder(tmp_path / "newer", "2099a")
+    monkeypatch.setenv("PYTHONTZPATH", str(older))
+    assert zone_data.choose("newest").source == "package"
+    assert zone_data.choose("newest").other == "2025b"
+    assert zone_data.choose("package").version == PACKAGE
+    pinned = zone_data.choose("system")
+    assert (pinned.source, pinned.version, pinned.folder) == ("system", "2025b", str(older))
+    monkeypatch.setenv("PYTHONTZPATH", str(newer))
+    assert (zone_data.choose("newest").source, zone_data.choose("newest").version) == ("system", "2099a")
+    monkeypatch.setenv("PYTHONTZPATH", str(tmp_path / "nothing-here"))
+    assert zone_data.choose("newest").source == "package"
+    with pytest.raises(zone_data.ZoneDataError, match="DEADLINE_ZONE_DATA=system: no versioned zoneinfo folder"):
+        zone_data.choose("system")
+    with pytest.raises(zone_data.ZoneDataError, match="DEADLINE_ZONE_DATA='sytem': expected one of newest"):
+        zone_data.choose("sytem")
+
+
+def _utc_in_process(env: dict) -> subprocess.CompletedProcess:
+    code = ("import deadline_pipeline\nfrom datetime import datetime, UTC\nfrom zoneinfo import ZoneInfo\n"
+            "from deadline_pipeline import zone_data\n"
+            "print(zone_data.version(), datetime(2026, 11, 16, 9, tzinfo=ZoneInfo('America/Vancouver'))"
+            ".astimezone(UTC).strftime('%H:%MZ'))")
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_every_process_reads_the_chosen_database_not_the_machine_folder(tmp_path):
+    """A fresh process (planner, sweeper, Celery worker alike) imports the package and reads the
+    chosen database, whatever zoneinfo would read first on its own."""
+    folder = str(old_zone_folder(tmp_path / "zoneinfo"))
+    newest = _utc_in_process({"PYTHONTZPATH": folder, "DEADLINE_ZONE_DATA": "newest"})
+    assert newest.stdout.split() == [PACKAGE, "16:00Z"], newest.stderr
+    pinned = _utc_in_process({"PYTHONTZPATH": folder, "DEADLINE_ZONE_DATA": "system"})
+    assert pinned.stdout.split() == ["2025b", "17:00Z"], pinned.stderr
+    bad = _utc_in_process({"DEADLINE_ZONE_DATA": "latest"})
+    assert bad.returncode != 0
+    assert "DEADLINE_ZONE_DATA='latest': expected one of newest, package, system" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def setup(tmp_path, offsets=("-P7D", "PT0S")):
+    """ann (UTC) subscribed to an ICS source of one-off deadlines at 09:00 local on 2026-11-16 in
+    Vancouver and Edmonton (moved by 2026f), Berlin (unchanged), and 2027-07-01 in Vancouver
+    (summer: unchanged), reminded on a maildir channel."""
+    events = [dict(uid="van", tzid="America/Vancouver", dtstart="20261116T090000", summary="Vancouver filing"),
+              dict(uid="edm", tzid="America/Edmonton", dtstart="20261116T090000", summary="Edmonton filing"),
+              dict(uid="ber", tzid="Europe/Berlin", dtstart="20261116T090000", summary="Berlin filing"),
+              dict(uid="van-summer", tzid="America/Vancouver", dtstart="20270701T090000", summary="Summer filing")]
+    (tmp_path / "cal.ics").write_text(ics(*events))
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": list(offsets), "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    return load_config(path)[0]
+
+
+def due_instants(engine) -> dict[str, tuple[datetime, str | None]]:
+    with engine.connect() as conn:
+        return {r.rule_id: (r.due_at, r.zone_data) for r in conn.execute(
+            select(obligations.c.rule_id, obligations.c.due_at, obligations.c.zone_data))}
+
+
+def messages(tmp_path) -> list:
+    import email
+    import email.policy
+
+    box = mailbox.Maildir(tmp_path / "maildir", create=False,
+                          factory=lambda f: email.message_from_binary_file(f, policy=email.policy.default))
+    return sorted(box, key=lambda m: m["Date"].datetime)
+
+
+def test_vancouver_is_planned_with_the_project_zone_data(engine, tmp_path):
+    """DTSTART;TZID=America/Vancouver:20261116T090000 is 16:00Z under 2026f (UTC-7 all year from
+    2026-11-01), not 17:00Z as the machine's 2025b says; its PT0S reminder goes out at 16:00Z, and
+    the obligation and the planning heartbeat record the version."""
+    cfg = setup(tmp_path)
+    cycle(engine, cfg, at("2026-11-01T00:00:00"))
+    due = due_instants(engine)
+    assert due["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
+    assert due["edm"] == (at("2026-11-16T15:00:00"), PACKAGE)
+    assert due["ber"] == (at("2026-11-16T08:00:00"), PACKAGE)
+    with engine.connect() as conn:
+        at_deadline = conn.execute(select(alerts.c.send_at).join(obligations, obligations.c.id == alerts.c.obligation_id)
+                                   .where(obligations.c.rule_id == "van", alerts.c.offset_seconds == 0)).scalar_one()
+        planned_with = conn.execute(select(heartbeats.c.zone_data).where(heartbeats.c.component == "plan")).scalar()
+    assert at_deadline == at("2026-11-16T16:00:00")
+    assert planned_with == PACKAGE
+
+
+def test_a_zone_data_switch_corrects_exactly_the_moved_obligations(engine, tmp_path):
+    """Planned and partly delivered with 2025b, then re-planned with the package: the two
+    obligations whose instants moved (Vancouver, Edmonton, an hour earlier) get one correction each
+    naming the zone and both versions, and (a reminder is owed for the due instant in force) their
+    7-day reminder for the new instant; Berlin and the summer deadline, unchanged, get nothing."""
+    cfg = setup(tmp_path)
+    with zone_database(old(tmp_path)):
+        cycle(engine, cfg, at("2026-11-01T00:00:00"))
+        before = due_instants(engine)
+        # Every -P7D reminder of 2026-11-16 goes out (the latest at 17:00Z for Vancouver under 2025b).
+        cycle(engine, cfg, at("2026-11-09T18:00:00"))
+    assert before["van"] == (at("2026-11-16T17:00:00"), "2025b")
+    assert before["edm"] == (at("2026-11-16T16:00:00"), "2025b")
+    sent_before = len(messages(tmp_path))
+    assert sent_before == 3
+
+    out = plan(engine, cfg, at("2026-11-09T18:30:00"))
+    after = due_instants(engine)
+    assert after["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
+    assert after["edm"] == (at("2026-11-16T15:00:00"), PACKAGE)
+    assert after["ber"] == (before["ber"][0], PACKAGE)  # re-recorded, not moved
+    assert after["van-summer"] == (before["van-summer"][0], PACKAGE)
+    assert (out.obligations_moved, out.moved_by_time_data, out.corrections) == (2, 2, 2)
+
+    cycle(engine, cfg, at("2026-11-09T18:31:00"))
+    new = messages(tmp_path)[sent_before:]
+    subjects = sorted(str(m["Subject"]) for m in new)
+    assert subjects == [
+        "Correction: Edmonton filing moved from 2026-11-16 16:00 UTC to 2026-11-16 15:00 UTC",
+        "Correction: Vancouver filing moved from 2026-11-16 17:00 UTC to 2026-11-16 16:00 UTC",
+        "Reminder: Edmonton filing due 2026-11-16 15:00 UTC (6 days 20 hours left, sent late)",
+        "Reminder: Vancouver filing due 2026-11-16 16:00 UTC (6 days 21 hours left, sent late)",
+    ], subjects
+    corrections = [m for m in new if str(m["Subject"]).startswith("Correction")]
+    bodies = {m.get_body(("plain",)).get_content() for m in corrections}
+    assert len(bodies) == 2
+    assert any(f"Why: the time-zone rules of America/Vancouver changed (IANA 2025b → {PACKAGE})" in b for b in bodies)
+    assert any(f"Why: the time-zone rules of America/Edmonton changed (IANA 2025b → {PACKAGE})" in b for b in bodies)
+    # A second re-plan with the same data sends nothing.
+    cycle(engine, cfg, at("2026-11-09T19:00:00"))
+    assert len(messages(tmp_path)) == sent_before + len(new)
+
+
+def test_processes_on_different_zone_data_turn_the_check_red(engine, tmp_path):
+    """A planner that computed with 2025b and a sweep and checker on the package: red, naming each
+    process's version; green again once the planner runs on the package too."""
+    cfg = setup(tmp_path)
+    real_now = datetime.now(UTC)
+    with zone_database(old(tmp_path)):
+        plan(engine, cfg, real_now)
+    from deadline_pipeline_tests.test_watch_checks import deliver
+
+    deliver(engine, cfg, real_now)
+    out = w.time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=90))
+    assert not out.passed
+    assert "plan IANA 2025b" in out.summary and f"this check IANA {PACKAGE}" in out.summary, out.summary
+    assert {"component": "plan", "zone_data": "2025b"} in out.offenders
+    plan(engine, cfg, datetime.now(UTC))
+    out = w.time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=90))
+    assert out.passed, out.summary
