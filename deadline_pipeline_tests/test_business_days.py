@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 
+import holidays
 import pytest
 
+from deadline_pipeline.plan import business_days
 from deadline_pipeline.plan.business_days import (
     CONVENTIONS,
     DateSetCalendar,
     HolidayCalendar,
+    UnionCalendar,
     UnknownCalendar,
     adjust,
     calendar,
+    describe_roll,
     is_business_day,
 )
 
@@ -90,3 +94,82 @@ def test_a_calendar_without_business_days_is_an_error_not_a_hang():
 def test_financial_calendar():
     nyse = calendar("NYSE")
     assert date(2026, 4, 3) in nyse  # Good Friday: markets closed, not a federal holiday
+
+
+
+# Weekend working days: the Saturdays and Sundays a government makes working days when it moves a
+# working day to bridge a holiday. The holidays library lists them (HolidayBase.weekend_workdays).
+# Five countries that have them in 2024-2027 (Ukraine has suspended its transfers since 2022).
+WORKING_WEEKEND_COUNTRIES = ("RU", "CN", "BY", "KZ", "UZ")
+
+
+def test_a_worked_saturday_in_russia_is_not_rolled():
+    ru = calendar("RU")
+    saturday = date(2024, 4, 27)  # worked: Monday 29 April 2024 is the day off in its place
+    assert saturday.weekday() == 5 and ru.is_working_day(saturday)
+    assert adjust(saturday, "following", ru) == saturday
+    assert adjust(saturday, "preceding", ru) == saturday
+    assert adjust(saturday, "modified-following", ru) == saturday
+
+
+@pytest.mark.parametrize("convention", ["following", "preceding"])
+def test_a_worked_sunday_after_the_chinese_spring_festival_is_not_rolled(convention):
+    cn = calendar("CN")
+    sunday = date(2024, 2, 18)  # worked; the Spring Festival days off ran 10-17 February 2024
+    cn.get(sunday)  # fills 2024 in, weekend_workdays with it
+    assert sunday.weekday() == 6 and sunday in cn.weekend_workdays
+    assert adjust(sunday, convention, cn) == sunday
+
+
+def test_a_roll_that_lands_on_a_weekend_working_day_says_it_is_one():
+    cn, ru = calendar("CN"), calendar("RU")
+    assert adjust(date(2024, 2, 17), "following", cn) == date(2024, 2, 18)  # Saturday off -> Sunday worked
+    assert describe_roll(date(2024, 2, 17), date(2024, 2, 18), "CN", "following") == (
+        "Saturday 17 Feb falls on a weekend; due Sunday 18 Feb, a working day (CN following)")
+    assert adjust(date(2024, 4, 29), "preceding", ru) == date(2024, 4, 27)  # Monday off -> Saturday worked
+    assert describe_roll(date(2024, 4, 29), date(2024, 4, 27), "RU", "preceding") == (
+        "Monday 29 Apr is a holiday (Day off (substituted from 04/27/2024)); "
+        "due Saturday 27 Apr, a working day (RU preceding)")
+
+
+def _library_roll(lib: holidays.HolidayBase, day: date, convention: str) -> date:
+    # The library's own stepping: n = 0 is "this day if working, else the next working day".
+    if convention == "following":
+        return lib.get_nth_working_day(day, 0)
+    return day if lib.is_working_day(day) else lib.get_nth_working_day(day, -1)
+
+
+@pytest.mark.parametrize("country", WORKING_WEEKEND_COUNTRIES)
+def test_rolls_agree_with_the_library_on_every_day_of_2024_to_2027(country):
+    lib = holidays.country_holidays(country)  # a fresh instance, not the one adjust() uses
+    cal = calendar(country)
+    days = [date(2024, 1, 1) + timedelta(days=i) for i in range((date(2028, 1, 1) - date(2024, 1, 1)).days)]
+    lib.get(days[0])
+    assert any(d.year >= 2024 for d in lib.weekend_workdays)  # the comparison covers the kind
+    wrong = [(d, conv) for d in days for conv in ("following", "preceding")
+             if adjust(d, conv, cal) != _library_roll(lib, d, conv)]
+    assert wrong == []
+
+
+def test_us_irs_is_the_library_sum_of_federal_and_dc_holidays():
+    irs = calendar("US-IRS")
+    assert isinstance(irs, holidays.HolidaySum)
+    assert not irs.is_working_day(date(2028, 4, 17))  # observed Emancipation Day (DC only)
+    assert irs.is_working_day(date(2028, 4, 18))
+    assert not calendar("US").is_working_day(date(2028, 4, 15))  # Saturday
+    assert describe_roll(date(2028, 4, 17), date(2028, 4, 18), "US-IRS", "following") == (
+        "Monday 17 Apr is a holiday (Emancipation Day (observed)); due Tuesday 18 Apr (IRC §7503 following)")
+
+
+def test_a_union_keeps_a_library_members_weekend_working_days():
+    ingested = {date(2024, 4, 26)}  # an ingested extra day off
+    union = UnionCalendar((calendar("RU"), ingested))
+    assert adjust(date(2024, 4, 27), "following", union) == date(2024, 4, 27)
+    assert adjust(date(2024, 4, 26), "following", union) == date(2024, 4, 27)
+    assert adjust(date(2024, 4, 28), "preceding", union) == date(2024, 4, 27)
+    plain = UnionCalendar(({date(2024, 4, 26)}, DateSetCalendar(frozenset({date(2024, 4, 29)}))))
+    assert adjust(date(2024, 4, 26), "following", plain) == date(2024, 4, 30)  # Saturday/Sunday + both sets
+
+
+def test_calendar_data_version_names_the_library_release():
+    assert business_days.calendar_data_version() == f"holidays {holidays.__version__}"

@@ -225,3 +225,27 @@ def test_processes_on_different_zone_data_turn_the_check_red(engine, tmp_path):
     plan(engine, cfg, datetime.now(UTC))
     out = w.time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=90))
     assert out.passed, out.summary
+
+
+def test_the_cause_of_a_move_names_what_changed():
+    """Only a move under an unchanged rule is blamed on the time data; a fixed offset has no rules
+    to change; a calendar library upgrade is named with both versions; NULL is no version."""
+    from zoneinfo import ZoneInfo
+
+    from deadline_pipeline.plan.planner import PlannedObligation
+    from deadline_pipeline.plan.service import time_data_cause
+    from deadline_pipeline.timezones import resolve_zone
+
+    def ob(zone: str, version: int = 3, cal: str | None = None) -> PlannedObligation:
+        return PlannedObligation("k", "t", 1, 1, "r", version, "once", "T", at("2026-11-16T16:00:00"), zone=zone,
+                                 tz=resolve_zone(zone), zone_data="2026f", calendar_data=cal)
+
+    stored = {"rule_version": 3, "zone_data": "2025b", "calendar_data": "holidays 0.108"}
+    assert isinstance(ob("America/Vancouver").tz, ZoneInfo)
+    assert time_data_cause(stored, ob("America/Vancouver")) == \
+        "the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)"
+    assert time_data_cause(stored, ob("AoE")) is None
+    assert time_data_cause({**stored, "rule_version": 2}, ob("America/Vancouver")) is None
+    assert time_data_cause({**stored, "zone_data": None}, ob("America/Vancouver")) is None
+    assert time_data_cause(stored, ob("UTC", cal="holidays 0.109")) == \
+        "the working-day calendar changed (holidays 0.108 → holidays 0.109)"

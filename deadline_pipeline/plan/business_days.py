@@ -1,8 +1,19 @@
 """Business-day conventions: moving a due date that falls on a weekend or a public holiday.
 
 Pure domain logic. Holiday data comes from the maintained ``holidays`` library (country and
-subdivision calendars, updated with each release) or from an ingested holiday source — anything
-that answers ``day in calendar`` is a :class:`HolidayCalendar`, so a plain ``set`` of dates is one.
+subdivision calendars, updated with each release; :func:`calendar_data_version` names the release)
+or from an ingested holiday source — anything that answers ``day in calendar`` is a
+:class:`HolidayCalendar`, so a plain ``set`` of dates is one.
+
+A business day is the calendar's own notion of a working day (:func:`is_business_day`). For a
+``holidays`` calendar that is ``HolidayBase.is_working_day``: not a holiday, and on the calendar's
+weekend for that date (``HolidayBase.is_weekend``) only when the date is one of its
+``weekend_workdays`` — the Saturdays and Sundays a government makes working days when it moves a
+working day to bridge a holiday. Example (the Russian government's production calendar for 2024):
+Monday 29 and Tuesday 30 April are days off, Saturday 27 April and Saturday 2 November are working
+days, so ``following`` leaves Saturday 27 April 2024 where it is. China, Belarus, Kazakhstan and
+Uzbekistan publish such days too. A plain date set has no such notion: its business days are the
+days neither on its ``weekend`` (Saturday/Sunday unless it says otherwise) nor in the set.
 
 Conventions (the ISDA names used for payment and filing dates):
 
@@ -16,7 +27,8 @@ Calendar specs (:func:`calendar`): ``"US"``, ``"US-DC"``, ``"GB-ENG"`` (ISO 3166
 subdivision, as ``holidays.country_holidays`` takes them), a financial market (``"NYSE"``), and
 ``"US-IRS"`` — the calendar of US federal tax due dates: IRC §7503 moves a due date that falls on a
 Saturday, Sunday or "legal holiday" to the next business day, and legal holiday includes those of
-the District of Columbia. So ``US-IRS`` = US federal holidays ∪ DC legal holidays (DC Emancipation
+the District of Columbia. So ``US-IRS`` = US federal holidays ∪ DC legal holidays, the library's own
+sum ``country_holidays("US") + country_holidays("US", subdiv="DC")`` (DC Emancipation
 Day, 16 April, observed on Friday 15 April when the 16th is a Saturday and on Monday 17 April when
 it is a Sunday; Inauguration Day). Example: 15 April 2028 is a Saturday, Monday 17 April is the
 observed Emancipation Day, so the return is due Tuesday 18 April 2028.
@@ -46,7 +58,10 @@ class HolidayCalendar(Protocol):
 
     A ``holidays.HolidayBase``, a ``set``/``frozenset`` of dates (an ingested holiday source) and
     :class:`DateSetCalendar` all qualify. An optional ``weekend`` attribute (weekday numbers,
-    Monday = 0) overrides the Saturday/Sunday weekend, e.g. for Friday/Saturday countries.
+    Monday = 0) overrides the Saturday/Sunday weekend, e.g. for Friday/Saturday countries. An
+    optional ``is_working_day(date) -> bool`` (as ``holidays.HolidayBase`` has) overrides both: the
+    calendar then decides its business days itself, weekend working days included, and an optional
+    ``is_weekend(date) -> bool`` names its weekend per date (for :func:`describe_roll`).
     """
 
     def __contains__(self, day: object) -> bool: ...
@@ -66,7 +81,13 @@ class DateSetCalendar:
 
 @dataclass(frozen=True)
 class UnionCalendar:
-    """A date is a holiday when any member calendar says so."""
+    """A date is a holiday when any member calendar says so.
+
+    ``members``: :class:`HolidayCalendar` values. Business days (:meth:`is_working_day`): a member
+    with its own notion of a working day (a ``holidays`` calendar) judges every date by it, and all
+    such members must call it a working day; the other members (date sets) contribute holidays only.
+    ``weekend`` is the weekend of a union in which no member has its own notion.
+    """
 
     members: tuple = field(default_factory=tuple)
     weekend: frozenset[int] = WEEKEND
@@ -74,6 +95,25 @@ class UnionCalendar:
 
     def __contains__(self, day: object) -> bool:
         return any(day in m for m in self.members)
+
+    def _judges(self) -> list:
+        return [m for m in self.members if callable(getattr(m, "is_working_day", None))]
+
+    def is_working_day(self, day: date) -> bool:
+        """Not a holiday of any member, and a working day of every member that knows its own."""
+        judges = self._judges()
+        if not judges:
+            return day.weekday() not in self.weekend and day not in self
+        # The union's Saturday/Sunday would override a member's weekend working day (RU 2024-04-27)
+        # and a member's other weekend (Friday/Saturday): the member's own verdict decides.
+        return day not in self and all(m.is_working_day(day) for m in judges)
+
+    def is_weekend(self, day: date) -> bool:
+        """On the weekend of a member that knows its own, or on the union's when none does."""
+        judges = self._judges()
+        if not judges:
+            return day.weekday() in self.weekend
+        return any(_on_weekend(day, m) for m in judges)
 
 
 def _library_calendar(country: str, subdiv: str | None, spec: str):
@@ -96,8 +136,10 @@ def _from_spec(spec: str) -> HolidayCalendar:
         raise UnknownCalendar("holiday calendar spec is empty")
     if text == "US-IRS":
         # IRC §7503: weekends, federal legal holidays and DC legal holidays (see the module docstring).
-        return UnionCalendar((_library_calendar("US", None, spec), _library_calendar("US", "DC", spec)),
-                             name="US-IRS")
+        # The library's own sum (a HolidaySum) answers is_working_day like any of its calendars. It
+        # keeps the Saturday/Sunday weekend and drops its operands' weekend working days: right for
+        # the US, which has none, so this sum is built for US-IRS only, not for arbitrary specs.
+        return _library_calendar("US", None, spec) + _library_calendar("US", "DC", spec)
     country, _, subdiv = text.partition("-")
     return _library_calendar(country, subdiv or None, spec)
 
@@ -118,8 +160,40 @@ def calendar(spec: str | HolidayCalendar | Iterable[date]) -> HolidayCalendar:
 
 
 def is_business_day(day: date, cal: HolidayCalendar) -> bool:
-    """Not a weekend day of ``cal`` (Saturday/Sunday unless it says otherwise) and not a holiday."""
+    """Whether ``day`` is a business day of ``cal``.
+
+    A calendar with its own ``is_working_day`` (a ``holidays`` calendar, :class:`UnionCalendar`)
+    decides; any other: not a weekend day of ``cal`` (its ``weekend``, Saturday/Sunday unless it
+    says otherwise) and not a holiday.
+    """
+    working = getattr(cal, "is_working_day", None)
+    if callable(working):
+        # Saturday/Sunday alone rolled a worked Saturday (RU 2024-04-27) into the next week, past
+        # days the country works, and misjudged countries whose weekend changed over the years
+        # (MY-JHR, AE): the library knows both, per date.
+        return bool(working(day))
     return day.weekday() not in getattr(cal, "weekend", WEEKEND) and day not in cal
+
+
+def _on_weekend(day: date, cal: HolidayCalendar) -> bool:
+    check = getattr(cal, "is_weekend", None)
+    if callable(check):
+        return bool(check(day))
+    return day.weekday() in getattr(cal, "weekend", WEEKEND)
+
+
+def calendar_data_version() -> str:
+    """Which holiday data business days come from: ``"holidays 0.109"``.
+
+    The ``holidays`` distribution name and ``holidays.__version__``. Each release revises holidays
+    and weekend working days (a government publishes a year's transfers the year before), so
+    the same nominal date may roll differently under another release: recorded beside a rolled
+    date, this says which data rolled it. A ``source:`` calendar (an ingested holiday source) is
+    that source's data, not this library's.
+    """
+    import holidays
+
+    return f"holidays {holidays.__version__}"
 
 
 def _roll(day: date, cal: HolidayCalendar, step: int) -> date:
@@ -183,16 +257,32 @@ def _day(d: date) -> str:
     return f"{d:%A} {d.day} {d:%b}"
 
 
+def _why_moved(nominal: date, cal: HolidayCalendar) -> str:
+    if _on_weekend(nominal, cal):
+        return "falls on a weekend"
+    name = holiday_name(nominal, cal)
+    return f"is a holiday ({name})" if name else "is a holiday"
+
+
+def _due_words(due: date, cal: HolidayCalendar) -> str:
+    # A due date on a Saturday or Sunday reads as a mistake unless it says it is a working day
+    # (RU: Monday 29 April 2024 is a day off, "preceding" lands on the worked Saturday 27 April).
+    return f"{_day(due)}, a working day" if _on_weekend(due, cal) else _day(due)
+
+
 def describe_roll(nominal: date, due: date, spec: str, convention: str,
                   cal: HolidayCalendar | None = None) -> str | None:
     """Why a due date moved, in words, or ``None`` when it did not:
-    ``"Sunday 31 Jan falls on a weekend; due Monday 1 Feb (IRC §7503 following)"``.
+    ``"Sunday 31 Jan falls on a weekend; due Monday 1 Feb (IRC §7503 following)"``, and for a due
+    date on a weekend working day ``"Monday 29 Apr is a holiday (…); due Saturday 27 Apr, a working
+    day (RU preceding)"``.
 
     ``nominal``: the date the source gave; ``due``: the date after the ``convention``; ``spec``: the
     calendar spec of the configuration (``US-IRS`` is named by its rule, IRC §7503); ``cal``: the
-    resolved calendar, used to name a holiday (default: resolved from ``spec``; a ``source:`` spec
-    names none). A reader who sees a date other than the published one must learn why, or they
-    would take the reminder for a mistake and file on the published (earlier) day.
+    resolved calendar, used to name a holiday and the calendar's weekend on each date (default:
+    resolved from ``spec``; a ``source:`` spec names none). A reader who sees a date other than the
+    published one must learn why, or they would take the reminder for a mistake and file on the
+    published (earlier) day.
     """
     if nominal == due:
         return None
@@ -201,26 +291,15 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
             cal = calendar(spec)
         except ValueError:
             cal = None
-    weekend = getattr(cal, "weekend", WEEKEND) if cal is not None else WEEKEND
-    if nominal.weekday() in weekend:
-        why = "falls on a weekend"
-    else:
-        name = holiday_name(nominal, cal) if cal is not None else None
-        why = f"is a holiday ({name})" if name else "is a holiday"
+    if cal is None:  # no calendar to ask: a Saturday/Sunday weekend and no holiday names
+        cal = DateSetCalendar(frozenset())
     rule = _LEGAL_NAMES.get(spec.strip().upper(), spec)
-    return f"{_day(nominal)} {why}; due {_day(due)} ({rule} {convention})"
+    return f"{_day(nominal)} {_why_moved(nominal, cal)}; due {_due_words(due, cal)} ({rule} {convention})"
 
 
 __all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
-           "calendar", "check_convention", "describe_roll", "holiday_name", "is_business_day"]
-
-
-def calendar_data_version() -> str:
-    """The holiday calendar library and its version, e.g. ``"holidays 0.109"``: what an obligation
-    rolled by a library calendar records, so an upgrade that moves a roll is a named revision."""
-    import holidays
-
-    return f"holidays {holidays.__version__}"
+           "calendar", "calendar_data_of", "calendar_data_version", "check_convention", "describe_roll",
+           "holiday_name", "is_business_day"]
 
 
 def calendar_data_of(cal: HolidayCalendar) -> str | None:
