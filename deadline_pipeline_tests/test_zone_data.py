@@ -249,3 +249,35 @@ def test_the_cause_of_a_move_names_what_changed():
     assert time_data_cause({**stored, "zone_data": None}, ob("America/Vancouver")) is None
     assert time_data_cause(stored, ob("UTC", cal="holidays 0.109")) == \
         "the working-day calendar changed (holidays 0.108 → holidays 0.109)"
+
+
+def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path, db_url):
+    """``replan_on_zone_data``, evaluated with the Dagster sensor API: the horizon planned with 2025b
+    and the package in force → one run of the whole horizon, which moves Vancouver; then nothing."""
+    import dagster as dg
+
+    from deadline_pipeline.orchestration.build import INGEST_JOB, build_definitions
+    from deadline_pipeline.orchestration.planning import PLAN_JOB
+    from deadline_pipeline.orchestration.partitions import horizon_range, range_tags
+    from deadline_pipeline.store.db import make_engine
+
+    as_of = "2026-11-01T00:00:00Z"
+    setup(tmp_path)
+    with dg.instance_for_test() as instance:
+        defs = build_definitions(tmp_path / "deadlines.yaml", db_url=db_url, as_of=as_of)
+        sensor = next(s for s in defs.sensors if s.name == "replan_on_zone_data")
+        resources = {"store": defs.resources["store"], "clock": defs.resources["clock"]}
+        tags = range_tags(*horizon_range(at("2026-11-01T00:00:00")))
+        with zone_database(old(tmp_path)):
+            assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+            quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
+            assert not quiet.run_requests and "planned with IANA 2025b" in quiet.skip_message
+        tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
+        (request,) = tick.run_requests
+        assert {k: v for k, v in request.tags.items() if k in tags} == tags
+        assert request.run_key == f"zone-data:2025b->{PACKAGE}"
+        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+        assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
+        assert not again.run_requests
