@@ -158,8 +158,8 @@ def test_vancouver_is_planned_with_the_project_zone_data(engine, tmp_path):
     assert due["edm"] == (at("2026-11-16T15:00:00"), PACKAGE)
     assert due["ber"] == (at("2026-11-16T08:00:00"), PACKAGE)
     with engine.connect() as conn:
-        at_deadline = conn.execute(select(alerts.c.send_at).join(obligations, obligations.c.id == alerts.c.obligation_id)
-                                   .where(obligations.c.rule_id == "van", alerts.c.offset_seconds == 0)).scalar_one()
+        at_deadline = conn.execute(select(alerts.c.send_at)
+                                   .join(obligations, obligations.c.id == alerts.c.obligation_id).where(obligations.c.rule_id == "van", alerts.c.offset_seconds == 0)).scalar_one()
         planned_with = conn.execute(select(heartbeats.c.zone_data).where(heartbeats.c.component == "plan")).scalar()
     assert at_deadline == at("2026-11-16T16:00:00")
     assert planned_with == PACKAGE
@@ -257,8 +257,8 @@ def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path
     import dagster as dg
 
     from deadline_pipeline.orchestration.build import INGEST_JOB, build_definitions
-    from deadline_pipeline.orchestration.planning import PLAN_JOB
     from deadline_pipeline.orchestration.partitions import horizon_range, range_tags
+    from deadline_pipeline.orchestration.planning import PLAN_JOB
     from deadline_pipeline.store.db import make_engine
 
     as_of = "2026-11-01T00:00:00Z"
