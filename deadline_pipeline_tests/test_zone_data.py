@@ -159,7 +159,8 @@ def test_vancouver_is_planned_with_the_project_zone_data(engine, tmp_path):
     assert due["ber"] == (at("2026-11-16T08:00:00"), PACKAGE)
     with engine.connect() as conn:
         at_deadline = conn.execute(select(alerts.c.send_at)
-                                   .join(obligations, obligations.c.id == alerts.c.obligation_id).where(obligations.c.rule_id == "van", alerts.c.offset_seconds == 0)).scalar_one()
+                                   .join(obligations, obligations.c.id == alerts.c.obligation_id)
+                                   .where(obligations.c.rule_id == "van", alerts.c.offset_seconds == 0)).scalar_one()
         planned_with = conn.execute(select(heartbeats.c.zone_data).where(heartbeats.c.component == "plan")).scalar()
     assert at_deadline == at("2026-11-16T16:00:00")
     assert planned_with == PACKAGE
