@@ -173,8 +173,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         since = max_version_id(engine)
         totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
         lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
-        # Applying creates rule versions, which the replan sensor only learns of from a rule_versions
-        # materialization: a subset without it (snapshot/<name> alone) confirms and applies nothing new.
+        # Applying creates rule versions, which the UI should show as a rule_versions materialization
+        # (what changed, which months): a subset without it (snapshot/<name> alone) confirms and
+        # applies nothing new.
         applying = RULE_VERSIONS in context.selected_asset_keys
         for src in cfg_now.sources if applying else []:
             out = apply_latest_snapshot(engine, src, now)
@@ -199,7 +200,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             if result is not None:
                 yield result
         if applying:
-            # The months whose obligations these new versions touch: the replan sensor requests exactly those.
+            # The months whose obligations these new versions touch, for the UI. The replan sensor
+            # computes them from the store itself, not from this metadata: a run that fails before
+            # this point has written its versions all the same.
             affected = affected_partitions(engine, cfg_now, since, now)
             yield dg.MaterializeResult(asset_key=RULE_VERSIONS,
                                        metadata={**totals, "dagster/row_count": totals["rules"],

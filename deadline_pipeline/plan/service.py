@@ -869,11 +869,14 @@ def max_version_id(engine: Engine) -> int:
         return conn.execute(select(func.coalesce(func.max(rule_versions.c.id), 0))).scalar_one()
 
 
-def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime) -> list[str]:
-    """Due months (partition keys ``YYYY-MM-01``) whose obligations the rule versions created after
-    ``since_version_id`` can change: the months of the rules' current obligations (old instants) and
-    of their new occurrences in every subscriber zone (new instants) after business-day rolling,
-    inside the planning window."""
+def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime,
+                        until_version_id: int | None = None) -> list[str]:
+    """Due months (partition keys ``YYYY-MM-01``, sorted) whose obligations the rule versions with
+    ``since_version_id < id <= until_version_id`` (no upper bound when None) can change: the months of
+    the rules' current obligations (old instants) and of their new occurrences in every subscriber
+    zone (new instants) after business-day rolling, inside the planning window around ``now`` (aware
+    UTC). A rule whose occurrences cannot be expanded is logged and widens nothing (planning reports
+    it)."""
     from sqlalchemy import select
 
     from deadline_pipeline.plan.occurrences import expand
@@ -886,7 +889,9 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
     with engine.connect() as conn:
         changed = conn.execute(
             select(rule_versions.c.source_id, rule_versions.c.rule_id, rule_versions.c.withdrawn,
-                   rule_versions.c.payload).where(rule_versions.c.id > since_version_id)
+                   rule_versions.c.payload).where(
+                rule_versions.c.id > since_version_id,
+                *([rule_versions.c.id <= until_version_id] if until_version_id is not None else []))
         ).all()
         if not changed:
             return []

@@ -162,7 +162,17 @@ def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
 
 
 def insert_versions(conn: Connection, rows: list[dict]) -> None:
+    """Insert rule version rows (dicts of ``rule_versions`` columns) in the caller's transaction.
+
+    On PostgreSQL the table is first locked against other writers (``SHARE ROW EXCLUSIVE``, held until
+    the caller's transaction ends; plain reads are not blocked), so that rule version ids become
+    visible in id order. The ``replan_on_revision`` sensor's cursor is the highest id it handled: two
+    ingests committing out of id order (the lower id still uncommitted when the sensor reads the
+    higher) would have the lower id's revision skipped for good. SQLite has a single writer already.
+    """
     if rows:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("LOCK TABLE rule_versions IN SHARE ROW EXCLUSIVE MODE")
         conn.execute(rule_versions.insert(), rows)
 
 
