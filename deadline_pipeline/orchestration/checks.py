@@ -94,13 +94,15 @@ def escalations_acknowledged_check(store: StoreResource, clock: ClockResource):
 @dg.asset_check(asset=OBLIGATIONS, name="time_data_agrees",
                 description="Every process serving the store (planner, sweep, checks) computes instants with the same "
                             "IANA time-zone data version, and the horizon was planned with the version in force.")
-def time_data_agrees_check(store: StoreResource, settings: SettingsResource):
+def time_data_agrees_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     from datetime import UTC, datetime
 
     cfg = settings.load()
-    # The real clock: a replay's heartbeats are excluded anyway, and recent means recent now.
+    # Recent by the real clock: only live heartbeats count (a replay's prove nothing about the
+    # processes serving the store), and live means recent now, whatever instant a replay judges.
     return to_result(w.time_data_agrees(store.engine(), datetime.now(UTC),
-                                        timedelta(minutes=cfg.watch.plan_interval_minutes)))
+                                        timedelta(minutes=cfg.watch.plan_interval_minutes)),
+                     evaluated_at=clock.now())
 
 
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, plan_complete_check,
