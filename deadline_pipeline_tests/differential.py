@@ -1,7 +1,10 @@
 """Differential expansion: our ``occurrences --ics`` path next to ``recurring-ical-events``.
 
 Both sides read the same bytes and answer the same question — which (UID, due instant) pairs fall in
-one fixed window — and :func:`compare` reports what only one side has. The reference is an
+one fixed window, and how often each — and :func:`compare` reports what only one side has. Pairs are
+counted, not collected in a set: a pair one side yields twice and the other once is a difference (a
+gap that maps two local occurrences onto one instant yields two reminders for one deadline). The
+reference is an
 independent implementation (its own RRULE/RDATE/EXDATE/RECURRENCE-ID handling on top of
 ``icalendar``), so agreement means our parser, override folding, zone handling and DST policy give
 the instants another engine gives.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, tzinfo
 from pathlib import Path
@@ -35,18 +39,22 @@ Pair = tuple[str, str]  # (UID or "", due instant as ISO …Z)
 
 @dataclass
 class Outcome:
-    ours: set[Pair] = field(default_factory=set)
-    reference: set[Pair] = field(default_factory=set)
+    """Each side's pairs with how often it yields each (empty on that side's error)."""
+
+    ours: Counter[Pair] = field(default_factory=Counter)
+    reference: Counter[Pair] = field(default_factory=Counter)
     ours_error: str | None = None
     reference_error: str | None = None
 
     @property
-    def only_ours(self) -> set[Pair]:
-        return self.ours - self.reference
+    def only_ours(self) -> list[Pair]:
+        """The pairs ours yields more often than the reference, each as many times as it is extra, sorted."""
+        return sorted((self.ours - self.reference).elements())
 
     @property
-    def only_reference(self) -> set[Pair]:
-        return self.reference - self.ours
+    def only_reference(self) -> list[Pair]:
+        """The pairs the reference yields more often than ours, each as many times as it is extra, sorted."""
+        return sorted((self.reference - self.ours).elements())
 
     @property
     def identical(self) -> bool:
@@ -69,26 +77,27 @@ def _floating_zone(cal) -> tzinfo:
     return UTC
 
 
-def ours(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set[Pair]:
-    """Pairs as ``deadline-pipeline occurrences --ics FILE --tz UTC`` computes them."""
+def ours(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Counter[Pair]:
+    """Pairs as ``deadline-pipeline occurrences --ics FILE --tz UTC`` computes them, counted."""
     from deadline_pipeline.ingest.parsers.ics import parse_ics
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.plan.recurrence import apply_overrides
     from deadline_pipeline.timezones import resolve_zone
 
     result = parse_ics(content, source="differential", default_tz="UTC")
-    out: set[Pair] = set()
+    out: Counter[Pair] = Counter()
     lo, hi = window
     for rule in apply_overrides(result.rules):
         zone = resolve_zone(rule.tz) if rule.tz else UTC
         uid = str((rule.extra or {}).get("uid") or "")
         for occ in expand(rule, zone, after=lo, before=hi, strict=False):
-            out.add((uid, _iso(occ.due_at)))
+            out[uid, _iso(occ.due_at)] += 1
     return out
 
 
-def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set[Pair]:
-    """Pairs as ``recurring-ical-events`` computes them (X-WR-TIMEZONE applied by ``x-wr-timezone``)."""
+def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Counter[Pair]:
+    """Pairs as ``recurring-ical-events`` computes them (X-WR-TIMEZONE applied by ``x-wr-timezone``),
+    counted."""
     import icalendar
     import recurring_ical_events
     import x_wr_timezone
@@ -99,7 +108,7 @@ def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set
     floating = _floating_zone(cal)
     cal = x_wr_timezone.to_standard(cal)
     lo, hi = window
-    out: set[Pair] = set()
+    out: Counter[Pair] = Counter()
     query = recurring_ical_events.of(cal, components=["VEVENT", "VTODO"])
     # Widened by a day each side: the library selects by overlap, we select by due instant below.
     for comp in query.between(lo.replace(year=lo.year - 1), hi.replace(year=hi.year + 1)):
@@ -116,12 +125,12 @@ def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> set
         else:
             continue
         if lo <= instant <= hi:
-            out.add((str(comp.get("UID") or ""), _iso(instant)))
+            out[str(comp.get("UID") or ""), _iso(instant)] += 1
     return out
 
 
 def compare(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Outcome:
-    """Both sides for one payload; an exception on a side is recorded as that side's error (empty set)."""
+    """Both sides for one payload; an exception on a side is recorded as that side's error (no pairs)."""
     outcome = Outcome()
     try:
         outcome.ours = ours(content, window)
@@ -158,8 +167,8 @@ def main(argv: list[str]) -> int:
             identical += 1
             continue
         differing += 1
-        print(f"{name}: ours={len(o.ours)} ref={len(o.reference)} only_ours={sorted(o.only_ours)[:4]} "
-              f"only_ref={sorted(o.only_reference)[:4]} ours_err={o.ours_error} ref_err={o.reference_error}")
+        print(f"{name}: ours={o.ours.total()} ref={o.reference.total()} only_ours={o.only_ours[:4]} "
+              f"only_ref={o.only_reference[:4]} ours_err={o.ours_error} ref_err={o.reference_error}")
     print(f"files={len(files)} identical={identical} differing={differing}")
     return 0
 

@@ -35,6 +35,18 @@ def test_c09_dst_gap_one_instant_per_line(cases):
     assert out.stdout.split() == utc_lines(case["expected"][policy])
 
 
+def test_a_skipped_day_prints_its_instant_once_and_says_which_occurrence_was_dropped():
+    """Samoa skipped 2011-12-30: five occurrences asked for, four instants, the 19:00Z of the 30th
+    once (it is 31 December 09:00 there); stderr names the dropped local time."""
+    out = run("--dtstart", "DTSTART;TZID=Pacific/Apia:20111228T090000", "--rrule", "FREQ=DAILY;COUNT=5",
+              "--after", "2011-12-01T00:00:00Z")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2011-12-28T19:00:00Z", "2011-12-29T19:00:00Z", "2011-12-30T19:00:00Z",
+                                  "2011-12-31T19:00:00Z"]
+    assert "occurrence at local 2011-12-30T09:00:00 is dropped" in out.stderr
+    assert "2011-12-31T09:00:00, which keeps it" in out.stderr
+
+
 def test_c02_json_list_with_iso_dtstart_and_tz(cases):
     case = cases["C02"]["input"]["variant_b"]
     out = run("--dtstart", "2026-01-05T09:00:00", "--tz", "America/New_York", "--rrule", "RRULE:" + case["RRULE"],

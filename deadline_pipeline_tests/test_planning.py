@@ -505,3 +505,27 @@ def test_late_reminder_waits_for_the_end_of_quiet_hours():
     (a,) = ob.alerts
     assert a.status == "pending" and a.send_at == datetime(2027, 1, 10, 13, tzinfo=UTC)  # 08:00 local
     assert "quiet hours" in a.status_reason
+
+
+def test_a_skipped_local_day_plans_and_sends_one_reminder_per_instant(engine, tmp_path):
+    """Samoa skipped 2011-12-30: a daily 09:00 deadline's nonexistent 30 December 09:00 is the instant
+    of 31 December 09:00 (2011-12-30T19:00Z). Planned once, for the 31st; one mail, not two."""
+    from deadline_pipeline.deliver.sweep import sweep
+
+    daily = {"uid": "apia@test", "tzid": "Pacific/Apia", "dtstart": "20111228T090000", "summary": "Daily return",
+             "rrule": "FREQ=DAILY;COUNT=5"}
+    cfg = _configure(tmp_path, [daily], subscribers_=[
+        {"id": "sina", "tenant": "t", "email": "sina@example.org", "timezone": "Pacific/Apia"}], offsets=["-PT1H"])
+    now = datetime(2011, 12, 30, 17, tzinfo=UTC)  # the 28th and 29th are past
+    out = _ingest_plan(engine, cfg, now)
+    assert out.problems == []
+    with engine.connect() as conn:
+        planned = conn.execute(select(obligations.c.period, obligations.c.due_at)
+                               .where(obligations.c.rule_id == "apia@test").order_by(obligations.c.due_at)).all()
+    assert [tuple(row) for row in planned] == [
+        ("2011-12-31", datetime(2011, 12, 30, 19, tzinfo=UTC)), ("2012-01-01", datetime(2011, 12, 31, 19, tzinfo=UTC))]
+    assert [(r["send_at"], r["status"]) for r in _alerts(engine, "apia@test")] == [
+        (datetime(2011, 12, 30, 18, tzinfo=UTC), "pending"), (datetime(2011, 12, 31, 18, tzinfo=UTC), "pending")]
+    sweep(engine, cfg, datetime(2011, 12, 30, 18, 0, 30, tzinfo=UTC))
+    [(subject, _body)] = _mails(tmp_path / "maildir")
+    assert subject.startswith("Reminder: Daily return due 2011-12-31 09:00 +14")

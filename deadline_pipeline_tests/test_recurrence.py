@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from deadline_pipeline.ingest.parsers.csv_format import parse_csv
 from deadline_pipeline.ingest.parsers.ics import parse_ics
-from deadline_pipeline.plan import recurrence
+from deadline_pipeline.plan import occurrences, recurrence
 from deadline_pipeline.plan.occurrences import GRACE, HORIZON, MAX_OCCURRENCES, expand, normalise_until, window
 from deadline_pipeline.plan.recurrence import (
     COUNTERS,
@@ -296,6 +296,149 @@ def test_hourly_with_byhour_is_wall_clock_and_never_duplicates_an_instant():
     got = instants(rule)
     assert len(got) == len(set(got)) == 8  # 02:30 on the gap night shifts onto 03:30 and is kept once
     assert got == sorted(got)
+
+
+# --- a gap that maps two local occurrences onto one instant --------------------------------------
+# Zones and years chosen where the system's zone data and the tzdata package agree (checked).
+
+APIA = ZoneInfo("Pacific/Apia")
+
+
+def test_a_skipped_day_plans_its_instant_once_for_the_day_that_exists(caplog):
+    """Samoa skipped 2011-12-30 (UTC-10 → UTC+14). The nonexistent 30 December 09:00, read with the
+    offset before the gap, is 19:00Z on the 30th: the instant of 31 December 09:00. Five occurrences
+    requested, four instants, each once; the instant belongs to the 31st, whose 09:00 exists."""
+    rule = RuleRecord("apia-daily", "t", "2011-12-28T09:00:00", "Pacific/Apia", "FREQ=DAILY;COUNT=5")
+    before = COUNTERS["instants_collapsed"]
+    with caplog.at_level(logging.WARNING, logger="deadline_pipeline.plan.occurrences"):
+        got = occurrences.expansion(rule, APIA, after=FAR_PAST, before=FAR_FUTURE)
+    assert [(o.period, o.due_at) for o in got.occurrences] == [
+        ("2011-12-28T09:00:00", datetime(2011, 12, 28, 19, tzinfo=UTC)),
+        ("2011-12-29T09:00:00", datetime(2011, 12, 29, 19, tzinfo=UTC)),
+        ("2011-12-31T09:00:00", datetime(2011, 12, 30, 19, tzinfo=UTC)),
+        ("2012-01-01T09:00:00", datetime(2011, 12, 31, 19, tzinfo=UTC)),
+    ]
+    [c] = got.collapsed
+    assert (c.dropped, c.kept, c.instant) == (datetime(2011, 12, 30, 9), datetime(2011, 12, 31, 9),
+                                              datetime(2011, 12, 30, 19, tzinfo=UTC))
+    assert COUNTERS["instants_collapsed"] == before + 1
+    [record] = [r for r in caplog.records if "apia-daily" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "2011-12-30T09:00:00 is dropped" in record.getMessage()
+    assert "Pacific/Apia" in record.getMessage() and "2011-12-31T09:00:00" in record.getMessage()
+
+
+def test_a_skipped_all_day_date_is_due_once_at_the_end_of_the_day_that_exists():
+    rule = RuleRecord("apia-all-day", "t", "2011-12-29", "Pacific/Apia", "FREQ=DAILY;COUNT=3")
+    got = occurrences.expansion(rule, APIA, after=FAR_PAST, before=FAR_FUTURE)
+    assert [(o.period, o.due_at) for o in got.occurrences] == [
+        ("2011-12-29", datetime(2011, 12, 30, 9, 59, 59, tzinfo=UTC)),
+        ("2011-12-31", datetime(2011, 12, 31, 9, 59, 59, tzinfo=UTC)),
+    ]
+    assert [(c.dropped, c.kept) for c in got.collapsed] == [(datetime(2011, 12, 30, 23, 59, 59),
+                                                            datetime(2011, 12, 31, 23, 59, 59))]
+
+
+def test_kiritimati_skipped_1994_12_31_and_plans_that_instant_once():
+    """Kiritimati went from UTC-10 to UTC+14 at the end of 30 December 1994: 31 December does not
+    exist there, and its 09:00 would be the instant of 1 January 1995 09:00."""
+    zone = ZoneInfo("Pacific/Kiritimati")
+    assert datetime(1994, 12, 31, 9, tzinfo=zone).astimezone(UTC) == \
+        datetime(1995, 1, 1, 9, tzinfo=zone).astimezone(UTC)  # the zone data says so
+    rule = RuleRecord("kiritimati-daily", "t", "1994-12-29T09:00:00", "Pacific/Kiritimati", "FREQ=DAILY;COUNT=5")
+    got = occurrences.expansion(rule, zone, after=FAR_PAST, before=FAR_FUTURE)
+    assert [o.due_at for o in got.occurrences] == [datetime(1994, 12, d, 19, tzinfo=UTC) for d in (29, 30, 31)] + [
+        datetime(1995, 1, 1, 19, tzinfo=UTC)]
+    assert [o.period for o in got.occurrences][2] == "1995-01-01T09:00:00"
+    assert [c.dropped for c in got.collapsed] == [datetime(1994, 12, 31, 9)]
+
+
+def test_a_gap_hour_shifted_onto_an_occurrence_keeps_the_local_time_that_exists():
+    """BYHOUR=1,2,3 at :30 over New York's 2025-03-09 gap (02:00→03:00): 02:30 is 07:30Z, the instant
+    of 03:30 EDT. That instant is planned once, identified by 03:30 (it was identified by the 02:30
+    that never shows on a clock), and the drop is reported."""
+    rule = RuleRecord("ny-byhour", "t", "2025-03-08T01:30:00", "America/New_York", "FREQ=HOURLY;BYHOUR=1,2,3;COUNT=9")
+    got = occurrences.expansion(rule, NY, after=FAR_PAST, before=FAR_FUTURE)
+    gap_day = [(o.period, o.due_at) for o in got.occurrences if o.period.startswith("2025-03-09")]
+    assert gap_day == [("2025-03-09T01:30:00", datetime(2025, 3, 9, 6, 30, tzinfo=UTC)),
+                       ("2025-03-09T03:30:00", datetime(2025, 3, 9, 7, 30, tzinfo=UTC))]
+    assert len(got.occurrences) == 8
+    assert [(c.dropped, c.kept) for c in got.collapsed] == [(datetime(2025, 3, 9, 2, 30), datetime(2025, 3, 9, 3, 30))]
+
+
+def test_an_rdate_in_a_gap_on_an_occurrence_is_planned_once_for_the_occurrence():
+    rule = RuleRecord("ny-rdate", "t", "2025-03-08T03:30:00", "America/New_York", "FREQ=DAILY;COUNT=3",
+                      rdates=("2025-03-09T02:30:00",))
+    got = occurrences.expansion(rule, NY, after=FAR_PAST, before=FAR_FUTURE)
+    assert [o.period for o in got.occurrences] == ["2025-03-08T03:30:00", "2025-03-09T03:30:00",
+                                                    "2025-03-10T03:30:00"]
+    assert [c.dropped for c in got.collapsed] == [datetime(2025, 3, 9, 2, 30)]
+
+
+def test_a_collapse_outside_the_window_is_not_reported_again():
+    rule = RuleRecord("apia-long", "t", "2011-12-28T09:00:00", "Pacific/Apia", "FREQ=DAILY")
+    later = datetime(2012, 6, 1, tzinfo=UTC)
+    got = occurrences.expansion(rule, APIA, after=later, before=later + timedelta(days=3))
+    assert len(got.occurrences) == 3 and got.collapsed == ()
+
+
+def test_a_business_day_roll_onto_one_day_keeps_each_occurrence():
+    """Not a gap: Saturday's and Sunday's deadlines rolled to Monday are still their own deadlines
+    (each keeps its period), with or without wall-clock BYxxx parts. (With BYHOUR, the two rolled
+    ones used to vanish without a word.)"""
+    after, before = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 20, tzinfo=UTC)
+    for text in ("FREQ=DAILY;COUNT=4", "FREQ=DAILY;BYHOUR=9;COUNT=4"):
+        rule = RuleRecord("roll", "t", "2026-01-09T09:00:00", "America/New_York", text)
+        got = occurrences.expansion(rule, NY, after=after, before=before, business_days=("US", "following"))
+        assert [(o.period[:10], o.due_at.day) for o in got.occurrences] == [
+            ("2026-01-09", 9), ("2026-01-10", 12), ("2026-01-11", 12), ("2026-01-12", 12)], text
+        assert got.collapsed == ()
+
+
+def test_zone_gaps_are_the_nonexistent_wall_clock_spans():
+    from deadline_pipeline.plan.occurrences import zone_gaps
+
+    assert zone_gaps(APIA, 2011)[-1] == (datetime(2011, 12, 30), datetime(2011, 12, 31))
+    assert zone_gaps(NY, 2025) == ((datetime(2025, 3, 9, 2), datetime(2025, 3, 9, 3)),)
+    assert zone_gaps(ZoneInfo("Australia/Lord_Howe"), 2025) == (
+        (datetime(2025, 10, 5, 2), datetime(2025, 10, 5, 2, 30)),)  # a half-hour gap
+    assert zone_gaps(ZoneInfo("Pacific/Kiritimati"), 1994) == ((datetime(1994, 12, 31), datetime(1995, 1, 1)),)
+    assert zone_gaps(UTC, 2025) == () and zone_gaps(ZoneInfo("Asia/Kolkata"), 2025) == ()
+
+
+def _once(items, zone, **kw):
+    from deadline_pipeline.plan.occurrences import once_per_instant
+
+    dropped: list = []
+    kept = list(once_per_instant(items, zone, dropped, **kw))
+    return kept, [(c.dropped, c.kept, c.instant) for c in dropped]
+
+
+def test_once_per_instant_drops_the_nonexistent_time_and_keeps_series_order():
+    day = datetime(2025, 3, 9)
+    items = [day.replace(hour=1, minute=30), day.replace(hour=2, minute=30), day.replace(hour=3),
+             day.replace(hour=3, minute=30), day.replace(hour=4)]
+    kept, dropped = _once(items, NY)
+    assert kept == [items[0], items[2], items[3], items[4]]
+    assert dropped == [(items[1], items[3], datetime(2025, 3, 9, 7, 30, tzinfo=UTC))]
+
+
+def test_once_per_instant_keeps_a_nonexistent_time_without_a_partner():
+    day = datetime(2025, 3, 9)
+    alone = [day.replace(hour=1), day.replace(hour=2, minute=30), day.replace(hour=4)]
+    assert _once(alone, NY) == (alone, [])
+    assert _once([day.replace(hour=2, minute=30)], NY) == ([day.replace(hour=2, minute=30)], [])  # at the end
+
+
+def test_once_per_instant_reads_shifted_times_and_passes_early_items_unexamined():
+    # A THISANDFUTURE piece shifted by a day: its 29 and 30 December fall on Samoa's 30 (gone) and 31.
+    items = [datetime(2011, 12, 29, 9), datetime(2011, 12, 30, 9)]
+    kept, dropped = _once(items, APIA, shift=timedelta(days=1))
+    assert kept == [datetime(2011, 12, 30, 9)]
+    assert dropped == [(datetime(2011, 12, 30, 9), datetime(2011, 12, 31, 9), datetime(2011, 12, 30, 19, tzinfo=UTC))]
+    # Items before `earliest` are the caller's to drop: passed on as they are, never held.
+    items = [datetime(2011, 12, 30, 9), datetime(2011, 12, 31, 9)]
+    assert _once(items, APIA, earliest=datetime(2011, 12, 31)) == (items, [])
 
 
 ZONES = ["America/New_York", "Europe/London", "Australia/Sydney", "America/Santiago", "Asia/Tehran",

@@ -12,11 +12,21 @@ C16, C17, C18):
 * A local time inside a spring-forward gap is shifted forward by the gap's length (RFC 5545 §3.3.5
   for DATE-TIME values that do not exist: 02:30 on a 02:00→03:00 night becomes 03:30); the day still
   counts towards COUNT. A local time repeated by a fall-back takes its *first* occurrence.
+* A shifted time can land on the instant of another occurrence of the same rule: Samoa skipped
+  2011-12-30 (UTC-10 → UTC+14), so a daily 09:00 there yields the nonexistent 2011-12-30 09:00,
+  read with the offset before the gap as 2011-12-30T19:00Z — the instant of 2011-12-31 09:00. An
+  instant is planned once per rule (RFC 5545 §3.8.5.3: "Duplicate instances are ignored"): the
+  occurrence whose local time exists keeps it, the nonexistent one is dropped
+  (:func:`once_per_instant`), and the drop is reported — WARNING naming the rule and both local
+  times (once per rule, zone and local time per process), ``COUNTERS["instants_collapsed"]`` every
+  time, and ``Expansion.collapsed``. Both still count towards COUNT, so ``COUNT=5`` over the skipped
+  day gives four instants. A business-day roll is not such a case: occurrences rolled onto one day
+  stay separate occurrences (each keeps its own period), so the comparison is made before the roll.
 * HOURLY, MINUTELY and SECONDLY rules without BYxxx parts step in *elapsed* time: they expand in UTC
   from the DTSTART instant, so the repeated hour of a fall-back is not skipped and the gap hour is
   not doubled. With BYxxx parts (BYHOUR=9,17…) those parts name wall-clock values, so such a rule
-  expands in wall-clock time like the daily ones, and an instant produced twice by a gap shift is
-  kept once.
+  expands in wall-clock time like the daily ones, and 02:30 shifted onto an occurrence at 03:30 is
+  dropped as above.
 
 Floating rules (``tz`` is ``None``) are expanded in the ``zone`` the caller passes: the source's
 declared zone (ICS ``X-WR-TIMEZONE``) or else the subscriber's (see the planner) — never UTC.
@@ -61,8 +71,11 @@ import logging
 import math
 import re
 import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from functools import lru_cache
 
 from dateutil.rrule import rrule, rruleset
 
@@ -105,6 +118,7 @@ warnings.filterwarnings("ignore", message=".*count.*until.*", category=Deprecati
                         module=r"dateutil\.rrule")
 
 _TRUNCATION_LOGGED: set[tuple[str, str]] = set()
+_COLLAPSE_LOGGED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +152,200 @@ class ExpansionBudgetExceeded(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Collapsed:
+    """An occurrence left out because another occurrence of the same rule has its instant.
+
+    ``dropped``: the local wall time (naive, in the rule's zone) that does not exist there — inside a
+    spring-forward gap or a skipped day; ``kept``: the existing local wall time whose occurrence keeps
+    the instant; ``instant``: the aware UTC instant both map to (RFC 5545 §3.3.5).
+    """
+
+    dropped: datetime
+    kept: datetime
+    instant: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Expansion:
     """What :func:`expansion` returns: ``occurrences`` as :func:`expand` returns them, and ``cut_at``,
     the due instant (aware UTC) of the first occurrence left out because the window held more than
-    :data:`MAX_OCCURRENCES` — None when nothing was left out (a ``limit`` reached is not a cut)."""
+    :data:`MAX_OCCURRENCES` — None when nothing was left out (a ``limit`` reached is not a cut).
+    ``collapsed``: the occurrences left out because a nonexistent local time shared its instant with
+    an existing one (:func:`once_per_instant`) and that instant lies in the window, in series order;
+    empty when none was."""
 
     occurrences: list[Occurrence]
     cut_at: datetime | None = None
+    collapsed: tuple[Collapsed, ...] = ()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An item :func:`once_per_instant` holds back."""
+
+    item: datetime  # as the series yielded it
+    local: datetime  # the wall time it is due at (item + wall-clock shift)
+    # For a nonexistent ``local`` not yet settled: the wall time its instant reads as, the only
+    # occurrence it can collide with. None once settled, and for an item that exists.
+    reads: datetime | None
+
+
+#: Sampling step when looking for a zone's transitions: an offset that changed and changed back
+#: within it would go unseen. The closest two offset changes of any zone in the IANA data (2026f) are
+#: a week apart.
+_SCAN_STEP = timedelta(hours=6)
+_SCAN_FIRST = datetime.min.replace(tzinfo=UTC) + timedelta(days=2)
+_SCAN_LAST = datetime.max.replace(tzinfo=UTC) - timedelta(days=2)
+
+
+@lru_cache(maxsize=1024)
+def zone_gaps(zone: tzinfo, year: int) -> tuple[tuple[datetime, datetime], ...]:
+    """The spans of wall-clock time that do not exist in ``zone`` and touch local ``year``, ascending:
+    ``(first nonexistent wall time, first existing one after it)``, naive local datetimes — one per
+    forward transition (a spring-forward hour, Samoa's skipped 2011-12-30 as one day).
+
+    Found by reading the offset every :data:`_SCAN_STEP` over the year (with two days of margin, so
+    a gap across New Year is in both years) and bisecting each change to the second; cached per zone
+    and year (about 1,500 conversions once). Works on any ``tzinfo`` that converts from UTC.
+    """
+    # At the ends of datetime's range, two days inside it: converting to a zone must not overflow.
+    t = datetime(year - 1, 12, 30, tzinfo=UTC) if year > 1 else _SCAN_FIRST
+    end = datetime(year + 1, 1, 3, tzinfo=UTC) if year < 9999 else _SCAN_LAST
+    before = t.astimezone(zone).utcoffset()
+    out = []
+    while t < end:
+        step = t + _SCAN_STEP
+        after = step.astimezone(zone).utcoffset()
+        if after != before:
+            if after > before:
+                moment = _transition(zone, t, step, before)
+                out.append(((moment + before).replace(tzinfo=None), (moment + after).replace(tzinfo=None)))
+            before = after
+        t = step
+    return tuple(g for g in out if g[0].year <= year <= g[1].year)
+
+
+def _transition(zone: tzinfo, lo: datetime, hi: datetime, before: timedelta) -> datetime:
+    """The first whole second in ``(lo, hi]`` (aware UTC) at which ``zone``'s offset is no longer ``before``."""
+    while hi - lo > timedelta(seconds=1):
+        mid = lo + timedelta(seconds=int((hi - lo).total_seconds()) // 2)
+        if mid.astimezone(zone).utcoffset() == before:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _gap_length(local: datetime, gaps: tuple[tuple[datetime, datetime], ...]) -> timedelta | None:
+    """The length of the gap of ``gaps`` (:func:`zone_gaps`) that ``local`` lies in, or None when it
+    lies in none (it exists)."""
+    for start, end in gaps:
+        if start <= local < end:
+            return end - start
+    return None
+
+
+def once_per_instant(items: Iterable[datetime], zone: tzinfo, dropped: list[Collapsed], *,
+                     shift: timedelta = timedelta(0), earliest: datetime | None = None) -> Iterator[datetime]:
+    """``items`` with at most one per UTC instant: a nonexistent local time whose instant is that of
+    another item is left out, and appended to ``dropped`` as :class:`Collapsed`.
+
+    ``items``: naive wall-clock datetimes in ``zone``, ascending (as a series yields them);
+    ``shift``: a wall-clock shift added to each before reading it in ``zone`` (a THISANDFUTURE
+    piece); ``earliest``: items before it (naive, same frame) are passed on unexamined — the caller
+    drops them, and a series read from a DTSTART years back must not pay for it. Yields the items
+    themselves, unshifted, in their order. Lazy: from a nonexistent item on, items are held back
+    until it is settled — until the wall time its instant reads as comes (an item there keeps the
+    instant) or passes (it has no partner and is kept); a gap is at most a day long, so at most a
+    day of series is held.
+
+    Why the existing one keeps the instant: RFC 5545 §3.3.10 reads a nonexistent computed local time
+    "in the same manner as an explicit DATE-TIME value" (§3.3.5), and §3.3.5 interprets that "using
+    the UTC offset before the gap in local times" — so Samoa's skipped 2011-12-30 09:00 names the
+    instant of 2011-12-31 09:00, and 02:30 on a 02:00→03:00 night that of 03:30. Both are then one
+    instance, and §3.8.5.3 says "Duplicate instances are ignored". The occurrence at a time that
+    exists on the wall clock names that instant as written: its period (the obligation's identity)
+    is the date and time the subscriber sees. Without this, both were planned: two identical mails.
+    No I/O and no global state (the zone's gaps are memoised, :func:`zone_gaps`); the only effect is
+    the appending to ``dropped``. Raises nothing of its own.
+    """
+    held: deque[_Pending] = deque()
+    # Items below `quiet` (in the items' frame) pass with one comparison: before `earliest`, or before
+    # the next gap (or New Year, where the next year's gaps are read) while nothing is held. Reading
+    # each item in the zone cost a tenth of a whole expansion.
+    quiet = earliest or datetime.min
+    for item in items:
+        if item < quiet:
+            yield item
+            continue
+        local = item + shift
+        gaps = zone_gaps(zone, local.year)
+        length = _gap_length(local, gaps)
+        if held or length is not None:
+            yield from _settle(held, _Pending(item, local, None if length is None else local + length), zone,
+                               dropped)
+        else:
+            yield item
+        quiet = datetime.min if held else _unshifted(_next_boundary(local, gaps), shift)
+    for p in held:
+        yield p.item
+
+
+def _next_boundary(local: datetime, gaps: tuple[tuple[datetime, datetime], ...]) -> datetime:
+    """The first wall time after ``local`` (naive) where :func:`once_per_instant` must look again:
+    the start of the next gap of ``gaps`` (:func:`zone_gaps` of ``local``'s year), else New Year."""
+    later = [start for start, _end in gaps if start > local]
+    if later:
+        return min(later)
+    return datetime(local.year + 1, 1, 1) if local.year < 9999 else datetime.max
+
+
+def _unshifted(local: datetime, shift: timedelta) -> datetime:
+    """``local - shift``, held inside datetime's range (a boundary at its end is as good as none)."""
+    try:
+        return local - shift
+    except OverflowError:
+        return datetime.max if shift < timedelta(0) else datetime.min
+
+
+def _settle(held: deque[_Pending], new: _Pending, zone: tzinfo, dropped: list[Collapsed]) -> Iterator[datetime]:
+    """Add ``new`` to ``held`` (in series order) and yield the items no longer held back: settle each
+    held nonexistent item whose partner's wall time has passed (it is kept), and drop the one whose
+    partner ``new`` is (recorded in ``dropped``)."""
+    for p in held:
+        if p.reads is not None and p.reads < new.local:
+            p.reads = None
+    if new.reads is None:
+        partner = next((p for p in held if p.reads == new.local), None)
+        if partner is not None:
+            held.remove(partner)
+            dropped.append(Collapsed(partner.local, new.local, to_instant(new.local, zone)))
+    held.append(new)
+    while held and held[0].reads is None:
+        yield held.popleft().item
+
+
+def _report_collapsed(rule: RuleRecord, zone: tzinfo, collapsed: list[Collapsed], after: datetime,
+                      before: datetime) -> tuple[Collapsed, ...]:
+    """The occurrences :func:`once_per_instant` left out whose instant lies in ``[after, before]``
+    (aware), logged (WARNING, once per rule, zone and dropped local time per process) and counted
+    (``COUNTERS["instants_collapsed"]``, every time). The series is read from its start, so a drop
+    years before the window is not this window's news; and planning runs every few minutes, so the
+    same line on every pass would bury the first."""
+    inside = tuple(c for c in collapsed if after <= c.instant <= before)
+    for c in inside:
+        COUNTERS["instants_collapsed"] += 1
+        key = (rule.rule_id, str(zone), c.dropped.isoformat())
+        if key in _COLLAPSE_LOGGED:
+            continue
+        if len(_COLLAPSE_LOGGED) < 10_000:  # bounded: a hostile feed must not grow memory without end
+            _COLLAPSE_LOGGED.add(key)
+        log.warning("rule %s: RRULE %r: the occurrence at local %s is dropped: that time does not exist in %s, "
+                    "and read with the offset before the gap it is %s, the instant of the occurrence at local %s, "
+                    "which keeps it (one instant, planned once: RFC 5545 §3.3.5, §3.8.5.3)",
+                    rule.rule_id, rule.rrule, c.dropped.isoformat(), zone, c.instant.isoformat(),
+                    c.kept.isoformat())
+    return inside
 
 
 def cap_problem(cut_at: datetime, before: datetime) -> str:
@@ -361,7 +562,9 @@ def expand(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime,
 
     ``zone``: the resolved zone of the rule (for a floating rule, the zone the caller chose).
     ``after``/``before``: aware datetimes (any zone; compared as instants). Returns
-    :class:`Occurrence` values with aware UTC ``due_at``. A one-off rule yields at most one.
+    :class:`Occurrence` values with aware UTC ``due_at``, one per instant before any business-day
+    roll (a gap that maps two onto one keeps the one whose local time exists; see the module's DST
+    policy). A one-off rule yields at most one.
     All-day starts expand by date and are due at the end of the local day (23:59:59).
 
     Keyword options:
@@ -389,7 +592,8 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
               business_days: BusinessDays | None = None, limit: int | None = None,
               strict: bool = True) -> Expansion:
     """:func:`expand`, and whether the window held more than :data:`MAX_OCCURRENCES`: where the
-    expansion was cut (:class:`Expansion`). Same arguments and errors as :func:`expand`."""
+    expansion was cut, and which occurrences were left out because a gap put them on the instant of
+    another (:class:`Expansion`). Same arguments and errors as :func:`expand`."""
     start = rule.start_local()
     business = _business(business_days)
     if not rule.rrule and not rule.rdates:
@@ -440,6 +644,8 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
             return item.replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)
 
         dtstart = frame(start)
+        # Items are distinct UTC instants here (no wall time to collide); shifts are elapsed time.
+        wall_zone, wall_shift = UTC, timedelta(0)
         lo = lo_instant.astimezone(UTC).replace(tzinfo=None)
         hi = hi_instant.astimezone(UTC).replace(tzinfo=None)
         cap = until_instant.replace(tzinfo=None) if until_instant is not None else None
@@ -449,6 +655,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
 
         local_of = frame
         dtstart = start
+        wall_zone, wall_shift = zone, shift
         lo = lo_instant.astimezone(zone).replace(tzinfo=None)
         hi = hi_instant.astimezone(zone).replace(tzinfo=None)
         # One day of slack: UNTIL is enforced below on instants, where a fold hour is unambiguous.
@@ -508,14 +715,13 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
             engine = rs
     except (ValueError, TypeError, OverflowError) as exc:
         raise ValueError(f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} cannot be expanded: {exc}") from None
+    # A gap can map two local occurrences onto one instant (a skipped day; 02:30 onto 03:30): keep the
+    # one whose local time exists, before the window and any business-day roll are applied.
+    collapsed: list[Collapsed] = []
+    engine = once_per_instant(engine, wall_zone, collapsed, shift=wall_shift, earliest=lo)
 
     out: list[Occurrence] = []
     append = out.append
-    # Several wall-clock times a day (sub-daily, BYHOUR…, RDATEs) can meet in a spring-forward gap:
-    # 02:00 shifted by the gap is 03:00, which the series has anyway. Keep such an instant once.
-    several_a_day = rdate_moments or (recur is not None and (recur.sub_daily or any(
-        p in recur.parts for p in ("BYHOUR", "BYMINUTE", "BYSECOND"))))
-    seen: set[datetime] | None = set() if (several_a_day and not elapsed) else None
     unsorted = False
     last_due: datetime | None = None
     cut_at: datetime | None = None
@@ -561,10 +767,6 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
                             business)
         if not (after <= due <= before):
             continue
-        if seen is not None:
-            if due in seen:  # a gap shift landed on an instant the series already has
-                continue
-            seen.add(due)
         if len(out) >= MAX_OCCURRENCES:
             # One occurrence more than the cap in the window: the expansion is cut here. (Stopping at
             # the cap itself claimed a cut for a window holding exactly the cap.)
@@ -584,7 +786,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
         _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
     if unsorted:
         out.sort(key=lambda o: (o.due_at, o.period))
-    return Expansion(out, cut_at)
+    return Expansion(out, cut_at, _report_collapsed(rule, zone, collapsed, after, before))
 
 
 def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
@@ -629,6 +831,6 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
     return now - GRACE, now + horizon
 
 
-__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Expansion", "ExpansionBudgetExceeded",
+__all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Collapsed", "Expansion", "ExpansionBudgetExceeded",
            "budget_problem", "cap_problem", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand", "expansion",
-           "normalise_until", "to_instant", "window"]
+           "normalise_until", "once_per_instant", "to_instant", "window"]
