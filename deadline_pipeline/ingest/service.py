@@ -98,7 +98,8 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
 
     ``now`` is aware UTC. Identical bytes create no new snapshot but move ``last_fresh_at`` (the
     source is alive). A 304 counts as fresh. A failed fetch stores nothing, keeps every rule version,
-    and records the error. ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
+    and records the error. Every fetch, failed or not, gets a ``fetch_log`` row (time, outcome, HTTP
+    status, sha256, the snapshot used). ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
     (``timeout_seconds``, ``max_bytes``, ``max_redirects``, ``network``…); the source's own
     credential variables (``token_env``, ``username_env``/``password_env``, ``headers_env``) are
     passed from ``src``. Never raises for the source's own failures.
@@ -117,6 +118,7 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
         log.warning("source %s: fetch failed: %s", src.name, exc)
         with engine.begin() as conn:
             sql.mark_source(conn, row.id, last_attempt_at=now, last_error=str(exc), status="stale")
+            sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="failed", error=str(exc))
         return FetchOutcome(src.name, "fetch_failed", error=str(exc))
 
     with engine.begin() as conn:
@@ -124,6 +126,9 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
             healthy = prev is not None and prev.parse_status == "parsed"
             sql.mark_source(conn, row.id, last_attempt_at=now,
                             **({"last_fresh_at": now, "status": "fresh", "last_error": None} if healthy else {}))
+            sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="not_modified",
+                          http_status=result.http_status, sha256=prev.sha256 if prev else None,
+                          snapshot_id=prev.id if prev else None)
             return FetchOutcome(src.name, "not_modified", prev.id if prev else None,
                                 prev.sha256 if prev else None)
         snap_id, created = sql.insert_snapshot(
@@ -131,6 +136,10 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
             http_status=result.http_status, etag=result.etag, last_modified=result.last_modified,
         )
         sql.mark_source(conn, row.id, last_attempt_at=now)
+        # Every fetch is logged, unchanged bytes too: when the source was looked at is what tells a
+        # deadline published after it passed from one that passed while nothing was fetched.
+        sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="new_snapshot" if created else "unchanged",
+                      http_status=result.http_status, sha256=result.sha256, snapshot_id=snap_id)
         if not created and prev is not None and prev.id != snap_id:
             # The source went back to bytes it served before (A → B → A). Those bytes must be
             # applied again, or the rules of B would silently stay in force.
