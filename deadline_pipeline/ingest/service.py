@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
+from deadline_pipeline.ingest import first_seen
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
@@ -67,6 +68,13 @@ class ApplyOutcome:
     skipped: int = 0
     held: list[str] = field(default_factory=list)
     renamed: int = 0
+    # Rules this snapshot brought that were already past (ingest.first_seen): the source published
+    # them late (a note), they passed while nothing was fetched (planning escalates them), or the
+    # source was not watched before (history). One line each in ``first_seen_notes``.
+    first_seen_late: int = 0
+    first_seen_missed: int = 0
+    first_seen_history: int = 0
+    first_seen_notes: list[str] = field(default_factory=list)
 
 
 class UnknownSnapshot(LookupError):
@@ -291,11 +299,28 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(counted)} record(s) skipped: {sql.safe_text(str(counted[0]))}"
                                     if counted else None))
-    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
-                        changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
-                        unchanged=diff.unchanged, renamed=len(renames),
-                        problems=problems, forced_over=reason if force else None, skipped=len(counted),
-                        held=held)
+    out = ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
+                       changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
+                       unchanged=diff.unchanged, renamed=len(renames),
+                       problems=problems, forced_over=reason if force else None, skipped=len(counted),
+                       held=held)
+    _note_first_seen_passed(engine, src, row.id, now, out)
+    return out
+
+
+def _note_first_seen_passed(engine: Engine, src: SourceConfig, source_id: int, now: datetime,
+                            out: ApplyOutcome) -> None:
+    """Judge the rules that came into force at ``now`` already past (:mod:`ingest.first_seen`), log
+    each and count them in ``out``: a deadline that passed unseen must not be only a rule version."""
+    with engine.connect() as conn:
+        judged = first_seen.judge_source(conn, source_id, src.name, src.freshness_window, since=now)
+    first_seen.log_judgments(judged)
+    counts = {v: sum(1 for j in judged if j.verdict == v) for v in
+              (first_seen.LATE_PUBLISHED, first_seen.MISSED_UNWATCHED, first_seen.NOT_WATCHED)}
+    out.first_seen_late = counts[first_seen.LATE_PUBLISHED]
+    out.first_seen_missed = counts[first_seen.MISSED_UNWATCHED]
+    out.first_seen_history = counts[first_seen.NOT_WATCHED]
+    out.first_seen_notes = [j.describe() for j in judged if j.verdict != first_seen.NOT_WATCHED][:50]
 
 
 def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,

@@ -9,7 +9,7 @@ removes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, delete, exists, func, or_, select, update
 
@@ -292,3 +292,56 @@ def prune_fetch_log(conn: Connection, before: datetime) -> int:
     """Delete the fetch log rows fetched before ``before`` (aware UTC), except each source's latest;
     returns how many. The snapshots' retention: ``snapshots prune --keep-days`` calls both."""
     return conn.execute(delete(fetch_log).where(_prunable_fetch(before))).rowcount
+
+
+def first_versions_since(conn: Connection, source_id: int, since: datetime) -> list:
+    """The first version of each rule of a source that came into force at or after ``since`` (aware
+    UTC), not a rename (``lineage`` null: a renamed rule keeps its history): rows of rule_id, version,
+    payload, valid_from (when the pipeline first saw it, aware UTC) and snapshot_id, oldest first."""
+    r2 = rule_versions.alias("r2")
+    first = (select(func.min(r2.c.version))
+             .where(r2.c.source_id == rule_versions.c.source_id, r2.c.rule_id == rule_versions.c.rule_id)
+             .scalar_subquery())
+    return list(conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.payload, rule_versions.c.valid_from,
+               rule_versions.c.snapshot_id)
+        .where(rule_versions.c.source_id == source_id, rule_versions.c.version == first,
+               rule_versions.c.lineage.is_(None), rule_versions.c.withdrawn.is_(False),
+               rule_versions.c.valid_from >= since)
+        .order_by(rule_versions.c.valid_from, rule_versions.c.rule_id)
+    ).all())
+
+
+def _watching_fetch(source_id: int, without_snapshot: int | None):
+    """SQL condition of a fetch that showed the source's content: not failed, and its bytes parsed
+    (a payload that did not parse showed nothing), other than ``without_snapshot``."""
+    cond = and_(fetch_log.c.source_id == source_id, fetch_log.c.outcome != "failed",
+                snapshots.c.parse_status == "parsed")
+    if without_snapshot is not None:
+        cond = and_(cond, fetch_log.c.snapshot_id != without_snapshot)
+    return cond
+
+
+def last_watching_fetch_before(conn: Connection, source_id: int, before: datetime,
+                               without_snapshot: int | None = None) -> datetime | None:
+    """When the source was last fetched before ``before`` (aware UTC) with content that parsed, other
+    than snapshot ``without_snapshot``; None when the log has no such fetch."""
+    return conn.execute(
+        select(func.max(fetch_log.c.fetched_at))
+        .join(snapshots, snapshots.c.id == fetch_log.c.snapshot_id)
+        .where(_watching_fetch(source_id, without_snapshot), fetch_log.c.fetched_at < before)
+    ).scalar()
+
+
+def first_fetch_since(conn: Connection, source_id: int, since: datetime) -> datetime | None:
+    """The first successful (not failed) fetch of the source at or after ``since`` (aware UTC), or None."""
+    return conn.execute(
+        select(func.min(fetch_log.c.fetched_at))
+        .where(fetch_log.c.source_id == source_id, fetch_log.c.outcome != "failed", fetch_log.c.fetched_at >= since)
+    ).scalar()
+
+
+def freshness_window(conn: Connection, source_id: int) -> timedelta:
+    """The source's expected freshness window as stored (``sources.freshness_seconds``)."""
+    seconds = conn.execute(select(sources.c.freshness_seconds).where(sources.c.id == source_id)).scalar_one()
+    return timedelta(seconds=seconds)
