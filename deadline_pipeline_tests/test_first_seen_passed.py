@@ -196,3 +196,32 @@ def test_ismir20_published_before_its_deadline_and_missed_while_down_pages(share
     assert len(reasons) == 1 and gap in reasons[0], reasons
     assert len(mails(tmp_path, "oncall")) >= 1
     assert not w.escalations_acknowledged(engine, resumed).passed
+
+
+def test_reminders_owed_and_the_watchdog_count_a_deadline_that_passed_unwatched(engine, tmp_path):
+    """Ingest alone after the gap (planning has not run, or failed to leave the escalation): both the
+    reconciliation and the watchdog's passed_unwatched row are red, naming the gap. Once planning
+    left the reminder the sweep escalates, both count it and pass (escalations_acknowledged stays
+    red until a human acknowledges it)."""
+    from deadline_pipeline.watch.reconcile import reminders_owed
+    from deadline_pipeline.watch.watchdog import evaluate
+
+    cfg = setup(tmp_path, FAR, offsets=("-P7D", "-P1D"), oncall=True)
+    cycle(engine, cfg, at("2026-03-01T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(FAR, PASSED))
+    now = at("2026-03-08T12:00:00")
+    _ingest(engine, cfg, now)
+    gap = "no successful fetch of source conf between 2026-03-01T12:00:00+00:00 and 2026-03-08T12:00:00+00:00"
+    owed = reminders_owed(engine, cfg, now)
+    assert not owed.passed and owed.count == 1 and gap in owed.summary, owed.summary
+    assert owed.offenders[0]["reason"].startswith("never escalated: " + gap), owed.offenders
+    [row] = [r for r in evaluate(engine, now, cfg).rows if r.check == "passed_unwatched"]
+    assert not row.ok and "1 deadline(s) passed while their source was not fetched, 1 never escalated" \
+        in row.detail and gap in row.detail, row.detail
+    plan(engine, cfg, now)
+    deliver(engine, cfg, now)
+    owed = reminders_owed(engine, cfg, now)
+    assert owed.passed and "1 deadline(s) passed while their source was not fetched" in owed.summary, owed.summary
+    [row] = [r for r in evaluate(engine, now, cfg).rows if r.check == "passed_unwatched"]
+    assert row.ok and "0 never escalated" in row.detail, row.detail
+    assert not w.escalations_acknowledged(engine, now).passed

@@ -825,3 +825,12 @@ def insert_obligations_if_new(conn: Connection, rows: list[dict]) -> dict[str, i
                 .returning(obligations.c.id, obligations.c.obligation_key))
         out.update({key: i for i, key in conn.execute(stmt).all()})
     return out
+
+
+def reminder_statuses_of_rule(conn: Connection, source_id: int, rule_id: str, due_at: datetime) -> set[str]:
+    """The statuses of every reminder of ``rule_id`` (of ``source_id``) for the due instant
+    ``due_at`` (aware UTC), over all subscribers: what the outbox did about that deadline."""
+    return set(conn.execute(
+        select(alerts.c.status).distinct().join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .where(obligations.c.source_id == source_id, obligations.c.rule_id == rule_id,
+               alerts.c.kind == "reminder", alerts.c.due_at == due_at)).scalars())
