@@ -35,7 +35,13 @@ MOVED = {
         ("neurips20/submission/deadline", "2020-05-12T20:00:00+00:00", "2020-06-03T20:00:00+00:00"),
     ],
 }
-ADDED_COUNT = {"2020-01-28": 16, "2020-02-19": 7, "2020-04-17": 10}
+# 2020-04-17: ten new deadlines ahead, and ismir20's abstract deadline (due 2020-04-11T11:59:59Z),
+# first seen already past. This replay fetches only at the revision dates, so nothing fetched the
+# source within its 1-day freshness window before that deadline: it is judged missed while unwatched
+# and gets the obligation whose reminder the sweep escalates (ingest.first_seen). Fetched daily,
+# the same history is a late publication and pages nobody (test_first_seen_passed).
+ADDED_COUNT = {"2020-01-28": 16, "2020-02-19": 7, "2020-04-17": 11}
+MISSED_WHILE_UNWATCHED = {"2020-01-28": 0, "2020-02-19": 0, "2020-04-17": 1}
 # Only uai20 had a reminder delivered (its 30-day reminder, sent late on 28 January) before it moved.
 CORRECTED = {"2020-01-28": [], "2020-02-19": ["uai20/submission/deadline"], "2020-04-17": []}
 
@@ -76,6 +82,7 @@ def test_pwc_revisions_replayed_in_order(shared_dir, engine, tmp_path):
                 fetch_snapshot(engine, src, now)
                 apply_latest_snapshot(engine, src, now)
             out = plan_all(engine, cfg, now)
+            assert out.missed_while_unwatched == (0 if replay else MISSED_WHILE_UNWATCHED[date]), date
             if replay:
                 # The same revision again: nothing moves, nothing is written, no second correction.
                 assert (out.obligations_inserted, out.obligations_moved, out.obligations_updated,

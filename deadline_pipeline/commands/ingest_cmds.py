@@ -264,7 +264,12 @@ def source_accept(snapshot_id: int, db_url: str | None, config: str | None, as_o
 
 def snapshots_prune(keep_days: int, dry_run: bool, db_url: str | None, as_of: str | None) -> int:
     """``snapshots prune``; returns the exit code."""
-    from deadline_pipeline.store.sources import prunable_snapshots, prune_snapshots
+    from deadline_pipeline.store.sources import (
+        count_prunable_fetches,
+        prunable_snapshots,
+        prune_fetch_log,
+        prune_snapshots,
+    )
 
     if keep_days < 0:
         raise _BadInput(f"--keep-days must be 0 or more, got {keep_days}")
@@ -272,10 +277,13 @@ def snapshots_prune(keep_days: int, dry_run: bool, db_url: str | None, as_of: st
     engine = _engine(db_url)
     with engine.connect() as conn:
         candidates = prunable_snapshots(conn, before)
+        fetches = count_prunable_fetches(conn, before)
     if dry_run:
         deleted = {c.id for c in candidates}
     else:
         with engine.begin() as conn:
+            # The fetch log first: a snapshot re-fetched within the retention is kept by its log rows.
+            fetches = prune_fetch_log(conn, before)
             deleted = set(prune_snapshots(conn, [c.id for c in candidates], before))
     verb = "would prune" if dry_run else "pruned"
     total = 0
@@ -289,6 +297,7 @@ def snapshots_prune(keep_days: int, dry_run: bool, db_url: str | None, as_of: st
         click.echo(f"kept {kept_now} snapshot(s) that became referenced or latest while pruning")
     click.echo(f"{verb} {len(deleted)} snapshot(s), {total} bytes, fetched before {before.isoformat()}; "
                "snapshots referenced by a rule version or a source's latest/current one are always kept")
+    click.echo(f"{verb} {fetches} fetch log row(s) fetched before {before.isoformat()}; each source's latest is kept")
     return EXIT_OK
 
 
@@ -404,7 +413,8 @@ def register(main: click.Group) -> None:
     @_guarded
     def prune_cmd(keep_days, dry_run, db_url, as_of):
         """Delete old snapshots that no rule version references and that are not a source's latest or
-        current snapshot; print each one pruned."""
+        current snapshot, nor re-fetched within the retention; print each one pruned. Old fetch log
+        rows go too (each source's latest is kept)."""
         sys.exit(snapshots_prune(keep_days, dry_run, db_url, as_of))
 
     @main.command("validate")

@@ -80,6 +80,7 @@ from deadline_pipeline.deliver.notification import (
 )
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
+from deadline_pipeline.plan.service import PASSED_UNWATCHED
 from deadline_pipeline.store import delivery as sql
 
 log = logging.getLogger(__name__)
@@ -676,6 +677,10 @@ class _Sweep:
                         # on-call must know the subscriber still expects the old date.
                         r.escalate_reason += (f"; a revision moved it there from "
                                               f"{row['previous_due_at'].isoformat()}")
+                    elif PASSED_UNWATCHED in (row.get("status_reason") or ""):
+                        # A deadline that passed while its source was not fetched
+                        # (plan.service.missed_while_unwatched): the on-call must see the gap.
+                        r.escalate_reason += "; " + row["status_reason"].split("; escalated as missed")[0]
                 results.append(r)
         return rows, results
 

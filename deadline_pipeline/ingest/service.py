@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
+from deadline_pipeline.ingest import first_seen
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
@@ -67,6 +68,13 @@ class ApplyOutcome:
     skipped: int = 0
     held: list[str] = field(default_factory=list)
     renamed: int = 0
+    # Rules this snapshot brought that were already past (ingest.first_seen): the source published
+    # them late (a note), they passed while nothing was fetched (planning escalates them), or the
+    # source was not watched before (history). One line each in ``first_seen_notes``.
+    first_seen_late: int = 0
+    first_seen_missed: int = 0
+    first_seen_history: int = 0
+    first_seen_notes: list[str] = field(default_factory=list)
 
 
 class UnknownSnapshot(LookupError):
@@ -98,7 +106,8 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
 
     ``now`` is aware UTC. Identical bytes create no new snapshot but move ``last_fresh_at`` (the
     source is alive). A 304 counts as fresh. A failed fetch stores nothing, keeps every rule version,
-    and records the error. ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
+    and records the error. Every fetch, failed or not, gets a ``fetch_log`` row (time, outcome, HTTP
+    status, sha256, the snapshot used). ``fetch_options`` go to :func:`~deadline_pipeline.ingest.fetch.fetch`
     (``timeout_seconds``, ``max_bytes``, ``max_redirects``, ``network``…); the source's own
     credential variables (``token_env``, ``username_env``/``password_env``, ``headers_env``) are
     passed from ``src``. Never raises for the source's own failures.
@@ -117,6 +126,7 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
         log.warning("source %s: fetch failed: %s", src.name, exc)
         with engine.begin() as conn:
             sql.mark_source(conn, row.id, last_attempt_at=now, last_error=str(exc), status="stale")
+            sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="failed", error=str(exc))
         return FetchOutcome(src.name, "fetch_failed", error=str(exc))
 
     with engine.begin() as conn:
@@ -124,6 +134,9 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
             healthy = prev is not None and prev.parse_status == "parsed"
             sql.mark_source(conn, row.id, last_attempt_at=now,
                             **({"last_fresh_at": now, "status": "fresh", "last_error": None} if healthy else {}))
+            sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="not_modified",
+                          http_status=result.http_status, sha256=prev.sha256 if prev else None,
+                          snapshot_id=prev.id if prev else None)
             return FetchOutcome(src.name, "not_modified", prev.id if prev else None,
                                 prev.sha256 if prev else None)
         snap_id, created = sql.insert_snapshot(
@@ -131,6 +144,10 @@ def fetch_snapshot(engine: Engine, src: SourceConfig, now: datetime, **fetch_opt
             http_status=result.http_status, etag=result.etag, last_modified=result.last_modified,
         )
         sql.mark_source(conn, row.id, last_attempt_at=now)
+        # Every fetch is logged, unchanged bytes too: when the source was looked at is what tells a
+        # deadline published after it passed from one that passed while nothing was fetched.
+        sql.log_fetch(conn, source_id=row.id, fetched_at=now, outcome="new_snapshot" if created else "unchanged",
+                      http_status=result.http_status, sha256=result.sha256, snapshot_id=snap_id)
         if not created and prev is not None and prev.id != snap_id:
             # The source went back to bytes it served before (A → B → A). Those bytes must be
             # applied again, or the rules of B would silently stay in force.
@@ -282,11 +299,28 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
                         last_error=(f"{len(counted)} record(s) skipped: {sql.safe_text(str(counted[0]))}"
                                     if counted else None))
-    return ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
-                        changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
-                        unchanged=diff.unchanged, renamed=len(renames),
-                        problems=problems, forced_over=reason if force else None, skipped=len(counted),
-                        held=held)
+    out = ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
+                       changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
+                       unchanged=diff.unchanged, renamed=len(renames),
+                       problems=problems, forced_over=reason if force else None, skipped=len(counted),
+                       held=held)
+    _note_first_seen_passed(engine, src, row.id, now, out)
+    return out
+
+
+def _note_first_seen_passed(engine: Engine, src: SourceConfig, source_id: int, now: datetime,
+                            out: ApplyOutcome) -> None:
+    """Judge the rules that came into force at ``now`` already past (:mod:`ingest.first_seen`), log
+    each and count them in ``out``: a deadline that passed unseen must not be only a rule version."""
+    with engine.connect() as conn:
+        judged = first_seen.judge_source(conn, source_id, src.name, src.freshness_window, since=now)
+    first_seen.log_judgments(judged)
+    counts = {v: sum(1 for j in judged if j.verdict == v) for v in
+              (first_seen.LATE_PUBLISHED, first_seen.MISSED_UNWATCHED, first_seen.NOT_WATCHED)}
+    out.first_seen_late = counts[first_seen.LATE_PUBLISHED]
+    out.first_seen_missed = counts[first_seen.MISSED_UNWATCHED]
+    out.first_seen_history = counts[first_seen.NOT_WATCHED]
+    out.first_seen_notes = [j.describe() for j in judged if j.verdict != first_seen.NOT_WATCHED][:50]
 
 
 def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,

@@ -171,7 +171,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         now = clock.now()
         engine = store.engine()
         since = max_version_id(engine)
-        totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0)
+        totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0,
+                      first_seen_late=0, first_seen_missed=0, first_seen_history=0)
         lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
         # Applying creates rule versions, which the UI should show as a rule_versions materialization
         # (what changed, which months): a subset without it (snapshot/<name> alone) confirms and
@@ -185,6 +186,12 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             totals["withdrawn"] += out.withdrawn
             totals["unchanged"] += out.unchanged
             totals["problems"] += len(out.problems)
+            # Rules first seen already past (ingest.first_seen): late publications are notes here,
+            # possible misses are escalated by planning.
+            for k in ("first_seen_late", "first_seen_missed", "first_seen_history"):
+                totals[k] += getattr(out, k)
+            for line in out.first_seen_notes:
+                context.log.warning(f"source {src.name}: first seen after its deadline: {line}")
             if out.status in ("parse_failed", "quarantined", "no_snapshot"):
                 totals["failed_sources"] += 1
                 context.log.error(f"source {src.name}: {out.status}: {out.error}")
@@ -266,6 +273,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Reminders of deadlines moved into the past with none delivered, left for the sweep to
             # escalate as missed.
             "moved_into_past_missed": out.moved_into_past_missed,
+            # Reminders of deadlines that passed while their source was not fetched (ingest.first_seen),
+            # left for the sweep to escalate as missed.
+            "missed_while_unwatched": out.missed_while_unwatched,
             **{f"state_{k}": v for k, v in sorted(states.items())},
         })
 

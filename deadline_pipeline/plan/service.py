@@ -13,6 +13,11 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
   the new instant can go out: each channel with a delivered reminder gets its correction ("the new
   instant has already passed"), each channel without one gets a reminder for the passed instant that
   the delivery sweep escalates as missed (:func:`missed_row`);
+* deadline first seen after it had passed while its source was not fetched (no fetch with parsed
+  content within the source's freshness window before it: :mod:`~deadline_pipeline.ingest.first_seen`)
+  → its obligation and one reminder per channel that the delivery sweep escalates as missed, naming
+  the gap (:func:`missed_while_unwatched`); one the source published late, or that was past when the
+  source was first watched, is a note, not a page;
 * withdrawn rule → pending reminders cancelled; subscribers who already got a reminder get one
   *cancellation* notice per channel; a removed subscriber or subscription → cancelled silently.
 """
@@ -38,6 +43,7 @@ from deadline_pipeline.config import (
     SubscriptionConfig,
     parse_duration,
 )
+from deadline_pipeline.ingest.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.plan.business_days import calendar_data_version
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
@@ -55,7 +61,7 @@ from deadline_pipeline.plan.planner import (
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
-from deadline_pipeline.store.sources import sync_source
+from deadline_pipeline.store.sources import freshness_window, sync_source
 from deadline_pipeline.wording import MOVE_CAUSE
 
 log = logging.getLogger(__name__)
@@ -86,6 +92,10 @@ class PlanOutcome:
     # revision moved into the past before any reminder of it was delivered on that channel
     # (:func:`missed_row`; logged).
     moved_into_past_missed: int = 0
+    # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline that
+    # passed while its source was not fetched (ingest.first_seen; :func:`missed_while_unwatched`,
+    # logged at ERROR with the gap).
+    missed_while_unwatched: int = 0
     # Obligations whose due instant moved although their rule did not: the zone data or the
     # working-day calendar changed (:func:`time_data_cause`; logged, named in the corrections).
     moved_by_time_data: int = 0
@@ -363,6 +373,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                 lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
         out.add_problems(subscriptions_selection_problems(targets, rules_cache))
 
+        # Who was planned for before this run: only they can have missed a deadline while unwatched.
+        watched = sql.planned_pairs(conn)
         sql.create_stage(conn)
         try:
             failed_rules: set[tuple[int, str]] = set()
@@ -387,6 +399,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             sql.analyze_planned(conn)
             if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
                 sql.analyze_written(conn)
+            _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache))
@@ -727,21 +740,97 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
 MOVED_INTO_PAST = "the deadline moved to an instant already past before any reminder was delivered on this channel"
 
 
-def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, old_due: datetime,
-               new_due: datetime, now: datetime) -> dict:
+def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, old_due: datetime | None,
+               new_due: datetime, now: datetime, why: str | None = None) -> dict:
     """The alert row of a reminder for ``new_due`` (aware UTC, already past at ``now``), due at once,
-    that the delivery sweep escalates as missed (:data:`MOVED_INTO_PAST`): one per channel of an
-    obligation moved into the past with no reminder delivered there. ``offset_seconds``: the latest
-    offset the channel had (the reminder nearest the deadline); keyed like the reminder planning
-    would have written for that offset and instant, so a re-plan never writes a second one."""
+    that the delivery sweep escalates as missed: one per channel of an obligation moved into the past
+    from ``old_due`` with no reminder delivered there (:data:`MOVED_INTO_PAST`), or, with ``old_due``
+    None, of a deadline that passed while its source was not fetched (``why``: the gap,
+    :data:`PASSED_UNWATCHED`). ``offset_seconds``: the latest offset the channel has (the reminder
+    nearest the deadline); keyed like the reminder planning would have written for that offset and
+    instant, so a re-plan never writes a second one."""
     (dedup,) = reminder_dedup_keys(key, new_due, [(offset_seconds, channel)])
+    if why is None:
+        why = f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}"
     return dict(
         obligation_id=obligation_id, offset_seconds=offset_seconds, channel=channel, kind="reminder", revision=0,
         dedup_key=dedup, send_at=now, due_at=new_due, status="pending", previous_due_at=old_due, attempts=0,
-        created_at=now, updated_at=now,
-        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}; "
-                      "escalated as missed by the delivery sweep",
+        created_at=now, updated_at=now, status_reason=f"{why}; escalated as missed by the delivery sweep",
     )
+
+
+# The reason of a reminder left for the sweep to escalate because its deadline passed while the
+# source was not fetched (ingest.first_seen: MISSED_UNWATCHED). Before, such a rule was stored as a
+# version and nothing else: no obligation, no alert, every check green. The sweep keeps the reason.
+PASSED_UNWATCHED = "first seen after it had passed, while its source was not fetched"
+
+
+def passed_unwatched_reason(judged: FirstSeenPassed) -> str:
+    """The alert reason naming the gap: ``"first seen after ...: no successful fetch of source X
+    between A and B; deadline D at T passed in that gap"``."""
+    return f"{PASSED_UNWATCHED}: {judged.describe()}"
+
+
+def missed_while_unwatched(target: Target, rules: dict[str, tuple[int, RuleRecord]], judged: list[FirstSeenPassed],
+                           lineage: dict[str, str] | None = None) -> list[tuple[PlannedObligation, FirstSeenPassed]]:
+    """The obligations of ``target`` (pure) for each judgment that is a possible miss
+    (:data:`~deadline_pipeline.ingest.first_seen.MISSED_UNWATCHED`) of a rule still in force
+    (``rules``: rule_id → (version, record)) that the target selects, keyed as planning keys them;
+    planned over a window around the rule's instant (business-day rolling may move it a few days)."""
+    out = []
+    for j in judged:
+        if j.verdict != MISSED_UNWATCHED or j.rule_id not in rules:
+            continue
+        lo = j.instant - timedelta(days=10)
+        obs, _problems = plan_obligations(target, [rules[j.rule_id]], lo + GRACE, timedelta(days=20),
+                                          after=lo, before=j.first_seen, lineage=lineage)
+        out.extend((ob, j) for ob in obs)
+    return out
+
+
+def _write_missed_while_unwatched(conn, targets: list[Target], rules_cache: dict, lineage: dict, now: datetime,
+                                  watched: set[tuple[int, int]], out: PlanOutcome) -> None:
+    """Write, for each deadline that passed while its source was not fetched (judged from the fetch
+    log over the last :data:`~deadline_pipeline.ingest.first_seen.LOOKBACK`), its obligation and one
+    reminder per channel (the latest offset) that the delivery sweep escalates as missed
+    (:func:`missed_row`); counted in ``out.missed_while_unwatched``, logged at ERROR. ``watched``:
+    (subscriber_id, source_id) pairs that had obligations before this run — a subscriber added since
+    was not owed a deadline that passed before. An obligation already stored adds nothing, so a
+    re-plan adds nothing either."""
+    found: dict[str, tuple[PlannedObligation, FirstSeenPassed, dict[str, int]]] = {}
+    judged_by_source: dict[int, list[FirstSeenPassed]] = {}
+    for t in targets:
+        if (t.subscriber_id, t.source_id) not in watched:
+            continue
+        if t.source_id not in judged_by_source:
+            judged_by_source[t.source_id] = judge_source(conn, t.source_id, t.source,
+                                                          freshness_window(conn, t.source_id), now - LOOKBACK)
+        rules = {r.rule_id: (v, r) for v, r in rules_cache[t.source_id][0]}
+        for ob, j in missed_while_unwatched(t, rules, judged_by_source[t.source_id], lineage.get(t.source_id)):
+            latest = found.setdefault(ob.key, (ob, j, {}))[2]
+            top = max(o.nominal_seconds for o in t.offsets)
+            # Two subscriptions of one subscriber merge into one obligation, as planning merges them.
+            for ch in t.channels:
+                latest[ch] = max(latest.get(ch, top), top)
+    if found:
+        _insert_missed_while_unwatched(conn, found, now, out)
+
+
+def _insert_missed_while_unwatched(conn, found: dict, now: datetime, out: PlanOutcome) -> None:
+    """Insert the obligations and escalation reminders :func:`_write_missed_while_unwatched` found."""
+    ids = sql.insert_obligations_if_new(conn, [dict(
+        obligation_key=ob.key, tenant=ob.tenant, subscriber_id=ob.subscriber_id, source_id=ob.source_id,
+        rule_id=ob.rule_id, rule_version=ob.rule_version, period=ob.period, title=ob.title, due_at=ob.due_at,
+        status="active", planned_at=now, revision=0, fingerprint=ob.fingerprint) for ob, _, _ in found.values()])
+    rows = [missed_row(ids[key], key, ch, seconds, None, ob.due_at, now, passed_unwatched_reason(j))
+            for key, (ob, j, latest) in found.items() if key in ids for ch, seconds in sorted(latest.items())]
+    written = sql.insert_notices(conn, rows)
+    out.obligations_inserted += len(ids)
+    out.alerts_inserted += written
+    out.missed_while_unwatched += written
+    for key in ids:
+        log.error("planning: %s: reminder(s) left to the delivery sweep, which escalates them as missed",
+                  found[key][1].describe())
 
 
 def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],

@@ -808,3 +808,29 @@ def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: dat
             .returning(alerts.c.id)
         ).all())
     return cancelled
+
+
+def planned_pairs(conn: Connection) -> set[tuple[int, int]]:
+    """(subscriber_id, source_id) of every stored obligation: who has been planned for, per source."""
+    return {(a, b) for a, b in conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id).distinct()).all()}
+
+
+def insert_obligations_if_new(conn: Connection, rows: list[dict]) -> dict[str, int]:
+    """Insert obligation rows (``obligations`` columns) whose key is not stored yet; an existing key
+    is left as it is. Returns obligation_key → id of the rows inserted."""
+    out: dict[str, int] = {}
+    for part in chunks(rows, 500):
+        stmt = (dialect_insert(conn, obligations).values(list(part)).on_conflict_do_nothing()
+                .returning(obligations.c.id, obligations.c.obligation_key))
+        out.update({key: i for i, key in conn.execute(stmt).all()})
+    return out
+
+
+def reminder_statuses_of_rule(conn: Connection, source_id: int, rule_id: str, due_at: datetime) -> set[str]:
+    """The statuses of every reminder of ``rule_id`` (of ``source_id``) for the due instant
+    ``due_at`` (aware UTC), over all subscribers: what the outbox did about that deadline."""
+    return set(conn.execute(
+        select(alerts.c.status).distinct().join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .where(obligations.c.source_id == source_id, obligations.c.rule_id == rule_id,
+               alerts.c.kind == "reminder", alerts.c.due_at == due_at)).scalars())

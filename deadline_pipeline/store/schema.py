@@ -134,6 +134,29 @@ snapshots = Table(
     UniqueConstraint("source_id", "sha256"),
 )
 
+# One row per fetch of a source, successful or not: snapshots record only content that changed, so
+# without this log "was the source looked at between A and B?" had no answer, and a deadline that
+# came and went while nothing was fetched could not be told from one the source published after it
+# had passed (the PWC ismir20 abstract deadline: due 2020-04-11, published 2020-04-17). Pruned with
+# the snapshots (``snapshots prune``), keeping each source's latest row.
+fetch_log = Table(
+    "fetch_log",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("source_id", ForeignKey("sources.id"), nullable=False),
+    Column("fetched_at", UtcDateTime, nullable=False),
+    # new_snapshot | unchanged | not_modified (HTTP 304) | failed
+    Column("outcome", String(20), nullable=False),
+    # None for a local file (and for a failed fetch that got no answer).
+    Column("http_status", Integer),
+    Column("sha256", String(64)),
+    # The snapshot these bytes are stored in: the new one, or the existing one with the same sha256
+    # (for a 304, the latest one). SET NULL: a log row never blocks pruning a snapshot.
+    Column("snapshot_id", ForeignKey("snapshots.id", ondelete="SET NULL")),
+    Column("error", Text),
+    Index(None, "source_id", "fetched_at"),
+)
+
 rule_versions = Table(
     "rule_versions",
     metadata,

@@ -1,19 +1,20 @@
 """SQL of the ingest stage: sources, snapshots and rule versions.
 
 The pipeline never deletes: a withdrawal is a new rule version and a failed fetch or parse keeps
-everything. The one delete here, :func:`prune_snapshots`, serves the operator's retention command and
-re-checks in the DELETE itself that no rule version references what it removes.
+everything. The deletes here, :func:`prune_snapshots` and :func:`prune_fetch_log`, serve the operator's
+retention command; the first re-checks in the DELETE itself that no rule version references what it
+removes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, delete, exists, func, or_, select, update
 
 from deadline_pipeline.security.redact import redact
-from deadline_pipeline.store.schema import rule_versions, snapshots, sources
+from deadline_pipeline.store.schema import fetch_log, rule_versions, snapshots, sources
 from deadline_pipeline.store.upsert import dialect_insert
 
 
@@ -219,9 +220,12 @@ def _newer_snapshot_exists():
 def _prunable(before: datetime):
     """SQL condition of a snapshot the retention command may delete (see :func:`prune_snapshots`)."""
     referenced = exists().where(rule_versions.c.snapshot_id == snapshots.c.id)
+    # A snapshot re-fetched (same bytes) within the retention was fetched within it: its log rows
+    # keep it, so a kept fetch never points at bytes that are gone.
+    refetched = exists().where(fetch_log.c.snapshot_id == snapshots.c.id, fetch_log.c.fetched_at >= before)
     owner = sources.alias("owner")  # an alias: the listing query joins `sources` itself
     current = exists().where(owner.c.id == snapshots.c.source_id, owner.c.current_snapshot_id == snapshots.c.id)
-    return and_(snapshots.c.fetched_at < before, ~referenced, ~current, _newer_snapshot_exists())
+    return and_(snapshots.c.fetched_at < before, ~referenced, ~refetched, ~current, _newer_snapshot_exists())
 
 
 def prunable_snapshots(conn: Connection, before: datetime) -> list:
@@ -249,3 +253,105 @@ def prune_snapshots(conn: Connection, ids: list[int], before: datetime) -> list[
         )
         deleted.extend(r[0] for r in res.all())
     return sorted(deleted)
+
+
+def log_fetch(conn: Connection, *, source_id: int, fetched_at: datetime, outcome: str, http_status: int | None = None,
+              sha256: str | None = None, snapshot_id: int | None = None, error: str | None = None) -> None:
+    """Record one fetch of a source in ``fetch_log`` (``fetched_at`` aware UTC; ``outcome``:
+    new_snapshot | unchanged | not_modified | failed). Every fetch is logged, not only changed
+    content: the first-seen judgment (``ingest.first_seen``) needs to know when the source was looked
+    at and what it said."""
+    conn.execute(fetch_log.insert().values(
+        source_id=source_id, fetched_at=fetched_at, outcome=outcome, http_status=http_status, sha256=sha256,
+        snapshot_id=snapshot_id, error=safe_text(error)))
+
+
+def fetches(conn: Connection, source_id: int, since: datetime | None = None) -> list:
+    """The logged fetches of a source, oldest first: rows of fetched_at (aware UTC), outcome,
+    http_status, sha256, snapshot_id, error, and parse_status of the snapshot (None when there is
+    none). ``since``: only those fetched at or after it."""
+    query = (
+        select(fetch_log.c.fetched_at, fetch_log.c.outcome, fetch_log.c.http_status, fetch_log.c.sha256,
+               fetch_log.c.snapshot_id, fetch_log.c.error, snapshots.c.parse_status)
+        .outerjoin(snapshots, snapshots.c.id == fetch_log.c.snapshot_id)
+        .where(fetch_log.c.source_id == source_id)
+        .order_by(fetch_log.c.fetched_at, fetch_log.c.id)
+    )
+    if since is not None:
+        query = query.where(fetch_log.c.fetched_at >= since)
+    return list(conn.execute(query).all())
+
+
+def _prunable_fetch(before: datetime):
+    """SQL condition of a fetch log row the retention command may delete: fetched before ``before``
+    and not its source's latest row (which says when the source was last looked at: kept, as the
+    source's latest snapshot is)."""
+    newer = fetch_log.alias("newer")
+    return and_(fetch_log.c.fetched_at < before, exists().where(
+        newer.c.source_id == fetch_log.c.source_id,
+        or_(newer.c.fetched_at > fetch_log.c.fetched_at,
+            and_(newer.c.fetched_at == fetch_log.c.fetched_at, newer.c.id > fetch_log.c.id))))
+
+
+def count_prunable_fetches(conn: Connection, before: datetime) -> int:
+    """How many fetch log rows :func:`prune_fetch_log` would delete at ``before`` (aware UTC)."""
+    return conn.execute(select(func.count()).select_from(fetch_log).where(_prunable_fetch(before))).scalar_one()
+
+
+def prune_fetch_log(conn: Connection, before: datetime) -> int:
+    """Delete the fetch log rows fetched before ``before`` (aware UTC), except each source's latest;
+    returns how many. The snapshots' retention: ``snapshots prune --keep-days`` calls both."""
+    return conn.execute(delete(fetch_log).where(_prunable_fetch(before))).rowcount
+
+
+def first_versions_since(conn: Connection, source_id: int, since: datetime) -> list:
+    """The first version of each rule of a source that came into force at or after ``since`` (aware
+    UTC), not a rename (``lineage`` null: a renamed rule keeps its history): rows of rule_id, version,
+    payload, valid_from (when the pipeline first saw it, aware UTC) and snapshot_id, oldest first."""
+    r2 = rule_versions.alias("r2")
+    first = (select(func.min(r2.c.version))
+             .where(r2.c.source_id == rule_versions.c.source_id, r2.c.rule_id == rule_versions.c.rule_id)
+             .scalar_subquery())
+    return list(conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.payload, rule_versions.c.valid_from,
+               rule_versions.c.snapshot_id)
+        .where(rule_versions.c.source_id == source_id, rule_versions.c.version == first,
+               rule_versions.c.lineage.is_(None), rule_versions.c.withdrawn.is_(False),
+               rule_versions.c.valid_from >= since)
+        .order_by(rule_versions.c.valid_from, rule_versions.c.rule_id)
+    ).all())
+
+
+def _watching_fetch(source_id: int, without_snapshot: int | None):
+    """SQL condition of a fetch that showed the source's content: not failed, and its bytes parsed
+    (a payload that did not parse showed nothing), other than ``without_snapshot``."""
+    cond = and_(fetch_log.c.source_id == source_id, fetch_log.c.outcome != "failed",
+                snapshots.c.parse_status == "parsed")
+    if without_snapshot is not None:
+        cond = and_(cond, fetch_log.c.snapshot_id != without_snapshot)
+    return cond
+
+
+def last_watching_fetch_before(conn: Connection, source_id: int, before: datetime,
+                               without_snapshot: int | None = None) -> datetime | None:
+    """When the source was last fetched before ``before`` (aware UTC) with content that parsed, other
+    than snapshot ``without_snapshot``; None when the log has no such fetch."""
+    return conn.execute(
+        select(func.max(fetch_log.c.fetched_at))
+        .join(snapshots, snapshots.c.id == fetch_log.c.snapshot_id)
+        .where(_watching_fetch(source_id, without_snapshot), fetch_log.c.fetched_at < before)
+    ).scalar()
+
+
+def first_fetch_since(conn: Connection, source_id: int, since: datetime) -> datetime | None:
+    """The first successful (not failed) fetch of the source at or after ``since`` (aware UTC), or None."""
+    return conn.execute(
+        select(func.min(fetch_log.c.fetched_at))
+        .where(fetch_log.c.source_id == source_id, fetch_log.c.outcome != "failed", fetch_log.c.fetched_at >= since)
+    ).scalar()
+
+
+def freshness_window(conn: Connection, source_id: int) -> timedelta:
+    """The source's expected freshness window as stored (``sources.freshness_seconds``)."""
+    seconds = conn.execute(select(sources.c.freshness_seconds).where(sources.c.id == source_id)).scalar_one()
+    return timedelta(seconds=seconds)

@@ -25,6 +25,11 @@ recomputes what is owed from the rule versions in force instead:
    reminder is one incident, not two.
 
 Any owed reminder not explained is red, with the offenders.
+
+4. **Passed while unwatched**: a rule first seen within ``lookback`` after its deadline had passed
+   while its source was not fetched (:mod:`~deadline_pipeline.ingest.first_seen`) was owed a
+   reminder nobody could send: counted in the summary, and an offender (red) while the outbox holds
+   no reminder for that deadline (planning did not leave the one the sweep escalates).
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, and_, exists, select
 
 from deadline_pipeline.config import DeadlinesConfig
+from deadline_pipeline.ingest.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.rules import RuleRecord
-from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets
+from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots
+from deadline_pipeline.store.sources import freshness_window
 from deadline_pipeline.watch.checks import CheckOutcome
 
 log = logging.getLogger(__name__)
@@ -137,7 +144,8 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
         ):
             have[(r.subscriber_id, r.source_id, r.rule_id, r.due_at, r.offset_seconds, r.channel)] = (
                 r.status, r.status_reason, r.receipt)
-    offenders = []
+        unwatched = unwatched_misses(conn, {t.source_id: t.source for t in targets}, lo)
+    offenders = [_unwatched_offender(j) for j, statuses in unwatched if not statuses]
     for key, info in sorted(owed.items(), key=lambda kv: kv[1]["send_at"]):
         why = _unexplained(have.get(key))
         if why:
@@ -152,7 +160,35 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     else:
         summary = (f"all {len(owed)} reminder(s) owed between {lo.isoformat()} and {hi.isoformat()} (recomputed "
                    "from the rule versions in force) were sent or have a recorded reason")
+    summary += _unwatched_summary(unwatched)
     return CheckOutcome("reminders_owed", count == 0, count, summary, offenders[:limit])
+
+
+def _unwatched_summary(unwatched: list[tuple[FirstSeenPassed, set[str]]]) -> str:
+    """The summary's clause on deadlines that passed unwatched (``""`` when there is none)."""
+    if not unwatched:
+        return ""
+    return (f"; {len(unwatched)} deadline(s) passed while their source was not fetched "
+            f"(first: {unwatched[0][0].describe()})")
+
+
+def unwatched_misses(conn, sources: dict[int, str], since: datetime) -> list[tuple[FirstSeenPassed, set[str]]]:
+    """Each deadline of ``sources`` (id → name) first seen at or after ``since`` (aware UTC) that
+    passed while its source was not fetched, with the statuses of its reminders in the outbox
+    (empty: nobody was told, not even on-call)."""
+    out = []
+    for source_id, name in sorted(sources.items()):
+        for j in judge_source(conn, source_id, name, freshness_window(conn, source_id), since):
+            if j.verdict == MISSED_UNWATCHED:
+                out.append((j, reminder_statuses_of_rule(conn, source_id, j.rule_id, j.instant)))
+    return out
+
+
+def _unwatched_offender(j: FirstSeenPassed) -> dict:
+    """The offender row of a deadline that passed unwatched and has no reminder in the outbox."""
+    return {"subscriber": "*", "source": j.source, "rule_id": j.rule_id, "title": "", "due_at": j.instant.isoformat(),
+            "offset_seconds": None, "channel": "*", "send_at": j.first_seen.isoformat(),
+            "reason": f"never escalated: {j.describe()}"}
 
 
 def _unexplained(row: tuple | None) -> str | None:

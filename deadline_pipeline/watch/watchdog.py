@@ -34,10 +34,12 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
+from deadline_pipeline.ingest.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
 from deadline_pipeline.store.health import future_instants, overdue_alerts
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
+from deadline_pipeline.store.sources import all_sources
 from deadline_pipeline.watch.checks import oldest_text, plan_complete, time_data_agrees
-from deadline_pipeline.watch.reconcile import reminders_owed
+from deadline_pipeline.watch.reconcile import reminders_owed, unwatched_misses
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
 
@@ -143,6 +145,23 @@ def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, 
     return WatchRow(check, target, True, f"completed {human_duration(age)} ago ({newest['last_outcome']})")
 
 
+def _unwatched_row(conn, now: datetime) -> WatchRow:
+    """``passed_unwatched``: deadlines first seen in the last week after they passed while their
+    source was not fetched (ingest.first_seen). Counted always; red while one has no reminder in the
+    outbox (planning did not leave the one the sweep escalates: nobody, not even on-call, was told).
+    The escalated ones stay red in ``escalations_acknowledged`` until a human acknowledges them."""
+    found = unwatched_misses(conn, {s.id: s.name for s in all_sources(conn)}, now - FIRST_SEEN_LOOKBACK)
+    silent = [j for j, statuses in found if not statuses]
+    if not found:
+        return WatchRow("passed_unwatched", "sources", True,
+                        f"no deadline passed while its source was not fetched (first seen since "
+                        f"{(now - FIRST_SEEN_LOOKBACK).isoformat()})")
+    head = silent[0] if silent else found[0][0]
+    return WatchRow("passed_unwatched", "sources", not silent,
+                    f"{len(found)} deadline(s) passed while their source was not fetched, {len(silent)} never "
+                    f"escalated; first: {head.describe()}")
+
+
 def _source_states(conn, names: list[str] | None) -> dict[str, SourceState]:
     latest = (select(snapshots.c.source_id, snapshots.c.id, snapshots.c.parse_status,
                      func.row_number().over(partition_by=snapshots.c.source_id,
@@ -172,6 +191,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
             beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
             report.rows.append(_escalations_row(conn, beats))
             states = _source_states(conn, names)
+            report.rows.append(_unwatched_row(conn, now))
             ahead = future_instants(conn, now + CLOCK_SKEW)
     except Exception as exc:  # the watchdog's one job is to say so, not to crash silently in cron
         log.error("watchdog: cannot read the store: %s", exc)
