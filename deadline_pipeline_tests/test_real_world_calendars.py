@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -377,3 +378,59 @@ def test_weekly_bysetpos_from_a_mid_week_dtstart():
     got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
     # The week of 2026-01-05 is {Mo 5, We 7, Fr 9}: position 2 is the DTSTART itself, not Friday 9th.
     assert got == ["2026-01-07", "2026-01-14", "2026-01-21"]
+
+
+# --- class 9: a UTC time written with a TZID (RFC 5545 §3.3.5: the TZID is not applied) ----------
+
+CALENDARS = Path(__file__).with_name("calendars")
+
+
+def test_a_utc_time_with_a_tzid_is_that_utc_time():
+    """``DTSTART;TZID=Europe/Berlin:20260725T121500Z`` was read as 12:15 Berlin wall time (10:15Z)."""
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z"))
+    result = parse_ics(content, source="t")
+    assert ics_instants(content) == [("u", utc("2026-07-25T12:15:00Z"))]
+    [note] = result.problems
+    assert (note.position, note.skipped) == ("line 8", False)
+    assert "DTSTART;TZID=Europe/Berlin:20260725T121500Z" in note.message and "§3.3.5" in note.message
+
+
+def test_due_exdate_and_recurrence_id_in_utc_with_a_tzid_are_utc_too():
+    """The same reading for a to-do's DUE, an EXDATE and a RECURRENCE-ID: before, the DUE was 4 h
+    late, the EXDATE excluded nothing (a reminder for an excluded date) and the override named no
+    occurrence (a reminder at the old time and one at the new)."""
+    got = ics_instants((CALENDARS / "utc_times_with_tzid.ics").read_bytes())
+    assert [(rid.split("#")[0], d.isoformat()) for rid, d in got] == [
+        ("utc-exdate@tests", "2026-01-05T14:00:00+00:00"),
+        ("utc-exdate@tests", "2026-01-19T14:00:00+00:00"),
+        ("utc-due@tests", "2026-04-15T17:00:00+00:00"),
+        ("utc-override@tests", "2026-07-06T10:00:00+00:00"),
+        ("utc-override@tests", "2026-07-14T10:00:00+00:00"),
+        ("utc-override@tests", "2026-07-20T10:00:00+00:00"),
+        ("utc-dtstart@tests", "2026-07-25T12:15:00+00:00"),
+    ]
+
+
+def test_a_mixed_exdate_line_reads_each_value_in_its_own_form():
+    content = calendar(*event("m", "DTSTART;TZID=Europe/Berlin:20260105T090000", "RRULE:FREQ=DAILY;COUNT=4",
+                              "EXDATE;TZID=Europe/Berlin:20260106T080000Z,20260107T090000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-01-05T08:00:00Z"), utc("2026-01-08T08:00:00Z")]
+
+
+def test_until_bounds_the_utc_instants_of_a_utc_dtstart_with_a_tzid():
+    # 12:15Z daily until 11:30Z on the 27th: two instances (read as Berlin wall time, the 27th's
+    # 10:15Z fell inside UNTIL and made three).
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z",
+                              "RRULE:FREQ=DAILY;UNTIL=20260727T113000Z"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-07-25T12:15:00Z"), utc("2026-07-26T12:15:00Z")]
+
+
+def test_validate_names_the_line_of_a_utc_time_with_a_tzid(tmp_path):
+    from deadline_pipeline.cli import main
+
+    path = tmp_path / "feed.ics"
+    path.write_bytes(calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z")))
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert res.exit_code == 1, res.output
+    assert f"{path}: line 8: DTSTART;TZID=Europe/Berlin:20260725T121500Z is a UTC time" in res.output
+    assert "INVALID: 1 problem(s), 1 rule(s) readable" in res.output

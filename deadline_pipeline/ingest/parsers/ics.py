@@ -9,6 +9,11 @@ What becomes of each component (section numbers are RFC 5545's):
   (``Z`` suffix, §3.3.5 form 2) gives ``"UTC"``; a floating time (§3.3.5 form 1) and an all-day date
   take the calendar's ``X-WR-TIMEZONE`` when present, else ``default_tz``, else ``None`` (read later
   in the subscriber's zone) — never UTC.
+* A UTC time written with a TZID (``DTSTART;TZID=Europe/Berlin:20260725T121500Z``) is the UTC time:
+  §3.3.5 says the TZID parameter must not be applied to a UTC value. The library applies it (12:15
+  Berlin wall time, 10:15Z), so the TZID is taken off such values of DTSTART, DTEND, DUE,
+  RECURRENCE-ID, EXDATE and RDATE before the library reads them, and each such line is a note
+  naming its line (``validate`` reports it). An RRULE's UNTIL is then compared with the UTC instants.
 * ``rrule``: the RECUR value (§3.3.10) re-serialised by ``vRecur.to_ical()``, after checking the
   raw text for repeated parts and COUNT+UNTIL (the library silently keeps the last of a repeated
   part, which would change the rule's meaning).
@@ -179,6 +184,48 @@ def _locate_library_error(lines: list[tuple[int, str]]) -> int | None:
     return None
 
 
+#: Properties whose DATE-TIME values may carry a TZID parameter (RFC 5545 §3.8.2, §3.8.4.4, §3.8.5).
+_ZONED = frozenset({"DTSTART", "DTEND", "DUE", "RECURRENCE-ID", "EXDATE", "RDATE"})
+_NAME = re.compile(r"[A-Za-z0-9-]+")
+
+
+def _utc_form(value: str) -> bool:
+    """Whether a DATE-TIME (or the start of a PERIOD) is written in UTC: ``…T121500Z`` (§3.3.5 form 2)."""
+    return value.split("/", 1)[0].strip().upper().endswith("Z")
+
+
+def _tzid_off_utc_values(body: str) -> tuple[list[str], str] | None:
+    """A content line with a TZID and UTC values, rewritten so the library reads those values as UTC.
+
+    Returns ``(lines, note)``: one line holding the UTC values without TZID (other parameters kept),
+    plus one with the remaining values and the TZID when the line mixes both forms; ``None`` for any
+    line that needs no change. Without this, icalendar 7 applies the TZID to ``…Z`` and drops the
+    ``Z``: ``DTSTART;TZID=Europe/Berlin:20260725T121500Z`` became 10:15Z instead of 12:15Z.
+    """
+    head = _NAME.match(body)
+    if head is None or head.group(0).upper() not in _ZONED:
+        return None
+    try:
+        name, params, value = Contentline(body).parts()
+    except Exception:  # noqa: BLE001 — an unsplittable line is the library's to report
+        return None
+    tzid = params.get("TZID")
+    values = value.split(",")
+    utc = [v for v in values if _utc_form(v)]
+    if not tzid or not utc:
+        return None
+    plain = params.copy()
+    del plain["TZID"]
+    start = f"{name};{plain.to_ical().decode()}" if plain else name
+    lines = [f"{start}:{','.join(utc)}"]
+    rest = [v for v in values if not _utc_form(v)]
+    if rest:
+        lines.append(f"{name};{params.to_ical().decode()}:{','.join(rest)}")
+    note = (f"{name};TZID={tzid}:{','.join(utc)} is a UTC time with a TZID parameter, which RFC 5545 §3.3.5 "
+            "forbids; read as the UTC time written, the TZID is not applied")
+    return lines, note
+
+
 def _when(prop: object, what: str) -> _When:
     """Read a DTSTART/DUE/RECURRENCE-ID property (a vDDDTypes) into a :class:`_When`."""
     if isinstance(prop, icalendar.prop.vBroken):
@@ -244,6 +291,38 @@ def _calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
     return default_tz
 
 
+def _utc_values_without_tzid(lines: list[tuple[int, str]]) -> tuple[list[str], list[ParseProblem]]:
+    """The logical lines to hand to the library (:func:`_tzid_off_utc_values` applied to each) and
+    a note per rewritten line, positioned at its physical line (``"line N"``). ``lines``: the
+    unfolded lines with their physical line numbers. Pure."""
+    bodies: list[str] = []
+    notes: list[ParseProblem] = []
+    for number, body in lines:
+        rewritten = _tzid_off_utc_values(body)
+        if rewritten is None:
+            bodies.append(body)
+            continue
+        bodies.extend(rewritten[0])
+        notes.append(ParseProblem(f"line {number}", rewritten[1], skipped=False))
+    return bodies, notes
+
+
+def _from_library(lines: list[tuple[int, str]], bodies: list[str], source: str) -> list:
+    """The library's reading of ``bodies`` (the lines as handed over, see :func:`_utc_values_without_tzid`).
+
+    Raises :class:`ParseError` naming the first of ``lines`` the library cannot split, when it fails.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return icalendar.Calendar.from_ical("\r\n".join(bodies), multiple=True)
+    except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError, IndexError…
+        bad = _locate_library_error(lines)
+        where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
+        raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
+                         f"{exc.__class__.__name__}: {exc}") from None
+
+
 def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
     """Parse an iCalendar payload into one rule per VEVENT/VTODO (see the module docstring).
 
@@ -271,15 +350,8 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     lines = list(zip(numbers, text.split("\r\n"), strict=True)) if text else []
     scanned = _scan(lines, source)
     result = ParseResult()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tops = icalendar.Calendar.from_ical("\r\n".join(body for _n, body in lines), multiple=True)
-    except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError, IndexError…
-        bad = _locate_library_error(lines)
-        where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
-        raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
-                         f"{exc.__class__.__name__}: {exc}") from None
+    bodies, result.problems = _utc_values_without_tzid(lines)
+    tops = _from_library(lines, bodies, source)
     components: list[tuple[icalendar.cal.Component, str | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
