@@ -434,3 +434,57 @@ def test_validate_names_the_line_of_a_utc_time_with_a_tzid(tmp_path):
     assert res.exit_code == 1, res.output
     assert f"{path}: line 8: DTSTART;TZID=Europe/Berlin:20260725T121500Z is a UTC time" in res.output
     assert "INVALID: 1 problem(s), 1 rule(s) readable" in res.output
+
+
+# --- class 10: completed to-dos (RFC 5545 §3.8.1.11, §3.8.2.1, §3.8.1.8) -------------------------
+
+
+def todo(uid: str, *props: str) -> list[str]:
+    return ["BEGIN:VTODO", f"UID:{uid}", "DTSTAMP:20260101T000000Z", "SUMMARY:s", *props, "END:VTODO"]
+
+
+def test_a_completed_occurrence_of_a_recurring_todo_is_not_reminded():
+    """Before, STATUS:COMPLETED was not read: the completed occurrence was reminded, and for a task
+    with DTSTART 09:00 and DUE 17:00 (as Thunderbird writes it) the override named no occurrence, so
+    the master's 17:00 reminder went out next to the override's."""
+    before = COUNTERS["cancelled_occurrences"]
+    got = ics_instants((CALENDARS / "completed_todos.ics").read_bytes())
+    assert [(rid, d.isoformat()) for rid, d in got] == [
+        ("timesheet@tests", "2024-08-05T15:00:00+00:00"),
+        ("timesheet@tests", "2024-08-19T15:00:00+00:00"),
+        ("timesheet@tests", "2024-08-26T15:00:00+00:00"),
+        ("payroll@tests", "2026-01-05T22:00:00+00:00"),
+        ("payroll@tests", "2026-01-19T22:00:00+00:00"),
+        ("open@tests", "2026-04-30T16:00:00+00:00"),
+    ]
+    assert COUNTERS["cancelled_occurrences"] == before + 2
+
+
+@pytest.mark.parametrize("says", ["STATUS:COMPLETED", "COMPLETED:20260320T101500Z", "PERCENT-COMPLETE:100"])
+def test_a_completed_todo_is_withdrawn_with_a_note(says):
+    content = calendar(*todo("done", "DUE;TZID=Europe/London:20260331T170000", says),
+                       *todo("open", "DUE;TZID=Europe/London:20260430T170000"),
+                       # An explicit open STATUS wins over a COMPLETED date left behind by a reopened to-do.
+                       *todo("reopened", "DUE:20260331T170000Z", "STATUS:NEEDS-ACTION", "COMPLETED:20260320T101500Z"))
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["open", "reopened"]
+    [note] = result.problems
+    assert (note.record_id, note.skipped) == ("done", False)
+    assert note.message == f"completed ({says}): not in force, its reminders are withdrawn"
+
+
+def test_a_completed_series_is_withdrawn_but_a_completion_date_on_its_master_is_only_a_note():
+    done = calendar(*todo("s", "DUE:20260105T170000Z", "RRULE:FREQ=WEEKLY;COUNT=3", "STATUS:COMPLETED"),
+                    *todo("s", "RECURRENCE-ID:20260112T170000Z", "DUE:20260113T170000Z"))
+    result = parse_ics(done, source="t")
+    assert result.rules == []
+    assert [(p.record_id, p.message) for p in result.problems] == [
+        ("s", "completed (STATUS:COMPLETED): not in force, its reminders are withdrawn"),
+        ("s#2026-01-12T17:00:00Z", "an override of a series that is completed (STATUS:COMPLETED): not in force, "
+                                   "its reminders are withdrawn")]
+    # A COMPLETED date cannot say which occurrence was done: every occurrence stays, loudly.
+    dated = calendar(*todo("s", "DUE:20260105T170000Z", "RRULE:FREQ=WEEKLY;COUNT=3", "COMPLETED:20260106T090000Z"))
+    result = parse_ics(dated, source="t")
+    assert len(ics_instants(dated)) == 3
+    [note] = result.problems
+    assert (note.record_id, note.skipped) == ("s", False) and "stays in force" in note.message

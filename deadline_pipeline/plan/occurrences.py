@@ -334,7 +334,7 @@ def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
     from deadline_pipeline.timezones import resolve_zone
 
     if (payload.get("extra") or {}).get("cancelled"):
-        return False  # a cancelled occurrence (STATUS:CANCELLED override) is never planned
+        return False  # a cancelled or completed occurrence (a closed override) is never planned
     # Only the timing fields matter here; a payload stored without a title or zone is still readable.
     rule = RuleRecord.from_payload({"title": "", "tz": None, "rule_id": "?", **payload})
     zone = resolve_zone(rule.tz or "UTC")

@@ -332,6 +332,37 @@ def _rid_local(rid: str, zone: tzinfo | None) -> str:
     return rid
 
 
+#: Key of ``RuleRecord.extra``: a recurring to-do's DUE − DTSTART in wall-clock seconds (set by the ICS parser).
+DUE_OFFSET = "due_offset_seconds"
+
+
+def _shifted(local: str, seconds: int) -> str:
+    """A local ISO date-time (or date) moved by ``seconds`` of wall-clock time (a date by whole days)."""
+    if not seconds:
+        return local
+    if "T" in local:
+        return format_local(parse_local(local) + timedelta(seconds=seconds))
+    return (date.fromisoformat(local) + timedelta(days=seconds // 86400)).isoformat()
+
+
+def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | None) -> str:
+    """The occurrence of ``master`` that ``override`` names, labelled as the master's expansion labels
+    it: local ISO date-time in ``zone`` (the master's), or a date for an all-day master.
+
+    RFC 5545 §3.8.4.4: a RECURRENCE-ID is the DTSTART of the instance it names. An all-day master's
+    occurrence is named by the RECURRENCE-ID's date as written, also when it is a DATE-TIME
+    (``extra["recurrence_id_date"]``; Outlook writes one in any zone). A to-do is planned at its DUE,
+    so the instance's DTSTART is moved by the master's DUE − DTSTART (``extra["due_offset_seconds"]``).
+    Raises ``ValueError`` for a RECURRENCE-ID that is an instant when the master is floating.
+    """
+    rid = str(override.extra["recurrence_id"])
+    if master.all_day:
+        local = str(override.extra.get("recurrence_id_date") or rid[:10])
+    else:
+        local = _rid_local(rid, zone)
+    return _shifted(local, int(master.extra.get(DUE_OFFSET) or 0))
+
+
 def _range(rule: RuleRecord) -> str:
     return str(rule.extra.get("range") or rule.extra.get("recurrence_range") or "").upper()
 
@@ -355,11 +386,12 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
     * An override whose master is absent is kept as it is, logged and counted (``orphan_overrides``).
     * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
-    * An all-day master's occurrence is named by the RECURRENCE-ID's date as written, also when the
-      RECURRENCE-ID is a DATE-TIME (``extra["recurrence_id_date"]``, Outlook exports).
-    * A cancelled override (``extra["cancelled"]``, STATUS:CANCELLED) removes the occurrence it names
-      (with ``RANGE=THISANDFUTURE``, every later one) and is not planned itself; logged and counted
-      (``cancelled_occurrences``). A cancelled override without its master is dropped.
+    * The occurrence an override names is :func:`occurrence_named`'s: an all-day master's by the
+      RECURRENCE-ID's date as written, a to-do's shifted from its DTSTART to its DUE.
+    * A cancelled override (``extra["cancelled"]``: STATUS:CANCELLED, or a completed to-do with
+      ``extra["completed"]``) removes the occurrence it names (with ``RANGE=THISANDFUTURE``, every
+      later one) and is not planned itself; logged and counted (``cancelled_occurrences``, completed
+      ones included). A cancelled override without its master is dropped.
 
     Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
     override in place).
@@ -386,12 +418,9 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
             COUNTERS["orphan_overrides"] += 1
             log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
             continue
-        if master.all_day:
-            # An all-day master's occurrences are dates: a DATE-TIME RECURRENCE-ID names the date it was
-            # written on, in any zone (else the original date stays as a ghost next to the override).
-            local = str(r.extra.get("recurrence_id_date") or str(rid)[:10])
-        else:
-            local = _rid_local(str(rid), zone(master))
+        # The label the master's expansion gives that occurrence (else the original stays as a ghost
+        # next to the override: a date-time named in an all-day series, a to-do's DTSTART vs its DUE).
+        local = occurrence_named(master, r, zone(master))
         if _range(r) == "THISANDFUTURE":
             splits.setdefault(master.rule_id, []).append((local, r))
         else:
@@ -427,7 +456,8 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
         if "recurrence_id" in r.extra and r.extra.get("cancelled"):
             # Its occurrence (or tail) is already taken out of the master above.
             COUNTERS["cancelled_occurrences"] += 1
-            log.info("override %s is cancelled (STATUS:CANCELLED): its occurrence is not planned", r.rule_id)
+            log.info("override %s is closed by its publisher (%s): its occurrence is not planned", r.rule_id,
+                     r.extra.get("completed") or "STATUS:CANCELLED")
             continue
         r = replaced.get(r.rule_id, r)
         if "recurrence_id" in r.extra and _range(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
@@ -447,6 +477,6 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "COUNTERS", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
-    "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
+    "COUNTERS", "DUE_OFFSET", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
+    "occurrence_named", "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
 ]

@@ -28,6 +28,16 @@ What becomes of each component (section numbers are RFC 5545's):
   components tied on the latest revision are different records under one UID, and the one due
   first is kept, the others being skipped records (:func:`~.base.drop_duplicate_ids`).
 
+Closed by the publisher (:func:`_closed_marks`): an event or to-do with STATUS:CANCELLED
+(§3.8.1.11), and a completed to-do, are out of force — a one-off or a whole series is dropped with a
+note (its reminders are withdrawn), an override takes its occurrence out of the series. A to-do is
+completed when its STATUS is COMPLETED; when it has no STATUS, a COMPLETED date-time (§3.8.2.1) or
+PERCENT-COMPLETE:100 (§3.8.1.8) says so too, except on a series' master, where one completion date
+cannot say which occurrence was done: that series stays in force, with a note. An explicit other
+STATUS (NEEDS-ACTION, IN-PROCESS) wins over a COMPLETED date left behind by a reopened to-do. For a
+recurring to-do with both DTSTART and DUE, ``extra["due_offset_seconds"]`` (DUE − DTSTART) lets
+planning find the occurrence a RECURRENCE-ID (an instance's DTSTART, §3.8.4.4) names.
+
 A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (Outlook's
 ``(GMT+01.00) Sarajevo/Warsaw/Zagreb``) is authoritative (§3.6.5): it is read as the IANA zone with
 the same offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`; the
@@ -402,16 +412,23 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     return _without_cancelled(drop_duplicate_ids(_latest_revisions(result, ranks)))
 
 
-def _without_cancelled(result: ParseResult) -> ParseResult:
-    """Take the events and to-dos their publisher cancelled (``extra["cancelled"]``) out of force.
+def _closing(rule: RuleRecord) -> str:
+    """How the publisher closed ``rule``: ``"completed (STATUS:COMPLETED)"``, ``"cancelled (STATUS:CANCELLED)"``…"""
+    completed = rule.extra.get("completed")
+    return f"completed ({completed})" if completed else "cancelled (STATUS:CANCELLED)"
 
-    A cancelled master (no RECURRENCE-ID) is dropped with every override of its UID: the whole event
-    or series is cancelled, so its reminders are withdrawn as for a removed event, and a note says
-    why (it is not a record that failed to parse, which would be held in force). A cancelled
-    override stays, marked: planning makes the occurrence it names an EXDATE of its master and
-    plans nothing for it (:func:`deadline_pipeline.plan.recurrence.apply_overrides`).
+
+def _without_cancelled(result: ParseResult) -> ParseResult:
+    """Take the events and to-dos their publisher cancelled or completed (``extra["cancelled"]``,
+    see :func:`_closed_marks`) out of force.
+
+    A closed master (no RECURRENCE-ID) is dropped with every override of its UID: the whole event,
+    to-do or series is over, so its reminders are withdrawn as for a removed event, and a note says
+    why (it is not a record that failed to parse, which would be held in force). A closed override
+    stays, marked: planning makes the occurrence it names an EXDATE of its master and plans nothing
+    for it (:func:`deadline_pipeline.plan.recurrence.apply_overrides`).
     """
-    cancelled = {str(r.extra.get("uid") or r.rule_id) for r in result.rules
+    cancelled = {str(r.extra.get("uid") or r.rule_id): _closing(r) for r in result.rules
                  if r.extra.get("cancelled") and "recurrence_id" not in r.extra}
     if not cancelled:
         return result
@@ -424,7 +441,8 @@ def _without_cancelled(result: ParseResult) -> ParseResult:
             kept.append(rule)
             where.append(position)
             continue
-        what = "an override of a cancelled event" if "recurrence_id" in rule.extra else "cancelled (STATUS:CANCELLED)"
+        what = (f"an override of a series that is {cancelled[uid]}" if "recurrence_id" in rule.extra
+                else cancelled[uid])
         result.problems.append(ParseProblem(
             position or f"{rule.extra.get('component', 'VEVENT')} UID={uid}",
             f"{what}: not in force, its reminders are withdrawn", rule.rule_id, skipped=False))
@@ -547,11 +565,10 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         if rng:
             extra["range"] = str(rng).upper()
 
-    if (_text(component, "STATUS") or "").strip().upper() == "CANCELLED":
-        # RFC 5545 §3.8.1.11: the publisher cancelled this event or to-do (Thunderbird and Google
-        # export a cancelled occurrence of a series as an override with STATUS:CANCELLED). Reminding
-        # of it told subscribers to meet a deadline that no longer exists; see _without_cancelled.
-        extra["cancelled"] = True
+    recurring = (rrule is not None or bool(rdates)) and "recurrence_id" not in extra
+    extra.update(_closed_marks(component, recurring, problems, position, uid))
+    if is_todo and key == "DUE" and recurring:
+        extra.update(_due_offset(component, start))
     return RuleRecord(
         rule_id=rule_id,
         title=summary if summary is not None else "(untitled)",
@@ -565,6 +582,77 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         note=_text(component, "DESCRIPTION"),
         extra={**extra, "uid": uid, "component": component.name},
     )
+
+
+def _closed_marks(component: icalendar.cal.Component, recurring: bool, problems: list[ParseProblem],
+                  position: str, uid: str | None) -> dict:
+    """The ``extra`` marks of a component its publisher closed (see the module docstring).
+
+    ``{"cancelled": True}`` for STATUS:CANCELLED (RFC 5545 §3.8.1.11; Thunderbird and Google export a
+    cancelled occurrence of a series as an override with it); ``{"cancelled": True, "completed":
+    evidence}`` for a completed to-do, where ``evidence`` is the property that says so
+    (:func:`_completion`). The one mark ``cancelled`` takes either out of force (:func:`_without_cancelled`,
+    ``plan.recurrence.apply_overrides``): reminding of either told subscribers to meet a deadline
+    that no longer needs meeting. ``recurring``: a series' master (not an override), on which only
+    STATUS:COMPLETED counts; a COMPLETED date or PERCENT-COMPLETE:100 there is a note appended to
+    ``problems`` and the series stays in force.
+    """
+    status = (_text(component, "STATUS") or "").strip().upper()
+    if status == "CANCELLED":
+        return {"cancelled": True}
+    evidence = _completion(component, status) if component.name == "VTODO" else None
+    if evidence is None:
+        return {}
+    if recurring and status != "COMPLETED":
+        # One completion date cannot say which occurrence was done, and a series has many: withdrawing
+        # all of them on it would miss every later one.
+        problems.append(ParseProblem(position, (
+            f"{evidence} on a recurring to-do without STATUS:COMPLETED is read as one completion, not the end of "
+            "the series (RFC 5545 §3.8.2.1, §3.8.1.8): the series stays in force; mark a completed occurrence "
+            "with an override, or the whole series with STATUS:COMPLETED"), uid, skipped=False))
+        return {}
+    return {"cancelled": True, "completed": evidence}
+
+
+def _completion(todo: icalendar.cal.Component, status: str) -> str | None:
+    """What says a to-do is completed, or None: STATUS:COMPLETED (RFC 5545 §3.8.1.11); without a
+    STATUS, a COMPLETED date-time (§3.8.2.1) or PERCENT-COMPLETE:100 (§3.8.1.8). An explicit other
+    STATUS (NEEDS-ACTION, IN-PROCESS) wins over a COMPLETED date left behind when a to-do is reopened."""
+    if status == "COMPLETED":
+        return "STATUS:COMPLETED"
+    if status:
+        return None
+    done = todo.get("COMPLETED")
+    if done is not None and not isinstance(done, list):
+        raw = done.to_ical()
+        return f"COMPLETED:{raw.decode() if isinstance(raw, bytes) else raw}"
+    if str(todo.get("PERCENT-COMPLETE", "")).strip() == "100":
+        return "PERCENT-COMPLETE:100"
+    return None
+
+
+def _due_offset(todo: icalendar.cal.Component, due: _When) -> dict:
+    """``{"due_offset_seconds": n}``: a recurring to-do's DUE − DTSTART in wall-clock seconds of the
+    DUE's zone, when it has both and they differ; else ``{}``.
+
+    A RECURRENCE-ID names an instance by its DTSTART (RFC 5545 §3.8.4.4), while the to-do is
+    planned at its DUE: planning shifts the RECURRENCE-ID by this to find the occurrence it names
+    (``plan.recurrence.occurrence_named``). Without it, a completed occurrence of a task due at
+    17:00 whose DTSTART is 09:00 (Thunderbird writes both) named no occurrence and was reminded.
+    """
+    prop = todo.get("DTSTART")
+    if prop is None or isinstance(prop, list):
+        return {}
+    try:
+        begin = _when(prop, "DTSTART")
+    except _Skip:
+        return {}  # an unreadable DTSTART of a to-do read at its DUE: no occurrence to shift from
+    if begin.aware is not None and due.aware is not None:
+        begin = _When(begin.aware.astimezone(due.zone).replace(tzinfo=None), due.tz, due.zone)
+    if type(begin.value) is not type(due.value) or (begin.zone is None) != (due.zone is None):
+        return {}  # a DATE DTSTART with a DATE-TIME DUE (or floating with zoned): no common clock
+    seconds = int((due.value - begin.value).total_seconds())
+    return {"due_offset_seconds": seconds} if seconds else {}
 
 
 def _rrule(component: icalendar.cal.Component, scan: _ScannedComponent | None) -> str | None:
