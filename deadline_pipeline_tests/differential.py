@@ -15,7 +15,9 @@ Shared conventions (so that a difference is a real one):
   local; floating times and dates are read in the calendar's X-WR-TIMEZONE, else in UTC;
 * window: :data:`WINDOW` (inclusive), applied to the due instant on both sides;
 * cancelled: an occurrence whose component says ``STATUS:CANCELLED`` is not due (the reference
-  lists it, with that status; we never plan it).
+  lists it, with that status; we never plan it);
+* completed: a to-do occurrence whose component says ``STATUS:COMPLETED`` is not due either (the
+  reference lists it, with that status; we withdraw it).
 
 Run as a script to print a per-file summary::
 
@@ -112,7 +114,8 @@ def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Cou
     query = recurring_ical_events.of(cal, components=["VEVENT", "VTODO"])
     # Widened by a day each side: the library selects by overlap, we select by due instant below.
     for comp in query.between(lo.replace(year=lo.year - 1), hi.replace(year=hi.year + 1)):
-        if str(comp.get("STATUS") or "").strip().upper() == "CANCELLED":
+        status = str(comp.get("STATUS") or "").strip().upper()
+        if status == "CANCELLED" or (status == "COMPLETED" and comp.name == "VTODO"):
             continue
         prop = comp.get("DUE") if comp.name == "VTODO" and comp.get("DUE") is not None else comp.get("DTSTART")
         if prop is None:

@@ -57,3 +57,118 @@ def test_a_deadline_cancelled_by_its_publisher_is_withdrawn_not_reminded(tmp_pat
         states = sorted(conn.execute(select(alerts.c.status)).scalars())
     engine.dispose()
     assert states == ["cancelled", "delivered", "pending", "pending"], states
+
+
+
+# Reminded (-P1D) 2027-01-14 11:00 UTC, like the report to-do below.
+CONTROL = dict(uid="control@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="Audit")
+
+
+def _todos(*, completed: bool) -> str:
+    """Two to-dos: a one-off report due 2027-01-15 11:00 UTC, and a weekly timesheet written as
+    Thunderbird writes tasks (DTSTART 09:00, DUE 17:00 Berlin) whose second occurrence is due
+    2027-01-15 16:00 UTC; ``completed`` marks the report and that occurrence done (STATUS:COMPLETED,
+    RFC 5545 §3.8.1.11)."""
+    done = ["STATUS:COMPLETED", "COMPLETED:20270111T000000Z"] if completed else []
+    lines = ["BEGIN:VTODO", "UID:report-todo@test", "DTSTAMP:20260101T000000Z", "SUMMARY:Send the report",
+             "DUE;TZID=Europe/Berlin:20270115T120000", *done, "END:VTODO",
+             "BEGIN:VTODO", "UID:timesheet@test", "DTSTAMP:20260101T000000Z", "SUMMARY:Timesheet",
+             "DTSTART;TZID=Europe/Berlin:20270108T090000", "DUE;TZID=Europe/Berlin:20270108T170000",
+             "RRULE:FREQ=WEEKLY;COUNT=3", "END:VTODO"]
+    if completed:
+        lines += ["BEGIN:VTODO", "UID:timesheet@test", "DTSTAMP:20270111T000000Z", "SUMMARY:Timesheet",
+                  "RECURRENCE-ID;TZID=Europe/Berlin:20270115T090000", "DTSTART;TZID=Europe/Berlin:20270115T090000",
+                  "DUE;TZID=Europe/Berlin:20270115T170000", *done, "END:VTODO"]
+    return "".join(line + "\r\n" for line in lines)
+
+
+def test_a_completed_todo_and_a_completed_occurrence_are_withdrawn_not_reminded(tmp_path):
+    """Before, STATUS:COMPLETED was not read: the finished report was reminded, and the finished
+    timesheet twice (its override named no occurrence: RECURRENCE-ID is the 09:00 DTSTART, the
+    reminder is for the 17:00 DUE)."""
+    cal = tmp_path / "cal.ics"
+
+    def write(completed: bool) -> None:
+        text = ics(CONTROL, *LATER)
+        cal.write_text(text.replace("END:VCALENDAR", _todos(completed=completed) + "END:VCALENDAR"), newline="")
+
+    write(completed=False)
+    maildir = tmp_path / "maildir"
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(maildir)}},
+    )
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    first = _run(path, url, "2027-01-10T00:00:00Z", tmp_path)
+    assert first.exit_code == 0, first.output
+
+    write(completed=True)
+    revised = _run(path, url, "2027-01-11T00:00:00Z", tmp_path)
+    assert revised.exit_code == 0, revised.output
+    assert "has no quarantined snapshot waiting" in revised.output
+
+    later = _run(path, url, "2027-01-14T18:00:00Z", tmp_path)  # past the three reminders' send times
+    assert later.exit_code == 0, later.output
+    subjects = [m["Subject"] for m in mailbox.Maildir(str(maildir), create=False)]
+    assert len(subjects) == 1 and "Audit" in subjects[0], subjects
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        states = sorted(conn.execute(select(alerts.c.status)).scalars())
+    engine.dispose()
+    # Report and timesheet 2 withdrawn; timesheet 3 and the two later events still to come.
+    assert states == ["cancelled", "cancelled", "delivered", "pending", "pending", "pending"], states
+
+
+def _series(*, revised: bool) -> str:
+    """A weekly meeting (SEQUENCE 1) and its override moving the 2027-01-15 occurrence to 14:00 Berlin
+    (reminded 2027-01-14 13:00 UTC); ``revised``: the series at SEQUENCE 2 deletes that occurrence
+    with an EXDATE, and the feed keeps the SEQUENCE 1 override (RFC 5545 §3.8.4.4, §3.8.5.1)."""
+    master = ["BEGIN:VEVENT", "UID:meeting@test", f"SEQUENCE:{2 if revised else 1}", "DTSTAMP:20270101T000000Z",
+              "SUMMARY:Board meeting", "DTSTART;TZID=Europe/Berlin:20270108T130000", "RRULE:FREQ=WEEKLY;COUNT=3",
+              *(["EXDATE;TZID=Europe/Berlin:20270115T130000"] if revised else []), "END:VEVENT"]
+    override = ["BEGIN:VEVENT", "UID:meeting@test", "SEQUENCE:1", "DTSTAMP:20270101T000000Z",
+                "SUMMARY:Board meeting (moved)", "RECURRENCE-ID;TZID=Europe/Berlin:20270115T130000",
+                "DTSTART;TZID=Europe/Berlin:20270115T140000", "END:VEVENT"]
+    return "".join(line + "\r\n" for line in master + override)
+
+
+def test_an_override_of_an_occurrence_its_series_deleted_is_withdrawn_not_reminded(tmp_path):
+    """Before, the override outlived the revision that deleted its occurrence, and its reminder went
+    out for a meeting that no longer takes place."""
+    cal = tmp_path / "cal.ics"
+
+    def write(revised: bool) -> None:
+        text = ics(CONTROL, *LATER)
+        cal.write_text(text.replace("END:VCALENDAR", _series(revised=revised) + "END:VCALENDAR"), newline="")
+
+    write(revised=False)
+    maildir = tmp_path / "maildir"
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(maildir)}},
+    )
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    first = _run(path, url, "2027-01-10T00:00:00Z", tmp_path)
+    assert first.exit_code == 0, first.output
+
+    write(revised=True)
+    revised = _run(path, url, "2027-01-11T00:00:00Z", tmp_path)
+    assert revised.exit_code == 0, revised.output
+    assert "has no quarantined snapshot waiting" in revised.output
+
+    later = _run(path, url, "2027-01-14T18:00:00Z", tmp_path)  # past both reminders' send times
+    assert later.exit_code == 0, later.output
+    subjects = [m["Subject"] for m in mailbox.Maildir(str(maildir), create=False)]
+    assert len(subjects) == 1 and "Audit" in subjects[0], subjects
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        states = sorted(conn.execute(select(alerts.c.status)).scalars())
+    engine.dispose()
+    # The override's alert withdrawn; the series' 2027-01-22 occurrence and the two later events to come.
+    assert states == ["cancelled", "delivered", "pending", "pending", "pending"], states

@@ -148,6 +148,21 @@ def test_an_ics_file_with_a_skipped_component_exits_1_saying_the_list_is_incompl
     assert "error: 1 component(s) of" in out.stderr and "not in the list" in out.stderr, out.stderr
 
 
+def test_an_ics_file_lists_no_override_of_an_occurrence_its_series_deleted():
+    """Before, ``exdate@tests`` listed 2024-08-19 as rule ``exdate@tests#2024-08-19`` although the
+    series in force excludes that date, and each series revised to end earlier or recur on other days
+    kept its old override: four occurrences their owners had deleted."""
+    path = Path(__file__).with_name("calendars") / "overrides_of_deleted_occurrences.ics"
+    out = run("--ics", str(path), "--tz", "UTC", "--after", "2024-08-01T00:00:00Z", "--before", "2024-10-01T00:00:00Z")
+    assert out.returncode == 0, out.stderr  # a note, not a skipped component: the list is complete
+    listed = out.stdout.split("\n")
+    assert "2024-08-19T23:59:59Z\texdate@tests#2024-08-19" not in listed
+    assert [line.split("\t")[1] for line in listed if "#" in line] == ["moved@tests#2024-08-12",
+                                                                        "rdate@tests#2024-09-01"]
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert sum("which the series in force" in line for line in warnings) == 4, out.stderr
+
+
 def test_ics_and_dtstart_are_exclusive(tmp_path: Path):
     out = run("--ics", str(tmp_path / "missing.ics"), "--dtstart", "20260101T000000Z")
     assert out.returncode == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -377,3 +378,218 @@ def test_weekly_bysetpos_from_a_mid_week_dtstart():
     got = [o.due_at.date().isoformat() for o in expand(rule, UTC, after=FAR_PAST, before=FAR_FUTURE)]
     # The week of 2026-01-05 is {Mo 5, We 7, Fr 9}: position 2 is the DTSTART itself, not Friday 9th.
     assert got == ["2026-01-07", "2026-01-14", "2026-01-21"]
+
+
+# --- class 9: a UTC time written with a TZID (RFC 5545 §3.3.5: the TZID is not applied) ----------
+
+CALENDARS = Path(__file__).with_name("calendars")
+
+
+def test_a_utc_time_with_a_tzid_is_that_utc_time():
+    """``DTSTART;TZID=Europe/Berlin:20260725T121500Z`` was read as 12:15 Berlin wall time (10:15Z)."""
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z"))
+    result = parse_ics(content, source="t")
+    assert ics_instants(content) == [("u", utc("2026-07-25T12:15:00Z"))]
+    [note] = result.problems
+    assert (note.position, note.skipped) == ("line 8", False)
+    assert "DTSTART;TZID=Europe/Berlin:20260725T121500Z" in note.message and "§3.3.5" in note.message
+
+
+def test_due_exdate_and_recurrence_id_in_utc_with_a_tzid_are_utc_too():
+    """The same reading for a to-do's DUE, an EXDATE and a RECURRENCE-ID: before, the DUE was 4 h
+    late, the EXDATE excluded nothing (a reminder for an excluded date) and the override named no
+    occurrence (a reminder at the old time and one at the new)."""
+    got = ics_instants((CALENDARS / "utc_times_with_tzid.ics").read_bytes())
+    assert [(rid.split("#")[0], d.isoformat()) for rid, d in got] == [
+        ("utc-exdate@tests", "2026-01-05T14:00:00+00:00"),
+        ("utc-exdate@tests", "2026-01-19T14:00:00+00:00"),
+        ("utc-due@tests", "2026-04-15T17:00:00+00:00"),
+        ("utc-override@tests", "2026-07-06T10:00:00+00:00"),
+        ("utc-override@tests", "2026-07-14T10:00:00+00:00"),
+        ("utc-override@tests", "2026-07-20T10:00:00+00:00"),
+        ("utc-dtstart@tests", "2026-07-25T12:15:00+00:00"),
+    ]
+
+
+def test_a_mixed_exdate_line_reads_each_value_in_its_own_form():
+    content = calendar(*event("m", "DTSTART;TZID=Europe/Berlin:20260105T090000", "RRULE:FREQ=DAILY;COUNT=4",
+                              "EXDATE;TZID=Europe/Berlin:20260106T080000Z,20260107T090000"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-01-05T08:00:00Z"), utc("2026-01-08T08:00:00Z")]
+
+
+def test_until_bounds_the_utc_instants_of_a_utc_dtstart_with_a_tzid():
+    # 12:15Z daily until 11:30Z on the 27th: two instances (read as Berlin wall time, the 27th's
+    # 10:15Z fell inside UNTIL and made three).
+    content = calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z",
+                              "RRULE:FREQ=DAILY;UNTIL=20260727T113000Z"))
+    assert [d for _r, d in ics_instants(content)] == [utc("2026-07-25T12:15:00Z"), utc("2026-07-26T12:15:00Z")]
+
+
+def test_validate_names_the_line_of_a_utc_time_with_a_tzid(tmp_path):
+    from deadline_pipeline.cli import main
+
+    path = tmp_path / "feed.ics"
+    path.write_bytes(calendar(*event("u", "DTSTART;TZID=Europe/Berlin:20260725T121500Z")))
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert res.exit_code == 1, res.output
+    assert f"{path}: line 8: DTSTART;TZID=Europe/Berlin:20260725T121500Z is a UTC time" in res.output
+    assert "INVALID: 1 problem(s), 1 rule(s) readable" in res.output
+
+
+# --- class 10: completed to-dos (RFC 5545 §3.8.1.11, §3.8.2.1, §3.8.1.8) -------------------------
+
+
+def todo(uid: str, *props: str) -> list[str]:
+    return ["BEGIN:VTODO", f"UID:{uid}", "DTSTAMP:20260101T000000Z", "SUMMARY:s", *props, "END:VTODO"]
+
+
+def test_a_completed_occurrence_of_a_recurring_todo_is_not_reminded():
+    """Before, STATUS:COMPLETED was not read: the completed occurrence was reminded, and for a task
+    with DTSTART 09:00 and DUE 17:00 (as Thunderbird writes it) the override named no occurrence, so
+    the master's 17:00 reminder went out next to the override's."""
+    before = COUNTERS["cancelled_occurrences"]
+    got = ics_instants((CALENDARS / "completed_todos.ics").read_bytes())
+    assert [(rid, d.isoformat()) for rid, d in got] == [
+        ("timesheet@tests", "2024-08-05T15:00:00+00:00"),
+        ("timesheet@tests", "2024-08-19T15:00:00+00:00"),
+        ("timesheet@tests", "2024-08-26T15:00:00+00:00"),
+        ("payroll@tests", "2026-01-05T22:00:00+00:00"),
+        ("payroll@tests", "2026-01-19T22:00:00+00:00"),
+        ("open@tests", "2026-04-30T16:00:00+00:00"),
+    ]
+    assert COUNTERS["cancelled_occurrences"] == before + 2
+
+
+@pytest.mark.parametrize("says", ["STATUS:COMPLETED", "COMPLETED:20260320T101500Z", "PERCENT-COMPLETE:100"])
+def test_a_completed_todo_is_withdrawn_with_a_note(says):
+    content = calendar(*todo("done", "DUE;TZID=Europe/London:20260331T170000", says),
+                       *todo("open", "DUE;TZID=Europe/London:20260430T170000"),
+                       # An explicit open STATUS wins over a COMPLETED date left behind by a reopened to-do.
+                       *todo("reopened", "DUE:20260331T170000Z", "STATUS:NEEDS-ACTION", "COMPLETED:20260320T101500Z"))
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["open", "reopened"]
+    [note] = result.problems
+    assert (note.record_id, note.skipped) == ("done", False)
+    assert note.message == f"completed ({says}): not in force, its reminders are withdrawn"
+
+
+def test_a_completed_series_is_withdrawn_but_a_completion_date_on_its_master_is_only_a_note():
+    done = calendar(*todo("s", "DUE:20260105T170000Z", "RRULE:FREQ=WEEKLY;COUNT=3", "STATUS:COMPLETED"),
+                    *todo("s", "RECURRENCE-ID:20260112T170000Z", "DUE:20260113T170000Z"))
+    result = parse_ics(done, source="t")
+    assert result.rules == []
+    assert [(p.record_id, p.message) for p in result.problems] == [
+        ("s", "completed (STATUS:COMPLETED): not in force, its reminders are withdrawn"),
+        ("s#2026-01-12T17:00:00Z", "an override of a series that is completed (STATUS:COMPLETED): not in force, "
+                                   "its reminders are withdrawn")]
+    # A COMPLETED date cannot say which occurrence was done: every occurrence stays, loudly.
+    dated = calendar(*todo("s", "DUE:20260105T170000Z", "RRULE:FREQ=WEEKLY;COUNT=3", "COMPLETED:20260106T090000Z"))
+    result = parse_ics(dated, source="t")
+    assert len(ics_instants(dated)) == 3
+    [note] = result.problems
+    assert (note.record_id, note.skipped) == ("s", False) and "stays in force" in note.message
+
+
+# --- class 11: an override of an occurrence its series no longer has (RFC 5545 §3.8.4.4) ----------
+
+
+def revision(uid: str, sequence: int, *props: str, stamp: str = "20240801T000000Z") -> list[str]:
+    return ["BEGIN:VEVENT", f"UID:{uid}", f"SEQUENCE:{sequence}", f"DTSTAMP:{stamp}", "SUMMARY:s", *props, "END:VEVENT"]
+
+
+def test_an_override_of_an_occurrence_its_series_deleted_is_withdrawn_with_a_note():
+    """The series at SEQUENCE 1, its override of 2024-08-19, then the series at SEQUENCE 2 with that
+    date as an EXDATE: before, 2024-08-19 stayed planned as rule ``w#2024-08-19`` and its reminder
+    went out for an occurrence its owner had deleted."""
+    content = calendar(
+        *revision("w", 1, "DTSTART;VALUE=DATE:20240805", "RRULE:FREQ=WEEKLY;COUNT=5"),
+        *revision("w", 1, "RECURRENCE-ID;VALUE=DATE:20240819", "DTSTART;VALUE=DATE:20240819"),
+        *revision("w", 2, "DTSTART;VALUE=DATE:20240805", "RRULE:FREQ=WEEKLY;COUNT=5", "EXDATE;VALUE=DATE:20240819",
+                  stamp="20240810T000000Z"),
+    )
+    before = COUNTERS["vanished_overrides"]
+    result = parse_ics(content, source="t", default_tz="UTC")
+    assert [r.rule_id for r in result.rules] == ["w"]
+    note = result.problems[-1]
+    assert (note.position, note.record_id, note.skipped) == ("VEVENT UID=w (line 12)", "w#2024-08-19", False)
+    assert note.message == ("an override of 2024-08-19, which the series in force excludes (EXDATE): not in force, "
+                            "its reminders are withdrawn")
+    assert COUNTERS["vanished_overrides"] == before + 1
+    got = [d.date().isoformat() for _r, d in ics_instants(content, default_tz="UTC")]
+    assert got == ["2024-08-05", "2024-08-12", "2024-08-26", "2024-09-02"]
+
+
+def test_overrides_outlive_no_until_count_or_rrule_change_but_moves_and_rdates_stay():
+    """Every way a revised series stops having an occurrence (UNTIL, COUNT, a changed RRULE) drops its
+    override; an override that moves its occurrence, or replaces one an RDATE adds, stays."""
+    content = (CALENDARS / "overrides_of_deleted_occurrences.ics").read_bytes()
+    result = parse_ics(content, source="t", default_tz="UTC")
+    dropped = [p.record_id for p in result.problems if "series in force" in p.message]
+    assert dropped == ["exdate@tests#2024-08-19", "until@tests#2024-08-19", "count@tests#2024-08-19T13:00:00Z",
+                       "rrule@tests#2024-08-12T13:00:00Z"]
+    got = [(rid, d.isoformat()) for rid, d in ics_instants(content, default_tz="UTC")
+           if rid.split("#")[0] in ("moved@tests", "rdate@tests", "until@tests", "rrule@tests")]
+    assert got == [
+        ("moved@tests", "2024-08-05T23:59:59+00:00"), ("rdate@tests", "2024-08-05T23:59:59+00:00"),
+        ("until@tests", "2024-08-05T23:59:59+00:00"), ("rrule@tests", "2024-08-06T13:00:00+00:00"),
+        ("rdate@tests", "2024-08-12T23:59:59+00:00"), ("until@tests", "2024-08-12T23:59:59+00:00"),
+        ("rrule@tests", "2024-08-13T13:00:00+00:00"), ("moved@tests#2024-08-12", "2024-08-14T23:59:59+00:00"),
+        ("moved@tests", "2024-08-19T23:59:59+00:00"), ("rrule@tests", "2024-08-20T13:00:00+00:00"),
+        ("rdate@tests#2024-09-01", "2024-09-02T23:59:59+00:00"),
+    ]
+
+
+def test_a_thisandfuture_override_stays_while_the_series_goes_on_after_it():
+    """Its own occurrence excluded, a RANGE=THISANDFUTURE override still changes every later one; it
+    goes only when the series has nothing from there on."""
+    def feed(series_end: str) -> bytes:
+        return calendar(
+            *event("t", "DTSTART;TZID=Europe/Berlin:20260105T090000", series_end,
+                   "EXDATE;TZID=Europe/Berlin:20260112T090000"),
+            *event("t", "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=Europe/Berlin:20260112T090000",
+                   "DTSTART;TZID=Europe/Berlin:20260112T100000"))
+
+    assert [d for _r, d in ics_instants(feed("RRULE:FREQ=WEEKLY;COUNT=3"))] == [
+        utc("2026-01-05T08:00:00Z"), utc("2026-01-19T09:00:00Z")]
+    ended = parse_ics(feed("RRULE:FREQ=WEEKLY;UNTIL=20260111T000000Z"), source="t")
+    assert [r.rule_id for r in ended.rules] == ["t"]
+    assert "2026-01-12T09:00:00 and every later occurrence" in ended.problems[-1].message
+
+
+def test_validate_lists_each_override_its_series_no_longer_has(tmp_path):
+    from deadline_pipeline.cli import main
+
+    path = CALENDARS / "overrides_of_deleted_occurrences.ics"
+    res = CliRunner().invoke(main, ["validate", "--format", "ics", "--timezone", "UTC", str(path)])
+    assert res.exit_code == 1, res.output
+    assert (f"{path}: VEVENT UID=exdate@tests (line 12): an override of 2024-08-19, which the series in force "
+            "excludes (EXDATE): not in force, its reminders are withdrawn") in res.output
+    assert res.output.count("which the series in force") == 4
+
+
+def test_an_override_whose_series_cannot_be_expanded_is_kept_and_counted(monkeypatch):
+    """Not knowing whether the series still has the occurrence keeps the override (a duplicate
+    reminder at worst, never a missed one), logged and counted."""
+    monkeypatch.setattr(occ_mod, "MAX_STEPS", 1000)
+    content = calendar(*event("heavy", "DTSTART:20200101T000000Z", "RRULE:FREQ=HOURLY;BYMINUTE=0,30;COUNT=99999999"),
+                       *event("heavy", "RECURRENCE-ID:20260301T120000Z", "DTSTART:20260301T123000Z"))
+    before = COUNTERS["override_checks_failed"]
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["heavy", "heavy#2026-03-01T12:00:00Z"]
+    assert COUNTERS["override_checks_failed"] == before + 1
+
+
+def test_the_overrides_of_an_endless_dense_series_are_checked_without_a_truncation_logged():
+    """An override of 12:15 in a series of :00 and :30 is dropped; those of occurrences it has, one of
+    them past the 5000 occurrences checked at once, stay. The check looks at the overrides' dates, not
+    at a planning window: it counts and logs no truncation and no cut (checks read those counters)."""
+    content = calendar(*event("dense", "DTSTART:20200101T000000Z", "RRULE:FREQ=HOURLY;BYMINUTE=0,30"),
+                       *event("dense", "RECURRENCE-ID:20200105T120000Z", "DTSTART:20200105T123000Z"),
+                       *event("dense", "RECURRENCE-ID:20260301T120000Z", "DTSTART:20260301T123000Z"),
+                       *event("dense", "RECURRENCE-ID:20260301T121500Z", "DTSTART:20260301T124500Z"))
+    before = (COUNTERS["horizon_truncations"], COUNTERS["occurrence_cap"], COUNTERS["vanished_overrides"])
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["dense", "dense#2020-01-05T12:00:00Z", "dense#2026-03-01T12:00:00Z"]
+    assert [p.record_id for p in result.problems] == ["dense#2026-03-01T12:15:00Z"]
+    after = (COUNTERS["horizon_truncations"], COUNTERS["occurrence_cap"], COUNTERS["vanished_overrides"])
+    assert after == (before[0], before[1], before[2] + 1)

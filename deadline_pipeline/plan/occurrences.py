@@ -521,6 +521,77 @@ def over_budget(rules, default_tz: str | None, *, now: datetime | None = None) -
     return out
 
 
+#: How far :func:`has_occurrence` looks for an occurrence at or after a label.
+_LATER_SPAN = timedelta(days=366 * 100)
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """What an occurrence label matches: the instant ``lo`` (``timed``), or any due instant in
+    ``[lo, hi]``, the local ``day``."""
+
+    timed: bool
+    lo: datetime
+    hi: datetime
+    day: date
+
+
+def _span(rule: RuleRecord, zone: tzinfo, label: str) -> _Span:
+    timed = "T" in label and not rule.all_day
+    day = parse_local(label).date() if "T" in label else date.fromisoformat(label)
+    if timed:
+        instant = to_instant(parse_local(label), zone)
+        return _Span(True, instant, instant, day)
+    following = to_instant(datetime.combine(day + _DAY, time.min), zone)
+    return _Span(False, to_instant(datetime.combine(day, time.min), zone), following - timedelta(microseconds=1), day)
+
+
+def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool = False) -> bool:
+    """Whether the expansion of ``rule`` in ``zone`` has the occurrence ``label`` names: a local ISO
+    date-time (the occurrence due at that instant), or a date (any occurrence on that local date, as
+    a DATE EXDATE matches; an all-day rule's occurrences are compared by date too). With
+    ``or_later``, whether it has any occurrence from there on (a ``RANGE=THISANDFUTURE`` override
+    applies to all of them).
+
+    For RECURRENCE-ID overrides (RFC 5545 §3.8.4.4), which name an occurrence of their series: the
+    series' EXDATEs, RDATEs, UNTIL and COUNT all count, as in planning (no business-day shift).
+    Raises as :func:`expand` does: ``ValueError`` (:class:`ExpansionBudgetExceeded` included) for a
+    rule that cannot be expanded.
+    """
+    span = _span(rule, zone, label)
+    end = span.lo + _LATER_SPAN if or_later else span.hi
+    # limit=1: the window holds nothing but matches, so one is enough, and a dense rule is never cut.
+    return bool(expand(rule, zone, after=span.lo, before=end, limit=1))
+
+
+def present_labels(rule: RuleRecord, zone: tzinfo, labels: list[str]) -> set[str]:
+    """The ``labels`` (as for :func:`has_occurrence`) that name an occurrence of ``rule`` in ``zone``.
+
+    One expansion over the span of all of them, not one per label: a series with a thousand
+    overrides was expanded from its DTSTART a thousand times (15 s for a daily series of ten years).
+    Labels past :data:`MAX_OCCURRENCES` occurrences are checked one by one. Raises as :func:`expand`.
+    """
+    spans = {label: _span(rule, zone, label) for label in labels}
+    if not spans:
+        return set()
+    # A limit, not the cap: this span is no planning window, so a dense or endless series must neither
+    # be logged as truncated nor counted as cut (checks read both counters).
+    found = expand(rule, zone, after=min(s.lo for s in spans.values()), before=max(s.hi for s in spans.values()),
+                   limit=MAX_OCCURRENCES)
+    last = found[-1].due_at if len(found) == MAX_OCCURRENCES else None
+    instants = {o.due_at for o in found}
+    days = {o.due_at.astimezone(zone).date() for o in found}
+    present = set()
+    for label, span in spans.items():
+        if last is not None and span.hi >= last:
+            hit = has_occurrence(rule, zone, label)
+        else:
+            hit = span.lo in instants if span.timed else span.day in days
+        if hit:
+            present.add(label)
+    return present
+
+
 def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
     """Whether the stored rule ``payload`` (``RuleRecord.to_payload``) has an instant in
     ``[after, before]`` (aware datetimes), read with the bounded expansion: the rule's zone, or UTC
@@ -535,7 +606,7 @@ def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
     from deadline_pipeline.timezones import resolve_zone
 
     if (payload.get("extra") or {}).get("cancelled"):
-        return False  # a cancelled occurrence (STATUS:CANCELLED override) is never planned
+        return False  # a cancelled or completed occurrence (a closed override) is never planned
     # Only the timing fields matter here; a payload stored without a title or zone is still readable.
     rule = RuleRecord.from_payload({"title": "", "tz": None, "rule_id": "?", **payload})
     zone = resolve_zone(rule.tz or "UTC")
@@ -833,4 +904,4 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
 
 __all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Collapsed", "Expansion", "ExpansionBudgetExceeded",
            "budget_problem", "cap_problem", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand", "expansion",
-           "normalise_until", "once_per_instant", "to_instant", "window"]
+           "has_occurrence", "normalise_until", "once_per_instant", "present_labels", "to_instant", "window"]

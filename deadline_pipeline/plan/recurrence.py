@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 #: Counters a check (or a test) reads: ``rrule_rejected`` (lenient parse failures),
 #: ``horizon_truncations`` (series cut at the window's end and suspicious, see occurrences),
 #: ``occurrence_cap`` (expansions stopped at the hard cap), ``orphan_overrides`` (a RECURRENCE-ID
-#: component whose master is absent from the snapshot).
+#: component whose master is absent from the snapshot), ``vanished_overrides`` (one whose occurrence
+#: its master no longer has) and ``override_checks_failed`` (one that could not be checked; see
+#: :func:`vanished_overrides`).
 COUNTERS: Counter[str] = Counter()
 #: The most recent lenient rejections as ``(rule_id, message)``, newest last (bounded).
 REJECTED: deque[tuple[str | None, str]] = deque(maxlen=100)
@@ -332,8 +334,121 @@ def _rid_local(rid: str, zone: tzinfo | None) -> str:
     return rid
 
 
+#: Key of ``RuleRecord.extra``: a recurring to-do's DUE − DTSTART in wall-clock seconds (set by the ICS parser).
+DUE_OFFSET = "due_offset_seconds"
+
+
+def _shifted(local: str, seconds: int) -> str:
+    """A local ISO date-time (or date) moved by ``seconds`` of wall-clock time (a date by whole days)."""
+    if not seconds:
+        return local
+    if "T" in local:
+        return format_local(parse_local(local) + timedelta(seconds=seconds))
+    return (date.fromisoformat(local) + timedelta(days=seconds // 86400)).isoformat()
+
+
+def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | None) -> str:
+    """The occurrence of ``master`` that ``override`` names, labelled as the master's expansion labels
+    it: local ISO date-time in ``zone`` (the master's), or a date for an all-day master.
+
+    RFC 5545 §3.8.4.4: a RECURRENCE-ID is the DTSTART of the instance it names. An all-day master's
+    occurrence is named by the RECURRENCE-ID's date as written, also when it is a DATE-TIME
+    (``extra["recurrence_id_date"]``; Outlook writes one in any zone). A to-do is planned at its DUE,
+    so the instance's DTSTART is moved by the master's DUE − DTSTART (``extra["due_offset_seconds"]``).
+    Raises ``ValueError`` for a RECURRENCE-ID that is an instant when the master is floating.
+    """
+    rid = str(override.extra["recurrence_id"])
+    if master.all_day:
+        local = str(override.extra.get("recurrence_id_date") or rid[:10])
+    else:
+        local = _rid_local(rid, zone)
+    return _shifted(local, int(master.extra.get(DUE_OFFSET) or 0))
+
+
 def _range(rule: RuleRecord) -> str:
     return str(rule.extra.get("range") or rule.extra.get("recurrence_range") or "").upper()
+
+
+def _master_id(override: RuleRecord) -> str | None:
+    """The rule id of the master an override (``UID#<RECURRENCE-ID>``) belongs to."""
+    rid = str(override.extra["recurrence_id"])
+    if override.rule_id.endswith("#" + rid):
+        return override.rule_id[: -len(rid) - 1]
+    return override.extra.get("uid")
+
+
+def vanished_overrides(rules: list[RuleRecord], *, zone_of=None) -> dict[str, str]:
+    """The overrides whose occurrence their master no longer has: ``{override rule_id: why}``.
+
+    ``rules``: one snapshot's records as for :func:`apply_overrides` (the master in force, i.e. the
+    latest revision, among them); ``zone_of`` as there (a floating master is expanded in UTC here:
+    only its wall-clock labels matter). An override replaces one occurrence of its series (RFC 5545
+    §3.8.4.4); when the series in force excludes it (EXDATE, §3.8.5.1) or no longer generates it
+    (an UNTIL, COUNT or RRULE that no longer reaches it, no RDATE naming it), its owner deleted that
+    occurrence, and planning the override reminded of it (the override of an older SEQUENCE outlived
+    the revision that deleted its instance). An override that moves its occurrence (DTSTART other
+    than its RECURRENCE-ID) is judged by its RECURRENCE-ID; a ``RANGE=THISANDFUTURE`` one is gone when
+    the series has no occurrence from its RECURRENCE-ID on. Cancelled and completed overrides plan
+    nothing and are not judged, nor are overrides without their master (``orphan_overrides``).
+
+    Each one found is logged and counted (``vanished_overrides``). The overrides of a master that
+    cannot be expanded (over the work budget, a floating master named by a UTC RECURRENCE-ID…) are
+    kept, logged and counted (``override_checks_failed``): a duplicate reminder at worst, never a
+    missed one.
+    """
+    from deadline_pipeline.timezones import resolve_zone
+
+    masters = {r.rule_id: r for r in rules if "recurrence_id" not in r.extra}
+    groups: dict[str, list[RuleRecord]] = {}
+    for r in rules:
+        master_id = _master_id(r) if "recurrence_id" in r.extra and not r.extra.get("cancelled") else None
+        if master_id in masters:
+            groups.setdefault(master_id, []).append(r)
+    gone: dict[str, str] = {}
+    for master_id, overrides in groups.items():
+        master = masters[master_id]
+        zone = zone_of(master) if zone_of is not None else (resolve_zone(master.tz) if master.tz else None)
+        gone.update(_vanished_of(master, overrides, zone))
+    for rule_id, why in gone.items():
+        COUNTERS["vanished_overrides"] += 1
+        log.warning("override %s: %s; it is not in force", rule_id, why)
+    return gone
+
+
+def _vanished_of(master: RuleRecord, overrides: list[RuleRecord], zone: tzinfo | None) -> dict[str, str]:
+    """:func:`vanished_overrides` for the overrides of one master (``zone``: the master's, None when
+    floating): ``{override rule_id: why}``; none when the master cannot be expanded (logged, counted)."""
+    from deadline_pipeline.plan.occurrences import has_occurrence, present_labels
+
+    frame = zone or UTC
+    later = {o.rule_id for o in overrides if _range(o) == "THISANDFUTURE"}
+
+    def missing(rule: RuleRecord, named: dict[str, str]) -> list[str]:
+        """The overrides of ``named`` (``{rule_id: label}``) whose occurrence ``rule`` lacks."""
+        plain = present_labels(rule, frame, [label for rid, label in named.items() if rid not in later])
+        tails = {rid for rid in named if rid in later and has_occurrence(rule, frame, named[rid], or_later=True)}
+        return [rid for rid, label in named.items() if label not in plain and rid not in tails]
+
+    try:
+        named = {o.rule_id: occurrence_named(master, o, zone) for o in overrides}
+        gone = missing(master, named)
+        # Which of them the EXDATEs took: the same check on the series without its EXDATEs.
+        generated = missing(replace(master, exdates=()), {rid: named[rid] for rid in gone}) if master.exdates else gone
+    except ValueError as exc:  # RRuleError, ExpansionBudgetExceeded, a UTC RECURRENCE-ID of a floating master
+        COUNTERS["override_checks_failed"] += len(overrides)
+        log.warning("series %s: whether it still has the occurrences its %d override(s) name cannot be told (%s); "
+                    "they are kept", master.rule_id, len(overrides), exc)
+        return {}
+    return {rid: _vanished_words(named[rid], rid in later, rid not in generated) for rid in gone}
+
+
+def _vanished_words(label: str, later: bool, excluded: bool) -> str:
+    """The note for an override of ``label`` (``later``: and every later occurrence) gone by an EXDATE
+    (``excluded``) or because the series no longer generates it."""
+    named = f"{label} and every later occurrence" if later else label
+    cause = ("excludes (EXDATE)" if excluded
+             else "no longer has (its RRULE, UNTIL or COUNT do not reach it and no RDATE names it)")
+    return f"an override of {named}, which the series in force {cause}"
 
 
 def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord]:
@@ -353,13 +468,15 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
       RECURRENCE-ID on (``extra["series_from"]``), each occurrence shifted by the override's
       DTSTART − RECURRENCE-ID (``extra["shift_seconds"]``), or the override's own RRULE if it has one.
     * An override whose master is absent is kept as it is, logged and counted (``orphan_overrides``).
+      One whose occurrence its master no longer has is the parser's to drop (:func:`vanished_overrides`).
     * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
-    * An all-day master's occurrence is named by the RECURRENCE-ID's date as written, also when the
-      RECURRENCE-ID is a DATE-TIME (``extra["recurrence_id_date"]``, Outlook exports).
-    * A cancelled override (``extra["cancelled"]``, STATUS:CANCELLED) removes the occurrence it names
-      (with ``RANGE=THISANDFUTURE``, every later one) and is not planned itself; logged and counted
-      (``cancelled_occurrences``). A cancelled override without its master is dropped.
+    * The occurrence an override names is :func:`occurrence_named`'s: an all-day master's by the
+      RECURRENCE-ID's date as written, a to-do's shifted from its DTSTART to its DUE.
+    * A cancelled override (``extra["cancelled"]``: STATUS:CANCELLED, or a completed to-do with
+      ``extra["completed"]``) removes the occurrence it names (with ``RANGE=THISANDFUTURE``, every
+      later one) and is not planned itself; logged and counted (``cancelled_occurrences``, completed
+      ones included). A cancelled override without its master is dropped.
 
     Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
     override in place).
@@ -378,7 +495,7 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
         rid = r.extra.get("recurrence_id")
         if rid is None:
             continue
-        master_id = r.rule_id[: -len(rid) - 1] if r.rule_id.endswith("#" + str(rid)) else r.extra.get("uid")
+        master_id = _master_id(r)
         master = masters.get(master_id)
         if master is None and r.extra.get("cancelled"):
             continue  # nothing in this snapshot to cancel; dropped below
@@ -386,12 +503,9 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
             COUNTERS["orphan_overrides"] += 1
             log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
             continue
-        if master.all_day:
-            # An all-day master's occurrences are dates: a DATE-TIME RECURRENCE-ID names the date it was
-            # written on, in any zone (else the original date stays as a ghost next to the override).
-            local = str(r.extra.get("recurrence_id_date") or str(rid)[:10])
-        else:
-            local = _rid_local(str(rid), zone(master))
+        # The label the master's expansion gives that occurrence (else the original stays as a ghost
+        # next to the override: a date-time named in an all-day series, a to-do's DTSTART vs its DUE).
+        local = occurrence_named(master, r, zone(master))
         if _range(r) == "THISANDFUTURE":
             splits.setdefault(master.rule_id, []).append((local, r))
         else:
@@ -427,7 +541,8 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
         if "recurrence_id" in r.extra and r.extra.get("cancelled"):
             # Its occurrence (or tail) is already taken out of the master above.
             COUNTERS["cancelled_occurrences"] += 1
-            log.info("override %s is cancelled (STATUS:CANCELLED): its occurrence is not planned", r.rule_id)
+            log.info("override %s is closed by its publisher (%s): its occurrence is not planned", r.rule_id,
+                     r.extra.get("completed") or "STATUS:CANCELLED")
             continue
         r = replaced.get(r.rule_id, r)
         if "recurrence_id" in r.extra and _range(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
@@ -447,6 +562,7 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "COUNTERS", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
-    "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
+    "COUNTERS", "DUE_OFFSET", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
+    "occurrence_named", "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
+    "vanished_overrides",
 ]
