@@ -59,6 +59,14 @@ def test_redact_free_text_masks_urls_registered_secrets_and_authorization_values
     assert "http://***@127.0.0.1:9/hook?token=***" in out and "Bearer ***" in out
 
 
+def test_a_secret_that_is_not_utf8_is_registered_and_masked_percent_encoded_too():
+    # A variable set in Latin-1 reaches Python with a lone surrogate for the byte 0xF1 (PEP 383).
+    value = "contraseña-21".encode("latin-1").decode("utf-8", "surrogateescape")
+    rd.register_secret(value)
+    assert rd.redact(f"login {value} refused; percent-encoded contrase%F1a-21") == \
+        "login *** refused; percent-encoded ***"
+
+
 def test_short_values_are_not_registered_so_messages_stay_readable():
     rd.register_secret("yes")
     assert rd.redact("yes, done") == "yes, done"

@@ -71,7 +71,12 @@ def register_secret(value: str | None) -> None:
     """
     if not value or len(value) < MIN_SECRET_LENGTH or value in _registered_values:
         return
-    forms = {value, value.strip(), quote(value, safe=""), quote_plus(value)}
+    # surrogateescape: a variable set in another encoding than UTF-8 (a Latin-1 "contraseña") holds
+    # lone surrogates (PEP 383), and strict quoting raised UnicodeEncodeError from load_config, a
+    # crash naming a character of the secret instead of the check that names its variable. Escaped,
+    # each such byte is percent-encoded as it would appear in a URL.
+    forms = {value, value.strip(), quote(value, safe="", errors="surrogateescape"),
+             quote_plus(value, errors="surrogateescape")}
     with _lock:
         new = forms - _secrets
         if new:

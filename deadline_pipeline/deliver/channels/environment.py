@@ -42,9 +42,10 @@ def env_keys(channel_cfg) -> dict[str, str | None]:
 def unresolved_env(cfg, environ: Mapping[str, str] | None = None) -> list[EnvProblem]:
     """Every ``*_env`` variable named by ``cfg.channels`` that is unset or empty in ``environ``
     (default ``os.environ``), an SMTP login configured by half (only one of ``username_env`` /
-    ``password_env``), and every ``${VAR}`` in a subscriber's or the escalation's ``webhook_url``
-    whose variable is unset or empty (when a webhook channel is configured). Empty list = every
-    credential resolves. Raises nothing."""
+    ``password_env``) or holding a value SMTP AUTH cannot send (:func:`login_text_problem`), and
+    every ``${VAR}`` in a subscriber's or the escalation's ``webhook_url`` whose variable is unset or
+    empty (when a webhook channel is configured). Empty list = every credential resolves. Raises
+    nothing."""
     env = os.environ if environ is None else environ
     problems: list[EnvProblem] = []
     for name, ch in sorted(cfg.channels.items()):
@@ -53,11 +54,47 @@ def unresolved_env(cfg, environ: Mapping[str, str] | None = None) -> list[EnvPro
             if not env.get(var):
                 problems.append(EnvProblem(name, key, var, f"environment variable {var} is not set "
                                            f"(channel {name!r}, {ch.type})"))
-        if getattr(ch, "type", None) == "smtp" and len({"username_env", "password_env"} & set(named)) == 1:
-            missing = "password_env" if "username_env" in named else "username_env"
-            problems.append(EnvProblem(name, missing, None, f"channel {name!r} (smtp) names only one of "
-                                       "username_env / password_env; login needs both"))
+        if getattr(ch, "type", None) == "smtp":
+            problems += _smtp_login_problems(name, named, env)
     problems += _unresolved_url_refs(cfg, env)
+    return problems
+
+
+def login_text_problem(value: str) -> str | None:
+    """Why ``value`` (a user name or password read from the environment) cannot be sent in SMTP
+    AUTH, or ``None`` when it can.
+
+    Every mechanism the smtp channel uses carries any Unicode text as UTF-8: PLAIN by RFC 4616 §2,
+    LOGIN as the base64 of the bytes (RFC 4954 §4), CRAM-MD5 as the HMAC key (RFC 2195 §2, see
+    :meth:`~deadline_pipeline.deliver.channels.smtp._BoundedSMTP.auth_cram_md5`). What none can
+    carry is a value that is not text: bytes set in another encoding (``contrase\\xf1a`` in Latin-1)
+    reach Python as lone surrogates (PEP 383), which have no UTF-8 form. The problem never quotes
+    the value: it is a secret.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"is not valid UTF-8 text (a byte at position {exc.start} of its value is not UTF-8: was it "
+                "set in another encoding, e.g. Latin-1?); SMTP AUTH sends user names and passwords as UTF-8 "
+                "(RFC 4616 §2, RFC 4954 §4)")
+    return None
+
+
+def _smtp_login_problems(name: str, named: dict[str, str], env: Mapping[str, str]) -> list[EnvProblem]:
+    """The problems of an smtp channel's login: only one of ``username_env`` / ``password_env``
+    named, or a set value that SMTP AUTH cannot carry (:func:`login_text_problem`). Found at send
+    time, the second failed every alert of the channel (it was reported as a non-ASCII address)."""
+    problems = []
+    if len({"username_env", "password_env"} & set(named)) == 1:
+        missing = "password_env" if "username_env" in named else "username_env"
+        problems.append(EnvProblem(name, missing, None, f"channel {name!r} (smtp) names only one of "
+                                   "username_env / password_env; login needs both"))
+    for key in ("username_env", "password_env"):
+        var = named.get(key)
+        problem = login_text_problem(env.get(var) or "") if var else None
+        if problem:
+            problems.append(EnvProblem(name, key, var, f"environment variable {var} {problem} "
+                                       f"(channel {name!r}, smtp)"))
     return problems
 
 
