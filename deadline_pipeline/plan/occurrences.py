@@ -66,6 +66,7 @@ from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
 from dateutil.rrule import rrule, rruleset
 
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
 from deadline_pipeline.plan.recurrence import (
     COUNTERS,
@@ -150,7 +151,7 @@ class Expansion:
 def cap_problem(cut_at: datetime, before: datetime) -> str:
     """The words for an expansion cut at :data:`MAX_OCCURRENCES`: where it stopped (``cut_at``, the
     first occurrence left out) and the window's end ``before`` (aware datetimes), and what to do."""
-    cut, end = cut_at.isoformat(timespec="seconds"), before.isoformat(timespec="seconds")
+    cut, end = instant_text(cut_at), instant_text(before)
     return (f"more than {MAX_OCCURRENCES} occurrences (the expansion cap) before the window's end {end}; "
             f"expansion stopped at {cut}, so reminders for occurrences due from {cut} on are not planned: "
             "the rule recurs too often for the horizon (bound it with UNTIL or COUNT, or use a coarser FREQ "
@@ -529,7 +530,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
         if steps > MAX_STEPS:
             COUNTERS["expansion_budget"] += 1
             log.error("rule %s: RRULE %r needs more than %d steps to reach [%s, %s]; the rule is skipped",
-                      rule.rule_id, rule.rrule, MAX_STEPS, after.isoformat(), before.isoformat())
+                      rule.rule_id, rule.rrule, MAX_STEPS, instant_text(after), instant_text(before))
             raise ExpansionBudgetExceeded(
                 f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} needs more than {MAX_STEPS} steps from its DTSTART "
                 f"{rule.start} to reach the window; it is skipped (bound it with a later DTSTART, UNTIL or a "
@@ -579,7 +580,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
     if cut_at is not None:
         COUNTERS["occurrence_cap"] += 1
         log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped at %s", rule.rule_id,
-                  MAX_OCCURRENCES, after.isoformat(), before.isoformat(), cut_at.isoformat())
+                  MAX_OCCURRENCES, instant_text(after), instant_text(before), instant_text(cut_at))
     elif recur is not None and limit is None:
         _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
     if unsorted:
@@ -621,7 +622,7 @@ def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], aft
     why = ("unbounded sub-daily series" if unbounded_sub_daily
            else f"about {rate:.0f} occurrences per {HORIZON.days} days (more than {SANE_OCCURRENCES})")
     log.error("rule %s: RRULE %r truncated at %s (%s); a reminder that fires without end is a data bug",
-              rule.rule_id, rule.rrule, before.isoformat(), why)
+              rule.rule_id, rule.rrule, instant_text(before), why)
 
 
 def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datetime]:

@@ -51,6 +51,7 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord, format_local
 from deadline_pipeline.timezones import (
     EQUIVALENCE_YEARS,
@@ -408,8 +409,8 @@ def _latest_revisions(result: ParseResult, ranks: list[tuple]) -> ParseResult:
             continue
         (seq, stamp), (seq_kept, stamp_kept) = ranks[i], rank
         result.problems.append(ParseProblem(result.positions[i], (
-            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {stamp.isoformat()}) is superseded by the one "
-            f"at {result.positions[j]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept"),
+            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {instant_text(stamp)}) is superseded by the one "
+            f"at {result.positions[j]} (SEQUENCE {seq_kept}, stamped {instant_text(stamp_kept)}); the latest is kept"),
             rule.rule_id, skipped=False))
     result.rules, result.positions = kept, where
     return result
