@@ -81,7 +81,7 @@ from deadline_pipeline.plan.recurrence import (
     until_bound,
     validate_rrule,
 )
-from deadline_pipeline.rules import RuleRecord, parse_local
+from deadline_pipeline.rules import RULE_YEARS, RuleRecord, dates_problem, parse_local
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +390,27 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
               business_days: BusinessDays | None = None, limit: int | None = None,
               strict: bool = True) -> Expansion:
     """:func:`expand`, and whether the window held more than :data:`MAX_OCCURRENCES`: where the
-    expansion was cut (:class:`Expansion`). Same arguments and errors as :func:`expand`."""
+    expansion was cut (:class:`Expansion`). Same arguments and errors as :func:`expand`; also
+    ``ValueError`` naming the rule for a date outside :data:`~deadline_pipeline.rules.RULE_YEARS`.
+
+    Checked here as well as at ingest: a rule stored before the check, or given on the command
+    line, must be one planning problem, never an ``OverflowError`` that ended the planning run (it
+    is not a ``ValueError``, so the planner's per-rule guard let it through)."""
+    problem = dates_problem(rule)
+    if problem:
+        raise ValueError(f"rule {rule.rule_id!r}: {problem}")
+    try:
+        return _expansion(rule, zone, after=after, before=before, until=until, business_days=business_days,
+                          limit=limit, strict=strict)
+    except OverflowError:
+        low, high = RULE_YEARS
+        raise ValueError(f"rule {rule.rule_id!r}: an instant computed from it is outside Python's calendar; "
+                         f"its dates must lie in the supported range (years {low} to {high})") from None
+
+
+def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,
+               business_days: BusinessDays | None, limit: int | None, strict: bool) -> Expansion:
+    """:func:`expansion` once the rule's dates are known to be in range."""
     start = rule.start_local()
     business = _business(business_days)
     if not rule.rrule and not rule.rdates:
