@@ -148,6 +148,7 @@ def _refuse_replay_into_live_store(engine, cfg, as_of: str) -> None:
     replayed instant, and a future one made the watchdog report a dead sweep as healthy."""
     from datetime import UTC, datetime, timedelta
 
+    from deadline_pipeline.instants import instant_text
     from deadline_pipeline.store import health
 
     window = timedelta(minutes=cfg.watch.plan_interval_minutes + cfg.watch.heartbeat_grace_minutes)
@@ -156,7 +157,7 @@ def _refuse_replay_into_live_store(engine, cfg, as_of: str) -> None:
     if live:
         newest = max(live.values())
         _fail_input(f"--as-of {as_of}: the store {engine.url.render_as_string(hide_password=True)} is live "
-                    f"({len(live)} heartbeat(s) of the running pipeline, newest {newest.isoformat()}: "
+                    f"({len(live)} heartbeat(s) of the running pipeline, newest {instant_text(newest)}: "
                     f"{', '.join(sorted(live))}); a replay would write its made-up instants among them. "
                     "Replay into another store (--db-url, or another DEADLINE_HOME), or pass --force-replay "
                     "if you mean it")
@@ -284,15 +285,19 @@ def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | 
         versions = conn.execute(select(func.count()).select_from(rule_versions)).scalar_one()
         obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
         states = health.alerts_by_state(conn)
+    from deadline_pipeline.instants import instant_text, parse_instant
     from deadline_pipeline.zone_data import time_data_text
 
-    click.echo(f"as of {as_of or 'now'}; {time_data_text()}")
+    # The instant the run used, as every other line writes one (an --as-of given with a fraction or
+    # another offset was echoed as typed).
+    click.echo(f"as of {instant_text(parse_instant(as_of)) if as_of else 'now'}; {time_data_text()}")
     if before is not None:
         click.echo(this_run_text(summary.delivery, before, store_counts(engine)))
     click.echo("sources:")
     for s in srcs:
         err = f" — {s.last_error}" if s.last_error else ""
-        click.echo(f"  {s.name:<24} {s.status:<8} last fresh {s.last_fresh_at or 'never'}{err}")
+        fresh = instant_text(s.last_fresh_at) if s.last_fresh_at else "never"
+        click.echo(f"  {s.name:<24} {s.status:<8} last fresh {fresh}{err}")
     click.echo("store totals (all runs):")
     click.echo(f"  rule versions: {versions}")
     click.echo("  obligations: " + (", ".join(f"{k} {v}" for k, v in sorted(obs.items())) or "none"))

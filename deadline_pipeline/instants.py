@@ -1,4 +1,5 @@
-"""Instants given on the command line and in run configuration (``--as-of``, ``--from``, ``--to``).
+"""Instants given on the command line and in run configuration (``--as-of``, ``--from``, ``--to``),
+and instants as every message prints them (:func:`instant_text`).
 
 One parser for every command, so that one input gets one answer: before, ``status --as-of
 9999-12-31T23:59:59Z`` failed with ``OverflowError: date value out of range`` where ``run`` said
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 # The years a replayed "now" or a preview window may lie in: a horizon, a grace window, a month's
 # partition or a subscription's lead is added to it or taken from it, and the calendar must still have
@@ -53,6 +54,25 @@ def in_years(value: datetime, years: tuple[int, int] = INSTANT_YEARS) -> datetim
     if not low <= value.year <= high:
         raise ValueError(f"out of range (years {low} to {high})")
     return value
+
+
+def instant_text(value: datetime, zone: tzinfo = UTC) -> str:
+    """The aware ``value`` as every summary, check, report and message shows an instant: ISO 8601 in
+    ``zone`` (default UTC, written ``+00:00``) to the whole second, e.g. ``2026-12-02T15:28:34+00:00``.
+
+    The fraction is dropped, never rounded: ``23:59:59.9`` stays in its second and its day. Through
+    this one function because each message formatting its own instant printed the clock's
+    microseconds (``last fresh 2026-12-02 15:28:34.551555+00:00``) next to whole seconds elsewhere.
+    Raises ``ValueError`` for a naive ``value`` (it names no instant).
+    """
+    if value.utcoffset() is None:
+        raise ValueError(f"{value.isoformat(timespec='seconds')} has no offset: it names no instant")
+    try:
+        return value.astimezone(zone).isoformat(timespec="seconds")
+    except OverflowError:
+        # 9999-12-31T23:00:00-05:00 has no UTC form; an error message naming such an input must not
+        # itself fail, so it keeps the offset it was given (still one instant, read unambiguously).
+        return value.isoformat(timespec="seconds")
 
 
 # A date and time as ISO 8601 (extended or basic) or ICS writes it, each field by its digits alone.

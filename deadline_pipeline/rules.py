@@ -23,6 +23,14 @@ from datetime import UTC, date, datetime, time
 
 END_OF_DAY = time(23, 59, 59)
 
+# The years a rule's dates (its start, RDATE and EXDATE values) may lie in. Planning reads each one
+# in its zone (up to a day from UTC), rolls it to a business day (up to a month) and counts reminders
+# from it (up to ten years), all inside Python's calendar of years 1 to 9999: 9999-12-31T23:59:59 in
+# AoE is in year 10000 in UTC and ended in "OverflowError: date value out of range" for every rule of
+# the feed. Nothing plannable is refused above 9000: no planning window reaches further than 9000
+# plus its horizon (instants.INSTANT_YEARS). Old starts of yearly rules (1776, 1604) still fit.
+RULE_YEARS = (1000, 9000)
+
 
 @dataclass(frozen=True)
 class RuleRecord:
@@ -111,6 +119,31 @@ def parse_local(text: str) -> datetime:
     if value.tzinfo is not None:
         raise ValueError(f"local time {text!r} carries an offset; rules keep the zone in 'tz'")
     return value
+
+
+def year_problem(value: date | datetime, years: tuple[int, int] = RULE_YEARS) -> str | None:
+    """``"year 9999 is outside the supported range (years 1000 to 9000)"`` when the year of ``value``
+    is outside ``years``, else None. Callers prefix the input that holds the value."""
+    low, high = years
+    if low <= value.year <= high:
+        return None
+    return f"year {value.year} is outside the supported range (years {low} to {high})"
+
+
+def dates_problem(rule: RuleRecord) -> str | None:
+    """Why a date of ``rule`` is outside :data:`RULE_YEARS`, naming the field and its value
+    (``"start 9999-12-31T23:59:59: year 9999 is outside the supported range (years 1000 to 9000)"``,
+    likewise ``RDATE`` and ``EXDATE``), or None. A value that does not parse is not judged here:
+    expansion names it."""
+    named = [("start", rule.start), *(("RDATE", x) for x in rule.rdates), *(("EXDATE", x) for x in rule.exdates)]
+    for what, text in named:
+        try:
+            problem = year_problem(parse_local(text))
+        except (TypeError, ValueError):
+            continue
+        if problem:
+            return f"{what} {text}: {problem}"
+    return None
 
 
 def format_local(value: datetime | date) -> str:

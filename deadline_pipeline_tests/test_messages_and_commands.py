@@ -392,6 +392,27 @@ def test_run_summary_says_what_this_run_did(tmp_path):
     assert re.search(rf"alerts: delivered {sent}\b", second.stdout)  # the totals, labelled as such
 
 
+def test_demo_status_and_watchdog_print_every_instant_to_the_second(tmp_path):
+    """Every instant ``demo``, ``status`` and ``watchdog`` print is to the whole second. Before, the
+    run summary printed ``last fresh 2026-12-02 15:28:34.551555+00:00`` and the checks ``every alert
+    due before 2026-12-02T14:58:36.212183+00:00``: each message formatted its own instant. An
+    ``--as-of`` with a fraction puts one in every instant derived from the clock."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"} | {"DEADLINE_HOME": str(tmp_path / "h")}
+    as_of = ["--as-of", "2026-12-01T00:00:00.551555Z"]
+    outputs = []
+    for command in (["demo"], ["status"], ["watchdog"]):
+        done = subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", *command, *as_of], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr + done.stdout
+        outputs.append(done.stdout + done.stderr)
+    text = "\n".join(outputs)
+    assert "last fresh 2026-12-01T00:00:00+00:00" in text  # the run summary's sources, as the checks write it
+    assert "status as of 2026-12-01T00:00:00+00:00" in text and "watchdog as of 2026-12-01T00:00:00+00:00" in text
+    assert not re.search(r"\.\d{6}", text), [line for line in text.splitlines() if re.search(r"\.\d{6}", line)]
+
+
 def test_alert_actions_name_missing_ids_blocking_states_and_the_os_user(engine, db_url, tmp_path, monkeypatch):
     _store_with_sunday_deadline(tmp_path, engine)
     with engine.begin() as conn:

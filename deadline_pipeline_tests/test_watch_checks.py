@@ -3,6 +3,8 @@ PostgreSQL), with the stages run through their services and heartbeats recorded 
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -87,6 +89,40 @@ def test_a_clean_cycle_is_all_green(engine, tmp_path):
     outs = all_checks(engine, cfg, T0)
     assert {n: o.passed for n, o in outs.items()} == dict.fromkeys(outs, True), {n: o.summary for n, o in outs.items()}
     assert evaluate(engine, T0, cfg).healthy
+
+
+def every_check_text(engine, cfg, now) -> dict[str, str]:
+    """What each check (the functions behind the Dagster asset checks) and each watchdog row says at
+    ``now``: its summary and its offenders or metadata as JSON, by check name."""
+    from deadline_pipeline.watch.reconcile import reminders_owed
+    from deadline_pipeline.watch.sources import rules_complete, source_fresh, source_not_quarantined
+
+    outs = [*all_checks(engine, cfg, now).values(), w.plan_complete(engine, now), w.time_data_agrees(engine, now),
+            reminders_owed(engine, cfg, now, timedelta(minutes=cfg.watch.grace_minutes))]
+    texts = {o.name: f"{o.summary} {json.dumps(o.offenders)}" for o in outs}
+    for s in cfg.sources:
+        for o in (source_fresh(engine, s.name, now), source_not_quarantined(engine, s.name),
+                  rules_complete(engine, s.name)):
+            texts[f"{o.name}[{s.name}]"] = f"{o.summary} {json.dumps(o.metadata)}"
+    texts.update({f"watchdog {r.check} {r.target}": r.detail for r in evaluate(engine, now, cfg).rows})
+    return texts
+
+
+def test_every_check_prints_instants_to_the_second(engine, tmp_path):
+    """Green after a cycle at a clock with microseconds, and red five silent days later (stale source,
+    stopped sweep and planning, overdue reminders): no summary, offender or watchdog row shows a
+    fraction of a second. Before, each check formatted its own instant and printed the clock's
+    microseconds (``every alert due before 2027-01-09T23:30:00.551555+00:00``)."""
+    cfg, _ = setup_config(tmp_path)
+    now = T0 + timedelta(microseconds=551555)
+    cycle(engine, cfg, now)
+    green = every_check_text(engine, cfg, now)
+    red = every_check_text(engine, cfg, now + timedelta(days=5, microseconds=212183))
+    assert "every alert due before 2027-01-09T23:30:00+00:00" in green["alerts_reconciled"], green
+    assert "last completed 2027-01-10T00:00:00+00:00" in red["sweep_alive"], red
+    assert "last fresh 2027-01-10T00:00:00+00:00" in red["source_fresh[cal]"], red
+    for name, text in {**green, **{f"{k} (red)": v for k, v in red.items()}}.items():
+        assert not re.search(r"\.\d{6}", text), f"{name}: {text}"
 
 
 def test_delivered_without_receipt_is_not_reconciled(engine, tmp_path):

@@ -8,6 +8,8 @@ from datetime import datetime
 
 import click
 
+from deadline_pipeline.instants import instant_text
+
 
 def actor(by: str | None) -> str:
     """Who acts: ``--by`` when given, else the operating-system user (``getpass.getuser()``: $LOGNAME,
@@ -60,9 +62,9 @@ def blocked_reason(state: tuple | None, now: datetime) -> str:
     status, _updated, ack_at, ack_by, lease = state
     text = f"it is {status}"
     if lease is not None and lease > now:
-        text += f" and being sent right now (lease held until {lease.isoformat()})"
+        text += f" and being sent right now (lease held until {instant_text(lease)})"
     if ack_at is not None:
-        text += f", already acknowledged by {ack_by} at {ack_at.isoformat()}"
+        text += f", already acknowledged by {ack_by} at {instant_text(ack_at)}"
     return text
 
 

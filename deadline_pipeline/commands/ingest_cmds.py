@@ -28,6 +28,7 @@ from deadline_pipeline.commands.common import (
     option_instant,
     require_config,
 )
+from deadline_pipeline.instants import instant_text
 
 # The codes of deadline_pipeline.cli, repeated: importing that module from here would be circular
 # (it imports every command module while it loads, also when run as ``python -m``).
@@ -290,12 +291,12 @@ def snapshots_prune(keep_days: int, dry_run: bool, db_url: str | None, as_of: st
     for c in candidates:
         if c.id in deleted:
             total += c.size
-            click.echo(f"{verb} snapshot {c.id} of source {c.source}: fetched {c.fetched_at.isoformat()}, "
+            click.echo(f"{verb} snapshot {c.id} of source {c.source}: fetched {instant_text(c.fetched_at)}, "
                        f"{c.size} bytes, {c.parse_status}")
     kept_now = len(candidates) - len(deleted)
     if kept_now:
         click.echo(f"kept {kept_now} snapshot(s) that became referenced or latest while pruning")
-    click.echo(f"{verb} {len(deleted)} snapshot(s), {total} bytes, fetched before {before.isoformat()}; "
+    click.echo(f"{verb} {len(deleted)} snapshot(s), {total} bytes, fetched before {instant_text(before)}; "
                "snapshots referenced by a rule version or a source's latest/current one are always kept")
     click.echo(f"{verb} {fetches} fetch log row(s) fetched before {before.isoformat()}; each source's latest is kept")
     return EXIT_OK
@@ -309,10 +310,10 @@ def snapshots_list(source: str, db_url: str | None) -> int:
         row = _source_row(conn, source)
         snaps = list_snapshots(conn, row.id)
     click.echo(f"source {source}: status {row.status}, current snapshot {row.current_snapshot_id}, "
-               f"last fresh {row.last_fresh_at.isoformat() if row.last_fresh_at else 'never'}")
+               f"last fresh {instant_text(row.last_fresh_at) if row.last_fresh_at else 'never'}")
     for s in snaps:
         err = f"  {s.parse_error.splitlines()[0][:160]}" if s.parse_error else ""
-        click.echo(f"  {s.id:>6}  {s.fetched_at.isoformat()}  {s.parse_status:<11} {s.size:>9} B  "
+        click.echo(f"  {s.id:>6}  {instant_text(s.fetched_at)}  {s.parse_status:<11} {s.size:>9} B  "
                    f"{s.sha256[:12]}{err}")
     return EXIT_OK
 

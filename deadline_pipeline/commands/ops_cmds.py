@@ -17,6 +17,7 @@ import click
 
 from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, option_instant
 from deadline_pipeline.commands.common import fail_input as _fail_input
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.wording import human_duration
 
 
@@ -166,7 +167,7 @@ def register(main: click.Group) -> None:
             report = WatchReport(now, [WatchRow("store", "schema", False, no_schema)])
         else:
             report = evaluate(engine, now, cfg)
-        click.echo(f"watchdog as of {now.isoformat()}")
+        click.echo(f"watchdog as of {instant_text(now)}")
         click.echo(report.table())
         problems = []
         if notify:
@@ -226,7 +227,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
     from deadline_pipeline.zone_data import time_data_text
 
-    lines = [f"status as of {now.isoformat()}", f"time data in force: {time_data_text()}", "sources:"]
+    lines = [f"status as of {instant_text(now)}", f"time data in force: {time_data_text()}", "sources:"]
     for s in srcs:
         age = ("never" if not s.last_fresh_at else f"{human_duration(now - s.last_fresh_at)} ago"
                if s.last_fresh_at <= now else f"{human_duration(s.last_fresh_at - now)} IN THE FUTURE")
@@ -244,7 +245,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     if overdue:
         o = oldest[0]
         lines.append(f"overdue (past {human_duration(grace)} grace): {overdue}; oldest alert {o['id']} "
-                     f"due {o['send_at'].isoformat()} "
+                     f"due {instant_text(o['send_at'])} "
                      f"({o['status']}, {o['channel']}, {o['subscriber']}: {o['title']})")
     else:
         lines.append("overdue: none")

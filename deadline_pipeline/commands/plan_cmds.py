@@ -10,6 +10,7 @@ import click
 
 from deadline_pipeline.commands.common import config_option, option_instant, require_config
 from deadline_pipeline.config import ConfigError, load_config
+from deadline_pipeline.instants import instant_text
 
 
 def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],
@@ -115,7 +116,7 @@ def _when(instant: datetime | None, zone) -> dict:
     if instant is None:
         return {"utc": None, "local": None, "text": "-"}
     local, utc = instant.astimezone(zone), instant.astimezone(UTC)
-    return {"utc": utc.isoformat(), "local": local.isoformat(),
+    return {"utc": instant_text(instant), "local": instant_text(instant, zone),
             "text": f"{local:%Y-%m-%d %H:%M} {local.tzname() or ''} ({utc:%Y-%m-%d %H:%M} UTC)".replace("  ", " ")}
 
 
@@ -123,7 +124,7 @@ def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | Non
     """What a re-plan would change for one stored alert, in words."""
     if stored["status"] == "delivered":
         if planned_due is not None and planned_due != stored["due_at"]:
-            return f"delivered; the deadline is now due {planned_due.isoformat()}: a re-plan sends a correction"
+            return f"delivered; the deadline is now due {instant_text(planned_due)}: a re-plan sends a correction"
         return "delivered; a re-plan never resends it"
     if stored["status"] not in OPEN_STATES:
         return "no change (not open)"
@@ -131,7 +132,7 @@ def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | Non
         return ("a re-plan would cancel it (its rule no longer applies or the deadline moved)" if judged
                 else "outside the re-plan window")
     if planned["send_at"] != stored["send_at"]:
-        return f"a re-plan would move it to {planned['send_at'].isoformat()}"
+        return f"a re-plan would move it to {instant_text(planned['send_at'])}"
     return "no change"
 
 
@@ -247,7 +248,7 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(rows, indent=2))
             return
         if not rows:
-            click.echo(f"no reminders for {subscriber} between {t0.isoformat()} and {t1.isoformat()}")
+            click.echo(f"no reminders for {subscriber} between {instant_text(t0)} and {instant_text(t1)}")
             return
         click.echo(OFFSET_NOTE)
         for r in rows:

@@ -125,6 +125,21 @@ def _instant(text: str, what: str) -> datetime:
         raise InputError(f"{what}: {text!r}: {exc}") from None
 
 
+def _rule_values(text: str, what: str) -> list[_Value]:
+    """:func:`parse_values` for a date of the rule (``--dtstart``, ``--exdate``, ``--rdate``), refusing
+    with :class:`InputError` a value outside :data:`~deadline_pipeline.rules.RULE_YEARS`, before any zone
+    arithmetic: ``--dtstart 99991231T235959 --tz AoE`` ended in a bare ``OverflowError: date value
+    out of range``."""
+    from deadline_pipeline.rules import year_problem
+
+    values = parse_values(text, what)
+    for v in values:
+        problem = year_problem(v.value)
+        if problem:
+            raise InputError(f"{what}: {text!r}: {problem}")
+    return values
+
+
 def _in_zone(v: _Value, zone: tzinfo, rule_tz: str) -> str:
     """A value as local wall-clock ISO in the rule's zone: each EXDATE/RDATE keeps its own TZID (case C12)."""
     from deadline_pipeline.plan.recurrence import to_instant
@@ -148,7 +163,7 @@ def build_rule(dtstart: str, rrule: str | None, exdates: tuple[str, ...], rdates
     from deadline_pipeline.rules import RuleRecord, format_local
     from deadline_pipeline.timezones import resolve_zone
 
-    values = parse_values(dtstart, "--dtstart")
+    values = _rule_values(dtstart, "--dtstart")
     if len(values) != 1:
         raise InputError(f"--dtstart: {dtstart!r} holds {len(values)} values; give one")
     start = values[0]
@@ -174,8 +189,8 @@ def build_rule(dtstart: str, rrule: str | None, exdates: tuple[str, ...], rdates
         if text[:6].upper() == "RRULE:":
             text = text[6:]
         validate_rrule(text)  # strict: raise naming the part
-    ex = tuple(_in_zone(v, zone, rule_tz) for x in exdates for v in parse_values(x, "--exdate"))
-    rd = tuple(_in_zone(v, zone, rule_tz) for x in rdates for v in parse_values(x, "--rdate"))
+    ex = tuple(_in_zone(v, zone, rule_tz) for x in exdates for v in _rule_values(x, "--exdate"))
+    rd = tuple(_in_zone(v, zone, rule_tz) for x in rdates for v in _rule_values(x, "--rdate"))
     return RuleRecord("cli", "(preview)", format_local(start.value), rule_tz, text, ex, rd), zone
 
 

@@ -80,6 +80,7 @@ from deadline_pipeline.deliver.notification import (
 )
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.service import PASSED_UNWATCHED
 from deadline_pipeline.store import delivery as sql
 
@@ -670,13 +671,13 @@ class _Sweep:
                         row["due_at"] < t - DEADLINE_PASSED_GRACE:
                     # A reminder after its deadline tells the subscriber nothing and hides the miss;
                     # the miss is escalated instead, loudly, for a human to act on.
-                    r.escalate_reason = (f"missed: the deadline {row['due_at'].isoformat()} passed before this "
-                                         f"reminder (due {row['send_at'].isoformat()}) could be sent")
+                    r.escalate_reason = (f"missed: the deadline {instant_text(row['due_at'])} passed before this "
+                                         f"reminder (due {instant_text(row['send_at'])}) could be sent")
                     if row.get("previous_due_at") is not None:
                         # A deadline a revision moved into the past (plan.service.missed_row): the
                         # on-call must know the subscriber still expects the old date.
                         r.escalate_reason += (f"; a revision moved it there from "
-                                              f"{row['previous_due_at'].isoformat()}")
+                                              f"{instant_text(row['previous_due_at'])}")
                     elif PASSED_UNWATCHED in (row.get("status_reason") or ""):
                         # A deadline that passed while its source was not fetched
                         # (plan.service.missed_while_unwatched): the on-call must see the gap.
@@ -810,8 +811,8 @@ class _Sweep:
         if r.row["kind"] == "reminder":
             retry_at = t + timedelta(seconds=delay)
             if retry_at > r.row["due_at"] + DEADLINE_PASSED_GRACE:
-                return delay, (f"missed: the next attempt could come only at {retry_at.isoformat()} "
-                               f"(wait {delay:.0f} s), after the deadline {r.row['due_at'].isoformat()}: {err}")
+                return delay, (f"missed: the next attempt could come only at {instant_text(retry_at)} "
+                               f"(wait {delay:.0f} s), after the deadline {instant_text(r.row['due_at'])}: {err}")
         return delay, None
 
     def _write(self, conn, results: list[_Result], owner: str, t: datetime) -> dict:
@@ -946,7 +947,7 @@ class _Sweep:
         row = r.row
         self.out.escalated += 1
         log.error("alert %s escalated (channel %s, subscriber %s, %r due %s): %s", row["id"], row["channel"],
-                  row["subscriber"], row["title"], row["due_at"].isoformat(), reason)
+                  row["subscriber"], row["title"], instant_text(row["due_at"]), reason)
         esc = self.cfg.escalation
         if not esc.channels:
             return

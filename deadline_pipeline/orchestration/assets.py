@@ -24,6 +24,7 @@ import dagster as dg
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.deliver.throttle import log_first
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all, record_plan_run
@@ -117,7 +118,7 @@ def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> d
     if not snapshot_confirmed(row.last_fresh_at, row.status, previous_at):
         why = (f"not fresh ({row.status}): {row.last_error}" if row.status != "fresh" else
                "never fresh" if row.last_fresh_at is None else
-               f"no fresh snapshot since {row.last_fresh_at.isoformat()} (already confirmed)")
+               f"no fresh snapshot since {instant_text(row.last_fresh_at)} (already confirmed)")
         context.log.warning(f"source {src.name}: no snapshot confirmed ({why})")
         return None
     sha = current.sha256 if current is not None else "none"

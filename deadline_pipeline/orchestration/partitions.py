@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.occurrences import GRACE
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def plan_partitions(first_month: str, horizon_days: int = 366, through: datetime
     last = month_key(real_now + timedelta(days=horizon_days))
     if through is not None:
         if through > real_now + timedelta(days=365 * MAX_YEARS_AHEAD):
-            raise PartitionRangeError(f"{through.isoformat()} is more than {MAX_YEARS_AHEAD} years ahead; plan "
+            raise PartitionRangeError(f"{instant_text(through)} is more than {MAX_YEARS_AHEAD} years ahead; plan "
                                       "partitions are not kept that far")
         last = max(last, month_key(through + timedelta(days=horizon_days)))
     return dg.MonthlyPartitionsDefinition(start_date=first_month, end_offset=_months_between(current, last) + 1)
@@ -95,7 +96,7 @@ def horizon_range(now: datetime, horizon_days: int = 366,
         end = partitions_def.get_last_partition_key()
         if start is None or end is None or first < start or last > end:
             raise PartitionRangeError(
-                f"the planning horizon at {now.isoformat()} needs months {first[:7]}..{last[:7]}, but the plan "
+                f"the planning horizon at {instant_text(now)} needs months {first[:7]}..{last[:7]}, but the plan "
                 f"partitions run {(start or '-')[:7]}..{(end or '-')[:7]}; set plan.first_month (YYYY-MM) no later "
                 f"than {first[:7]} to replay that far back")
     return first, last

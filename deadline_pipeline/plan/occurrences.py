@@ -79,6 +79,7 @@ from functools import lru_cache
 
 from dateutil.rrule import rrule, rruleset
 
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
 from deadline_pipeline.plan.recurrence import (
     COUNTERS,
@@ -93,7 +94,7 @@ from deadline_pipeline.plan.recurrence import (
     until_bound,
     validate_rrule,
 )
-from deadline_pipeline.rules import RuleRecord, parse_local
+from deadline_pipeline.rules import RULE_YEARS, RuleRecord, dates_problem, parse_local
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +352,7 @@ def _report_collapsed(rule: RuleRecord, zone: tzinfo, collapsed: list[Collapsed]
 def cap_problem(cut_at: datetime, before: datetime) -> str:
     """The words for an expansion cut at :data:`MAX_OCCURRENCES`: where it stopped (``cut_at``, the
     first occurrence left out) and the window's end ``before`` (aware datetimes), and what to do."""
-    cut, end = cut_at.isoformat(timespec="seconds"), before.isoformat(timespec="seconds")
+    cut, end = instant_text(cut_at), instant_text(before)
     return (f"more than {MAX_OCCURRENCES} occurrences (the expansion cap) before the window's end {end}; "
             f"expansion stopped at {cut}, so reminders for occurrences due from {cut} on are not planned: "
             "the rule recurs too often for the horizon (bound it with UNTIL or COUNT, or use a coarser FREQ "
@@ -664,7 +665,27 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
               strict: bool = True) -> Expansion:
     """:func:`expand`, and whether the window held more than :data:`MAX_OCCURRENCES`: where the
     expansion was cut, and which occurrences were left out because a gap put them on the instant of
-    another (:class:`Expansion`). Same arguments and errors as :func:`expand`."""
+    another (:class:`Expansion`). Same arguments and errors as :func:`expand`; also
+    ``ValueError`` naming the rule for a date outside :data:`~deadline_pipeline.rules.RULE_YEARS`.
+
+    Checked here as well as at ingest: a rule stored before the check, or given on the command
+    line, must be one planning problem, never an ``OverflowError`` that ended the planning run (it
+    is not a ``ValueError``, so the planner's per-rule guard let it through)."""
+    problem = dates_problem(rule)
+    if problem:
+        raise ValueError(f"rule {rule.rule_id!r}: {problem}")
+    try:
+        return _expansion(rule, zone, after=after, before=before, until=until, business_days=business_days,
+                          limit=limit, strict=strict)
+    except OverflowError:
+        low, high = RULE_YEARS
+        raise ValueError(f"rule {rule.rule_id!r}: an instant computed from it is outside Python's calendar; "
+                         f"its dates must lie in the supported range (years {low} to {high})") from None
+
+
+def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,
+               business_days: BusinessDays | None, limit: int | None, strict: bool) -> Expansion:
+    """:func:`expansion` once the rule's dates are known to be in range."""
     start = rule.start_local()
     business = _business(business_days)
     if not rule.rrule and not rule.rdates:
@@ -806,7 +827,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
         if steps > MAX_STEPS:
             COUNTERS["expansion_budget"] += 1
             log.error("rule %s: RRULE %r needs more than %d steps to reach [%s, %s]; the rule is skipped",
-                      rule.rule_id, rule.rrule, MAX_STEPS, after.isoformat(), before.isoformat())
+                      rule.rule_id, rule.rrule, MAX_STEPS, instant_text(after), instant_text(before))
             raise ExpansionBudgetExceeded(
                 f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} needs more than {MAX_STEPS} steps from its DTSTART "
                 f"{rule.start} to reach the window; it is skipped (bound it with a later DTSTART, UNTIL or a "
@@ -852,7 +873,7 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
     if cut_at is not None:
         COUNTERS["occurrence_cap"] += 1
         log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped at %s", rule.rule_id,
-                  MAX_OCCURRENCES, after.isoformat(), before.isoformat(), cut_at.isoformat())
+                  MAX_OCCURRENCES, instant_text(after), instant_text(before), instant_text(cut_at))
     elif recur is not None and limit is None:
         _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
     if unsorted:
@@ -894,7 +915,7 @@ def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], aft
     why = ("unbounded sub-daily series" if unbounded_sub_daily
            else f"about {rate:.0f} occurrences per {HORIZON.days} days (more than {SANE_OCCURRENCES})")
     log.error("rule %s: RRULE %r truncated at %s (%s); a reminder that fires without end is a data bug",
-              rule.rule_id, rule.rrule, before.isoformat(), why)
+              rule.rule_id, rule.rrule, instant_text(before), why)
 
 
 def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datetime]:

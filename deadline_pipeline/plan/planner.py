@@ -24,6 +24,7 @@ from datetime import datetime, time, timedelta, tzinfo
 
 from deadline_pipeline import zone_data
 from deadline_pipeline.config import parse_quiet_hours
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.business_days import calendar_data_of
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
@@ -159,7 +160,7 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
         late.sort(key=lambda a: a.send_at)
         keep = None if skip else late[-1]
         for a in late:
-            past = f"{reason_prefix}: reminder time {a.send_at.isoformat()} already past; "
+            past = f"{reason_prefix}: reminder time {instant_text(a.send_at)} already past; "
             if a is keep:
                 a.status = "pending"
                 a.status_reason = past + _sent_at_once(a.due_at, now) + (
@@ -175,7 +176,7 @@ def _sent_at_once(due_at: datetime | None, now: datetime) -> str:
     one second after its deadline said "the deadline is still ahead" above a mail saying "It is
     due now"."""
     if due_at is not None and due_at <= now:
-        return f"sent at once although the deadline has just passed ({due_at.isoformat()})"
+        return f"sent at once although the deadline has just passed ({instant_text(due_at)})"
     return "sent at once because the deadline is still ahead"
 
 
@@ -204,7 +205,7 @@ def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
     deferred = datetime.combine(day, end).replace(tzinfo=zone).astimezone(send_at.tzinfo)
     if deferred > due_at:
         return send_at, f"inside quiet hours {quiet}, not deferred: the window ends after the deadline"
-    return deferred, f"deferred from {send_at.isoformat()} by quiet hours {quiet}"
+    return deferred, f"deferred from {instant_text(send_at)} by quiet hours {quiet}"
 
 
 def fingerprint(due_at: datetime, target: Target, zone: tzinfo | None = None) -> str:

@@ -284,9 +284,12 @@ def until_bound(value: str, zone: tzinfo, *, all_day: bool) -> tuple[datetime, d
     * all-day DTSTART: compared by date — the date as written (for ``…Z`` its UTC date, the date the
       producer meant, as in Google birthday feeds), up to the end of that local day.
 
+    An UNTIL outside :data:`~deadline_pipeline.rules.RULE_YEARS` bounds nothing a planning window can
+    reach, and is read as the nearest value every zone can convert (:func:`_within_calendar`).
+
     Raises :class:`RRuleError` for a malformed value.
     """
-    parsed = parse_until(value)
+    parsed = _within_calendar(parse_until(value))
     if all_day:
         day = parsed if not isinstance(parsed, datetime) else parsed.date()
         local = datetime.combine(day, END_OF_DAY)
@@ -295,6 +298,24 @@ def until_bound(value: str, zone: tzinfo, *, all_day: bool) -> tuple[datetime, d
         return parsed.astimezone(zone).replace(tzinfo=None), parsed
     local = parsed if isinstance(parsed, datetime) else datetime.combine(parsed, END_OF_DAY)
     return local, to_instant(local, zone)
+
+
+# The UNTIL values every zone can convert, with a day to spare on each side. "UNTIL=99991231" is how
+# some producers write "no end"; read in a zone west of UTC it is in year 10000, and the
+# OverflowError ended the planning run. Past RULE_YEARS the clamp changes no occurrence.
+_UNTIL_FLOOR = datetime(2, 1, 1)
+_UNTIL_CEILING = datetime(9998, 12, 31, 23, 59, 59)
+
+
+def _within_calendar(value: date | datetime) -> date | datetime:
+    """``value`` (an UNTIL as :func:`parse_until` gives it) clamped to ``[_UNTIL_FLOOR,
+    _UNTIL_CEILING]``, keeping its kind (date, floating or UTC date-time)."""
+    low, high = _UNTIL_FLOOR, _UNTIL_CEILING
+    if not isinstance(value, datetime):
+        return min(max(value, low.date()), high.date())
+    if value.tzinfo is not None:
+        low, high = low.replace(tzinfo=UTC), high.replace(tzinfo=UTC)
+    return min(max(value, low), high)
 
 
 def merge_until(rrule: str, end: datetime, zone: tzinfo, *, all_day: bool = False) -> str:

@@ -44,6 +44,7 @@ from deadline_pipeline.config import (
     parse_duration,
 )
 from deadline_pipeline.ingest.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.business_days import calendar_data_version
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
@@ -622,7 +623,7 @@ def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, _Planned
     log.warning("planning: %d late reminder(s) of %d moved deadline(s) sent at once although their subscription "
                 "has late_policy skip (its subscriber knew only the old date); first: obligation %s moved from %s "
                 "to %s", len(found), len({oid for oid, _ in found}), first["obligation_key"],
-                first["old_due_at"].isoformat(), first["new_due_at"].isoformat())
+                instant_text(first["old_due_at"]), instant_text(first["new_due_at"]))
 
 
 def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,
@@ -654,7 +655,7 @@ def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome,
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
     """A moved deadline's late reminders say why they are late (the move, not the planning run)."""
     if old_due is not None and reason and reason.startswith("late at planning"):
-        return f"deadline moved from {old_due.isoformat()}" + reason[len("late at planning"):]
+        return f"deadline moved from {instant_text(old_due)}" + reason[len("late at planning"):]
     return reason
 
 
@@ -674,8 +675,8 @@ def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: Plan
         cause = time_data_cause(m, ob)
         if cause:
             out.moved_by_time_data += 1
-            log.warning("planning: obligation %s moved from %s to %s: %s", ob.key, m["old_due_at"].isoformat(),
-                        ob.due_at.isoformat(), cause)
+            log.warning("planning: obligation %s moved from %s to %s: %s", ob.key, instant_text(m["old_due_at"]),
+                        instant_text(ob.due_at), cause)
         for channel in sorted(delivered.get(m["id"], ())):
             notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now,
                                           cause=cause))
@@ -724,7 +725,7 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
         obligation_id=obligation_id, offset_seconds=0, channel=channel, kind="correction", revision=revision,
         dedup_key=alert_dedup_key(key, 0, channel, "correction", revision), send_at=now, due_at=new_due,
         status="pending", previous_due_at=old_due, attempts=0, created_at=now, updated_at=now,
-        status_reason=f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()} after a reminder "
+        status_reason=f"deadline moved from {instant_text(old_due)} to {instant_text(new_due)} after a reminder "
                       f"was delivered{passed}",
     )
 
@@ -751,7 +752,7 @@ def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, 
     instant, so a re-plan never writes a second one."""
     (dedup,) = reminder_dedup_keys(key, new_due, [(offset_seconds, channel)])
     if why is None:
-        why = f"deadline moved from {old_due.isoformat()} to {new_due.isoformat()}: {MOVED_INTO_PAST}"
+        why = f"deadline moved from {instant_text(old_due)} to {instant_text(new_due)}: {MOVED_INTO_PAST}"
     return dict(
         obligation_id=obligation_id, offset_seconds=offset_seconds, channel=channel, kind="reminder", revision=0,
         dedup_key=dedup, send_at=now, due_at=new_due, status="pending", previous_due_at=old_due, attempts=0,
@@ -910,7 +911,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
                       "delivered on their channel are left to the delivery sweep, which escalates them as missed; "
                       "first: obligation %s channel %s moved from %s to %s", written,
                       len({m["obligation_id"] for m in missed}), first["obligation_id"], first["channel"],
-                      first["previous_due_at"].isoformat(), first["due_at"].isoformat())
+                      instant_text(first["previous_due_at"]), instant_text(first["due_at"]))
         out.obligations_moved += len(ids)
         stale = [r for r in stale if r.id not in past]
         if not stale:

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
 from deadline_pipeline import zone_data
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.store.schema import (
     alerts,
@@ -294,7 +295,7 @@ def retry_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: dateti
         update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("escalated", "cancelled", "skipped")))
         .values(status="pending", send_at=now, next_attempt_at=None, lease_owner=None, lease_expires_at=None,
                 # "||" on both engines (SQLite before 3.44 has no concat()).
-                status_reason=literal(f"retried by {by} at {now.isoformat()} after ", String)
+                status_reason=literal(f"retried by {by} at {instant_text(now)} after ", String)
                 + cast(alerts.c.attempts, String) + literal(" attempt(s)", String),
                 attempts=0, retried_at=now, retried_by=by,
                 acknowledged_at=None, acknowledged_by=None, updated_at=now)

@@ -51,6 +51,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.store import health
 from deadline_pipeline.wording import human_duration, shorten
@@ -77,7 +78,9 @@ class CheckOutcome:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+    """An instant in offenders (JSON for machines) written as the summaries write it, so an offender
+    and the summary naming it show the same text; ``None`` stays ``None``."""
+    return instant_text(value) if value else None
 
 
 def oldest_text(first: dict) -> str:
@@ -87,7 +90,7 @@ def oldest_text(first: dict) -> str:
     sweep's log lines."""
     error = (f"; attempt {first['attempts']} failed: {shorten(' '.join(first['last_error'].split()), 300)}"
              if first.get("last_error") else "")
-    return f"{first['send_at'].isoformat()} ({first['status']}{error})"
+    return f"{instant_text(first['send_at'])} ({first['status']}{error})"
 
 
 def _alert_offender(r: dict, reason: str) -> dict:
@@ -114,7 +117,7 @@ def alerts_reconciled(engine: Engine, now: datetime, grace: timedelta = timedelt
     if unreceipted:
         parts.append(f"{unreceipted} alert(s) marked delivered without a 'sent' delivery attempt "
                      f"(first: alert {forged[0]['id']})")
-    summary = "; ".join(parts) or (f"every alert due before {(now - grace).isoformat()} is delivered, escalated "
+    summary = "; ".join(parts) or (f"every alert due before {instant_text(now - grace)} is delivered, escalated "
                                    "or cancelled, and every delivery has its receipt")
     return CheckOutcome("alerts_reconciled", count == 0, count, summary, offenders)
 
@@ -131,7 +134,7 @@ def _age_outcome(name: str, what: str, beats: dict[str, dict], components: tuple
     newest = max(b["last_completed_at"] for b in seen.values())
     age = now - newest
     if age > allowed:
-        return CheckOutcome(name, False, 1, f"{what} last completed {newest.isoformat()}, "
+        return CheckOutcome(name, False, 1, f"{what} last completed {instant_text(newest)}, "
                             f"{human_duration(age)} ago; expected "
                             f"within {human_duration(allowed)}", offenders)
     return CheckOutcome(name, True, 0, f"{what} completed {human_duration(age)} ago "
@@ -198,10 +201,10 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
         run = detail[:found.start()].rstrip("; ") if found else ""
         listed = detail[found.start():] if found else detail
         return CheckOutcome("plan_complete", False, max(count, 1),
-                            f"the planning run completed {last['last_completed_at'].isoformat()}"
+                            f"the planning run completed {instant_text(last['last_completed_at'])}"
                             f"{f' ({run})' if run else ''} reported {listed[:500]}", [offender])
     return CheckOutcome("plan_complete", True, 0, f"the planning run completed "
-                        f"{last['last_completed_at'].isoformat()} reported no problem", [])
+                        f"{instant_text(last['last_completed_at'])} reported no problem", [])
 
 
 def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = timedelta(minutes=90),
@@ -232,7 +235,7 @@ def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = ti
         parts.append(f"the last planning run crashed: {beats[PLAN_COMPONENT].get('detail')}")
     if uncovered:
         parts.append(f"{len(uncovered)} subscription(s) with rules ahead have no obligation due after "
-                     f"{now.isoformat()} (first: {uncovered[0]['subscriber']} × {uncovered[0]['source']})")
+                     f"{instant_text(now)} (first: {uncovered[0]['subscriber']} × {uncovered[0]['source']})")
     summary = "; ".join(parts) or f"{beat_out.summary}; every subscription with rules ahead has obligations ahead"
     offenders = ([] if beat_out.passed and not crashed else beat_out.offenders) + uncovered
     return CheckOutcome("horizon_planned", count == 0, count, summary, offenders[:limit])
@@ -288,9 +291,9 @@ def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_t
                                   "unexpected": [list(e) for e in extra[:10]]})
     # "planned": this check judges the obligations planning wrote, not whether it wrote all of them
     # (a rule cut at the occurrence cap has none past the cut; plan_complete is red for that).
-    summary = (f"{count} of {len(obs)} planned obligation(s) due by {(now + horizon).isoformat()} lack reminder "
+    summary = (f"{count} of {len(obs)} planned obligation(s) due by {instant_text(now + horizon)} lack reminder "
                f"rows or have open ones nobody asks for (first: obligation {offenders[0]['obligation_id']})" if count
-               else f"all {len(obs)} planned obligation(s) due by {(now + horizon).isoformat()} have exactly their "
+               else f"all {len(obs)} planned obligation(s) due by {instant_text(now + horizon)} have exactly their "
                "reminder rows")
     return CheckOutcome("fanout_complete", count == 0, count, summary, offenders)
 
@@ -301,7 +304,7 @@ def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> 
         count, oldest = health.escalated_unacknowledged(conn, limit)
     offenders = [{**_alert_offender(r, "escalated_unacknowledged"), "escalated_at": _iso(r["updated_at"]),
                   "waiting_seconds": int((now - r["updated_at"]).total_seconds())} for r in oldest]
-    summary = (f"{count} escalated alert(s) not acknowledged; oldest escalated {oldest[0]['updated_at'].isoformat()}"
+    summary = (f"{count} escalated alert(s) not acknowledged; oldest escalated {instant_text(oldest[0]['updated_at'])}"
                if count else "every escalated alert is acknowledged")
     return CheckOutcome("escalations_acknowledged", count == 0, count, summary, offenders)
 

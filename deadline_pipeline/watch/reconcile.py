@@ -42,6 +42,7 @@ from sqlalchemy import Engine, and_, exists, select
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.ingest.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.ingest.parsers.base import ParseProblem
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots
@@ -128,9 +129,9 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
                     if lo <= a.send_at <= hi:
                         key = (t.subscriber_id, t.source_id, ob.rule_id, ob.due_at, a.offset_seconds, a.channel)
                         owed[key] = {"subscriber": t.subscriber, "source": t.source, "rule_id": ob.rule_id,
-                                     "title": ob.title, "due_at": ob.due_at.isoformat(),
+                                     "title": ob.title, "due_at": instant_text(ob.due_at),
                                      "offset_seconds": a.offset_seconds, "channel": a.channel,
-                                     "send_at": a.send_at.isoformat()}
+                                     "send_at": instant_text(a.send_at)}
         receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
         have: dict[tuple, tuple] = {}
         dues = [k[3] for k in owed]
@@ -153,12 +154,12 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     count = len(offenders)
     if count:
         first = offenders[0]
-        summary = (f"{count} of {len(owed)} reminder(s) owed between {lo.isoformat()} and {hi.isoformat()} "
+        summary = (f"{count} of {len(owed)} reminder(s) owed between {instant_text(lo)} and {instant_text(hi)} "
                    f"(recomputed from the rule versions in force) have no receipt and no recorded reason; first: "
                    f"{first['subscriber']} × {first['rule_id']} due {first['due_at']} offset "
                    f"{first['offset_seconds']}s on {first['channel']}: {first['reason']}")
     else:
-        summary = (f"all {len(owed)} reminder(s) owed between {lo.isoformat()} and {hi.isoformat()} (recomputed "
+        summary = (f"all {len(owed)} reminder(s) owed between {instant_text(lo)} and {instant_text(hi)} (recomputed "
                    "from the rule versions in force) were sent or have a recorded reason")
     summary += _unwatched_summary(unwatched)
     return CheckOutcome("reminders_owed", count == 0, count, summary, offenders[:limit])

@@ -12,13 +12,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.store import sources as sql
 from deadline_pipeline.wording import human_duration
 
 
 @dataclass
 class SourceCheckOutcome:
-    """One check of one source. ``metadata`` is JSON-safe: ``last_fresh_at`` (ISO UTC or None),
+    """One check of one source. ``metadata`` is JSON-safe: ``last_fresh_at`` (ISO UTC to the second, or None),
     ``last_error``, ``window`` (ISO-like text and ``window_seconds``), ``snapshot_id`` (the latest
     snapshot, or None), ``status`` (the source row's status)."""
 
@@ -56,8 +57,9 @@ def read_source_state(engine: Engine, name: str) -> SourceState | None:
 
 def _metadata(state: SourceState | None, window: timedelta) -> dict:
     return {
-        "last_fresh_at": state.last_fresh_at.isoformat() if state and state.last_fresh_at else None,
-        "last_attempt_at": state.last_attempt_at.isoformat() if state and state.last_attempt_at else None,
+        # Written as the summary writes them (whole seconds), so the two never disagree in the UI.
+        "last_fresh_at": instant_text(state.last_fresh_at) if state and state.last_fresh_at else None,
+        "last_attempt_at": instant_text(state.last_attempt_at) if state and state.last_attempt_at else None,
         "last_error": state.last_error if state else None,
         "window": str(window),
         "window_seconds": int(window.total_seconds()),
@@ -87,13 +89,13 @@ def evaluate_fresh(name: str, state: SourceState | None, now: datetime, window: 
         why = f"; last error: {state.last_error}" if state.last_error else ""
         return SourceCheckOutcome(
             "source_fresh", name, False,
-            f"source {name!r} last fresh {state.last_fresh_at.isoformat()}, {human_duration(age)} ago, "
+            f"source {name!r} last fresh {instant_text(state.last_fresh_at)}, {human_duration(age)} ago, "
             f"longer than its window of {human_duration(window)}{why}", meta)
     if state.status == "stale":
         return SourceCheckOutcome(
             "source_fresh", name, False,
             f"source {name!r} is stale: {state.last_error} (last good data from "
-            f"{state.last_fresh_at.isoformat()} stays in force)", meta)
+            f"{instant_text(state.last_fresh_at)} stays in force)", meta)
     return SourceCheckOutcome("source_fresh", name, True, f"source {name!r} fresh {human_duration(age)} ago "
                               f"(window {human_duration(window)})", meta)
 

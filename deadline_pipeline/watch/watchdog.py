@@ -35,6 +35,7 @@ from sqlalchemy import Engine, and_, exists, func, select
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.ingest.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.store.health import future_instants, overdue_alerts
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
 from deadline_pipeline.store.sources import all_sources
@@ -95,7 +96,7 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     forged = conn.execute(select(func.count()).select_from(alerts)
                           .where(alerts.c.status == "delivered", ~receipt)).scalar_one()
     rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
-                     f"{overdue} alert(s) due before {(now - grace).isoformat()} not delivered/escalated/cancelled; "
+                     f"{overdue} alert(s) due before {instant_text(now - grace)} not delivered/escalated/cancelled; "
                      f"oldest due {oldest_text(oldest[0]) if oldest else '-'}" if overdue else
                      f"nothing overdue past the {human_duration(grace)} grace window"),
             WatchRow("alerts_reconciled", "receipts", forged == 0,
@@ -132,12 +133,12 @@ def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, 
     newest = max(seen, key=lambda b: b["last_completed_at"])
     age = now - newest["last_completed_at"]
     if age < -CLOCK_SKEW:
-        return WatchRow(check, target, False, f"completed {newest['last_completed_at'].isoformat()}, "
-                        f"{-age} in the future of now: proves nothing (a replay wrote into a live store, "
-                        "or clocks disagree)")
+        return WatchRow(check, target, False, f"completed {instant_text(newest['last_completed_at'])}, "
+                        f"{human_duration(-age)} in the future of now: proves nothing (a replay wrote into a live "
+                        "store, or clocks disagree)")
     crashed = [b for b in (beats.get(c) for c in components) if b and b["last_outcome"] == "crashed"]
     if age > allowed:
-        return WatchRow(check, target, False, f"stopped: last completed {newest['last_completed_at'].isoformat()}, "
+        return WatchRow(check, target, False, f"stopped: last completed {instant_text(newest['last_completed_at'])}, "
                         f"{human_duration(age)} ago (allowed {human_duration(allowed)}); "
                         f"last outcome {newest['last_outcome']}")
     if crashed:
@@ -200,7 +201,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     report.rows.append(WatchRow(
         "time_travel", "store", not ahead,
         (f"{len(ahead)} record(s) in the future of now: "
-         + ", ".join(f"{what} at {when.isoformat()}" for what, when in ahead[:5])
+         + ", ".join(f"{what} at {instant_text(when)}" for what, when in ahead[:5])
          + "; a replay (--as-of) wrote into a live store, or clocks disagree") if ahead
         else f"nothing recorded after now (+{CLOCK_SKEW} skew)"))
     report.rows.append(_heartbeat_row("sweep_alive", "deliver", beats, SWEEP_COMPONENTS, now,
@@ -277,16 +278,16 @@ def incident_notices(state: dict, failing: dict[str, str], now: datetime, remind
         if inc["notified_at"] is None:
             out.append(Notice(key, "opened", f"[deadline-pipeline] {key} failed: {summary}", summary, opened))
         elif now - datetime.fromisoformat(inc["notified_at"]) >= reminder:
-            out.append(Notice(key, "reminder", f"[deadline-pipeline] still failing since {inc['opened_at']}: {key}: "
-                              f"{summary}", summary, opened, inc["reminders"] + 1))
+            out.append(Notice(key, "reminder", f"[deadline-pipeline] still failing since {instant_text(opened)}: "
+                              f"{key}: {summary}", summary, opened, inc["reminders"] + 1))
     for key in [k for k in state if k not in failing]:
         inc = state[key]
         if inc["notified_at"] is None:
             del state[key]  # it healed before anyone was told: nothing to resolve
             continue
+        opened = datetime.fromisoformat(inc["opened_at"])
         out.append(Notice(key, "resolved", f"[deadline-pipeline] resolved: {key} passes again "
-                          f"(failing since {inc['opened_at']})", f"was: {inc['summary']}",
-                          datetime.fromisoformat(inc["opened_at"])))
+                          f"(failing since {instant_text(opened)})", f"was: {inc['summary']}", opened))
     return out
 
 

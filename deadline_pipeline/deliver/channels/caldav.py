@@ -68,6 +68,7 @@ from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING
 from deadline_pipeline.deliver.channels.webhook import NOT_PROCESSED_STATUSES, parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import multi_line, one_line
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.security.outbound import (
     DEFAULT_POLICY,
     NetworkPolicy,
@@ -145,7 +146,7 @@ def _describe(ev: icalendar.Event, n: Notification) -> None:
     ev.add("summary", _summary(n))
     lines = [f"Deadline from {one_line(n.source)} ({one_line(n.rule_id)})."]
     if n.previous_due_at is not None:
-        lines.append(f"Moved from {n.previous_due_at.isoformat()}.")
+        lines.append(f"Moved from {instant_text(n.previous_due_at)}.")
     if n.note:
         lines.append(multi_line(n.note))
     if n.url:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.rules import RuleRecord, dates_problem
 
 _HTML_START = re.compile(r"^\s*(?:<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>])", re.IGNORECASE)
 
@@ -95,7 +95,16 @@ class ParseResult:
     positions: list[str | None] = field(default_factory=list)
 
     def add(self, rule: RuleRecord, position: str | None) -> None:
-        """Append ``rule`` read at ``position`` (kept parallel in ``positions``)."""
+        """Append ``rule`` read at ``position`` (kept parallel in ``positions``), or, when one of its
+        dates is outside :data:`~deadline_pipeline.rules.RULE_YEARS`, a skipped record naming it.
+
+        Checked here, where every parser's rules pass: an ai-deadlines entry due in 9999 in UTC-12
+        made the parser fail with "OverflowError: date value out of range", and with it every other
+        rule of the feed."""
+        problem = dates_problem(rule)
+        if problem:
+            self.problems.append(ParseProblem(position or f"rule {rule.rule_id!r}", problem, rule.rule_id))
+            return
         self.rules.append(rule)
         self.positions.append(position)
 
@@ -199,7 +208,10 @@ def first_due(rule: RuleRecord) -> datetime:
             zone = resolve_zone(rule.tz)
         except UnknownTimeZone:
             zone = UTC
-    return to_instant(local, zone)
+    try:
+        return to_instant(local, zone)
+    except OverflowError:  # no UTC form (9999-12-31T23:59:59 in AoE): sorts last, like an unreadable start
+        return datetime.max.replace(tzinfo=UTC)
 
 
 def check_recur(text: str) -> str | None:

@@ -173,7 +173,7 @@ def parse_govuk_bank_holidays(content: bytes, *, source: str, default_tz: str | 
                 position, f"a second holiday named {name!r} in {division} {day.year}; kept as {rule_id!r}",
                 rule_id, skipped=False))
         shown = title[len(_KEY_PREFIX):] if title.startswith(_KEY_PREFIX) else title
-        result.rules.append(RuleRecord(
+        result.add(RuleRecord(
             rule_id=rule_id,
             title=f"{shown} ({division})",
             start=day.isoformat(),
@@ -182,5 +182,5 @@ def parse_govuk_bank_holidays(content: bytes, *, source: str, default_tz: str | 
             note=str(event.get("notes")) if event.get("notes") else None,
             extra={"division": division, "title": title, "notes": event.get("notes"),
                    "bunting": event.get("bunting")},
-        ))
+        ), position)
     return result

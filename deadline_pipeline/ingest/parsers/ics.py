@@ -72,7 +72,8 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
-from deadline_pipeline.rules import RuleRecord, format_local
+from deadline_pipeline.instants import instant_text
+from deadline_pipeline.rules import RuleRecord, format_local, year_problem
 from deadline_pipeline.timezones import (
     EQUIVALENCE_YEARS,
     UnknownTimeZone,
@@ -250,8 +251,18 @@ def _when(prop: object, what: str) -> _When:
 
 
 def _value_when(value: object, params: dict, what: str) -> _When:
+    """One DATE or DATE-TIME value of property ``what`` with its ``params`` (TZID) as a :class:`_When`.
+    Raises :class:`_Skip` naming ``what`` for a value that is neither, in an unknown zone, or outside
+    :data:`~deadline_pipeline.rules.RULE_YEARS`."""
     if isinstance(value, tuple) and value:  # a PERIOD (start, end|duration): its start counts
         value = value[0]
+    if isinstance(value, date):
+        # Before any zone arithmetic: DTSTART;TZID=America/New_York:99991231T235959 has no UTC form,
+        # and the OverflowError failed the whole calendar, not this component.
+        problem = year_problem(value)
+        if problem:
+            shown = value.replace(tzinfo=None).isoformat() if isinstance(value, datetime) else value.isoformat()
+            raise _Skip(f"{what} {shown}: {problem}")
     if isinstance(value, datetime):
         naive = value.replace(tzinfo=None)
         tzid = params.get("TZID")
@@ -531,8 +542,8 @@ def _latest_revisions(result: ParseResult, ranks: list[tuple]) -> ParseResult:
             continue
         (seq, stamp), (seq_kept, stamp_kept) = ranks[i], rank
         result.problems.append(ParseProblem(result.positions[i], (
-            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {stamp.isoformat()}) is superseded by the one "
-            f"at {result.positions[j]} (SEQUENCE {seq_kept}, stamped {stamp_kept.isoformat()}); the latest is kept"),
+            f"duplicate UID: this revision (SEQUENCE {seq}, stamped {instant_text(stamp)}) is superseded by the one "
+            f"at {result.positions[j]} (SEQUENCE {seq_kept}, stamped {instant_text(stamp_kept)}); the latest is kept"),
             rule.rule_id, skipped=False))
     result.rules, result.positions = kept, where
     return result
