@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from deadline_pipeline.ingest.diff import instant_of
+from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import sources as sql
 
@@ -62,15 +63,15 @@ class FirstSeenPassed:
 
     def describe(self) -> str:
         """One line for logs, notes and escalation reasons."""
-        due = f"deadline {self.rule_id} at {self.instant.isoformat()}"
+        due = f"deadline {self.rule_id} at {instant_text(self.instant)}"
         if self.verdict == MISSED_UNWATCHED:
-            return (f"no successful fetch of source {self.source} between {self.last_fetch.isoformat()} and "
-                    f"{(self.next_fetch or self.first_seen).isoformat()}; {due} passed in that gap")
+            return (f"no successful fetch of source {self.source} between {instant_text(self.last_fetch)} and "
+                    f"{instant_text(self.next_fetch or self.first_seen)}; {due} passed in that gap")
         if self.verdict == LATE_PUBLISHED:
-            return (f"source {self.source} published {due} late: its fetch at {self.last_fetch.isoformat()} did "
-                    f"not have it, and it was first seen at {self.first_seen.isoformat()}")
+            return (f"source {self.source} published {due} late: its fetch at {instant_text(self.last_fetch)} did "
+                    f"not have it, and it was first seen at {instant_text(self.first_seen)}")
         return (f"{due} was already past when source {self.source} was first watched "
-                f"(first seen {self.first_seen.isoformat()}): history, not paged")
+                f"(first seen {instant_text(self.first_seen)}): history, not paged")
 
 
 def passed_instant(rule: RuleRecord, first_seen: datetime) -> datetime | None:

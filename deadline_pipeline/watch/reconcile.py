@@ -187,8 +187,8 @@ def unwatched_misses(conn, sources: dict[int, str], since: datetime) -> list[tup
 
 def _unwatched_offender(j: FirstSeenPassed) -> dict:
     """The offender row of a deadline that passed unwatched and has no reminder in the outbox."""
-    return {"subscriber": "*", "source": j.source, "rule_id": j.rule_id, "title": "", "due_at": j.instant.isoformat(),
-            "offset_seconds": None, "channel": "*", "send_at": j.first_seen.isoformat(),
+    return {"subscriber": "*", "source": j.source, "rule_id": j.rule_id, "title": "", "due_at": instant_text(j.instant),
+            "offset_seconds": None, "channel": "*", "send_at": instant_text(j.first_seen),
             "reason": f"never escalated: {j.describe()}"}
 
 

@@ -156,7 +156,7 @@ def _unwatched_row(conn, now: datetime) -> WatchRow:
     if not found:
         return WatchRow("passed_unwatched", "sources", True,
                         f"no deadline passed while its source was not fetched (first seen since "
-                        f"{(now - FIRST_SEEN_LOOKBACK).isoformat()})")
+                        f"{instant_text(now - FIRST_SEEN_LOOKBACK)})")
     head = silent[0] if silent else found[0][0]
     return WatchRow("passed_unwatched", "sources", not silent,
                     f"{len(found)} deadline(s) passed while their source was not fetched, {len(silent)} never "
