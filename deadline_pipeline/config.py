@@ -432,11 +432,25 @@ class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
     timeout_seconds: Number = 10.0
     # The JSON body: the Standard Webhooks envelope {type, timestamp, data}, or "legacy" — the flat
-    # body of earlier releases, for receivers written against it.
-    body: Literal["standard-webhooks", "legacy"] = "standard-webhooks"
+    # body of earlier releases, for receivers written against it. "pagerduty" (a PagerDuty Events
+    # API v2 event) and "alertmanager" (Alertmanager's POST /api/v2/alerts body) carry pages only: a
+    # channel with them serves escalation.channels, never a subscription (docs/paging.md).
+    body: Literal["standard-webhooks", "legacy", "pagerduty", "alertmanager"] = "standard-webhooks"
     # Standard Webhooks signing secret (``whsec_<base64>`` or raw text), read from this variable.
     secret_env: str | None = None
+    # body: pagerduty: the variable holding the Events API v2 routing (integration) key.
+    routing_key_env: str | None = None
     max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 64
+
+    @model_validator(mode="after")
+    def _routing_key(self) -> WebhookChannel:
+        # PagerDuty refuses an event without its routing key (HTTP 400): every page would fail.
+        if self.body == "pagerduty" and self.routing_key_env is None:
+            raise ValueError("body 'pagerduty' needs routing_key_env (the variable holding the Events API v2 "
+                             "integration key)")
+        if self.routing_key_env is not None and self.body != "pagerduty":
+            raise ValueError(f"routing_key_env is used by body 'pagerduty' only, not {self.body!r}")
+        return self
 
 
 class SlackChannel(_ChannelLimits):
@@ -508,6 +522,9 @@ class EscalationConfig(_Model):
     apprise_target: str | None = None
     # The paging sensor and the watchdog remind about an incident still open after this long.
     reminder_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 60
+    # The Dagster UI's base URL (http://dagster.internal:3000): pages link to the failed check or
+    # run there. Unset: they carry the UI's route (/assets/alerts?view=checks) without a host.
+    dagster_ui_url: str | None = None
 
     @field_validator("email", "webhook_url", "apprise_target")
     @classmethod
@@ -515,6 +532,17 @@ class EscalationConfig(_Model):
         # As a subscriber's: a control character in the operator's address would fail the very
         # notice that reports a reminder as not delivered.
         return None if v is None else _one_line_of_text(v, f"escalation.{info.field_name}")
+
+    @field_validator("dagster_ui_url")
+    @classmethod
+    def _ui_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        _one_line_of_text(v, "escalation.dagster_ui_url")
+        parts = urlparse(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f"{v!r} is not an http(s) base URL (e.g. http://dagster.internal:3000)")
+        return v.rstrip("/")
 
 
 class DeliveryConfig(_Model):
@@ -620,11 +648,7 @@ class DeadlinesConfig(_Model):
             if unknown:
                 # A typo here would silently leave someone without reminders.
                 raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown subscriber(s) {unknown}")
-            for ch in sub.channels:
-                if ch not in self.channels:
-                    raise ValueError(
-                        f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
-                    )
+            self._subscription_channels(i, sub)
         for s in self.sources:
             if s.business_days and s.business_days.calendar.startswith("source:"):
                 ref = s.business_days.calendar[len("source:"):].partition("/")[0]
@@ -637,6 +661,19 @@ class DeadlinesConfig(_Model):
                 # An escalation notice is a message to an operator, not an event to book.
                 raise ValueError(f"escalation: channel {ch!r} is a caldav (booking) channel; use a message channel")
         return self
+
+    def _subscription_channels(self, i: int, sub: SubscriptionConfig) -> None:
+        """Raise ``ValueError`` when subscription ``i`` names an unknown channel, or a webhook channel
+        whose body carries pages only (every reminder on it would be refused at send time)."""
+        for ch in sub.channels:
+            if ch not in self.channels:
+                raise ValueError(
+                    f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
+                )
+            if getattr(self.channels[ch], "body", None) in ("pagerduty", "alertmanager"):
+                raise ValueError(f"subscriptions[{i}] ({sub.name}): channel {ch!r} sends body "
+                                 f"{self.channels[ch].body!r}, which carries pages only; use it in "
+                                 "escalation.channels")
 
     @model_validator(mode="after")
     def _ranges(self) -> DeadlinesConfig:

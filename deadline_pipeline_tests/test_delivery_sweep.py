@@ -310,7 +310,9 @@ def test_permanent_error_escalates_loudly_and_notifies_escalation_channel(engine
         status, reason = conn.execute(select(alerts.c.status, alerts.c.status_reason).where(alerts.c.id == a)).one()
     assert status == "escalated" and "550" in reason
     [msg] = list(mailbox.Maildir(tmp_path / "ops", create=False))
-    assert msg["To"] == "ops@example.org" and msg["Subject"] == "NOT DELIVERED: Tax return"
+    # A page, not a reminder: the subject names the incident and its key (folded when long).
+    assert msg["To"] == "ops@example.org" and " ".join(msg["Subject"].split()) == (
+        f"[incident triggered] deadline-pipeline/delivery/alert_delivered/alert-{a}: NOT DELIVERED: Tax return")
     assert "550 no such user" in msg.get_payload()[0].get_payload(decode=True).decode()
 
 

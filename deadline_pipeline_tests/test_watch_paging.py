@@ -1,9 +1,12 @@
 """The paging sensor through Dagster: a real instance, real check evaluations and runs, a real SMTP
-receiver on loopback for the escalation channel, and build_sensor_context with the definitions."""
+receiver on loopback for the escalation channel (and a real HTTP receiver for a webhook escalation
+channel), and build_sensor_context with the definitions."""
 
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
 import pytest
@@ -22,7 +25,29 @@ def oncall_smtp(smtp_server):
     return controller.port, handler
 
 
-def _write(tmp_path, oncall_port: int, mail_port: int):
+class _Pager(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.fixture
+def pager():
+    """A webhook receiver on loopback for the on-call: ``(server, url)``; ``server.bodies`` in order."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pager)
+    server.bodies = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}/page"
+    server.shutdown()
+    server.server_close()
+
+
+def _write(tmp_path, oncall_port: int, mail_port: int, pager_url: str = "http://127.0.0.1:9/page"):
     (tmp_path / "cal.ics").write_text(ics(
         dict(uid="report@test", tzid="Europe/Berlin", dtstart="20270115T120000", summary="Quarterly report")),
         newline="")
@@ -33,8 +58,11 @@ def _write(tmp_path, oncall_port: int, mail_port: int):
         subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P7D", "-P1D"], "channels": ["mail"]}],
         channels={"mail": {"type": "smtp", "host": "127.0.0.1", "port": mail_port, "timeout_seconds": 2},
                   "oncall": {"type": "smtp", "host": "127.0.0.1", "port": oncall_port,
-                             "sender": "pipeline@example.org"}},
-        escalation={"channels": ["oncall"], "email": "oncall@example.org", "reminder_minutes": 60},
+                             "sender": "pipeline@example.org"},
+                  "pager": {"type": "webhook", "timeout_seconds": 5}},
+        escalation={"channels": ["oncall", "pager"], "email": "oncall@example.org", "webhook_url": pager_url,
+                    "reminder_minutes": 60, "dagster_ui_url": "http://dagster.internal:3000"},
+        network={"allow": ["127.0.0.1/32"]},
     )
 
 
@@ -54,10 +82,11 @@ def _tick(defs, instance, cursor):
     return ctx.cursor, result
 
 
-def test_pages_once_reminds_and_resolves(tmp_path, oncall_smtp):
+def test_pages_once_reminds_and_resolves(tmp_path, oncall_smtp, pager):
     port, oncall = oncall_smtp
+    hook, pager_url = pager
     down = free_port()  # the subscribers' mail server: nobody listens
-    path = _write(tmp_path, port, down)
+    path = _write(tmp_path, port, down, pager_url)
     db_url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     with dg.instance_for_test() as instance:
         # Ingest, plan, a first (failing) sweep and the checks, as `deadline-pipeline run` does.
@@ -95,7 +124,7 @@ def test_pages_once_reminds_and_resolves(tmp_path, oncall_smtp):
         assert len(oncall.messages) == 3 and "[deadline-pipeline] run deliver_job failed" in oncall.subjects[2]
 
         # Repair: the mail server is back, the sweep delivers, the checks pass: resolved notices.
-        _write(tmp_path, port, port)
+        _write(tmp_path, port, port, pager_url)
         t3 = _defs(path, db_url, "2027-01-10T02:05:00Z")
         summary = run_chain(path, instance=instance, db_url=db_url, as_of="2027-01-10T02:05:00Z")
         assert summary.success and all(ok for ok, _ in summary.checks.values()), summary.checks
@@ -105,6 +134,27 @@ def test_pages_once_reminds_and_resolves(tmp_path, oncall_smtp):
         assert json.loads(cursor)["incidents"] == {}
         cursor, _ = _tick(t3, instance, cursor)
         assert sum("resolved" in s for s in oncall.subjects) == 2
+
+    # Every page is an incident, never a reminder: the e-mail says so with the key, and the webhook
+    # pages trigger, repeat and resolve each incident under one key.
+    checks_key = "deadline-pipeline/dagster/alerts_reconciled/alerts"
+    run_key = "deadline-pipeline/dagster/run/deliver_job"
+    # (After the repair the subscribers' reminders land on the same SMTP server, addressed to ann.)
+    paged = [s for (to, _), s in zip(oncall.messages, oncall.subjects, strict=True) if to == ["oncall@example.org"]]
+    assert all(s.startswith("[incident ") for s in paged), paged
+    assert paged[0].startswith(f"[incident triggered] {checks_key}: "), paged
+    assert paged[2].startswith(f"[incident triggered] {run_key}: "), paged
+    assert sorted(s.split(": ")[0] for s in paged[3:]) == [f"[incident resolved] {checks_key}",
+                                                           f"[incident resolved] {run_key}"]
+    pages = [(b["type"], b["data"]["incident_key"], b["data"]["notice"]) for b in hook.bodies]
+    assert pages[:3] == [("incident.triggered", checks_key, "opened"), ("incident.triggered", checks_key, "reminder"),
+                         ("incident.triggered", run_key, "opened")]
+    assert sorted(pages[3:]) == [("incident.resolved", checks_key, "resolved"),
+                                 ("incident.resolved", run_key, "resolved")]
+    first = hook.bodies[0]["data"]
+    assert first["links"][0]["href"] == "http://dagster.internal:3000/assets/alerts?view=checks"
+    assert (first["check"], first["target"], first["severity"]) == ("alerts_reconciled", "alerts", "critical")
+    assert hook.bodies[2]["data"]["links"][0]["path"].startswith("/runs/")
 
 
 def test_no_escalation_channel_is_loud_and_retried(tmp_path, oncall_smtp):

@@ -114,9 +114,10 @@ def _ping(url: str, ok: bool, cfg=None) -> str | None:
 
 
 def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
-    """Page the escalation channels about the report's red rows. With ``state_path`` (a JSON file)
-    once per incident, reminders and a resolved notice; without it, one page per red run."""
-    from deadline_pipeline.watch.watchdog import incident_notices, record_notice, send_notice
+    """Page the escalation channels about the report's red rows, each an incident keyed
+    ``deadline-pipeline/watchdog/<check>/<target>``. With ``state_path`` (a JSON file) once per
+    incident, reminders and a resolved notice; without it, one page per red run."""
+    from deadline_pipeline.watch.watchdog import Problem, incident_notices, record_notice, send_notice
 
     state: dict = {}
     if state_path and Path(state_path).exists():
@@ -124,7 +125,9 @@ def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
             state = json.loads(Path(state_path).read_text())["incidents"]
         except (ValueError, KeyError) as exc:
             click.echo(f"warning: state file {state_path} unreadable ({exc}); starting afresh", err=True)
-    failing = {f"watchdog {r.key}": r.detail for r in report.failing}
+    # The state key stays as earlier releases wrote it (an upgrade neither re-pages nor resolves
+    # what is open); the incident key comes from the check and target.
+    failing = {f"watchdog {r.key}": Problem(r.check, r.target, r.detail, component="watchdog") for r in report.failing}
     if not state_path:
         state = {}
     notices = incident_notices(state, failing, now, timedelta(minutes=cfg.escalation.reminder_minutes))

@@ -21,12 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from deadline_pipeline.plan.business_days import describe_roll
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
-# "escalation": the operator's notice that an alert could not be delivered (sent by the sweep itself).
-KINDS = ("reminder", "correction", "cancellation", "escalation")
+if TYPE_CHECKING:
+    from deadline_pipeline.deliver.incident import Incident
+
+# "incident": a page to the on-call (the watchdog's, the paging sensor's, the sweep's notice of an
+# escalated alert), carrying its Incident. "escalation": the reminder-shaped notice of an escalated
+# alert that earlier releases sent; channels still render it, the pipeline sends incidents instead.
+KINDS = ("reminder", "correction", "cancellation", "escalation", "incident")
 OUTCOMES = ("failed", "unknown")
 
 
@@ -46,7 +52,7 @@ class Notification:
 
     ``dedup_key``: hex string, the alert's idempotency key; it becomes the SMTP Message-ID and the
     webhook ``Idempotency-Key``, so a resend is recognisable as the same alert.
-    ``kind``: ``"reminder"`` | ``"correction"`` | ``"cancellation"``.
+    ``kind``: ``"reminder"`` | ``"correction"`` | ``"cancellation"`` | ``"escalation"`` | ``"incident"``.
     ``subscriber_tz``: IANA zone name the times are shown in (besides UTC).
     ``due_at`` / ``previous_due_at``: aware datetimes, normalised to UTC on construction;
     ``previous_due_at`` is the old due time of a correction, else ``None``.
@@ -55,8 +61,11 @@ class Notification:
     ``obligation_key``: the 64-hex key of the obligation the alert belongs to (a booking channel finds
     the events of one deadline by it); ``caldav_url`` / ``apprise_target``: the subscriber's contacts
     for those channels, ``None`` when unset.
+    ``incident``: the :class:`~deadline_pipeline.deliver.incident.Incident` of a page, set exactly
+    when ``kind`` is ``"incident"``.
 
-    Raises ``ValueError`` for an unknown ``kind`` or a naive datetime.
+    Raises ``ValueError`` for an unknown ``kind``, an incident without its ``incident`` (or an
+    ``incident`` on another kind) or a naive datetime.
     """
 
     dedup_key: str
@@ -90,10 +99,15 @@ class Notification:
     earlier_attempts: int = 0
     # Why the due date is not the one the source published (business-day roll), in words.
     roll_note: str | None = None
+    # A page's incident (kind "incident" only): what tells an on-call tool it is no reminder.
+    incident: Incident | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Notification {self.dedup_key}: kind {self.kind!r} is not one of {KINDS}")
+        if (self.kind == "incident") != (self.incident is not None):
+            raise ValueError(f"Notification {self.dedup_key}: kind {self.kind!r} and incident "
+                             f"{'set' if self.incident is not None else 'missing'} disagree")
         for field in ("due_at", "previous_due_at", "sent_at", "planned_at"):
             value = getattr(self, field)
             if value is None and field != "due_at":
@@ -169,6 +183,7 @@ def notification_from_row(row: dict, sent_at: datetime, cfg=None) -> Notificatio
         "caldav_url": row.get("caldav_url"), "apprise_target": row.get("apprise_target"), "rule_tz": payload.get("tz"),
         "planned_at": row.get("send_at"), "planned_reason": row.get("status_reason"),
         "earlier_attempts": int(row.get("attempts") or 0), "roll_note": roll_note_for(row, cfg),
+        "incident": None,  # alerts in the store are subscribers' reminders, never pages
     }
     if len(values) != len(_FIELD_NAMES):  # a field added to Notification but not here must not go missing
         missing = sorted(set(_FIELD_NAMES) - values.keys())

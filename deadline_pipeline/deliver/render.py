@@ -275,19 +275,54 @@ def _context(n: Notification) -> dict:
     }
 
 
+def _incident_context(n: Notification) -> dict:
+    """The template context of a page (``n.incident`` set): the incident's key, state, check and
+    target, its times in UTC, its links (absolute ones clickable, Dagster UI routes shown as text)."""
+    inc = n.incident
+    return {
+        "status": inc.status,
+        "key": one_line(inc.key),
+        "summary": one_line(inc.one_line_summary),
+        "subject_summary": shorten(one_line(inc.one_line_summary), SUBJECT_TITLE_MAX_CHARS),
+        "severity": inc.severity,
+        "check": one_line(inc.check),
+        "target": one_line(inc.target),
+        "component": inc.component,
+        "source": one_line(inc.source),
+        "started_utc": _utc_text(inc.started_at),
+        "ended_utc": _utc_text(inc.ended_at) if inc.ended_at else None,
+        "notice": inc.notice,
+        "repeat": inc.repeat,
+        "links": [{"text": one_line(link.text), "url": one_line(link.href or link.path or ""),
+                   "is_link": bool(link.href) and urlparse(link.href).scheme in ("http", "https")}
+                  for link in inc.links],
+        "detail": multi_line(inc.detail).strip() or None,
+        "dedup_key": n.dedup_key,
+    }
+
+
+def _templates(n: Notification) -> tuple[dict, tuple[str, str, str]]:
+    """The context and the (subject, text, html) template names for ``n``: a page has its own
+    templates, so no part of it reads like a subscriber's reminder."""
+    if n.incident is not None:
+        return _incident_context(n), ("incident_subject.txt", "incident_body.txt", "incident_body.html")
+    return _context(n), ("subject.txt", "body.txt", "body.html")
+
+
 def render(n: Notification) -> RenderedMessage:
-    """Render ``n`` with the templates.
+    """Render ``n`` with the templates; a page (kind ``incident``) with the incident templates, whose
+    subject is ``[incident triggered] <incident key>: <summary>`` (or ``[incident resolved] …``).
 
     Returns a :class:`RenderedMessage` whose ``subject`` is one line of at most
     ``SUBJECT_MAX_CHARS`` characters. Raises :class:`RenderError` naming ``n.dedup_key`` for an
     unknown time zone or any template error.
     """
     try:
-        ctx = _context(n)
+        ctx, (subject_t, text_t, html_t) = _templates(n)
         env = _environment()
-        subject = env.get_template("subject.txt").render(ctx)
-        text = env.get_template("body.txt").render(ctx)
-        html = env.get_template("body.html").render(ctx)
+        subject = env.get_template(subject_t).render(ctx)
+        text = env.get_template(text_t).render(ctx)
+        html = env.get_template(html_t).render(ctx)
     except UnknownTimeZone as exc:
         raise RenderError(n.dedup_key, f"subscriber {n.subscriber_id!r}: {exc}") from exc
     except jinja2.TemplateError as exc:

@@ -32,7 +32,9 @@ One batch, in order:
    transaction fails, each alert is recorded in a transaction of its own, and an alert whose result
    cannot be stored at all is recorded as its own failure, so one receiver's odd answer never
    leaves the other alerts of its batch claimed (to be resent after the lease expires);
-5. **escalate loudly**: ERROR log, the escalation channels notified, counted in the outcome.
+5. **escalate loudly**: ERROR log, the escalation channels paged (an ``incident.triggered`` page
+   keyed ``deadline-pipeline/delivery/alert_delivered/alert-<id>``, :func:`escalation_incident`),
+   counted in the outcome.
 
 Lease time is the database's clock (:func:`~deadline_pipeline.store.db.db_clock`); ``now`` and
 ``clock`` only decide what is due (they may be replayed instants).
@@ -71,6 +73,7 @@ from sqlalchemy import Engine
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.config_ranges import channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
+from deadline_pipeline.deliver.incident import Incident, incident_notification, severity_for
 from deadline_pipeline.deliver.notification import (
     DeliveryError,
     Notification,
@@ -951,17 +954,10 @@ class _Sweep:
         esc = self.cfg.escalation
         if not esc.channels:
             return
-        notice = Notification(
+        notice = incident_notification(
+            escalation_incident(row, reason, self.clock(), esc.dagster_ui_url), esc,
             # Its own stable key: a repeated notice for the same alert is recognisable as one.
-            dedup_key=hashlib.sha256(f"escalation:{row['dedup_key']}".encode()).hexdigest()[:32],
-            kind="escalation", subscriber_id=str(row["subscriber"]), email=esc.email, webhook_url=esc.webhook_url,
-            subscriber_tz="UTC", apprise_target=esc.apprise_target, source=row["source"], rule_id=row["rule_id"],
-            title=row["title"],
-            due_at=row["due_at"], offset_seconds=row["offset_seconds"],
-            note=(f"alert {row['id']} (key {row['dedup_key']}) to subscriber {row['subscriber']} over channel "
-                  f"{row['channel']}: {reason}"),
-            sent_at=self.clock(),
-        )
+            hashlib.sha256(f"escalation:{row['dedup_key']}".encode()).hexdigest()[:32])
         for name in esc.channels:
             in_row = self.notice_failures_in_row.get(name, 0)
             if in_row >= ESCALATION_NOTICE_BREAKER:
@@ -988,6 +984,21 @@ class _Sweep:
                               "escalations_acknowledged check, `deadline-pipeline watchdog`); the next sweep "
                               "tries again",
                               name, in_row + 1)
+
+
+def escalation_incident(row: dict, reason: str, now: datetime, ui_url: str | None = None) -> Incident:
+    """The page announcing that the claimed alert ``row`` was escalated for ``reason``: an incident
+    of check ``alert_delivered`` on target ``alert-<id>`` (key
+    ``deadline-pipeline/delivery/alert_delivered/alert-<id>``), severity ``error``, triggered at
+    ``now`` (aware). Nothing resolves it automatically: the on-call resolves it in their tool once
+    they have handled the alert (``deadline-pipeline alerts acknowledge``), and Alertmanager lets it
+    end after its ``resolve_timeout`` (it is not repeated)."""
+    detail = (f"alert {row['id']} (key {row['dedup_key']}) to subscriber {row['subscriber']} over channel "
+              f"{row['channel']}, {row['title']!r} due {row['due_at'].isoformat()} (offset "
+              f"{row['offset_seconds']} s, source {row['source']}, rule {row['rule_id']}): {reason}")
+    return Incident(component="delivery", check="alert_delivered", target=f"alert-{row['id']}", status="triggered",
+                    severity=severity_for("alert_delivered"), summary=f"NOT DELIVERED: {row['title']}",
+                    detail=detail, started_at=now, at=now, client_url=ui_url)
 
 
 def _resolve_unknown(ch: Channel, n: Notification) -> SendResult | None:

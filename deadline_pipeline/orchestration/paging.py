@@ -13,6 +13,10 @@ Incident identity (so the same trouble never pages every tick):
 
 State lives in the sensor cursor as JSON (``{"incidents": {...}}``); a notice that could not be sent
 stays due and is retried on the next tick. Reminder interval: ``escalation.reminder_minutes``.
+
+Each notice is a page (``incident.triggered`` / ``incident.resolved``) whose incident key is
+``deadline-pipeline/dagster/<check name>/<asset key>`` or ``deadline-pipeline/dagster/run/<job>``,
+linked to the check or run in the Dagster UI (absolute when ``escalation.dagster_ui_url`` is set).
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from datetime import timedelta
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES
 
+from deadline_pipeline.deliver.incident import asset_checks_path, run_path
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource
-from deadline_pipeline.watch.watchdog import incident_notices, record_notice, send_notice
+from deadline_pipeline.watch.watchdog import Problem, incident_notices, record_notice, send_notice
 
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+COMPONENT = "dagster"
 
 
-def failing_checks(instance: dg.DagsterInstance, check_keys) -> dict[str, str]:
-    """Incident key → summary for each check whose latest completed evaluation failed at ERROR."""
+def failing_checks(instance: dg.DagsterInstance, check_keys) -> dict[str, Problem]:
+    """State key (``check <asset>/<name>``) → :class:`Problem` for each check whose latest completed
+    evaluation failed at ERROR: check ``<name>`` on target ``<asset>``, linked to the asset's checks
+    in the Dagster UI; its incident key is ``deadline-pipeline/dagster/<name>/<asset, encoded>``."""
     out = {}
     storage = instance.event_log_storage
     for key in sorted(check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)):
@@ -39,17 +47,23 @@ def failing_checks(instance: dg.DagsterInstance, check_keys) -> dict[str, str]:
         evaluation = history[0].evaluation if history else None
         if evaluation is None or evaluation.passed or evaluation.severity != dg.AssetCheckSeverity.ERROR:
             continue
-        out[f"check {key.asset_key.to_user_string()}/{key.name}"] = evaluation.description or "failed"
+        asset = key.asset_key.to_user_string()
+        link = (f"check {key.name} of asset {asset} in the Dagster UI", asset_checks_path(key.asset_key.path))
+        out[f"check {asset}/{key.name}"] = Problem(key.name, asset, evaluation.description or "failed",
+                                                   COMPONENT, links=(link,))
     return out
 
 
-def failing_runs(instance: dg.DagsterInstance, job_names) -> dict[str, str]:
-    """Incident key → summary for each job whose latest finished run failed."""
+def failing_runs(instance: dg.DagsterInstance, job_names) -> dict[str, Problem]:
+    """State key (``run <job>``) → :class:`Problem` for each job whose latest finished run failed:
+    check ``run`` on target ``<job>`` (one incident per job, whichever run failed), linked to that run."""
     out = {}
     for job in sorted(job_names):
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=job, statuses=FINISHED), limit=1)
         if runs and runs[0].status == dg.DagsterRunStatus.FAILURE:
-            out[f"run {job}"] = f"run {runs[0].run_id} of {job} failed"
+            run_id = runs[0].run_id
+            out[f"run {job}"] = Problem("run", job, f"run {run_id} of {job} failed", COMPONENT,
+                                        links=((f"run {run_id} in the Dagster UI", run_path(run_id)),))
     return out
 
 

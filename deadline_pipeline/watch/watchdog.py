@@ -21,7 +21,9 @@ It reads the store with its own small queries over the schema's tables and evalu
 
 It also holds what the paging sensor and ``watchdog --notify`` share: the incident bookkeeping
 (:func:`incident_notices` / :func:`record_notice`, state as JSON-safe dicts) and
-:func:`send_notice`, which announces one notice on the escalation channels.
+:func:`send_notice`, which pages the escalation channels with one notice as an incident
+(``incident.triggered`` / ``incident.resolved`` under a stable incident key, see
+:mod:`deadline_pipeline.deliver.incident`), never in a reminder's shape.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, and_, exists, func, select
 
@@ -43,6 +46,9 @@ from deadline_pipeline.watch.checks import oldest_text, plan_complete, time_data
 from deadline_pipeline.watch.reconcile import reminders_owed, unwatched_misses
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
+
+if TYPE_CHECKING:
+    from deadline_pipeline.deliver.incident import Incident
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +247,52 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
 
 
 @dataclass(frozen=True)
+class Problem:
+    """What is red now, as an incident sees it: ``check`` (``source_fresh``, ``run``) on ``target``
+    (a source, an asset key, a job) watched by ``component`` (``watchdog``, ``dagster``, …; see
+    :mod:`deadline_pipeline.deliver.incident`), with a one-line ``summary``. ``severity``: one of
+    ``critical|error|warning|info``, by default :func:`~deadline_pipeline.deliver.incident.severity_for`
+    the check. ``links``: ``(text, Dagster UI route)`` pairs, e.g. ``("run 1a2b", "/runs/1a2b")``."""
+
+    check: str
+    target: str
+    summary: str
+    component: str = "pipeline"
+    severity: str = ""
+    links: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            from deadline_pipeline.deliver.incident import severity_for
+
+            object.__setattr__(self, "severity", severity_for(self.check))
+
+    def to_state(self) -> dict:
+        """The JSON-safe form kept in the incident state (so a resolve knows what it resolves)."""
+        return {"check": self.check, "target": self.target, "component": self.component,
+                "severity": self.severity, "links": [list(link) for link in self.links]}
+
+    @classmethod
+    def from_state(cls, saved: dict | None, key: str, summary: str) -> Problem:
+        """The problem saved by :meth:`to_state`; for state written before problems were kept (or
+        edited beyond reading), the incident's state key stands for its check. Never raises: the
+        resolve of an incident must go out whatever its stored state looks like."""
+        from deadline_pipeline.deliver.incident import SEVERITIES
+
+        try:
+            links = tuple((str(text), str(path)) for text, path in saved.get("links", []))
+            severity = saved.get("severity") if saved.get("severity") in SEVERITIES else ""
+            return cls(str(saved["check"]), str(saved["target"]), summary, str(saved.get("component", "pipeline")),
+                       severity, links)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return cls(check=key, target="-", summary=summary)
+
+
+@dataclass(frozen=True)
 class Notice:
-    """One message to the escalation channels. ``phase``: ``opened`` | ``reminder`` | ``resolved``."""
+    """One message to the escalation channels. ``phase``: ``opened`` | ``reminder`` | ``resolved``.
+    ``problem``: what the incident is about (its check and target give the incident key); ``None``
+    stands for ``Problem(check=key, target="-")``."""
 
     key: str
     phase: str
@@ -250,6 +300,11 @@ class Notice:
     detail: str
     opened_at: datetime
     number: int = 0
+    problem: Problem | None = None
+
+    @property
+    def about(self) -> Problem:
+        return self.problem or Problem(check=self.key, target="-", summary=self.detail)
 
     @property
     def dedup_key(self) -> str:
@@ -258,28 +313,29 @@ class Notice:
         return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def incident_notices(state: dict, failing: dict[str, str], now: datetime, reminder: timedelta) -> list[Notice]:
-    """Update ``state`` (incident key → ``{"opened_at", "summary", "notified_at", "reminders"}``,
-    JSON-safe, mutated in place) from ``failing`` (incident key → one-line summary of what is red
-    now) and return the notices due at ``now`` (aware UTC).
+def incident_notices(state: dict, failing: dict[str, str | Problem], now: datetime,
+                     reminder: timedelta) -> list[Notice]:
+    """Update ``state`` (state key → ``{"opened_at", "summary", "notified_at", "reminders",
+    "problem"}``, JSON-safe, mutated in place) from ``failing`` (state key → the :class:`Problem`
+    red now, or just its one-line summary) and return the notices due at ``now`` (aware UTC).
 
     An incident stays the *same* incident, whatever its summary says, until its key stops failing:
     a backlog that drains partially changes the count in the summary and pages nobody again. A new
-    incident's notice stays due until :func:`record_notice` confirms it was sent.
+    incident's notice stays due until :func:`record_notice` confirms it was sent. Each notice
+    carries its problem, so a resolve names the same check and target (the same incident key) as
+    the trigger, even after the process that triggered it is gone.
     """
     out: list[Notice] = []
-    for key, summary in failing.items():
+    for key, value in failing.items():
+        problem = value if isinstance(value, Problem) else Problem(check=key, target="-", summary=value)
         inc = state.get(key)
         if inc is None:
-            inc = state[key] = {"opened_at": now.isoformat(), "summary": summary, "notified_at": None,
+            inc = state[key] = {"opened_at": now.isoformat(), "summary": problem.summary, "notified_at": None,
                                 "reminders": 0}
-        inc["summary"] = summary
-        opened = datetime.fromisoformat(inc["opened_at"])
-        if inc["notified_at"] is None:
-            out.append(Notice(key, "opened", f"[deadline-pipeline] {key} failed: {summary}", summary, opened))
-        elif now - datetime.fromisoformat(inc["notified_at"]) >= reminder:
-            out.append(Notice(key, "reminder", f"[deadline-pipeline] still failing since {instant_text(opened)}: "
-                              f"{key}: {summary}", summary, opened, inc["reminders"] + 1))
+        inc["summary"], inc["problem"] = problem.summary, problem.to_state()
+        notice = _open_notice(key, inc, problem, now, reminder)
+        if notice is not None:
+            out.append(notice)
     for key in [k for k in state if k not in failing]:
         inc = state[key]
         if inc["notified_at"] is None:
@@ -287,8 +343,22 @@ def incident_notices(state: dict, failing: dict[str, str], now: datetime, remind
             continue
         opened = datetime.fromisoformat(inc["opened_at"])
         out.append(Notice(key, "resolved", f"[deadline-pipeline] resolved: {key} passes again "
-                          f"(failing since {instant_text(opened)})", f"was: {inc['summary']}", opened))
+                          f"(failing since {instant_text(opened)})", f"was: {inc['summary']}", opened,
+                          problem=Problem.from_state(inc.get("problem"), key, inc["summary"])))
     return out
+
+
+def _open_notice(key: str, inc: dict, problem: Problem, now: datetime, reminder: timedelta) -> Notice | None:
+    """The notice due for the open incident ``inc`` at ``now``: its first page until one was sent,
+    then a reminder every ``reminder``; ``None`` in between."""
+    summary = problem.summary
+    opened = datetime.fromisoformat(inc["opened_at"])
+    if inc["notified_at"] is None:
+        return Notice(key, "opened", f"[deadline-pipeline] {key} failed: {summary}", summary, opened, problem=problem)
+    if now - datetime.fromisoformat(inc["notified_at"]) >= reminder:
+        return Notice(key, "reminder", f"[deadline-pipeline] still failing since {instant_text(opened)}: {key}: "
+                      f"{summary}", summary, opened, inc["reminders"] + 1, problem=problem)
+    return None
 
 
 def record_notice(state: dict, notice: Notice, now: datetime) -> None:
@@ -303,30 +373,51 @@ def record_notice(state: dict, notice: Notice, now: datetime) -> None:
             inc["reminders"] = notice.number
 
 
+def notice_incident(notice: Notice, now: datetime, esc) -> Incident:
+    """The :class:`~deadline_pipeline.deliver.incident.Incident` a notice pages about at ``now``:
+    ``triggered`` for the first page and its reminders, ``resolved`` (ended ``now``) for the resolve;
+    the incident key from the notice's check and target. ``esc``: the
+    :class:`~deadline_pipeline.config.EscalationConfig` (the Dagster UI's base URL for links; the
+    reminder interval, twice which an Alertmanager alert stays firing without a repeat)."""
+    from deadline_pipeline.deliver.incident import Incident, Link
+
+    about = notice.about
+    resolved = notice.phase == "resolved"
+    return Incident(
+        component=about.component, check=about.check, target=about.target,
+        status="resolved" if resolved else "triggered", severity=about.severity, summary=notice.title,
+        detail=notice.detail, started_at=notice.opened_at, at=now, ended_at=now if resolved else None,
+        links=tuple(Link(text, path).under(esc.dagster_ui_url) for text, path in about.links),
+        notice=notice.phase, repeat=notice.number,
+        expires_at=None if resolved else now + 2 * timedelta(minutes=esc.reminder_minutes),
+        client_url=esc.dagster_ui_url,
+    )
+
+
 def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str]:
     """Send ``notice`` on every channel of ``cfg.escalation.channels``; returns the errors (empty =
     every channel took it). Raises nothing: a failed page is returned for the caller to log and retry.
 
-    Uses the channels of the delivery stage (one message per channel, kind ``reminder`` for an open
-    incident and ``cancellation`` for a resolved one; the recipient is ``escalation.email`` or
-    ``escalation.webhook_url``). No escalation channel configured is an error, never a silent no-op.
-    Each channel's page ends within that channel's ``timeout_seconds`` for the webhook, slack and
-    smtp channels, however slowly the receiver answers.
+    Uses the channels of the delivery stage, one message per channel: a page (kind ``incident``,
+    :func:`notice_incident`), sent as ``incident.triggered`` while open and ``incident.resolved``
+    when it clears, under the same incident key; the recipient is ``escalation.email``,
+    ``escalation.webhook_url`` or ``escalation.apprise_target``. No escalation channel configured is
+    an error, never a silent no-op. Each channel's page ends within that channel's
+    ``timeout_seconds`` for the webhook, slack and smtp channels, however slowly the receiver answers.
     """
     from deadline_pipeline.deliver.channels.base import build_channel
-    from deadline_pipeline.deliver.notification import Notification, notice_error
+    from deadline_pipeline.deliver.incident import incident_notification
+    from deadline_pipeline.deliver.notification import notice_error
 
     esc = cfg.escalation
     if not esc.channels:
         return ["no escalation channel is configured (escalation.channels is empty)"]
+    try:
+        note = incident_notification(notice_incident(notice, now, esc), esc, notice.dedup_key)
+    except ValueError as exc:  # a page that cannot be built is a failed page, reported, not a crash
+        return [f"cannot build the page for {notice.key}: {exc}"]
     errors = []
     for name in esc.channels:
-        note = Notification(
-            dedup_key=notice.dedup_key, kind="cancellation" if notice.phase == "resolved" else "reminder",
-            subscriber_id="on-call", email=esc.email, webhook_url=esc.webhook_url, subscriber_tz="UTC",
-            source="deadline-pipeline", rule_id=notice.key, title=notice.title, due_at=notice.opened_at,
-            offset_seconds=0, note=notice.detail, sent_at=now,
-        )
         channel = None
         try:
             channel = build_channel(name, cfg.channels[name], network=cfg.network.policy())

@@ -14,6 +14,13 @@ for it) for as long as it drips - unlike the smtp, webhook, slack and caldav cha
 rendered subject as title and the plain-text body (which names the alert's reference, its dedup
 key) as body.
 
+A page to the on-call (an incident: the watchdog's, the paging sensor's, the sweep's notice of an
+escalated alert) is told apart from a reminder by its title (``[incident triggered] <incident key>:
+…`` / ``[incident resolved] …``), its body (the incident's key, severity, check, target, links) and
+its notify type (``FAILURE`` triggered, ``SUCCESS`` resolved; reminders stay ``INFO``). For
+``pagerduty://`` and ``opsgenie://`` URLs the incident key is put into the URL per page
+(:func:`incident_service_url`), so a resolve finds what its trigger opened (``docs/paging.md``).
+
 Idempotency class ``"notification"``: a resend posts a second message carrying the same reference.
 
 Honest classification. Apprise reports per service only success or failure (plus a whole-call
@@ -134,6 +141,42 @@ def connect_hosts(service) -> list[tuple[str, int]]:
     return [(str(host), int(port))]
 
 
+def notify_type(n: Notification):
+    """Apprise's notify type for ``n``: ``FAILURE`` for a triggered incident, ``SUCCESS`` for a
+    resolved one (services show them as such, and Apprise's PagerDuty and Opsgenie services map them
+    to trigger / resolve), ``INFO`` for everything else (a subscriber's reminder, as always)."""
+    import apprise
+
+    if n.incident is None:
+        return apprise.NotifyType.INFO
+    return apprise.NotifyType.SUCCESS if n.incident.status == "resolved" else apprise.NotifyType.FAILURE
+
+
+def incident_service_url(url: str, incident) -> str:
+    """``url`` with the parameters that make a paging service group a page by its incident key:
+
+    * ``pagerduty://``: ``dedup=<incident key>`` and ``action=trigger|resolve`` (set, whatever the
+      URL said: otherwise Apprise keys an incident by the first line of the message, which differs
+      between trigger and resolve), and ``severity`` unless the URL gives one;
+    * ``opsgenie://``: ``alias=<incident key>`` (Opsgenie de-duplicates open alerts by alias);
+    * any other service: unchanged.
+
+    ``incident``: a :class:`~deadline_pipeline.deliver.incident.Incident`.
+    """
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("pagerduty", "opsgenie"):
+        return url
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if scheme == "pagerduty":
+        query["dedup"] = incident.key
+        query["action"] = "resolve" if incident.status == "resolved" else "trigger"
+        query.setdefault("severity", incident.severity)
+    else:
+        query["alias"] = incident.key
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 class AppriseSender:
     """Channel sending through Apprise (see the module docstring). ``send`` raises :class:`DeliveryError`."""
 
@@ -154,15 +197,20 @@ class AppriseSender:
             raise DeliveryError(f"channel {self.name!r}: environment variable {self.cfg.url_env} (named in the "
                                 "configuration as url_env) is not set", permanent=True)
         register_url_secrets(url)
-        if TARGET in url:
+        shared = TARGET not in url
+        if not shared:
             if not n.apprise_target:
                 raise DeliveryError(f"channel {self.name!r}: ${self.cfg.url_env} needs {TARGET} and subscriber "
                                     f"{n.subscriber_id} has no apprise_target", permanent=True)
             url = url.replace(TARGET, quote(n.apprise_target, safe="@+-_.~"))
-        else:
-            # One URL for every alert: registering the filled-in form stays bounded (not per subscriber).
-            register_secret(with_send_options(url, self.cfg.timeout_seconds))
-        return with_send_options(url, self.cfg.timeout_seconds)
+        if n.incident is not None:
+            url = incident_service_url(url, n.incident)
+        url = with_send_options(url, self.cfg.timeout_seconds)
+        if shared:
+            # One URL for every alert (one per incident for a page): registering the filled-in form
+            # stays bounded (not per subscriber).
+            register_secret(url)
+        return url
 
     def _check_network(self, service, shown: str) -> None:
         """Resolve and check every host ``service`` names (:func:`connect_hosts`) against the
@@ -201,7 +249,7 @@ class AppriseSender:
         service = next(iter(app)).service_name
         with apprise.LogCapture(level=logging.WARNING, fmt="%(levelname)s %(message)s") as logs:
             result = app.notify(title=message.subject, body=message.text.strip(),
-                                body_format=apprise.NotifyFormat.TEXT)
+                                body_format=apprise.NotifyFormat.TEXT, notify_type=notify_type(n))
             detail = " ".join(logs.getvalue().split())[-LOG_CHARS:]
         if result:
             return SendResult(f"apprise {service}")

@@ -12,7 +12,16 @@ Standard Webhooks envelope ``{"type", "timestamp", "data"}`` (:func:`payload`): 
 holds the alert with its offset (ISO 8601 and words), the subscriber's zone and local due time, and
 the deadline's own zone. The channel option ``body: legacy`` sends the earlier flat body ``{"id",
 "kind", "subscriber", "source", "rule_id", "title", "due_at", "previous_due_at", "url", "note"}``
-instead (times as ISO 8601 UTC with ``Z``, ``null`` when absent). Standard Webhooks headers
+instead (times as ISO 8601 UTC with ``Z``, ``null`` when absent).
+
+Pages to the on-call (``kind="incident"``) are not reminders: their ``type`` is
+``incident.triggered`` or ``incident.resolved`` and ``data`` holds the incident (its stable
+``incident_key``, severity, source, summary, check, target, links, and ``pagerduty`` /
+``alertmanager`` renderings; :mod:`deadline_pipeline.deliver.incident`, ``docs/paging.md``). Two
+more ``body`` options carry pages only, in an on-call tool's own format: ``pagerduty`` (a PagerDuty
+Events API v2 event, ``routing_key`` from the variable named by ``routing_key_env``) and
+``alertmanager`` (the body of Alertmanager's ``POST /api/v2/alerts``); a subscriber's reminder on
+such a channel is a permanent error. Standard Webhooks headers
 (https://www.standardwebhooks.com) are always sent: ``webhook-id`` (the dedup key, equal on every
 retry of the same alert), ``webhook-timestamp`` (Unix seconds of this attempt) and, when the
 configuration names ``secret_env``, ``webhook-signature: v1,<base64 HMAC-SHA256 of
@@ -66,6 +75,7 @@ import httpx
 import orjson
 
 from deadline_pipeline.config import WebhookChannel
+from deadline_pipeline.deliver import incident as inc_mod
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import LATE_AFTER
@@ -121,8 +131,11 @@ _iso_z_shared = lru_cache(maxsize=4096, typed=True)(iso_z)
 
 
 # Standard Webhooks event types, "<group>.<event>" (https://www.standardwebhooks.com, "Payload structure").
+# A page (kind "incident") has its own: incident.triggered / incident.resolved (deliver/incident.py).
 EVENT_TYPES = {"reminder": "reminder.due", "correction": "reminder.corrected",
                "cancellation": "reminder.cancelled", "escalation": "reminder.escalated"}
+# Bodies that only a page can fill (an on-call tool's own format); a reminder on them is refused.
+INCIDENT_BODIES = ("pagerduty", "alertmanager")
 
 
 @lru_cache(maxsize=1024)
@@ -152,10 +165,14 @@ def _due_texts(due_at: datetime, subscriber_tz: str | None, rule_tz: str | None)
     return iso_z(due_at), _local_iso(due_at, subscriber_tz), _local_iso(due_at, rule_tz)
 
 
-def payload(n: Notification, body: str = "standard-webhooks") -> dict:
+def payload(n: Notification, body: str = "standard-webhooks", routing_key: str | None = None) -> dict | list:
     """The JSON body for ``n``: the Standard Webhooks envelope (``body="standard-webhooks"``) or the
     earlier flat body (``body="legacy"``); see the module docstring. ``timestamp`` is the send
-    attempt (``n.sent_at``, else now), ISO 8601 UTC."""
+    attempt (``n.sent_at``, else now), ISO 8601 UTC. A page (``n.incident`` set) gets
+    :func:`incident_payload`, which also knows ``body="pagerduty"`` (with ``routing_key``) and
+    ``body="alertmanager"``."""
+    if n.incident is not None:
+        return incident_payload(n, body, routing_key)
     if body == "legacy":
         return legacy_payload(n)
     late = (n.kind == "reminder" and n.sent_at is not None and n.planned_at is not None
@@ -187,6 +204,31 @@ def payload(n: Notification, body: str = "standard-webhooks") -> dict:
             "note": n.note,
         },
     }
+
+
+def incident_payload(n: Notification, body: str = "standard-webhooks", routing_key: str | None = None) -> dict | list:
+    """The JSON body of a page (``n.incident`` set), by the channel's ``body`` option:
+
+    * ``standard-webhooks``: ``{"type": "incident.triggered" | "incident.resolved", "timestamp",
+      "data"}``, ``data`` = :func:`~deadline_pipeline.deliver.incident.envelope_data`;
+    * ``legacy``: the flat body with ``kind`` ``"incident"`` and the same ``data`` under ``"incident"``;
+    * ``pagerduty``: the PagerDuty Events API v2 event itself (``routing_key`` set when given), for
+      ``https://events.pagerduty.com/v2/enqueue``;
+    * ``alertmanager``: the list of postable alerts of Alertmanager's ``POST /api/v2/alerts``.
+
+    Raises ``ValueError`` for another ``body``.
+    """
+    inc = n.incident
+    if body == "standard-webhooks":
+        return {"type": inc.event_type, "timestamp": iso_z(n.sent_at or datetime.now(UTC)),
+                "data": inc_mod.envelope_data(inc, n.dedup_key)}
+    if body == "legacy":
+        return legacy_payload(n) | {"incident": inc_mod.envelope_data(inc, n.dedup_key)}
+    if body == "pagerduty":
+        return inc_mod.pagerduty_event(inc, routing_key)
+    if body == "alertmanager":
+        return inc_mod.alertmanager_postable(inc)
+    raise ValueError(f"unknown webhook body {body!r}")
 
 
 def legacy_payload(n: Notification) -> dict:
@@ -336,7 +378,7 @@ class WebhookSender:
             register_secret(urlsplit(url).password if "@" in url else None)
         except ValueError:  # unparseable: the HTTP client refuses it below as an unusable URL
             pass
-        body = _encode_body(payload(n, self.cfg.body))
+        body = _encode_body(self._document(n, url))
         timestamp = int(time.time())
         headers = {"Content-Type": "application/json", "Idempotency-Key": n.dedup_key,
                    "webhook-id": n.dedup_key, "webhook-timestamp": str(timestamp)}
@@ -360,6 +402,23 @@ class WebhookSender:
                 self._signing_key = (secret, key)
             headers["webhook-signature"] = sign(key, n.dedup_key, timestamp, body)
         return url, body, headers
+
+    def _document(self, n: Notification, url: str) -> dict | list:
+        """The body document for ``n`` (:func:`payload`). Raises :class:`DeliveryError` (permanent)
+        for a subscriber's reminder on a channel whose ``body`` carries pages only (``pagerduty``,
+        ``alertmanager``), and for an unset ``routing_key_env`` variable."""
+        if n.incident is None:
+            if self.cfg.body in INCIDENT_BODIES:
+                raise self._error(url, f"body {self.cfg.body!r} carries pages only, not a {n.kind} for subscriber "
+                                  f"{n.subscriber_id!r} (use body standard-webhooks or legacy)", permanent=True)
+            return payload(n, self.cfg.body)
+        routing_key = None
+        if self.cfg.body == "pagerduty" and self.cfg.routing_key_env is not None:
+            routing_key = secret_from_env(self.cfg.routing_key_env)
+            if not routing_key:
+                raise self._error(url, f"environment variable {self.cfg.routing_key_env} (named in the "
+                                  "configuration as routing_key_env) is not set", permanent=True)
+        return payload(n, self.cfg.body, routing_key)
 
     # ------------------------------------------------------------------ blocking (httpx)
 
