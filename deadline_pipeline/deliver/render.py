@@ -13,6 +13,9 @@ Untrusted text is made safe here:
 * the HTML body is autoescaped, and ``url`` becomes a link only for ``http``/``https`` (a
   ``javascript:`` URL from a feed is shown as text, not made clickable).
 
+Header fields are written by :data:`~deadline_pipeline.deliver.headers.MAIL_POLICY`: valid RFC 2047
+encoded words whatever the title, and a Subject that decodes to exactly the rendered subject.
+
 Times are shown in the subscriber's zone and in UTC, truncated to the minute (a reader then errs
 early, never late, for a 23:59:59 deadline), and in the deadline's own zone when that differs (a
 conference deadline "23:59 AoE" is recognisable as the published one). A reminder says which one it
@@ -22,12 +25,12 @@ the due date away from the published one.
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
-from email.policy import SMTP
 from email.utils import format_datetime, parseaddr
 from functools import lru_cache
 from pathlib import Path
@@ -35,7 +38,9 @@ from urllib.parse import urlparse
 
 import jinja2
 
+from deadline_pipeline.deliver.headers import MAIL_POLICY, header_problems
 from deadline_pipeline.deliver.notification import Notification
+from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 from deadline_pipeline.wording import MOVE_CAUSE, iso_duration, offset_words, shorten
 
@@ -49,6 +54,8 @@ SUBJECT_MAX_CHARS = 250
 SUBJECT_TITLE_MAX_CHARS = 150
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _SPACES = re.compile(r"\s+")
+# Header fields the mail library wrote against RFC 2047 / RFC 5322 (see build_email), once per 100.
+_header_faults = ThrottledLogger(logging.getLogger(__name__), every=100, level=logging.WARNING)
 
 
 class RenderError(Exception):
@@ -361,7 +368,10 @@ def mail_options(cfg) -> dict:
 
 def build_email(n: Notification, sender: str, *, now: datetime | None = None, message_id_domain: str | None = None,
                 unsubscribe_url: str | None = None, unsubscribe_mailto: str | None = None) -> EmailMessage:
-    """The e-mail for ``n``: ``multipart/alternative`` (text, HTML), ``policy=email.policy.SMTP``.
+    """The e-mail for ``n``: ``multipart/alternative`` (text, HTML), ``policy``
+    :data:`~deadline_pipeline.deliver.headers.MAIL_POLICY` (``email.policy.SMTP`` whose header fields
+    never carry an empty or malformed RFC 2047 encoded word, and whose Subject decodes to exactly the
+    rendered subject).
 
     Headers: From ``sender``, To ``n.email``, Subject, Date (``now``, default ``n.sent_at``, else the
     current time; aware),
@@ -373,7 +383,9 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None, me
     the top level (RFC 2045 §4; the ``email`` package also stamps it on the added HTML part).
 
     Raises :class:`RenderError` naming the dedup key when ``n`` has no usable e-mail address, the
-    dedup key is not hex, the unsubscribe settings are unusable, or rendering fails.
+    dedup key is not hex, the unsubscribe settings are unusable, or rendering fails. A header field
+    that would be written against RFC 2047 or RFC 5322 (:func:`~deadline_pipeline.deliver.headers.header_problems`)
+    is logged as a warning naming the dedup key, and the message is returned all the same.
     """
     email = n.email or ""
     # The address comes from subscriber data; a CR/LF or space in it would add headers or recipients.
@@ -385,7 +397,7 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None, me
     except ValueError as exc:
         raise RenderError(n.dedup_key, str(exc)) from exc
     rendered = render(n)
-    msg = EmailMessage(policy=SMTP)
+    msg = EmailMessage(policy=MAIL_POLICY)
     try:
         msg["From"] = sender
         msg["To"] = email
@@ -406,4 +418,11 @@ def build_email(n: Notification, sender: str, *, now: datetime | None = None, me
             del part["MIME-Version"]
     except (ValueError, TypeError) as exc:  # the email package refuses malformed header values
         raise RenderError(n.dedup_key, f"cannot build e-mail: {exc}") from exc
+    problems = header_problems(msg)
+    if problems:
+        # Sent all the same: a reminder whose subject some client shows garbled still beats none.
+        # Logged, because empty encoded words went out in many long non-ASCII subjects and nothing
+        # looked at the fields as written.
+        _header_faults.failure("invalid header", f"alert {n.dedup_key}: sent with a header against the mail "
+                               "standards: " + "; ".join(problems))
     return msg
