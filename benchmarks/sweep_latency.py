@@ -153,16 +153,22 @@ def measure(args) -> int:
 
     late = [(r.delivered_at - r.send_at).total_seconds() for r in rows if r.delivered_at is not None]
     undelivered = len(rows) - len(late)
-    queue_wait, start_to_claim, overhead = [], [], []
+    # A lease owner is ``host#pid#run_id#c<claim>.<hex>`` (deliver.sweep.lease_owner plus one suffix per
+    # claim): a run's first claim is the earliest over its owners.
+    first_claim: dict[str, float] = {}
     for owner, first in firsts:
-        run_id = owner.rsplit("#", 1)[-1]
+        parts = owner.split("#")
+        if len(parts) >= 3:
+            first_claim[parts[2]] = min(first_claim.get(parts[2], float("inf")), first.timestamp())
+    queue_wait, start_to_claim, overhead = [], [], []
+    for run_id, first in first_claim.items():
         rec = records.get(run_id)
         if rec is None or rec.start_time is None:
             continue
         created = rec.create_timestamp.timestamp()
         queue_wait.append(rec.start_time - created)
-        start_to_claim.append(first.timestamp() - rec.start_time)
-        overhead.append(first.timestamp() - created)
+        start_to_claim.append(first - rec.start_time)
+        overhead.append(first - created)
     statuses: dict[str, int] = {}
     for run in runs:
         statuses[run.status.value] = statuses.get(run.status.value, 0) + 1
