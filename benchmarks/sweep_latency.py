@@ -33,28 +33,26 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import yaml
 from sqlalchemy import create_engine, func, insert, select
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import BIN, WORKSPACE, instance_env, make_dagster_home, process_group, throwaway_database  # noqa: E402
 
 from deadline_pipeline.store.db import make_engine, upgrade  # noqa: E402
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, sources, subscribers  # noqa: E402
-from deadline_pipeline_tests.factories import ics, write_config  # noqa: E402
-from deadline_pipeline_tests.test_production_daemon import (  # noqa: E402
-    BIN,
-    WORKSPACE,
-    instance_env,
-    make_dagster_home,
-    process_group,
-    throwaway_database,
-)
 
 SENSOR_INTERVAL = 30
 GOAL = SENSOR_INTERVAL + 30
 # Seconds between starting the daemon and the first reminder falling due: the daemon's first
 # sensor tick comes only after its code server is up, and that is part of production too.
 LEAD = 15
+BENCH_ICS = ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//deadline-pipeline benchmark//EN\r\n"
+             "BEGIN:VEVENT\r\nUID:x@bench\r\nDTSTAMP:20260101T000000Z\r\nDTSTART;TZID=UTC:20300101T000000\r\n"
+             "SUMMARY:unused\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -100,14 +98,15 @@ def measure(args) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sweep_latency_"))
     work = tmp / "work"
     work.mkdir()
-    (work / "bench.ics").write_text(ics(dict(uid="x@bench", tzid="UTC", dtstart="20300101T000000",
-                                             summary="unused")), newline="")
-    config = write_config(
-        work, sources=[{"name": "bench", "format": "ics", "location": "bench.ics", "tenant": "t"}],
-        subscribers=[{"id": "s", "tenant": "t", "email": "s@example.org", "timezone": "UTC"}],
-        subscriptions=[{"name": "all", "sources": ["bench"], "offsets": ["-P1D"], "channels": ["box"]}],
-        channels={"box": {"type": "maildir", "path": str(work / "maildir")}},
-    )
+    # The configuration only has to load: ingest and planning are stopped below, the outbox is seeded.
+    (work / "bench.ics").write_text(BENCH_ICS, newline="")
+    config = work / "deadlines.yaml"
+    config.write_text(yaml.safe_dump({
+        "sources": [{"name": "bench", "format": "ics", "location": "bench.ics", "tenant": "t"}],
+        "subscribers": [{"id": "s", "tenant": "t", "email": "s@example.org", "timezone": "UTC"}],
+        "subscriptions": [{"name": "all", "sources": ["bench"], "offsets": ["-P1D"], "channels": ["box"]}],
+        "channels": {"box": {"type": "maildir", "path": str(work / "maildir")}},
+    }, sort_keys=False))
     print(f"{args.n} reminders due over {args.window:.0f} s; work folder {tmp}", flush=True)
     with throwaway_database(args.pg, "dp_bench_dagster") as dagster_db, \
             throwaway_database(args.pg, "dp_bench_store") as store_url:
@@ -154,16 +153,22 @@ def measure(args) -> int:
 
     late = [(r.delivered_at - r.send_at).total_seconds() for r in rows if r.delivered_at is not None]
     undelivered = len(rows) - len(late)
-    queue_wait, start_to_claim, overhead = [], [], []
+    # A lease owner is ``host#pid#run_id#c<claim>.<hex>`` (deliver.sweep.lease_owner plus one suffix per
+    # claim): a run's first claim is the earliest over its owners.
+    first_claim: dict[str, float] = {}
     for owner, first in firsts:
-        run_id = owner.rsplit("#", 1)[-1]
+        parts = owner.split("#")
+        if len(parts) >= 3:
+            first_claim[parts[2]] = min(first_claim.get(parts[2], float("inf")), first.timestamp())
+    queue_wait, start_to_claim, overhead = [], [], []
+    for run_id, first in first_claim.items():
         rec = records.get(run_id)
         if rec is None or rec.start_time is None:
             continue
         created = rec.create_timestamp.timestamp()
         queue_wait.append(rec.start_time - created)
-        start_to_claim.append(first.timestamp() - rec.start_time)
-        overhead.append(first.timestamp() - created)
+        start_to_claim.append(first - rec.start_time)
+        overhead.append(first - created)
     statuses: dict[str, int] = {}
     for run in runs:
         statuses[run.status.value] = statuses.get(run.status.value, 0) + 1

@@ -6,6 +6,7 @@ silently rotting (a script that no longer imports, a helper that stops interleav
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -66,6 +67,22 @@ def test_goals_are_same_run_ratios_of_medians():
     assert "| sweep | 300.0/s | 290.0-310.0/s | 3 |" in out
     assert json.loads(json_line(figs, extra={"ratio": 1.5})) == {"sweep_per_s": 300.0, "pgqueuer_per_s": 200.0,
                                                                  "ratio": 1.5}
+
+
+def test_no_benchmark_imports_the_tests():
+    """Benchmarks run from a checkout without the test suite: they import the package and their own folder."""
+    offenders = []
+    tests = "deadline_pipeline_tests"
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.partition(".")[0] == tests]
+    assert offenders == []
 
 
 @pytest.mark.parametrize("script", ["deliver.py", "plan.py", "ingest.py", "recurrence.py", "sweep_latency.py"])

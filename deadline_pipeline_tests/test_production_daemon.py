@@ -13,7 +13,7 @@ What it proves, with nothing run in-process:
 5. the daemon and every process it started are gone afterwards.
 
 The helpers here (throwaway databases, a Dagster home, process groups, polling) are shared with the
-celery test and ``benchmarks/sweep_latency.py``.
+celery test (``benchmarks/_common.py`` has its own, as the benchmarks do not import the tests).
 """
 
 from __future__ import annotations
