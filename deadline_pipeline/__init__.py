@@ -10,5 +10,9 @@ from deadline_pipeline import zone_data as _zone_data
 try:
     _zone_data.activate()
 except _zone_data.ZoneDataError as _exc:
-    # A setting that cannot be honoured must stop the process at start, not plan with another database.
-    raise SystemExit(f"deadline-pipeline: {_exc}") from None
+    # A setting that cannot be honoured must stop the process at start, not plan with another
+    # database; exit 2, the code of every other bad input.
+    import sys as _sys
+
+    print(f"deadline-pipeline: {_exc}", file=_sys.stderr)
+    raise SystemExit(2) from None

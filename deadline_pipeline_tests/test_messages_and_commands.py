@@ -467,3 +467,16 @@ def test_local_ui_command_and_code_location_load_without_avoidable_warnings():
                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert "BetaWarning" not in out.stderr and "PreviewWarning" not in out.stderr, out.stderr
+
+
+def test_a_reminder_sent_after_its_deadline_says_how_long_ago_it_passed():
+    """Delivery still sends within its grace after a deadline; ten minutes after it, "due now" read
+    as if there were still time. Within a minute it is still "due now"."""
+    from deadline_pipeline.deliver.render import render
+
+    due = datetime(2026, 5, 7, 11, 59, 59, tzinfo=UTC)
+    late = render(_notification(offset_seconds=0, planned_at=due, sent_at=due + timedelta(minutes=10)))
+    assert "(passed 10 minutes ago)" in late.subject and "due now" not in late.subject
+    assert "The deadline passed 10 minutes ago." in late.text and "It is due now." not in late.text
+    on_time = render(_notification(offset_seconds=0, planned_at=due, sent_at=due + timedelta(seconds=30)))
+    assert "(due now)" in on_time.subject and "It is due now." in on_time.text

@@ -228,6 +228,18 @@ def test_processes_on_different_zone_data_turn_the_check_red(engine, tmp_path):
     assert out.passed, out.summary
 
 
+def test_a_horizon_planned_with_other_zone_data_is_red_however_old_its_heartbeat(engine, tmp_path):
+    """The horizon's instants are the ones reminders go out at: planned with 2025b, the check on the
+    package is red even when the plan's heartbeat is older than the window of live processes."""
+    cfg = setup(tmp_path)
+    with zone_database(old(tmp_path)):
+        plan(engine, cfg, datetime.now(UTC))
+    later = datetime.now(UTC) + timedelta(days=1)
+    out = w.time_data_agrees(engine, later, timedelta(minutes=90))
+    assert not out.passed
+    assert "horizon plan IANA 2025b" in out.summary, out.summary
+
+
 def test_the_cause_of_a_move_names_what_changed():
     """Only a move under an unchanged rule is blamed on the time data; a fixed offset has no rules
     to change; a calendar library upgrade is named with both versions; NULL is no version."""
@@ -277,7 +289,7 @@ def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path
         tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
         (request,) = tick.run_requests
         assert {k: v for k, v in request.tags.items() if k in tags} == tags
-        assert request.run_key == f"zone-data:2025b->{PACKAGE}"
+        assert request.run_key.startswith(f"zone-data:2025b->{PACKAGE}@")
         assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
         assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
         again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))

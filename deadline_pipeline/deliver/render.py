@@ -235,6 +235,20 @@ def _late(n: Notification, zone) -> str | None:
             + "; ".join(reasons))
 
 
+# A reminder sent this long after its deadline says how long ago it passed, not "due now": delivery
+# still sends within its grace after a deadline (a deadline published late, a sweep behind), and
+# "It is due now" ten minutes after the deadline read as if there were still time.
+PASSED_AFTER = timedelta(minutes=1)
+
+
+def _passed_ago(n: Notification) -> str | None:
+    """``"10 minutes"`` for a reminder sent at least :data:`PASSED_AFTER` after its deadline
+    (``sent_at - due_at``), else ``None``."""
+    if n.kind != "reminder" or n.sent_at is None or n.sent_at - n.due_at < PASSED_AFTER:
+        return None
+    return time_left(-int((n.sent_at - n.due_at).total_seconds()))
+
+
 def _move_cause(n: Notification) -> str | None:
     """The cause a correction's planner recorded after :data:`~deadline_pipeline.wording.MOVE_CAUSE`
     ("the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)"), else ``None``."""
@@ -269,6 +283,7 @@ def _context(n: Notification) -> dict:
         "why": _move_cause(n),
         "left": time_left(n.offset_seconds if n.sent_at is None
                           else int((n.sent_at - n.due_at).total_seconds())),
+        "passed_ago": _passed_ago(n),
         # Which reminder this is ("7 days before", ISO "-P7D"), the deadline in its own zone, the
         # business-day note and the late notice (each None when there is nothing to say).
         "which": offset_words(n.offset_seconds),

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinition, horizon_days: int = 366):
     """The ``replan_on_zone_data`` sensor for ``plan_job``: one run of the whole horizon when the
-    ``plan`` heartbeat recorded another IANA version than the one in force (run key per version, so
-    a version is re-planned once per change)."""
+    ``plan`` heartbeat recorded another IANA version than the one in force (run key per change and
+    per plan that recorded it, so a change is re-planned once, and again after a rollback)."""
 
     @dg.sensor(job=plan_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
                name="replan_on_zone_data",
@@ -34,7 +34,7 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
     def replan_on_zone_data(context: dg.SensorEvaluationContext, store: StoreResource, clock: ClockResource):
         in_force = zone_data.version()
         with store.engine().connect() as conn:
-            planned_with = health.plan_zone_data(conn)
+            planned_with, planned_at = health.plan_zone_data(conn)
         if planned_with is None or planned_with == in_force:
             return dg.SkipReason(f"the horizon was planned with IANA {planned_with or in_force}, the version in force"
                                  if planned_with else "no horizon plan has recorded its zone data yet")
@@ -46,6 +46,10 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
             return dg.SkipReason(str(exc))
         context.log.warning(f"zone data changed: the horizon was planned with IANA {planned_with}, IANA {in_force} is "
                             f"in force; re-planning {first[:7]}..{last[:7]}")
-        return dg.RunRequest(run_key=f"zone-data:{planned_with}->{in_force}", tags=range_tags(first, last))
+        # Keyed by the plan that recorded the old version too: Dagster never reuses a run key, so a
+        # key of the versions alone skipped the second 2025b → 2026f after an upgrade, a rollback
+        # and the same upgrade again.
+        stamp = planned_at.isoformat() if planned_at else "-"
+        return dg.RunRequest(run_key=f"zone-data:{planned_with}->{in_force}@{stamp}", tags=range_tags(first, last))
 
     return replan_on_zone_data

@@ -89,10 +89,12 @@ def zone_data_by_component(conn: Connection, real_now: datetime, window: timedel
     return {c: v for c, v in rows.all()}
 
 
-def plan_zone_data(conn: Connection, component: str = "plan") -> str | None:
-    """The zone-data version recorded by the last run of the horizon planner ``component`` (``None``
-    before its first run, or when it predates the record)."""
-    return conn.execute(select(heartbeats.c.zone_data).where(heartbeats.c.component == component)).scalar()
+def plan_zone_data(conn: Connection, component: str = "plan") -> tuple[str | None, datetime | None]:
+    """(zone-data version, ``last_completed_at``) of the last run of the horizon planner
+    ``component``; the version is ``None`` before its first run, or when it predates the record."""
+    row = conn.execute(select(heartbeats.c.zone_data, heartbeats.c.last_completed_at)
+                       .where(heartbeats.c.component == component)).first()
+    return (row[0], row[1]) if row else (None, None)
 
 
 def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[str | None, str | None], int]:

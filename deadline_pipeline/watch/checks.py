@@ -323,7 +323,9 @@ def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = tim
     own = own or zone_data.version()
     with engine.connect() as conn:
         seen = health.zone_data_by_component(conn, real_now, window)
-    versions = {**seen, "this check": own}
+        planned_with, _ = health.plan_zone_data(conn)
+    # The horizon plan however old its heartbeat: its instants are the ones reminders go out at.
+    versions = {**seen, **({"horizon plan": planned_with} if planned_with else {}), "this check": own}
     distinct = sorted(set(versions.values()))
     if len(distinct) == 1:
         return CheckOutcome("time_data_agrees", True, 0,
