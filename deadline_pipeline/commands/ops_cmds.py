@@ -18,6 +18,7 @@ import click
 from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, option_instant
 from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.states import ObligationState
 from deadline_pipeline.wording import human_duration
 
 
@@ -221,7 +222,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
             .group_by(rule_versions.c.source_id, rule_versions.c.withdrawn)).all())
         rules = health.active_rule_payloads(conn)
         in_horizon = conn.execute(select(func.count()).select_from(obligations).where(
-            obligations.c.status == "active", obligations.c.due_at >= now,
+            obligations.c.status == ObligationState.ACTIVE, obligations.c.due_at >= now,
             obligations.c.due_at <= now + horizon)).scalar_one()
         states = health.alerts_by_state(conn)
         overdue, oldest = health.overdue_alerts(conn, now - grace, 1)

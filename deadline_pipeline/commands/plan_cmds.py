@@ -11,6 +11,7 @@ import click
 from deadline_pipeline.commands.common import config_option, option_instant, require_config
 from deadline_pipeline.config import ConfigError, load_config
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.states import OPEN, AlertState
 
 
 def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],
@@ -92,7 +93,7 @@ def stored_rows(conn, subscriber_id: str, start: datetime, end: datetime) -> lis
 
     in_window = or_(and_(alerts.c.send_at >= start, alerts.c.send_at < end),
                     and_(alerts.c.delivered_at >= start, alerts.c.delivered_at < end),
-                    and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN_STATES)))
+                    and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN)))
     rows = conn.execute(
         select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
                alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
@@ -107,10 +108,6 @@ def stored_rows(conn, subscriber_id: str, start: datetime, end: datetime) -> lis
     return [dict(r) for r in rows]
 
 
-# Alert states that are still to be sent (DESIGN: alert lifecycle).
-OPEN_STATES = ("pending", "claimed", "retry_wait")
-
-
 def _when(instant: datetime | None, zone) -> dict:
     """An instant as ``{"utc", "local"}`` ISO 8601 and ``"text"``: ``2027-01-14 13:00 CET (2027-01-14 12:00 UTC)``."""
     if instant is None:
@@ -122,11 +119,11 @@ def _when(instant: datetime | None, zone) -> dict:
 
 def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | None, judged: bool) -> str:
     """What a re-plan would change for one stored alert, in words."""
-    if stored["status"] == "delivered":
+    if stored["status"] == AlertState.DELIVERED:
         if planned_due is not None and planned_due != stored["due_at"]:
             return f"delivered; the deadline is now due {instant_text(planned_due)}: a re-plan sends a correction"
         return "delivered; a re-plan never resends it"
-    if stored["status"] not in OPEN_STATES:
+    if stored["status"] not in OPEN:
         return "no change (not open)"
     if planned is None:
         return ("a re-plan would cancel it (its rule no longer applies or the deadline moved)" if judged
@@ -183,7 +180,9 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "replan": _replan_note(a, planned.get(a["dedup_key"]), planned_due.get(a["obligation_key"]), judged),
         })
     for key, p in sorted(planned.items(), key=lambda kv: kv[1]["send_at"]):
-        if key in seen or p["status"] != "pending" or not (start <= p["send_at"] < end or p["send_at"] < start):
+        if key in seen or p["status"] != AlertState.PENDING:
+            continue
+        if not (start <= p["send_at"] < end or p["send_at"] < start):
             continue
         rows.append({
             "alert_id": None, "status": "not in the store", "kind": p["kind"], "channel": p["channel"],
@@ -255,10 +254,10 @@ def register(main: click.Group) -> None:
             if "problem" in r:
                 click.echo(f"PROBLEM  {r['source']} {r.get('rule', '')}: {r['problem']}")
                 continue
-            when = r["delivered_at"]["text"] if r["status"] == "delivered" else r["send_at"]["text"]
+            when = r["delivered_at"]["text"] if r["status"] == AlertState.DELIVERED else r["send_at"]["text"]
             click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}; "
                        f"{_offset_shown(r)}; {r['source']}/{r['rule']})"
                        + (f" — {r['why']}" if r["why"] else "")
                        + (f" — attempt {r['attempts']} failed: {r['last_error']}"
-                          if r["last_error"] and r["status"] != "delivered" else "")
+                          if r["last_error"] and r["status"] != AlertState.DELIVERED else "")
                        + f"  | re-plan: {r['replan']}")

@@ -30,6 +30,7 @@ from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
+from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class PlannedAlert:
     kind: str
     dedup_key: str
     send_at: datetime
-    status: str = "pending"
+    status: str = AlertState.PENDING
     status_reason: str | None = None
     # The due instant this reminder is owed for (aware UTC): part of the alert's identity.
     due_at: datetime | None = None
@@ -153,7 +154,7 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
         if a.kind != "reminder":
             continue
         if a.send_at > now:
-            a.status = "pending"
+            a.status = AlertState.PENDING
         else:
             by_channel.setdefault(a.channel, []).append(a)
     for late in by_channel.values():
@@ -162,11 +163,11 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
         for a in late:
             past = f"{reason_prefix}: reminder time {instant_text(a.send_at)} already past; "
             if a is keep:
-                a.status = "pending"
+                a.status = AlertState.PENDING
                 a.status_reason = past + _sent_at_once(a.due_at, now) + (
                     f"; {MOVED_DESPITE_SKIP}" if late_policy == "skip" else "")
             else:
-                a.status = "skipped"
+                a.status = AlertState.SKIPPED
                 a.status_reason = past + ("late reminders are skipped by this subscription's policy"
                                           if skip else "a later reminder of the same deadline is sent instead")
 
@@ -493,7 +494,7 @@ def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetim
     fold_late(alerts, now, target.late_policy, moved=moved)
     if target.quiet_hours:
         for a in alerts:
-            if a.status == "pending" and a.send_at <= now:
+            if a.status == AlertState.PENDING and a.send_at <= now:
                 # A late reminder goes out now — unless now is inside the subscriber's quiet
                 # hours, where it waits for the window's end like any other reminder.
                 later, why = apply_quiet_hours(now, due_at, target.quiet_hours, subscriber_zone)

@@ -61,6 +61,7 @@ from deadline_pipeline.plan.planner import (
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.states import AlertState, ObligationState
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import freshness_window, sync_source
 from deadline_pipeline.wording import MOVE_CAUSE
@@ -724,7 +725,7 @@ def correction_row(obligation_id: int, key: str, channel: str, revision: int, ol
     return dict(
         obligation_id=obligation_id, offset_seconds=0, channel=channel, kind="correction", revision=revision,
         dedup_key=alert_dedup_key(key, 0, channel, "correction", revision), send_at=now, due_at=new_due,
-        status="pending", previous_due_at=old_due, attempts=0, created_at=now, updated_at=now,
+        status=AlertState.PENDING, previous_due_at=old_due, attempts=0, created_at=now, updated_at=now,
         status_reason=f"deadline moved from {instant_text(old_due)} to {instant_text(new_due)} after a reminder "
                       f"was delivered{passed}",
     )
@@ -755,8 +756,8 @@ def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, 
         why = f"deadline moved from {instant_text(old_due)} to {instant_text(new_due)}: {MOVED_INTO_PAST}"
     return dict(
         obligation_id=obligation_id, offset_seconds=offset_seconds, channel=channel, kind="reminder", revision=0,
-        dedup_key=dedup, send_at=now, due_at=new_due, status="pending", previous_due_at=old_due, attempts=0,
-        created_at=now, updated_at=now, status_reason=f"{why}; escalated as missed by the delivery sweep",
+        dedup_key=dedup, send_at=now, due_at=new_due, status=AlertState.PENDING, previous_due_at=old_due,
+        attempts=0, created_at=now, updated_at=now, status_reason=f"{why}; escalated as missed by the delivery sweep",
     )
 
 
@@ -822,7 +823,8 @@ def _insert_missed_while_unwatched(conn, found: dict, now: datetime, out: PlanOu
     ids = sql.insert_obligations_if_new(conn, [dict(
         obligation_key=ob.key, tenant=ob.tenant, subscriber_id=ob.subscriber_id, source_id=ob.source_id,
         rule_id=ob.rule_id, rule_version=ob.rule_version, period=ob.period, title=ob.title, due_at=ob.due_at,
-        status="active", planned_at=now, revision=0, fingerprint=ob.fingerprint) for ob, _, _ in found.values()])
+        status=ObligationState.ACTIVE, planned_at=now, revision=0, fingerprint=ob.fingerprint)
+        for ob, _, _ in found.values()])
     rows = [missed_row(ids[key], key, ch, seconds, None, ob.due_at, now, passed_unwatched_reason(j))
             for key, (ob, j, latest) in found.items() if key in ids for ch, seconds in sorted(latest.items())]
     written = sql.insert_notices(conn, rows)
@@ -929,7 +931,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
                 obligation_id=r.id, offset_seconds=0, channel=channel, kind="cancellation", revision=r.revision,
                 due_at=r.due_at,
                 dedup_key=alert_dedup_key(r.obligation_key, 0, channel, "cancellation", r.revision), send_at=now,
-                status="pending", attempts=0, created_at=now, updated_at=now,
+                status=AlertState.PENDING, attempts=0, created_at=now, updated_at=now,
                 status_reason="the source withdrew or moved this occurrence after a reminder was delivered",
             ))
     out.cancellation_notices += sql.insert_notices(conn, notices)

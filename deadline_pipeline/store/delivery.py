@@ -44,15 +44,16 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
 
 from deadline_pipeline.security.redact import redact, redact_optional
+from deadline_pipeline.states import CLAIMABLE, AlertState
 from deadline_pipeline.store.db import db_clock
 from deadline_pipeline.store.schema import (
-    CLAIMABLE_STATES,
     UtcDateTime,
     alerts,
     delivery_attempts,
@@ -61,9 +62,6 @@ from deadline_pipeline.store.schema import (
     sources,
     subscribers,
 )
-
-FINAL_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped")
-
 
 # Longest text stored from a channel's answer (a provider id, an error): a receiver's body is untrusted.
 MAX_TEXT = 4000
@@ -93,7 +91,7 @@ def claimable(now: datetime, lease_now: datetime | None = None):
     """
     lease_now = now if lease_now is None else lease_now
     return and_(
-        alerts.c.status.in_(CLAIMABLE_STATES),
+        alerts.c.status.in_(CLAIMABLE),
         or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= lease_now),
         alerts.c.send_at <= now,
         or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now),
@@ -189,7 +187,7 @@ def claim_batch(conn: Connection, *, owner: str, now: datetime, lease_seconds: f
     _check_owner(owner)
     lease_now = db_clock(conn) if lease_now is None else lease_now
     pick = select(alerts.c.id).where(claimable(now, lease_now)).order_by(alerts.c.send_at, alerts.c.id).limit(limit)
-    lease = {"status": "claimed", "lease_owner": owner,
+    lease = {"status": AlertState.CLAIMED, "lease_owner": owner,
              "lease_expires_at": lease_now + timedelta(seconds=lease_seconds), "updated_at": now}
     if conn.dialect.name == "postgresql":
         # A materialised CTE joined in, not ``WHERE id IN (subquery)``: with the IN form PostgreSQL
@@ -310,7 +308,7 @@ def _pg_claim_and_load_statement():
                 "previous_due_at", "status_reason"}
     # By id alone, as in claim_batch: the pick holds the rows' locks and checked claimable() on them.
     claimed = (update(alerts).where(alerts.c.id == counted.c.id)
-               .values(status="claimed", lease_owner=owner,
+               .values(status=AlertState.CLAIMED, lease_owner=owner,
                        lease_expires_at=lease_now + bindparam("claim_lease", type_=Interval), updated_at=now,
                        attempts=alerts.c.attempts + counted.c.n_stale)
                .returning(*(c for c in alerts.c if c.name in returned), counted.c.n_stale).cte("claimed"))
@@ -372,7 +370,7 @@ def start_attempts(conn: Connection, items: list[tuple[int, int]], *, owner: str
         # every claimed alert of every sweeper for each group of a few sends (its estimate of
         # 'claimed' rows is stale by design: they come and go within seconds), which made this
         # statement the slowest step before a send.
-        held = ("WHERE (SELECT al.lease_owner = CAST(%(owner)b AS text) AND al.status = 'claimed' "
+        held = (f"WHERE (SELECT al.lease_owner = CAST(%(owner)b AS text) AND al.status = '{AlertState.CLAIMED}' "
                 "AND al.lease_expires_at > clock_timestamp() FROM alerts AS al WHERE al.id = v.a) "
                 ) if held_only else ""
         rows = _pg_execute(conn, (
@@ -385,8 +383,8 @@ def start_attempts(conn: Connection, items: list[tuple[int, int]], *, owner: str
     if held_only:
         clock = db_clock(conn)
         mine = set(conn.execute(select(alerts.c.id).where(
-            alerts.c.id.in_([a for a, _ in items]), alerts.c.lease_owner == owner, alerts.c.status == "claimed",
-            alerts.c.lease_expires_at > clock)).scalars())
+            alerts.c.id.in_([a for a, _ in items]), alerts.c.lease_owner == owner,
+            alerts.c.status == AlertState.CLAIMED, alerts.c.lease_expires_at > clock)).scalars())
         items = [(a, n) for a, n in items if a in mine]
     out = {}
     for alert_id, attempt in items:
@@ -421,7 +419,7 @@ def record_sent(conn: Connection, items: list[tuple[int, int, str, datetime]], *
         # index (the backlog), on every batch (test_delivery_claim_order.py reads the plan). Without
         # it only the primary key (or a scan of a small table) can find the rows.
         rows = _pg_execute(conn, (
-            "UPDATE alerts AS a SET status = 'delivered', provider_message_id = v.p, delivered_at = v.s, "
+            f"UPDATE alerts AS a SET status = '{AlertState.DELIVERED}', provider_message_id = v.p, delivered_at = v.s, "
             "attempts = a.attempts + 1, lease_owner = NULL, lease_expires_at = NULL, last_error = NULL, "
             "next_attempt_at = NULL, updated_at = CAST(%(now)b AS timestamptz) "
             "FROM unnest(CAST(%(a)b AS bigint[]), CAST(%(p)b AS text[]), CAST(%(s)b AS timestamptz[])) AS v(a, p, s) "
@@ -445,8 +443,9 @@ def release(conn: Connection, alert_ids: list[int], *, owner: str, now: datetime
         return 0
     res = conn.execute(
         update(alerts)
-        .where(alerts.c.id.in_(alert_ids), alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status=case((alerts.c.attempts == 0, "pending"), else_="retry_wait"), lease_owner=None,
+        .where(alerts.c.id.in_(alert_ids), alerts.c.lease_owner == owner, alerts.c.status == AlertState.CLAIMED)
+        .values(status=case((alerts.c.attempts == 0, literal(AlertState.PENDING, String)),
+                            else_=literal(AlertState.RETRY_WAIT, String)), lease_owner=None,
                 lease_expires_at=None, updated_at=now)
     )
     conn.execute(delete(delivery_attempts).where(delivery_attempts.c.alert_id.in_(alert_ids),
@@ -462,8 +461,8 @@ def escalate_unsent(conn: Connection, alert_id: int, *, owner: str, now: datetim
     _check_owner(owner)
     res = conn.execute(
         update(alerts)
-        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status="escalated", attempts=alerts.c.attempts + attempts_consumed,
+        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == AlertState.CLAIMED)
+        .values(status=AlertState.ESCALATED, attempts=alerts.c.attempts + attempts_consumed,
                 last_error=clean_text(redact(reason)), status_reason=clean_text(redact(reason)),
                 next_attempt_at=None, lease_owner=None, lease_expires_at=None, updated_at=now)
     )
@@ -501,10 +500,10 @@ def mark_delivered(conn: Connection, alert_id: int, *, owner: str, now: datetime
     _check_owner(owner)
     res = conn.execute(
         update(alerts)
-        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status="delivered", provider_message_id=clean_text(provider_message_id, 1000), delivered_at=now,
-                attempts=alerts.c.attempts + 1, lease_owner=None, lease_expires_at=None, last_error=None,
-                next_attempt_at=None, updated_at=now)
+        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == AlertState.CLAIMED)
+        .values(status=AlertState.DELIVERED, provider_message_id=clean_text(provider_message_id, 1000),
+                delivered_at=now, attempts=alerts.c.attempts + 1, lease_owner=None, lease_expires_at=None,
+                last_error=None, next_attempt_at=None, updated_at=now)
     )
     return res.rowcount == 1
 
@@ -519,8 +518,8 @@ def mark_failed(conn: Connection, alert_id: int, *, owner: str, now: datetime, e
     error = redact(error)
     res = conn.execute(
         update(alerts)
-        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == "claimed")
-        .values(status="escalated" if escalate else "retry_wait", attempts=alerts.c.attempts + 1,
+        .where(alerts.c.id == alert_id, alerts.c.lease_owner == owner, alerts.c.status == AlertState.CLAIMED)
+        .values(status=AlertState.ESCALATED if escalate else AlertState.RETRY_WAIT, attempts=alerts.c.attempts + 1,
                 last_error=clean_text(error), next_attempt_at=None if escalate else next_attempt_at,
                 status_reason=clean_text(error) if escalate else None,
                 lease_owner=None, lease_expires_at=None, updated_at=now)

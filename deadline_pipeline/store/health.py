@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, lit
 from deadline_pipeline import zone_data
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.security.redact import redact, redact_optional
+from deadline_pipeline.states import HANDLED, RETRYABLE, REVISABLE, AlertState, ObligationState
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -23,8 +24,6 @@ from deadline_pipeline.store.schema import (
     subscriptions,
 )
 from deadline_pipeline.store.upsert import dialect_insert, upsert
-
-HANDLED_STATES = ("delivered", "escalated", "cancelled", "superseded", "skipped")
 
 
 def beat(conn: Connection, component: str, *, started_at: datetime, completed_at: datetime, outcome: str,
@@ -102,7 +101,7 @@ def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[st
     the versions that planned the instants still ahead."""
     o = obligations
     rows = conn.execute(select(o.c.zone_data, o.c.calendar_data, func.count())
-                        .where(o.c.status == "active", o.c.due_at >= since)
+                        .where(o.c.status == ObligationState.ACTIVE, o.c.due_at >= since)
                         .group_by(o.c.zone_data, o.c.calendar_data))
     return {(z, c): n for z, c, n in rows.all()}
 
@@ -164,7 +163,7 @@ def _alert_rows(conn: Connection, cond, limit: int, order) -> list[dict]:
 def overdue_alerts(conn: Connection, cutoff: datetime, limit: int = 10) -> tuple[int, list[dict]]:
     """Alerts whose ``send_at`` is before ``cutoff`` and that are neither delivered, escalated nor
     otherwise handled: (count, the oldest ``limit`` of them)."""
-    cond = (alerts.c.send_at < cutoff) & alerts.c.status.not_in(HANDLED_STATES)
+    cond = (alerts.c.send_at < cutoff) & alerts.c.status.not_in(HANDLED)
     count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
     return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
 
@@ -175,14 +174,14 @@ def unreceipted_deliveries(conn: Connection, limit: int = 10) -> tuple[int, list
     delivery writes its receipt in the same transaction as the status, so this is never transient.
     Returns (count, the oldest ``limit``)."""
     receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
-    cond = (alerts.c.status == "delivered") & ~receipt
+    cond = (alerts.c.status == AlertState.DELIVERED) & ~receipt
     count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
     return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
 
 
 def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
     """Escalated alerts no human has acknowledged yet: (count, the oldest ``limit``)."""
-    cond = (alerts.c.status == "escalated") & alerts.c.acknowledged_at.is_(None)
+    cond = (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
     count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
     return count, _alert_rows(conn, cond, limit, (alerts.c.updated_at, alerts.c.id))
 
@@ -193,7 +192,7 @@ def acknowledge(conn: Connection, alert_ids: list[int], *, by: str, now: datetim
     if not alert_ids:
         return 0
     return conn.execute(
-        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status == "escalated",
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status == AlertState.ESCALATED,
                              alerts.c.acknowledged_at.is_(None))
         .values(acknowledged_at=now, acknowledged_by=by)
     ).rowcount or 0
@@ -240,7 +239,7 @@ def upcoming_obligation_counts(conn: Connection, since: datetime) -> dict[tuple[
     """(subscriber_id, source_id) → number of active obligations due at or after ``since``."""
     rows = conn.execute(
         select(obligations.c.subscriber_id, obligations.c.source_id, func.count())
-        .where(obligations.c.status == "active", obligations.c.due_at >= since)
+        .where(obligations.c.status == ObligationState.ACTIVE, obligations.c.due_at >= since)
         .group_by(obligations.c.subscriber_id, obligations.c.source_id)
     ).all()
     return {(sub, src): n for sub, src, n in rows}
@@ -259,7 +258,7 @@ def obligations_with_reminders(conn: Connection, lo: datetime, hi: datetime) -> 
         # for the instant before a move must not hide a missing one for the new instant.
         .outerjoin(alerts, and_(alerts.c.obligation_id == obligations.c.id, alerts.c.kind == "reminder",
                                 or_(alerts.c.due_at.is_(None), alerts.c.due_at == obligations.c.due_at)))
-        .where(obligations.c.status == "active", obligations.c.due_at >= lo, obligations.c.due_at <= hi)
+        .where(obligations.c.status == ObligationState.ACTIVE, obligations.c.due_at >= lo, obligations.c.due_at <= hi)
         .order_by(obligations.c.due_at, obligations.c.id)
     ).all()
     out: dict[int, dict] = {}
@@ -273,12 +272,12 @@ def obligations_with_reminders(conn: Connection, lo: datetime, hi: datetime) -> 
 
 def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
     """The open alert (not handled) with the oldest ``send_at`` at or before ``now``, or None."""
-    rows = _alert_rows(conn, (alerts.c.send_at <= now) & alerts.c.status.not_in(HANDLED_STATES), 1,
+    rows = _alert_rows(conn, (alerts.c.send_at <= now) & alerts.c.status.not_in(HANDLED), 1,
                        (alerts.c.send_at, alerts.c.id))
     return rows[0] if rows else None
 
 
-__all__ = ["HANDLED_STATES", "beat", "live_heartbeats", "future_instants",
+__all__ = ["beat", "live_heartbeats", "future_instants",
            "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
            "overdue_alerts", "unreceipted_deliveries", "escalated_unacknowledged", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
@@ -286,16 +285,18 @@ __all__ = ["HANDLED_STATES", "beat", "live_heartbeats", "future_instants",
 
 
 def retry_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
-    """Put escalated or cancelled alerts back in the queue, due now (a human decided to try again),
-    with a fresh attempt budget: ``attempts`` restarts at 0 (otherwise an alert escalated for
-    exhausted attempts would be escalated again at its very next claim), ``retried_by`` /
-    ``retried_at`` record who and when, and the reason keeps the attempts used before. Every earlier
-    attempt stays in ``delivery_attempts``. Returns how many alerts changed."""
+    """Put escalated, cancelled or skipped alerts (:data:`~deadline_pipeline.states.RETRYABLE`) back in
+    the queue, due now (a human decided to try again), with a fresh attempt budget: ``attempts``
+    restarts at 0 (otherwise an alert escalated for exhausted attempts would be escalated again at its
+    very next claim), ``retried_by`` / ``retried_at`` record who and when, and the reason keeps the
+    attempts used before. Every earlier attempt stays in ``delivery_attempts``. Returns how many
+    alerts changed."""
     if not alert_ids:
         return 0
     return conn.execute(
-        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("escalated", "cancelled", "skipped")))
-        .values(status="pending", send_at=now, next_attempt_at=None, lease_owner=None, lease_expires_at=None,
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(RETRYABLE))
+        .values(status=AlertState.PENDING, send_at=now, next_attempt_at=None, lease_owner=None,
+                lease_expires_at=None,
                 # "||" on both engines (SQLite before 3.44 has no concat()).
                 status_reason=literal(f"retried by {by} at {instant_text(now)} after ", String)
                 + cast(alerts.c.attempts, String) + literal(" attempt(s)", String),
@@ -305,12 +306,13 @@ def retry_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: dateti
 
 
 def cancel_alerts(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
-    """Cancel open alerts by hand (never delivered ones only: history is not rewritten); returns how many
-    changed. A planning run does not revive them: the reason does not carry the withdrawal prefix."""
+    """Cancel by hand the alerts that nothing was delivered for and no sender holds
+    (:data:`~deadline_pipeline.states.REVISABLE`: history is not rewritten); returns how many changed.
+    A planning run does not revive them: the reason does not carry the withdrawal prefix."""
     if not alert_ids:
         return 0
     return conn.execute(
-        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(("pending", "retry_wait", "skipped")),
+        update(alerts).where(alerts.c.id.in_(alert_ids), alerts.c.status.in_(REVISABLE),
                              or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
-        .values(status="cancelled", status_reason=f"cancelled by {by}", updated_at=now)
+        .values(status=AlertState.CANCELLED, status_reason=f"cancelled by {by}", updated_at=now)
     ).rowcount or 0

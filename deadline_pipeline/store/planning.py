@@ -48,6 +48,7 @@ from sqlalchemy import (
 )
 
 from deadline_pipeline.rules import RuleRecord, rule_kinds
+from deadline_pipeline.states import PLANNED, REVISABLE, AlertState, ObligationState
 from deadline_pipeline.store.schema import (
     Id,
     UtcDateTime,
@@ -62,10 +63,9 @@ from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
 
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
-# Open reminders of a due instant the obligation moved away from are superseded with this prefix;
-# only those come back if the deadline moves back to that instant.
+# Revisable reminders (states.REVISABLE) of a due instant the obligation moved away from are
+# superseded with this prefix; only those come back if the deadline moves back to that instant.
 MOVED_REASON_PREFIX = "deadline moved: "
-OPEN_STATES = ("pending", "retry_wait", "skipped")
 
 _stage_md = MetaData()
 stage_obligations = Table(
@@ -523,7 +523,7 @@ def new_obligation_records(rows: Iterable[tuple], now: datetime) -> list[bytes]:
     """The binary COPY fields of new obligations (``rows`` in :data:`OB_COLS` order, planned at
     ``now``, aware UTC) after their id (:data:`NEW_OBLIGATION_COLUMNS`). Pure: a planning thread
     encodes the next chunk while the database writes this one."""
-    return list(_binary_fields(((*row, "active", now, 0) for row in rows), _NEW_OBLIGATION_KINDS))
+    return list(_binary_fields(((*row, ObligationState.ACTIVE, now, 0) for row in rows), _NEW_OBLIGATION_KINDS))
 
 
 def copy_new_obligations(conn: Connection, rows: list[tuple], now: datetime,
@@ -571,7 +571,7 @@ class StagedDiff:
 def _differs(o, s):
     """Whether stored obligation ``o`` differs from staged/excluded ``s`` in anything planning writes."""
     return or_(o.c.due_at.is_distinct_from(s.due_at), o.c.fingerprint.is_distinct_from(s.fingerprint),
-               o.c.status != "active", o.c.rule_version.is_distinct_from(s.rule_version),
+               o.c.status != ObligationState.ACTIVE, o.c.rule_version.is_distinct_from(s.rule_version),
                o.c.title.is_distinct_from(s.title), o.c.rule_id != s.rule_id,
                # A new zone-data or calendar version is recorded even where it moved nothing.
                o.c.zone_data.is_distinct_from(s.zone_data), o.c.calendar_data.is_distinct_from(s.calendar_data))
@@ -586,7 +586,7 @@ def compare_staged(conn: Connection) -> StagedDiff:
     diff = StagedDiff()
     for key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal in conn.execute(
         select(s.c.obligation_key, o.c.id, o.c.revision, o.c.due_at, s.c.due_at,
-               o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != "active",
+               o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != ObligationState.ACTIVE,
                o.c.rule_version, o.c.zone_data, o.c.calendar_data)
         .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), _differs(o, s.c)))
@@ -614,7 +614,7 @@ def merge_obligations(conn: Connection, now: datetime) -> dict[str, int]:
     s, o = stage_obligations, obligations
     stored = o.alias("stored")
     cols = OB_COLS + ["status", "planned_at", "revision"]
-    sel = (select(*[s.c[c] for c in OB_COLS], literal("active").label("status"),
+    sel = (select(*[s.c[c] for c in OB_COLS], literal(ObligationState.ACTIVE, String).label("status"),
                   literal(now, UtcDateTime).label("planned_at"), literal(0).label("revision"))
            .select_from(s.outerjoin(stored, stored.c.obligation_key == s.c.obligation_key))
            .where(or_(stored.c.id.is_(None), _differs(stored, s.c))))
@@ -639,8 +639,9 @@ def merge_obligations(conn: Connection, now: datetime) -> dict[str, int]:
 
 def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     """Merge staged reminder alerts. New rows are inserted with their planned status; an existing
-    row's ``send_at`` moves only while it is still open (pending, waiting to retry or skipped) — a
-    delivered alert is history and is never rewritten. Returns (inserted, moved)."""
+    row's ``send_at`` moves only while it is still revisable
+    (:data:`~deadline_pipeline.states.REVISABLE`: pending, waiting to retry or skipped) — a delivered
+    alert is history and is never rewritten. Returns (inserted, moved)."""
     sa, o, a = stage_alerts, obligations, alerts
     if not conn.execute(select(exists().select_from(sa))).scalar():
         return 0, 0  # nothing staged: a no-op re-plan never touches the alerts table
@@ -656,7 +657,7 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
                 a, and_(a.c.obligation_id == o.c.id, a.c.offset_seconds == sa.c.offset_seconds,
                         a.c.channel == sa.c.channel, a.c.kind == sa.c.kind, a.c.revision == 0,
                         a.c.due_at == sa.c.due_at)))
-        .where(a.c.status.in_(("pending", "retry_wait", "skipped")), a.c.send_at.is_distinct_from(sa.c.send_at))
+        .where(a.c.status.in_(REVISABLE), a.c.send_at.is_distinct_from(sa.c.send_at))
     ).scalar_one()
     cols = NEW_ALERT_COLUMNS
     sel = (
@@ -671,14 +672,14 @@ def merge_alerts(conn: Connection, now: datetime) -> tuple[int, int]:
     # source that drops a rule and restores it must not leave its reminders cancelled for good).
     # Likewise a reminder superseded when its deadline moved away comes back when the deadline moves
     # back to that instant (a delivered one stays delivered: a flapping source never repeats a reminder).
-    revived = or_(and_(a.c.status == "cancelled", a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%")),
-                  and_(a.c.status == "superseded", a.c.status_reason.like(f"{MOVED_REASON_PREFIX}%")))
+    revived = or_(and_(a.c.status == AlertState.CANCELLED, a.c.status_reason.like(f"{WITHDRAWN_REASON_PREFIX}%")),
+                  and_(a.c.status == AlertState.SUPERSEDED, a.c.status_reason.like(f"{MOVED_REASON_PREFIX}%")))
     stmt = ins.on_conflict_do_update(
         index_elements=ALERT_IDENTITY,
         set_={"send_at": ins.excluded.send_at, "updated_at": ins.excluded.updated_at,
               "status": case((revived, ins.excluded.status), else_=a.c.status),
               "status_reason": case((revived, ins.excluded.status_reason), else_=a.c.status_reason)},
-        where=or_(and_(a.c.status.in_(("pending", "retry_wait", "skipped")),
+        where=or_(and_(a.c.status.in_(REVISABLE),
                        a.c.send_at.is_distinct_from(ins.excluded.send_at)), revived),
     )
     conn.execute(stmt)
@@ -708,7 +709,7 @@ def pending_reminders_noting(conn: Connection, obligation_ids: list[int], note: 
         out.extend(tuple(r) for r in conn.execute(
             select(alerts.c.obligation_id, alerts.c.due_at)
             .join(obligations, obligations.c.id == alerts.c.obligation_id)
-            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder", alerts.c.status == "pending",
+            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder", alerts.c.status == AlertState.PENDING,
                    alerts.c.due_at == obligations.c.due_at,
                    alerts.c.status_reason.contains(note, autoescape=True))
             .order_by(alerts.c.obligation_id, alerts.c.id)
@@ -717,8 +718,9 @@ def pending_reminders_noting(conn: Connection, obligation_ids: list[int], note: 
 
 
 def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
-    """Supersede the open reminders of these obligations that were planned for another due instant
-    than the obligation's current one (call after the merge). Delivered ones are history and stay.
+    """Supersede the revisable reminders (:data:`~deadline_pipeline.states.REVISABLE`) of these
+    obligations that were planned for another due instant than the obligation's current one (call
+    after the merge). Delivered ones are history and stay.
     An alert whose lease is live is mid-send and is left alone. Returns rows superseded."""
     n = 0
     current = (select(obligations.c.due_at).where(obligations.c.id == alerts.c.obligation_id)
@@ -727,9 +729,9 @@ def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: d
         n += len(conn.execute(
             update(alerts)
             .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
-                   alerts.c.status.in_(OPEN_STATES), alerts.c.due_at.is_distinct_from(current),
+                   alerts.c.status.in_(REVISABLE), alerts.c.due_at.is_distinct_from(current),
                    or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
-            .values(status="superseded", updated_at=now,
+            .values(status=AlertState.SUPERSEDED, updated_at=now,
                     status_reason=MOVED_REASON_PREFIX + "planned for an instant the deadline no longer has")
             .returning(alerts.c.id)
         ).all())
@@ -737,7 +739,7 @@ def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: d
 
 
 def set_alert_status(conn: Connection, alert_id: int, status: str, reason: str | None, now: datetime) -> None:
-    conn.execute(update(alerts).where(alerts.c.id == alert_id, alerts.c.status.in_(("pending", "skipped")))
+    conn.execute(update(alerts).where(alerts.c.id == alert_id, alerts.c.status.in_(PLANNED))
                  .values(status=status, status_reason=reason, updated_at=now))
 
 
@@ -763,7 +765,7 @@ def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime,
     return conn.execute(
         select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
                o.c.due_at, o.c.period)
-        .where(o.c.source_id.in_(source_ids), o.c.status == "active", o.c.due_at >= lo, o.c.due_at <= hi,
+        .where(o.c.source_id.in_(source_ids), o.c.status == ObligationState.ACTIVE, o.c.due_at >= lo, o.c.due_at <= hi,
                ~exists().where(s.c.obligation_key == o.c.obligation_key), ~exists().where(ids.c.id == o.c.id))
     ).all()
 
@@ -784,27 +786,28 @@ def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int,
     for part in chunks(obligation_ids, 500):
         for ob, ch in conn.execute(
             select(alerts.c.obligation_id, alerts.c.channel).distinct()
-            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder", alerts.c.status == "delivered")
+            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
+                   alerts.c.status == AlertState.DELIVERED)
         ).all():
             out.setdefault(ob, set()).add(ch)
     return out
 
 
 def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: datetime) -> int:
-    """Mark obligations withdrawn and cancel their open alerts (never delete). Returns alerts cancelled.
+    """Mark obligations withdrawn and cancel their revisable alerts (never delete). Returns alerts cancelled.
 
     An alert whose lease is live is mid-send and is left alone: it finishes as delivered, and the
     cancellation notice (if any) follows it.
     """
     cancelled = 0
     for part in chunks(ids, 500):
-        conn.execute(update(obligations).where(obligations.c.id.in_(part)).values(status="withdrawn",
+        conn.execute(update(obligations).where(obligations.c.id.in_(part)).values(status=ObligationState.WITHDRAWN,
                                                                                  planned_at=now))
         cancelled += len(conn.execute(
             update(alerts)
-            .where(alerts.c.obligation_id.in_(part), alerts.c.status.in_(("pending", "retry_wait", "skipped")),
+            .where(alerts.c.obligation_id.in_(part), alerts.c.status.in_(REVISABLE),
                    or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
-            .values(status="cancelled", status_reason=WITHDRAWN_REASON_PREFIX + reason, updated_at=now)
+            .values(status=AlertState.CANCELLED, status_reason=WITHDRAWN_REASON_PREFIX + reason, updated_at=now)
             .returning(alerts.c.id)
         ).all())
     return cancelled

@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.naming import conv
 
+from deadline_pipeline.states import CLAIMABLE, AlertState, ObligationState
+
 # Stable constraint names so Alembic migrations can refer to them on both engines.
 metadata = MetaData(
     naming_convention={
@@ -224,7 +226,7 @@ obligations = Table(
     Column("period", String(64), nullable=False),
     Column("title", Text, nullable=False),
     Column("due_at", UtcDateTime, nullable=False),
-    Column("status", String(20), nullable=False, default="active"),  # active | withdrawn
+    Column("status", String(20), nullable=False, default=ObligationState.ACTIVE),  # active | withdrawn
     Column("planned_at", UtcDateTime, nullable=False),
     # Incremented each time due_at really changes; corrections are keyed on it, so a re-plan never
     # sends a second correction for the same move.
@@ -252,7 +254,8 @@ alerts = Table(
     Column("dedup_key", String(64), nullable=False, unique=True),
     Column("send_at", UtcDateTime, nullable=False),
     # pending | claimed | retry_wait | delivered | escalated | cancelled | superseded | skipped
-    Column("status", String(20), nullable=False, default="pending"),
+    # (AlertState, which documents each state and the lifecycle between them)
+    Column("status", String(20), nullable=False, default=AlertState.PENDING),
     Column("status_reason", Text),
     Column("attempts", Integer, nullable=False, default=0),
     Column("next_attempt_at", UtcDateTime),
@@ -283,20 +286,17 @@ alerts = Table(
     # 0013, which has the measurement). The claim and the sensor read the partial claim index below.
 )
 
-# The states an alert can be claimed in (a claimed one once its lease has expired).
-CLAIMABLE_STATES = ("pending", "retry_wait", "claimed")
-
 # The claim's pick (delivery.claim_batch): the oldest claimable alerts by (send_at, id). This index
 # gives them in that order across the three states, so a claim of n reads about n entries however
 # many alerts are claimable; with only (status, send_at) PostgreSQL read and sorted every claimable
 # row on every claim. Partial: delivered history, the bulk of the table, is not in it.
 Index("ix_alerts_claimable_send_at_id", alerts.c.send_at, alerts.c.id,
-      postgresql_where=alerts.c.status.in_(CLAIMABLE_STATES), sqlite_where=alerts.c.status.in_(CLAIMABLE_STATES))
+      postgresql_where=alerts.c.status.in_(CLAIMABLE), sqlite_where=alerts.c.status.in_(CLAIMABLE))
 
 # The watchdog's and the escalations_acknowledged check's question, oldest first: escalated alerts
 # are few, and normal deliveries never write to this index.
 Index("ix_alerts_escalated_updated_at_id", alerts.c.updated_at, alerts.c.id,
-      postgresql_where=alerts.c.status == "escalated", sqlite_where=alerts.c.status == "escalated")
+      postgresql_where=alerts.c.status == AlertState.ESCALATED, sqlite_where=alerts.c.status == AlertState.ESCALATED)
 
 delivery_attempts = Table(
     "delivery_attempts",

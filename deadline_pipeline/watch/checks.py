@@ -53,6 +53,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import kinds_allow
+from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
 from deadline_pipeline.wording import human_duration, shorten
 
@@ -282,7 +283,7 @@ def fanout_complete(engine: Engine, now: datetime, horizon: timedelta, channel_t
         have = ob["reminders"]
         missing = sorted(want - set(have))
         # A reminder nobody asks for any more is harmless once handled; an open one would still be sent.
-        extra = sorted(k for k, st in have.items() if k not in want and st in ("pending", "retry_wait", "claimed"))
+        extra = sorted(k for k, st in have.items() if k not in want and st in OPEN)
         if missing or extra:
             count += 1
             if len(offenders) < limit:

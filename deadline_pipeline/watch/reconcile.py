@@ -44,6 +44,7 @@ from deadline_pipeline.ingest.first_seen import MISSED_UNWATCHED, FirstSeenPasse
 from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.states import OPEN, AlertState
 from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
 from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots
 from deadline_pipeline.store.sources import freshness_window
@@ -197,16 +198,18 @@ def _unexplained(row: tuple | None) -> str | None:
     if row is None:
         return "never planned: no alert row for this due instant"
     status, reason, receipt = row
-    if status == "delivered":
+    if status == AlertState.DELIVERED:
         return None if receipt else "marked delivered without a 'sent' receipt"
-    if status in ("skipped", "escalated"):
-        return None if (reason or status == "escalated") else f"{status} without a reason"
-    if status == "cancelled":
+    if status == AlertState.ESCALATED:
+        return None  # the loud end: the escalation checks and the watchdog report it
+    if status == AlertState.SKIPPED:
+        return None if reason else f"{status} without a reason"
+    if status == AlertState.CANCELLED:
         if reason and not reason.startswith(WITHDRAWN_REASON_PREFIX):
             return None
         return f"cancelled as withdrawn while its rule is in force ({reason})"
-    if status == "superseded":
+    if status == AlertState.SUPERSEDED:
         return f"superseded while its due instant is in force ({reason})"
-    if status in ("pending", "claimed", "retry_wait"):
+    if status in OPEN:
         return None  # in flight: alerts_reconciled's to judge once overdue
     return f"unknown status {status!r}"

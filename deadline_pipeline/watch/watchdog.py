@@ -39,6 +39,7 @@ from sqlalchemy import Engine, and_, exists, func, select
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.ingest.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.states import AlertState
 from deadline_pipeline.store.health import future_instants, overdue_alerts
 from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
 from deadline_pipeline.store.sources import all_sources
@@ -100,7 +101,7 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     overdue, oldest = overdue_alerts(conn, now - grace, 1)
     receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
     forged = conn.execute(select(func.count()).select_from(alerts)
-                          .where(alerts.c.status == "delivered", ~receipt)).scalar_one()
+                          .where(alerts.c.status == AlertState.DELIVERED, ~receipt)).scalar_one()
     rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
                      f"{overdue} alert(s) due before {instant_text(now - grace)} not delivered/escalated/cancelled; "
                      f"oldest due {oldest_text(oldest[0]) if oldest else '-'}" if overdue else
@@ -114,7 +115,7 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
 def _escalations_row(conn, beats: dict) -> WatchRow:
     # An escalation is the loud end of a failed delivery; until a human acknowledges it, it is an
     # open incident the watchdog must keep reporting (cron, without the Dagster daemon).
-    cond = (alerts.c.status == "escalated") & alerts.c.acknowledged_at.is_(None)
+    cond = (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
     count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
     oldest = conn.execute(select(alerts.c.id).where(cond).order_by(alerts.c.updated_at, alerts.c.id)
                           .limit(3)).scalars().all()
