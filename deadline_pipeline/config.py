@@ -660,7 +660,21 @@ class DeadlinesConfig(_Model):
             if self.channels[ch].type == "caldav":
                 # An escalation notice is a message to an operator, not an event to book.
                 raise ValueError(f"escalation: channel {ch!r} is a caldav (booking) channel; use a message channel")
+            self._escalation_recipient(ch)
         return self
+
+    # The escalation setting each channel type sends an operator's notice to.
+    _ESCALATION_RECIPIENT = {"smtp": "email", "maildir": "email", "webhook": "webhook_url"}
+
+    def _escalation_recipient(self, ch: str) -> None:
+        """Raise ``ValueError`` when escalation channel ``ch`` needs a recipient the escalation
+        settings do not give: accepted at load, the first page failed ("has no usable e-mail
+        address"), so the on-call learnt of nothing while every check was green."""
+        kind = self.channels[ch].type
+        needed = self._ESCALATION_RECIPIENT.get(kind)
+        if needed and not getattr(self.escalation, needed):
+            raise ValueError(f"escalation: channel {ch!r} ({kind}) needs escalation.{needed}: its pages have no "
+                             "recipient otherwise")
 
     def _subscription_channels(self, i: int, sub: SubscriptionConfig) -> None:
         """Raise ``ValueError`` when subscription ``i`` names an unknown channel, or a webhook channel

@@ -229,3 +229,18 @@ def test_business_day_calendar_is_checked_at_load(tmp_path, calendar, expected):
                   + calendar + "'}}\n")
     with pytest.raises(ConfigError, match=expected):
         load_config(path)
+
+
+@pytest.mark.parametrize(("kind", "needed"), [("maildir", "email"), ("webhook", "webhook_url")])
+def test_an_escalation_channel_without_its_recipient_is_refused_at_load(tmp_path, kind, needed):
+    """Accepted at load, the first page failed ("has no usable e-mail address") while every check
+    was green: the on-call would learn of nothing."""
+    from deadline_pipeline_tests.factories import write_config
+
+    channel = {"type": kind, "path": str(tmp_path / "box")} if kind == "maildir" else {"type": kind}
+    (tmp_path / "cal.ics").write_text("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nEND:VCALENDAR\r\n")
+    path = write_config(tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+                        subscribers=[], subscriptions=[], channels={"oncall": channel},
+                        escalation={"channels": ["oncall"]})
+    with pytest.raises(ConfigError, match=rf"escalation: channel 'oncall' \({kind}\) needs escalation\.{needed}"):
+        load_config(path)
