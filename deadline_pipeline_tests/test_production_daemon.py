@@ -8,8 +8,9 @@ What it proves, with nothing run in-process:
    runs, the queue starts them) and plans those months;
 3. the deliver sensor notices the claimable reminder on its own and launches a delivery run that
    writes the mail;
-4. the README's revision workflow: a source is revised, the ``rule_versions`` materialization names
-   the stale months (``affected_partitions``), a backfill of exactly those re-plans them;
+4. the revision workflow of docs/operating.md ("Backfills after a rule revision"): a source is
+   revised, the ``rule_versions`` materialization names the stale months (``affected_partitions``),
+   a backfill of exactly those re-plans them;
 5. the daemon and every process it started are gone afterwards.
 
 The helpers here (throwaway databases, a Dagster home, process groups, polling) are shared with the
