@@ -19,6 +19,7 @@ from deadline_pipeline.store.schema import (
     heartbeats,
     obligations,
     rule_versions,
+    snapshots,
     sources,
     subscribers,
     subscriptions,
@@ -168,22 +169,68 @@ def overdue_alerts(conn: Connection, cutoff: datetime, limit: int = 10) -> tuple
     return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
 
 
+def _sent_receipt():
+    """``EXISTS`` a ``sent`` delivery attempt of the alert of the enclosing query."""
+    return exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
+
+
+def _unreceipted():
+    return (alerts.c.status == AlertState.DELIVERED) & ~_sent_receipt()
+
+
+def count_unreceipted_deliveries(conn: Connection) -> int:
+    """How many alerts are marked ``delivered`` without a ``sent`` receipt (see
+    :func:`unreceipted_deliveries`)."""
+    return conn.execute(select(func.count()).select_from(alerts).where(_unreceipted())).scalar_one()
+
+
 def unreceipted_deliveries(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
     """Alerts marked ``delivered`` with no ``delivery_attempts`` row of outcome ``sent``: the status
     claims a send that nothing records (a hand edit, a bug writing the status alone). A real
     delivery writes its receipt in the same transaction as the status, so this is never transient.
     Returns (count, the oldest ``limit``)."""
-    receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
-    cond = (alerts.c.status == AlertState.DELIVERED) & ~receipt
-    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
+    count = count_unreceipted_deliveries(conn)
+    return count, _alert_rows(conn, _unreceipted(), limit, (alerts.c.send_at, alerts.c.id))
+
+
+def _escalated_unacknowledged():
+    return (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
+
+
+def count_escalated_unacknowledged(conn: Connection) -> int:
+    """How many escalated alerts no human has acknowledged yet."""
+    return conn.execute(select(func.count()).select_from(alerts).where(_escalated_unacknowledged())).scalar_one()
+
+
+def oldest_escalated_unacknowledged_ids(conn: Connection, limit: int = 3) -> list[int]:
+    """Ids of the ``limit`` escalated, unacknowledged alerts escalated first (by ``updated_at``, then
+    id), read from the alerts table alone."""
+    return list(conn.execute(select(alerts.c.id).where(_escalated_unacknowledged())
+                             .order_by(alerts.c.updated_at, alerts.c.id).limit(limit)).scalars().all())
 
 
 def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
     """Escalated alerts no human has acknowledged yet: (count, the oldest ``limit``)."""
-    cond = (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
-    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    return count, _alert_rows(conn, cond, limit, (alerts.c.updated_at, alerts.c.id))
+    count = count_escalated_unacknowledged(conn)
+    return count, _alert_rows(conn, _escalated_unacknowledged(), limit, (alerts.c.updated_at, alerts.c.id))
+
+
+def source_health_rows(conn: Connection, names: list[str] | None = None) -> list[tuple]:
+    """One row per source (only those named in ``names`` unless it is None), in no set order:
+    ``(name, status, freshness_seconds, last_fresh_at, last_attempt_at, last_error,
+    latest_snapshot_id, latest_snapshot_status)``; instants aware UTC, the freshness window in
+    seconds, the snapshot fields None for a source never fetched. The latest snapshot is the one
+    fetched last (ties: the higher id), in one query over every source."""
+    latest = (select(snapshots.c.source_id, snapshots.c.id, snapshots.c.parse_status,
+                     func.row_number().over(partition_by=snapshots.c.source_id,
+                                            order_by=(snapshots.c.fetched_at.desc(), snapshots.c.id.desc()))
+                     .label("n")).subquery())
+    q = (select(sources.c.name, sources.c.status, sources.c.freshness_seconds, sources.c.last_fresh_at,
+                sources.c.last_attempt_at, sources.c.last_error, latest.c.id, latest.c.parse_status)
+         .outerjoin(latest, and_(latest.c.source_id == sources.c.id, latest.c.n == 1)))
+    if names is not None:
+        q = q.where(sources.c.name.in_(names))
+    return [tuple(r) for r in conn.execute(q).all()]
 
 
 def acknowledge(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
@@ -279,7 +326,9 @@ def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
 
 __all__ = ["beat", "live_heartbeats", "future_instants",
            "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
-           "overdue_alerts", "unreceipted_deliveries", "escalated_unacknowledged", "acknowledge",
+           "overdue_alerts", "count_unreceipted_deliveries", "unreceipted_deliveries",
+           "count_escalated_unacknowledged", "oldest_escalated_unacknowledged_ids", "escalated_unacknowledged",
+           "source_health_rows", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
            "obligations_with_reminders", "oldest_open_alert"]
 
