@@ -215,6 +215,41 @@ def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, li
     return count, _alert_rows(conn, _escalated_unacknowledged(), limit, (alerts.c.updated_at, alerts.c.id))
 
 
+def rule_versions_with_reports(conn: Connection, source_id: int) -> list:
+    """Every stored version of every rule of ``source_id``, by rule id then version, as rows of
+    ``(rule_id, version, withdrawn, payload, valid_from, parse_report)``: ``payload`` the rule record
+    as stored (dict), ``valid_from`` aware UTC, ``parse_report`` the report (dict or None) of the
+    snapshot the version came from, which says whether a withdrawal may be trusted."""
+    return conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
+               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report)
+        .join(snapshots, snapshots.c.id == rule_versions.c.snapshot_id)
+        .where(rule_versions.c.source_id == source_id)
+        .order_by(rule_versions.c.rule_id, rule_versions.c.version)
+    ).all()
+
+
+def planned_rules(conn: Connection) -> set[tuple[int, int, str]]:
+    """(subscriber_id, source_id, rule_id) of every stored obligation, whatever its status: each rule
+    some subscriber has been planned for."""
+    return {(s, src, rid) for s, src, rid in conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id).distinct())}
+
+
+def reminder_outcomes(conn: Connection, due_from: datetime, due_to: datetime) -> list:
+    """Every reminder row whose ``due_at`` lies in ``[due_from, due_to]`` (aware UTC), in no set
+    order, as rows of ``(subscriber_id, source_id, rule_id, due_at, offset_seconds, channel, status,
+    status_reason, receipt)``: ``subscriber_id`` / ``source_id`` the obligation's, ``offset_seconds``
+    seconds before ``due_at`` (aware UTC), ``receipt`` true when a ``sent`` delivery attempt exists."""
+    return conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id, alerts.c.due_at,
+               alerts.c.offset_seconds, alerts.c.channel, alerts.c.status, alerts.c.status_reason,
+               _sent_receipt().label("receipt"))
+        .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .where(and_(alerts.c.kind == "reminder", alerts.c.due_at >= due_from, alerts.c.due_at <= due_to))
+    ).all()
+
+
 def source_health_rows(conn: Connection, names: list[str] | None = None) -> list[tuple]:
     """One row per source (only those named in ``names`` unless it is None), in no set order:
     ``(name, status, freshness_seconds, last_fresh_at, last_attempt_at, last_error,
@@ -328,7 +363,7 @@ __all__ = ["beat", "live_heartbeats", "future_instants",
            "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
            "overdue_alerts", "count_unreceipted_deliveries", "unreceipted_deliveries",
            "count_escalated_unacknowledged", "oldest_escalated_unacknowledged_ids", "escalated_unacknowledged",
-           "source_health_rows", "acknowledge",
+           "source_health_rows", "rule_versions_with_reports", "planned_rules", "reminder_outcomes", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
            "obligations_with_reminders", "oldest_open_alert"]
 
