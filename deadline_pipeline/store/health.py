@@ -78,6 +78,13 @@ def future_instants(conn: Connection, now: datetime) -> list[tuple[str, datetime
     return sorted(found, key=lambda f: f[1], reverse=True)
 
 
+def first_plan_completion(conn: Connection) -> datetime | None:
+    """The earliest ``first_completed_at`` (aware UTC) of any planning component's heartbeat
+    (every component named ``plan…``: ``plan``, ``plan:backfill``), or None before the first completed run."""
+    return conn.execute(select(func.min(heartbeats.c.first_completed_at))
+                        .where(heartbeats.c.component.like("plan%"))).scalar_one()
+
+
 def zone_data_by_component(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, str]:
     """component → the IANA zone-data version its process recorded, for every live heartbeat that
     completed or started within ``window`` before ``real_now`` (aware UTC) and recorded one: the
@@ -359,7 +366,7 @@ def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
     return rows[0] if rows else None
 
 
-__all__ = ["beat", "live_heartbeats", "future_instants",
+__all__ = ["beat", "live_heartbeats", "future_instants", "first_plan_completion",
            "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
            "overdue_alerts", "count_unreceipted_deliveries", "unreceipted_deliveries",
            "count_escalated_unacknowledged", "oldest_escalated_unacknowledged_ids", "escalated_unacknowledged",
