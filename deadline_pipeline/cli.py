@@ -233,14 +233,10 @@ def ui_command(dagster_home: Path, config_path: Path, db_url: str | None = None)
 def store_counts(engine) -> dict[str, int]:
     """Row counts of the store: ``rule_versions``, ``obligations``, ``alerts`` (rows planned). Their
     growth over a run is what *every* writer of the store added meanwhile, this run included."""
-    from sqlalchemy import func, select
-
-    from deadline_pipeline.store.schema import alerts, obligations, rule_versions
+    from deadline_pipeline.store.operations import row_counts
 
     with engine.connect() as conn:
-        return {name: conn.execute(select(func.count()).select_from(table)).scalar_one()
-                for name, table in (("rule_versions", rule_versions), ("obligations", obligations),
-                                    ("alerts", alerts))}
+        return row_counts(conn)
 
 
 def this_run_text(delivery: dict[str, int] | None, before: dict[str, int], after: dict[str, int]) -> str:
@@ -274,16 +270,14 @@ def this_run_text(delivery: dict[str, int] | None, before: dict[str, int], after
 
 
 def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | None = None) -> None:
-    from sqlalchemy import func, select
-
     from deadline_pipeline.store import health
-    from deadline_pipeline.store.schema import obligations, rule_versions
+    from deadline_pipeline.store.operations import obligations_by_state, row_counts
     from deadline_pipeline.store.sources import all_sources
 
     with engine.connect() as conn:
         srcs = all_sources(conn)
-        versions = conn.execute(select(func.count()).select_from(rule_versions)).scalar_one()
-        obs = dict(conn.execute(select(obligations.c.status, func.count()).group_by(obligations.c.status)).all())
+        versions = row_counts(conn, ("rule_versions",))["rule_versions"]
+        obs = obligations_by_state(conn)
         states = health.alerts_by_state(conn)
     from deadline_pipeline.instants import instant_text, parse_instant
     from deadline_pipeline.zone_data import time_data_text

@@ -37,22 +37,6 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(str(i) for i in ids)
 
 
-def alert_states(conn, ids: list[int]) -> dict[int, tuple]:
-    """``{id: (status, updated_at, acknowledged_at, acknowledged_by, lease_expires_at)}`` of the
-    alerts among ``ids`` that exist; a change of this tuple is how the command knows which ids the
-    action took (the store functions return only a count)."""
-    from sqlalchemy import select
-
-    from deadline_pipeline.store.schema import alerts
-
-    if not ids:
-        return {}
-    rows = conn.execute(select(alerts.c.id, alerts.c.status, alerts.c.updated_at, alerts.c.acknowledged_at,
-                               alerts.c.acknowledged_by, alerts.c.lease_expires_at)
-                        .where(alerts.c.id.in_(ids))).all()
-    return {r.id: (r.status, r.updated_at, r.acknowledged_at, r.acknowledged_by, r.lease_expires_at) for r in rows}
-
-
 def blocked_reason(state: tuple | None, now: datetime) -> str:
     """Why an alert was left alone, from its state before the action: ``"no such alert"``, ``"it is
     delivered"``, ``"it is pending and being sent right now (lease held until …)"``, ``"it is escalated,
@@ -84,6 +68,7 @@ def register(main: click.Group) -> None:
     def _act(action, alert_ids, by, db_url, as_of, verb: str, others: str) -> None:
         from deadline_pipeline.cli import EXIT_RED, open_store
         from deadline_pipeline.commands.ops_cmds import _now
+        from deadline_pipeline.store.operations import alert_states
 
         by = actor(by)
         now = _now(as_of)

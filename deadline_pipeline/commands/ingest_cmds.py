@@ -205,10 +205,8 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
 
 def source_accept(snapshot_id: int, db_url: str | None, config: str | None, as_of: str | None) -> int:
     """``source accept``; returns the exit code. Raises :class:`_BadInput` for unusable arguments."""
-    from sqlalchemy import select
-
     from deadline_pipeline.ingest.service import apply_snapshot
-    from deadline_pipeline.store.schema import rule_versions
+    from deadline_pipeline.store.operations import versions_written
     from deadline_pipeline.store.sources import get_source_by_id, latest_snapshot
 
     now = _now(as_of)
@@ -246,11 +244,7 @@ def source_accept(snapshot_id: int, db_url: str | None, config: str | None, as_o
     if out.forced_over:
         click.echo(f"quarantine overridden: {out.forced_over}")
     with engine.connect() as conn:
-        written = conn.execute(
-            select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn)
-            .where(rule_versions.c.snapshot_id == snapshot_id, rule_versions.c.valid_from == now)
-            .order_by(rule_versions.c.withdrawn.desc(), rule_versions.c.rule_id)
-        ).all()
+        written = versions_written(conn, snapshot_id, now)
     for rid, version, withdrawn in written:
         what = "withdrawn" if withdrawn else ("added" if version == 1 else f"version {version}")
         click.echo(f"  {what:<10} {rid}")

@@ -18,7 +18,6 @@ import click
 from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, option_instant
 from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.states import ObligationState
 from deadline_pipeline.wording import human_duration
 
 
@@ -207,28 +206,21 @@ def register(main: click.Group) -> None:
 
 def status_text(engine, now: datetime, cfg=None) -> str:
     """The ``status`` summary at ``now`` (aware UTC) as text."""
-    from sqlalchemy import func, select
-
     from deadline_pipeline.store import health
-    from deadline_pipeline.store.schema import obligations, rule_versions, sources
+    from deadline_pipeline.store.operations import count_active_obligations_due, rule_version_counts
     from deadline_pipeline.store.sources import all_sources
 
     horizon = timedelta(days=cfg.plan.horizon_days if cfg else 366)
     grace = timedelta(minutes=cfg.watch.grace_minutes if cfg else 30)
     with engine.connect() as conn:
         srcs = all_sources(conn)
-        versions = dict(((sid, bool(w)), n) for sid, w, n in conn.execute(
-            select(rule_versions.c.source_id, rule_versions.c.withdrawn, func.count())
-            .group_by(rule_versions.c.source_id, rule_versions.c.withdrawn)).all())
+        versions = rule_version_counts(conn)
         rules = health.active_rule_payloads(conn)
-        in_horizon = conn.execute(select(func.count()).select_from(obligations).where(
-            obligations.c.status == ObligationState.ACTIVE, obligations.c.due_at >= now,
-            obligations.c.due_at <= now + horizon)).scalar_one()
+        in_horizon = count_active_obligations_due(conn, now, now + horizon)
         states = health.alerts_by_state(conn)
         overdue, oldest = health.overdue_alerts(conn, now - grace, 1)
         beats = health.read_heartbeats(conn)
         planned_with = health.time_data_of_obligations(conn, now)
-        names = {r[0]: r[1] for r in conn.execute(select(sources.c.id, sources.c.name)).all()}
     from deadline_pipeline.zone_data import time_data_text
 
     lines = [f"status as of {instant_text(now)}", f"time data in force: {time_data_text()}", "sources:"]
@@ -238,6 +230,7 @@ def status_text(engine, now: datetime, cfg=None) -> str:
         err = f"  last error: {s.last_error}" if s.last_error else ""
         lines.append(f"  {s.name:<24} {s.status:<8} last fresh {age}{err}")
     lines.append("rule versions (active rules / versions / withdrawals):")
+    names = {s.id: s.name for s in srcs}
     for sid, name in sorted(names.items(), key=lambda kv: kv[1]):
         lines.append(f"  {name:<24} {len(rules.get(sid, {}))} / {versions.get((sid, False), 0)} / "
                      f"{versions.get((sid, True), 0)}")

@@ -20,8 +20,6 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
     obligations due up to ``until`` plus each subscription's largest lead: ``({alert dedup key: row},
     {obligation key: due_at}, problems)``. Reads only: the same target building, override folding
     and planner as planning, from the configuration and the rule versions in the store."""
-    from sqlalchemy import select
-
     from deadline_pipeline.plan.planner import plan_target, subscription_selection_problems
     from deadline_pipeline.plan.service import (
         PlanOutcome,
@@ -32,13 +30,13 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
         targets_from_rows,
     )
     from deadline_pipeline.store.planning import active_rules
-    from deadline_pipeline.store.schema import sources
+    from deadline_pipeline.store.sources import all_sources
     from deadline_pipeline.wording import offset_text
 
     alerts_by_key: dict[str, dict] = {}
     due_by_obligation: dict[str, datetime] = {}
     problems: list[dict] = []
-    source_ids = dict(conn.execute(select(sources.c.name, sources.c.id)).all())
+    source_ids = {s.name: s.id for s in all_sources(conn)}
     calendars = business_calendars(conn, cfg, PlanOutcome())
     for subscription in cfg.subscriptions:
         # (target, rules, withdrawn) per source: the subscription is judged once over all of them.
@@ -84,30 +82,6 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
     return alerts_by_key, due_by_obligation, problems
 
 
-def stored_rows(conn, subscriber_id: str, start: datetime, end: datetime) -> list[dict]:
-    """Alerts of ``subscriber_id`` in the store whose send instant or delivery lies in ``[start, end)``,
-    plus those still open from before ``start`` (a backlog is pending *now*), ordered by send instant."""
-    from sqlalchemy import and_, or_, select
-
-    from deadline_pipeline.store.schema import alerts, obligations, sources, subscribers
-
-    in_window = or_(and_(alerts.c.send_at >= start, alerts.c.send_at < end),
-                    and_(alerts.c.delivered_at >= start, alerts.c.delivered_at < end),
-                    and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN)))
-    rows = conn.execute(
-        select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
-               alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
-               alerts.c.last_error, alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title,
-               obligations.c.rule_id, obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
-        .join(obligations, obligations.c.id == alerts.c.obligation_id)
-        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
-        .join(sources, sources.c.id == obligations.c.source_id)
-        .where(subscribers.c.external_id == subscriber_id, in_window)
-        .order_by(alerts.c.send_at, alerts.c.id)
-    ).mappings().all()
-    return [dict(r) for r in rows]
-
-
 def _when(instant: datetime | None, zone) -> dict:
     """An instant as ``{"utc", "local"}`` ISO 8601 and ``"text"``: ``2027-01-14 13:00 CET (2027-01-14 12:00 UTC)``."""
     if instant is None:
@@ -147,6 +121,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     shown as delivered (an earlier preview re-planned from ``start`` and called it pending).
     """
     from deadline_pipeline.plan.occurrences import GRACE
+    from deadline_pipeline.store.operations import subscriber_alerts
     from deadline_pipeline.timezones import resolve_zone
     from deadline_pipeline.wording import offset_text
 
@@ -156,7 +131,8 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     now = now or datetime.now(UTC)
     zone = resolve_zone(sub.timezone)
     with engine.connect() as conn:
-        stored = stored_rows(conn, subscriber_id, start, end)
+        # A backlog still open from before ``start`` is pending now, so it is listed too.
+        stored = subscriber_alerts(conn, subscriber_id, start, end)
         planned, planned_due, problems = planned_rows(cfg, conn, sub, now, max(end, now))
     rows: list[dict] = []
     seen = set()

@@ -47,16 +47,13 @@ def first_plan_month(db_url: str | None, clock_now: datetime) -> str:
     ``clock_now`` when there was none (both less the 15-minute planning grace, whose occurrences a run
     still plans). ``db_url``: the store (None: ``$DEADLINE_DB_URL`` or the embedded file). A store
     that cannot be read falls back to ``clock_now``, logged at WARNING: the code location still loads."""
-    from sqlalchemy import func, select
-
     from deadline_pipeline.store.db import get_engine
-    from deadline_pipeline.store.schema import heartbeats
+    from deadline_pipeline.store.health import first_plan_completion
 
     first = None
     try:
         with get_engine(db_url).connect() as conn:
-            first = conn.execute(select(func.min(heartbeats.c.first_completed_at))
-                                 .where(heartbeats.c.component.like("plan%"))).scalar_one()
+            first = first_plan_completion(conn)
     except Exception as exc:  # the partitions still load; the start is then this run's month
         log.warning("plan partitions: cannot read the first planning run from the store (%s); "
                     "starting at the current month", exc)

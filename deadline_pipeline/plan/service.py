@@ -63,7 +63,7 @@ from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import AlertState, ObligationState
 from deadline_pipeline.store import planning as sql
-from deadline_pipeline.store.sources import freshness_window, sync_source
+from deadline_pipeline.store.sources import all_sources, find_source, freshness_window, sync_source
 from deadline_pipeline.wording import MOVE_CAUSE
 
 log = logging.getLogger(__name__)
@@ -312,10 +312,7 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
     """
     from datetime import date
 
-    from sqlalchemy import select
-
     from deadline_pipeline.plan.business_days import calendar
-    from deadline_pipeline.store.schema import sources
 
     out_map: dict[str, tuple] = {}
     for src in cfg.sources:
@@ -325,10 +322,10 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
         try:
             if bd.calendar.startswith("source:"):
                 name, _, division = bd.calendar[len("source:"):].partition("/")
-                sid = conn.execute(select(sources.c.id).where(sources.c.name == name)).scalar()
-                if sid is None:
+                holiday_source = find_source(conn, name)
+                if holiday_source is None:
                     raise ValueError(f"holiday source {name!r} was never ingested")
-                rules, _ = sql.active_rules(conn, sid)
+                rules, _ = sql.active_rules(conn, holiday_source.id)
                 days = {date.fromisoformat(r.start[:10]) for _, r in rules
                         if not division or r.rule_id.startswith(division + "/")}
                 if not days:
@@ -953,12 +950,8 @@ def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
 
 def max_version_id(engine: Engine) -> int:
     """The highest ``rule_versions.id`` so far (0 when empty): versions created after it are "new"."""
-    from sqlalchemy import func, select
-
-    from deadline_pipeline.store.schema import rule_versions
-
     with engine.connect() as conn:
-        return conn.execute(select(func.coalesce(func.max(rule_versions.c.id), 0))).scalar_one()
+        return sql.max_rule_version_id(conn)
 
 
 def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime,
@@ -969,35 +962,24 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
     zone (new instants) after business-day rolling, inside the planning window around ``now`` (aware
     UTC). A rule whose occurrences cannot be expanded is logged and widens nothing (planning reports
     it)."""
-    from sqlalchemy import select
-
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.rules import RuleRecord
-    from deadline_pipeline.store.schema import obligations, rule_versions, sources
     from deadline_pipeline.timezones import resolve_zone
 
     lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
     months: set[str] = set()
     with engine.connect() as conn:
-        changed = conn.execute(
-            select(rule_versions.c.source_id, rule_versions.c.rule_id, rule_versions.c.withdrawn,
-                   rule_versions.c.payload).where(
-                rule_versions.c.id > since_version_id,
-                *([rule_versions.c.id <= until_version_id] if until_version_id is not None else []))
-        ).all()
+        changed = sql.rule_versions_between(conn, since_version_id, until_version_id)
         if not changed:
             return []
         # New instants are rolled exactly as planning rolls them: a Saturday 31 October due date
         # rolled to Monday 2 November belongs to November's partition, not October's.
         calendars = business_calendars(conn, cfg, PlanOutcome())
-        name_of = dict(conn.execute(select(sources.c.id, sources.c.name)).all())
+        name_of = {s.id: s.name for s in all_sources(conn)}
         zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
         pairs = {(source_id, rule_id) for source_id, rule_id, _, _ in changed}
         # One query for the old instants: only obligations of the changed rules' sources are read.
-        for source_id, rule_id, due in conn.execute(
-                select(obligations.c.source_id, obligations.c.rule_id, obligations.c.due_at).where(
-                    obligations.c.source_id.in_({p[0] for p in pairs}),
-                    obligations.c.due_at >= lo, obligations.c.due_at <= hi)):
+        for source_id, rule_id, due in sql.obligation_dues(conn, {p[0] for p in pairs}, lo, hi):
             if (source_id, rule_id) in pairs:
                 months.add(f"{due:%Y-%m}-01")
         for source_id, rule_id, withdrawn, payload in changed:

@@ -19,6 +19,7 @@ from deadline_pipeline.store.schema import (
     heartbeats,
     obligations,
     rule_versions,
+    snapshots,
     sources,
     subscribers,
     subscriptions,
@@ -75,6 +76,13 @@ def future_instants(conn: Connection, now: datetime) -> list[tuple[str, datetime
             .where(or_(sources.c.last_fresh_at > now, sources.c.last_attempt_at > now))).all():
         found.append((f"source {name} fetch", max(t for t in (fresh, attempt) if t is not None)))
     return sorted(found, key=lambda f: f[1], reverse=True)
+
+
+def first_plan_completion(conn: Connection) -> datetime | None:
+    """The earliest ``first_completed_at`` (aware UTC) of any planning component's heartbeat
+    (every component named ``plan…``: ``plan``, ``plan:backfill``), or None before the first completed run."""
+    return conn.execute(select(func.min(heartbeats.c.first_completed_at))
+                        .where(heartbeats.c.component.like("plan%"))).scalar_one()
 
 
 def zone_data_by_component(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, str]:
@@ -168,22 +176,103 @@ def overdue_alerts(conn: Connection, cutoff: datetime, limit: int = 10) -> tuple
     return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
 
 
+def _sent_receipt():
+    """``EXISTS`` a ``sent`` delivery attempt of the alert of the enclosing query."""
+    return exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
+
+
+def _unreceipted():
+    return (alerts.c.status == AlertState.DELIVERED) & ~_sent_receipt()
+
+
+def count_unreceipted_deliveries(conn: Connection) -> int:
+    """How many alerts are marked ``delivered`` without a ``sent`` receipt (see
+    :func:`unreceipted_deliveries`)."""
+    return conn.execute(select(func.count()).select_from(alerts).where(_unreceipted())).scalar_one()
+
+
 def unreceipted_deliveries(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
     """Alerts marked ``delivered`` with no ``delivery_attempts`` row of outcome ``sent``: the status
     claims a send that nothing records (a hand edit, a bug writing the status alone). A real
     delivery writes its receipt in the same transaction as the status, so this is never transient.
     Returns (count, the oldest ``limit``)."""
-    receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
-    cond = (alerts.c.status == AlertState.DELIVERED) & ~receipt
-    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    return count, _alert_rows(conn, cond, limit, (alerts.c.send_at, alerts.c.id))
+    count = count_unreceipted_deliveries(conn)
+    return count, _alert_rows(conn, _unreceipted(), limit, (alerts.c.send_at, alerts.c.id))
+
+
+def _escalated_unacknowledged():
+    return (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
+
+
+def count_escalated_unacknowledged(conn: Connection) -> int:
+    """How many escalated alerts no human has acknowledged yet."""
+    return conn.execute(select(func.count()).select_from(alerts).where(_escalated_unacknowledged())).scalar_one()
+
+
+def oldest_escalated_unacknowledged_ids(conn: Connection, limit: int = 3) -> list[int]:
+    """Ids of the ``limit`` escalated, unacknowledged alerts escalated first (by ``updated_at``, then
+    id), read from the alerts table alone."""
+    return list(conn.execute(select(alerts.c.id).where(_escalated_unacknowledged())
+                             .order_by(alerts.c.updated_at, alerts.c.id).limit(limit)).scalars().all())
 
 
 def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, list[dict]]:
     """Escalated alerts no human has acknowledged yet: (count, the oldest ``limit``)."""
-    cond = (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
-    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    return count, _alert_rows(conn, cond, limit, (alerts.c.updated_at, alerts.c.id))
+    count = count_escalated_unacknowledged(conn)
+    return count, _alert_rows(conn, _escalated_unacknowledged(), limit, (alerts.c.updated_at, alerts.c.id))
+
+
+def rule_versions_with_reports(conn: Connection, source_id: int) -> list:
+    """Every stored version of every rule of ``source_id``, by rule id then version, as rows of
+    ``(rule_id, version, withdrawn, payload, valid_from, parse_report)``: ``payload`` the rule record
+    as stored (dict), ``valid_from`` aware UTC, ``parse_report`` the report (dict or None) of the
+    snapshot the version came from, which says whether a withdrawal may be trusted."""
+    return conn.execute(
+        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
+               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report)
+        .join(snapshots, snapshots.c.id == rule_versions.c.snapshot_id)
+        .where(rule_versions.c.source_id == source_id)
+        .order_by(rule_versions.c.rule_id, rule_versions.c.version)
+    ).all()
+
+
+def planned_rules(conn: Connection) -> set[tuple[int, int, str]]:
+    """(subscriber_id, source_id, rule_id) of every stored obligation, whatever its status: each rule
+    some subscriber has been planned for."""
+    return {(s, src, rid) for s, src, rid in conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id).distinct())}
+
+
+def reminder_outcomes(conn: Connection, due_from: datetime, due_to: datetime) -> list:
+    """Every reminder row whose ``due_at`` lies in ``[due_from, due_to]`` (aware UTC), in no set
+    order, as rows of ``(subscriber_id, source_id, rule_id, due_at, offset_seconds, channel, status,
+    status_reason, receipt)``: ``subscriber_id`` / ``source_id`` the obligation's, ``offset_seconds``
+    seconds before ``due_at`` (aware UTC), ``receipt`` true when a ``sent`` delivery attempt exists."""
+    return conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id, alerts.c.due_at,
+               alerts.c.offset_seconds, alerts.c.channel, alerts.c.status, alerts.c.status_reason,
+               _sent_receipt().label("receipt"))
+        .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .where(and_(alerts.c.kind == "reminder", alerts.c.due_at >= due_from, alerts.c.due_at <= due_to))
+    ).all()
+
+
+def source_health_rows(conn: Connection, names: list[str] | None = None) -> list[tuple]:
+    """One row per source (only those named in ``names`` unless it is None), in no set order:
+    ``(name, status, freshness_seconds, last_fresh_at, last_attempt_at, last_error,
+    latest_snapshot_id, latest_snapshot_status)``; instants aware UTC, the freshness window in
+    seconds, the snapshot fields None for a source never fetched. The latest snapshot is the one
+    fetched last (ties: the higher id), in one query over every source."""
+    latest = (select(snapshots.c.source_id, snapshots.c.id, snapshots.c.parse_status,
+                     func.row_number().over(partition_by=snapshots.c.source_id,
+                                            order_by=(snapshots.c.fetched_at.desc(), snapshots.c.id.desc()))
+                     .label("n")).subquery())
+    q = (select(sources.c.name, sources.c.status, sources.c.freshness_seconds, sources.c.last_fresh_at,
+                sources.c.last_attempt_at, sources.c.last_error, latest.c.id, latest.c.parse_status)
+         .outerjoin(latest, and_(latest.c.source_id == sources.c.id, latest.c.n == 1)))
+    if names is not None:
+        q = q.where(sources.c.name.in_(names))
+    return [tuple(r) for r in conn.execute(q).all()]
 
 
 def acknowledge(conn: Connection, alert_ids: list[int], *, by: str, now: datetime) -> int:
@@ -277,9 +366,11 @@ def oldest_open_alert(conn: Connection, now: datetime) -> dict | None:
     return rows[0] if rows else None
 
 
-__all__ = ["beat", "live_heartbeats", "future_instants",
+__all__ = ["beat", "live_heartbeats", "future_instants", "first_plan_completion",
            "beat_started", "beat_failed", "recorded_run", "read_heartbeats",
-           "overdue_alerts", "unreceipted_deliveries", "escalated_unacknowledged", "acknowledge",
+           "overdue_alerts", "count_unreceipted_deliveries", "unreceipted_deliveries",
+           "count_escalated_unacknowledged", "oldest_escalated_unacknowledged_ids", "escalated_unacknowledged",
+           "source_health_rows", "rule_versions_with_reports", "planned_rules", "reminder_outcomes", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
            "obligations_with_reminders", "oldest_open_alert"]
 

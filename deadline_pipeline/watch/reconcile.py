@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, and_, exists, select
+from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.ingest.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
@@ -45,8 +45,8 @@ from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import OPEN, AlertState
+from deadline_pipeline.store.health import planned_rules, reminder_outcomes, rule_versions_with_reports
 from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
-from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, rule_versions, snapshots
 from deadline_pipeline.store.sources import freshness_window
 from deadline_pipeline.watch.checks import CheckOutcome
 
@@ -71,13 +71,7 @@ def _withdrawal_justified(rule_id: str, report: dict | None, known: list[str]) -
 
 def rules_in_force(conn, source_id: int) -> list[tuple[int, RuleRecord, datetime]]:
     """(version, record, valid_from) of every rule of a source in force, per the module docstring."""
-    rows = conn.execute(
-        select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
-               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report)
-        .join(snapshots, snapshots.c.id == rule_versions.c.snapshot_id)
-        .where(rule_versions.c.source_id == source_id)
-        .order_by(rule_versions.c.rule_id, rule_versions.c.version)
-    ).all()
+    rows = rule_versions_with_reports(conn, source_id)
     by_rule: dict[str, list] = {}
     for r in rows:
         by_rule.setdefault(r.rule_id, []).append(r)
@@ -109,8 +103,7 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     with engine.connect() as conn:
         targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
         rules_cache: dict[int, tuple] = {}
-        planned_pairs = {(s, src, rid) for s, src, rid in conn.execute(
-            select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id).distinct())}
+        planned_pairs = planned_rules(conn)
         for t in targets:
             if t.source_id not in rules_cache:
                 rules = rules_in_force(conn, t.source_id)
@@ -133,17 +126,10 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
                                      "title": ob.title, "due_at": instant_text(ob.due_at),
                                      "offset_seconds": a.offset_seconds, "channel": a.channel,
                                      "send_at": instant_text(a.send_at)}
-        receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
         have: dict[tuple, tuple] = {}
         dues = [k[3] for k in owed]
-        for r in [] if not owed else conn.execute(
-            select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id, alerts.c.due_at,
-                   alerts.c.offset_seconds, alerts.c.channel, alerts.c.status, alerts.c.status_reason,
-                   receipt.label("receipt"))
-            .join(obligations, obligations.c.id == alerts.c.obligation_id)
-            # Only the due instants owed: the read stays small on a large outbox.
-            .where(and_(alerts.c.kind == "reminder", alerts.c.due_at >= min(dues), alerts.c.due_at <= max(dues)))
-        ):
+        # Only the due instants owed: the read stays small on a large outbox.
+        for r in [] if not owed else reminder_outcomes(conn, min(dues), max(dues)):
             have[(r.subscriber_id, r.source_id, r.rule_id, r.due_at, r.offset_seconds, r.channel)] = (
                 r.status, r.status_reason, r.receipt)
         unwatched = unwatched_misses(conn, {t.source_id: t.source for t in targets}, lo)

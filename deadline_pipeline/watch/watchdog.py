@@ -2,7 +2,7 @@
 Dagster daemon or the stages' code path (no dagster, no orchestration, no stage services), so it
 still speaks when the daemon, the sensor or the pipeline's own code is what broke.
 
-It reads the store with its own small queries over the schema's tables and evaluates:
+It reads the store through the named statements of :mod:`deadline_pipeline.store.health` and evaluates:
 
 * reconciliation — alerts overdue past the grace window, and ``delivered`` alerts without a
   ``sent`` receipt;
@@ -34,14 +34,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, and_, exists, func, select
+from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
 from deadline_pipeline.ingest.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.states import AlertState
-from deadline_pipeline.store.health import future_instants, overdue_alerts
-from deadline_pipeline.store.schema import alerts, delivery_attempts, heartbeats, snapshots, sources
+from deadline_pipeline.store.health import (
+    count_escalated_unacknowledged,
+    count_unreceipted_deliveries,
+    future_instants,
+    oldest_escalated_unacknowledged_ids,
+    overdue_alerts,
+    read_heartbeats,
+    source_health_rows,
+)
 from deadline_pipeline.store.sources import all_sources
 from deadline_pipeline.watch.checks import oldest_text, plan_complete, time_data_agrees
 from deadline_pipeline.watch.reconcile import reminders_owed, unwatched_misses
@@ -99,9 +105,7 @@ class WatchReport:
 
 def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
     overdue, oldest = overdue_alerts(conn, now - grace, 1)
-    receipt = exists().where(delivery_attempts.c.alert_id == alerts.c.id, delivery_attempts.c.outcome == "sent")
-    forged = conn.execute(select(func.count()).select_from(alerts)
-                          .where(alerts.c.status == AlertState.DELIVERED, ~receipt)).scalar_one()
+    forged = count_unreceipted_deliveries(conn)
     rows = [WatchRow("alerts_reconciled", "overdue", overdue == 0,
                      f"{overdue} alert(s) due before {instant_text(now - grace)} not delivered/escalated/cancelled; "
                      f"oldest due {oldest_text(oldest[0]) if oldest else '-'}" if overdue else
@@ -115,10 +119,8 @@ def _reconciliation(conn, now: datetime, grace: timedelta) -> list[WatchRow]:
 def _escalations_row(conn, beats: dict) -> WatchRow:
     # An escalation is the loud end of a failed delivery; until a human acknowledges it, it is an
     # open incident the watchdog must keep reporting (cron, without the Dagster daemon).
-    cond = (alerts.c.status == AlertState.ESCALATED) & alerts.c.acknowledged_at.is_(None)
-    count = conn.execute(select(func.count()).select_from(alerts).where(cond)).scalar_one()
-    oldest = conn.execute(select(alerts.c.id).where(cond).order_by(alerts.c.updated_at, alerts.c.id)
-                          .limit(3)).scalars().all()
+    count = count_escalated_unacknowledged(conn)
+    oldest = oldest_escalated_unacknowledged_ids(conn, 3)
     shown = ", ".join(f"alert {i}" for i in oldest)
     detail = f"{count} escalated alert(s) not acknowledged" + (f" (oldest: {shown}; "
                                                                "`deadline-pipeline alerts acknowledge ID`)"
@@ -171,16 +173,7 @@ def _unwatched_row(conn, now: datetime) -> WatchRow:
 
 
 def _source_states(conn, names: list[str] | None) -> dict[str, SourceState]:
-    latest = (select(snapshots.c.source_id, snapshots.c.id, snapshots.c.parse_status,
-                     func.row_number().over(partition_by=snapshots.c.source_id,
-                                            order_by=(snapshots.c.fetched_at.desc(), snapshots.c.id.desc()))
-                     .label("n")).subquery())
-    q = (select(sources.c.name, sources.c.status, sources.c.freshness_seconds, sources.c.last_fresh_at,
-                sources.c.last_attempt_at, sources.c.last_error, latest.c.id, latest.c.parse_status)
-         .outerjoin(latest, and_(latest.c.source_id == sources.c.id, latest.c.n == 1)))
-    if names is not None:
-        q = q.where(sources.c.name.in_(names))
-    return {r[0]: SourceState(*r) for r in conn.execute(q).all()}
+    return {r[0]: SourceState(*r) for r in source_health_rows(conn, names)}
 
 
 def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) -> WatchReport:
@@ -196,7 +189,7 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     try:
         with engine.connect() as conn:
             report.rows += _reconciliation(conn, now, grace)
-            beats = {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings()}
+            beats = read_heartbeats(conn)
             report.rows.append(_escalations_row(conn, beats))
             states = _source_states(conn, names)
             report.rows.append(_unwatched_row(conn, now))
