@@ -21,7 +21,8 @@ from sqlalchemy import select, update
 
 from deadline_pipeline.config import AppriseChannel, DeadlinesConfig
 from deadline_pipeline.deliver.channels.apprise_channel import register_url_secrets
-from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION, build_channel
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.security import redact as rd

@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import select, update
 
 from deadline_pipeline.config import CaldavChannel, DeadlinesConfig
-from deadline_pipeline.deliver.channels.base import build_channel
 from deadline_pipeline.deliver.channels.caldav import CaldavSender, event_uid
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.notification import DeliveryError, Notification
 from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.security.outbound import DEFAULT_POLICY, NetworkPolicy

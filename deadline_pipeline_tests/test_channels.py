@@ -28,7 +28,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
 from deadline_pipeline.config import MaildirChannel, SlackChannel, SmtpChannel, WebhookChannel
-from deadline_pipeline.deliver.channels.base import Channel, build_channel
+from deadline_pipeline.deliver.channels.base import Channel
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.channels.webhook import parse_retry_after
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, build_email, message_id, render

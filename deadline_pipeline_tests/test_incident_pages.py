@@ -283,7 +283,7 @@ def _sweep_problem():
 def test_apprise_pages_say_incident_in_title_body_and_notify_type(receiver, monkeypatch):
     """Through Apprise's generic JSON service (it posts title, message and the notify type)."""
     from deadline_pipeline.config import AppriseChannel, DeadlinesConfig, EscalationConfig
-    from deadline_pipeline.deliver.channels.base import build_channel
+    from deadline_pipeline.deliver.channels.registry import build_channel
     from deadline_pipeline.watch.watchdog import send_notice
     from deadline_pipeline_tests.test_apprise_channel import _n
 
@@ -401,7 +401,7 @@ def test_page_only_bodies_refuse_reminders_and_need_their_settings(monkeypatch):
     from pydantic import ValidationError
 
     from deadline_pipeline.config import ConfigError, DeadlinesConfig, WebhookChannel
-    from deadline_pipeline.deliver.channels.base import build_channel
+    from deadline_pipeline.deliver.channels.registry import build_channel
     from deadline_pipeline.deliver.notification import DeliveryError
     from deadline_pipeline_tests.test_apprise_channel import _n
 

@@ -211,7 +211,7 @@ def test_perl_reads_every_subject_as_the_rendered_subject():
 
 def test_a_real_send_carries_the_german_title_intact(smtp_server):
     from deadline_pipeline.config import SmtpChannel
-    from deadline_pipeline.deliver.channels.base import build_channel
+    from deadline_pipeline.deliver.channels.registry import build_channel
 
     controller, recorder = smtp_server
     n = make_notification(title=GERMAN)

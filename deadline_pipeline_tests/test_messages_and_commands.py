@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 
 from deadline_pipeline.cli import main
 from deadline_pipeline.config import ConfigError, MaildirChannel, WebhookChannel, load_config
-from deadline_pipeline.deliver.channels.base import build_channel
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.notification import Notification
 from deadline_pipeline.deliver.render import build_email, render
 from deadline_pipeline.deliver.sweep import sweep

@@ -16,8 +16,8 @@ from aiosmtpd.smtp import MISSING, SMTP, AuthResult
 
 from deadline_pipeline.config import ConfigError, SmtpChannel, load_config
 from deadline_pipeline.deliver.addresses import AddressError, wire_address
-from deadline_pipeline.deliver.channels.base import build_channel
 from deadline_pipeline.deliver.channels.environment import require_env, unresolved_env
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.channels.smtp import reply_is_permanent
 from deadline_pipeline.deliver.notification import DeliveryError
 from deadline_pipeline_tests.factories import free_port, write_config

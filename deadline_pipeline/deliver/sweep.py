@@ -72,7 +72,8 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.config_ranges import channel_send_window
-from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel, build_channel
+from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel
+from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.incident import Incident, incident_notification, severity_for
 from deadline_pipeline.deliver.notification import (
     DeliveryError,

@@ -399,7 +399,7 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
     an error, never a silent no-op. Each channel's page ends within that channel's
     ``timeout_seconds`` for the webhook, slack and smtp channels, however slowly the receiver answers.
     """
-    from deadline_pipeline.deliver.channels.base import build_channel
+    from deadline_pipeline.deliver.channels.registry import build_channel
     from deadline_pipeline.deliver.incident import incident_notification
     from deadline_pipeline.deliver.notification import notice_error
 

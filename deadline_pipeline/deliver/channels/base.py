@@ -1,4 +1,7 @@
-"""The channel interface every sender implements, and :func:`build_channel` from the configuration.
+"""The channel interface every sender implements.
+
+Which class serves which configuration entry is :func:`~deadline_pipeline.deliver.channels.registry.build_channel`;
+this module imports no concrete channel, so each of them can import it without a cycle.
 
 A channel sends one :class:`~deadline_pipeline.deliver.notification.Notification` at a time and
 either returns a :class:`~deadline_pipeline.deliver.notification.SendResult` or raises
@@ -60,51 +63,3 @@ class Channel(Protocol):
     def send(self, n: Notification) -> SendResult: ...
 
     def close(self) -> None: ...
-
-
-def build_channel(name: str, cfg, network=None) -> Channel:
-    """The channel for one configuration entry.
-
-    ``network``: the :class:`~deadline_pipeline.security.outbound.NetworkPolicy` every request of a
-    network channel must pass (``None``: the default, globally routable addresses only).
-
-    ``cfg``: a :class:`~deadline_pipeline.config.MaildirChannel`, :class:`~deadline_pipeline.config.SmtpChannel`,
-    :class:`~deadline_pipeline.config.WebhookChannel`, :class:`~deadline_pipeline.config.SlackChannel`,
-    :class:`~deadline_pipeline.config.CaldavChannel` or :class:`~deadline_pipeline.config.AppriseChannel`.
-    Raises ``TypeError`` for anything else.
-    Building opens no connection; credentials named in ``cfg`` are read at send time.
-    """
-    from deadline_pipeline.config import (
-        AppriseChannel,
-        CaldavChannel,
-        MaildirChannel,
-        SlackChannel,
-        SmtpChannel,
-        WebhookChannel,
-    )
-
-    if isinstance(cfg, MaildirChannel):
-        from deadline_pipeline.deliver.channels.maildir import MaildirSender
-
-        return MaildirSender(name, cfg)
-    if isinstance(cfg, SmtpChannel):
-        from deadline_pipeline.deliver.channels.smtp import SmtpSender
-
-        return SmtpSender(name, cfg)
-    if isinstance(cfg, WebhookChannel):
-        from deadline_pipeline.deliver.channels.webhook import WebhookSender
-
-        return WebhookSender(name, cfg, network=network)
-    if isinstance(cfg, SlackChannel):
-        from deadline_pipeline.deliver.channels.slack import SlackSender
-
-        return SlackSender(name, cfg, network=network)
-    if isinstance(cfg, CaldavChannel):
-        from deadline_pipeline.deliver.channels.caldav import CaldavSender
-
-        return CaldavSender(name, cfg, network=network)
-    if isinstance(cfg, AppriseChannel):
-        from deadline_pipeline.deliver.channels.apprise_channel import AppriseSender
-
-        return AppriseSender(name, cfg, network=network)
-    raise TypeError(f"channel {name!r}: unsupported configuration {type(cfg).__name__}")
