@@ -84,6 +84,7 @@ from deadline_pipeline.deliver.notification import (
 )
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
+from deadline_pipeline.deliver.workers import merge_outcomes, run_in_processes
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.service import PASSED_UNWATCHED
 from deadline_pipeline.store import delivery as sql
@@ -338,11 +339,10 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
                     "for the CPU; set delivery.processes to at most %d", processes, cores, cores)
     if processes == 1:
         return _run_one(_Sweep(engine, cfg, now, owner, clock or (lambda: now), max_batches, dict(channels or {})))
-    from deadline_pipeline.deliver.workers import merge_outcomes, run_in_processes
-
     results = run_in_processes(
         engine, cfg, now, owner=owner, clock=clock, max_batches=max_batches,
-        run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})))
+        run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})),
+        run_worker=_sweep_in_worker)
     out = SweepOutcome(processes=processes)
     # Every worker resolves the same setting the same way; a failed worker reports no loop.
     loops = sorted({v.event_loop for status, v in results if status == "ok"})
@@ -361,6 +361,12 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
         exc.outcome = out  # what the other workers did, for the caller's report
         raise exc
     return out
+
+
+def _sweep_in_worker(engine: Engine, cfg: DeadlinesConfig, now: datetime, owner: str,
+                     clock: Callable[[], datetime], max_batches: int | None) -> SweepOutcome:
+    """The sweep of one worker process of :func:`~deadline_pipeline.deliver.workers.run_in_processes`."""
+    return run_sweep_loop(_Sweep(engine, cfg, now, owner, clock, max_batches, {}))
 
 
 def run_sweep_loop(runner: _Sweep) -> SweepOutcome:

@@ -10,6 +10,10 @@ guarantee of one sweep holds in each worker unchanged (attempt row committed and
 before each send, owner-checked writes, per-alert recording), and a worker that dies is exactly a
 crashed sweeper: its claimed alerts are taken up again after their lease expires.
 
+This module does not import the sweep: the caller passes the function each worker runs (a
+module-level function, sent to the worker by reference), so the sweep can import this module at the
+top and the two do not form a cycle.
+
 The calling process is worker 0 and starts sending at once; workers 1..n-1 are started from a
 ``forkserver`` (a clean single-threaded process, so no lock held by a thread of the caller - a Dagster
 run worker has several - is inherited locked) that has this package imported already. Each worker
@@ -46,10 +50,16 @@ log = logging.getLogger(__name__)
 _JOIN_SLACK_SECONDS = 60.0
 
 
+# What a worker process runs: (engine, cfg, now, lease owner, clock, max_batches) -> outcome. A
+# module-level function, so that it can be sent to the worker process by reference.
+WorkerFunction = Callable[[Engine, DeadlinesConfig, datetime, str, Callable[[], datetime], int | None], object]
+
+
 @dataclass
 class _WorkerSpec:
     """Everything a worker process needs, picklable (no engine, no channel instances)."""
 
+    run: WorkerFunction
     url: str
     cfg: DeadlinesConfig
     now: datetime
@@ -75,9 +85,10 @@ def check_picklable_clock(clock: Callable[[], datetime] | None) -> None:
 
 def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str,
                      clock: Callable[[], datetime] | None, max_batches: int | None,
-                     run_here: Callable[[], object]) -> list[tuple[str, object]]:
+                     run_here: Callable[[], object], run_worker: WorkerFunction) -> list[tuple[str, object]]:
     """Run ``cfg.delivery.processes - 1`` worker processes beside ``run_here()`` (worker 0, in this
-    process) and wait for all of them.
+    process) and wait for all of them. Each worker process calls ``run_worker(engine, cfg, now,
+    owner, clock, max_batches)`` with an engine of its own and a lease owner of its own.
 
     Returns one ``(status, value)`` per worker, worker 0 first: ``("ok", SweepOutcome)``,
     ``("failed", (message, SweepOutcome or None))`` for a sweep that raised ``SweepFailed`` (with what
@@ -88,15 +99,16 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     """
     check_picklable_clock(clock)
     n = cfg.delivery.processes
-    spec = _WorkerSpec(url=engine.url.render_as_string(hide_password=False), cfg=cfg, now=now, owner=owner,
-                       clock=clock, max_batches=max_batches, env=dict(os.environ),
+    spec = _WorkerSpec(run=run_worker, url=engine.url.render_as_string(hide_password=False), cfg=cfg, now=now,
+                       owner=owner, clock=clock, max_batches=max_batches, env=dict(os.environ),
                        # The level our own loggers run at here (a caller may set it on the package only).
                        log_level=logging.getLogger("deadline_pipeline").getEffectiveLevel())
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        # Workers fork from a server that has the sweep imported: a fork costs milliseconds, an
-        # import of the sweep's dependencies about a second of CPU that the sending workers would lose.
-        ctx.set_forkserver_preload(["deadline_pipeline.deliver.sweep"])
+        # Workers fork from a server that has the sweep imported (the module of the function each
+        # worker runs): a fork costs milliseconds, an import of the sweep's dependencies about a
+        # second of CPU that the sending workers would lose.
+        ctx.set_forkserver_preload([run_worker.__module__])
     else:  # Windows: each worker starts a fresh interpreter (slower to start, same sweep)
         ctx = multiprocessing.get_context("spawn")
     workers: list[_Worker] = []
@@ -195,7 +207,6 @@ class _PipeQueue:
 
 
 def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
-    from deadline_pipeline.deliver.sweep import _Sweep, run_sweep_loop
     from deadline_pipeline.store.db import make_engine
 
     # The caller's environment at the call, not the forkserver's from when it started: a secret
@@ -209,9 +220,9 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     engine = make_engine(spec.url)
     now = spec.now
     try:
-        runner = _Sweep(engine, spec.cfg, now, f"{spec.owner}#w{index}.{os.getpid()}",
-                        spec.clock or (lambda: now), spec.max_batches, {})
-        pipe.put("result", "ok", run_sweep_loop(runner))
+        outcome = spec.run(engine, spec.cfg, now, f"{spec.owner}#w{index}.{os.getpid()}",
+                           spec.clock or (lambda: now), spec.max_batches)
+        pipe.put("result", "ok", outcome)
     except Exception as exc:
         pipe.put("result", "failed", (f"worker {index}: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None)))
     finally:
