@@ -32,19 +32,14 @@ from pydantic import (
     model_validator,
 )
 
+from deadline_pipeline import config_ranges
+from deadline_pipeline.durations import parse_duration
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_NAME = "deadlines.yaml"
 SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
-
-#: ISO 8601 duration of weeks/days/hours/minutes/seconds (groups sign, weeks, days, hours, minutes, seconds).
-DURATION_PATTERN = _DURATION = re.compile(
-    r"^(?P<sign>[+-])?P(?!$)(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+)S)?)?$"
-)
-
 
 class ConfigError(Exception):
     """A configuration file that cannot be used; the message names file, key path and problem.
@@ -57,27 +52,6 @@ class ConfigError(Exception):
         from deadline_pipeline.security.redact import redact
 
         super().__init__(redact(message))
-
-
-def parse_duration(text: str, examples: str = "'-P7D', 'PT0S' or 'P1DT12H'") -> timedelta:
-    """Parse an ISO 8601 duration of weeks/days/hours/minutes/seconds (``-P7D``, ``PT0S``, ``P1DT2H``).
-
-    Years and months are refused: their length depends on the date, so "a month before" a deadline
-    would be ambiguous. Raises ``ValueError`` naming the text, with ``examples`` of the setting's own
-    kind (a reminder offset's by default; a freshness window is never negative).
-    """
-    m = _DURATION.match(text.strip()) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(
-            f"{text!r} is not an ISO 8601 duration such as {examples} "
-            "(years and months are not allowed)"
-        )
-    parts = {k: int(v) for k, v in m.groupdict().items() if k != "sign" and v}
-    try:
-        delta = timedelta(**parts)
-    except OverflowError:  # "-P99999999999D": beyond any representable instant, not a traceback
-        raise ValueError(f"{text!r} is too long a duration (more than 999,999,999 days)") from None
-    return -delta if m.group("sign") == "-" else delta
 
 
 def parse_quiet_hours(text: str) -> tuple[time, time]:
@@ -693,8 +667,6 @@ class DeadlinesConfig(_Model):
     def _ranges(self) -> DeadlinesConfig:
         # Every number range-checked, and the lease agreeing with the time budget and each channel's
         # timeout (deadline_pipeline.config_ranges); errors carry their key paths.
-        from deadline_pipeline import config_ranges
-
         config_ranges.check(self)
         return self
 

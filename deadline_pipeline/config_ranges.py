@@ -31,6 +31,8 @@ from datetime import timedelta
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from deadline_pipeline.durations import parse_duration
+
 
 @dataclass(frozen=True)
 class Range:
@@ -92,8 +94,6 @@ def _problem(loc: tuple, value, message: str) -> InitErrorDetails:
 
 
 def _walk(obj, loc: tuple, out: list[InitErrorDetails]) -> None:
-    from deadline_pipeline.config import parse_duration
-
     if isinstance(obj, BaseModel):
         for name in type(obj).model_fields:
             value = getattr(obj, name)
@@ -134,8 +134,6 @@ def channel_send_window(ch_cfg) -> float:
 
 
 def _agreement(cfg, out: list[InitErrorDetails]) -> None:
-    from deadline_pipeline.config import parse_duration
-
     d = cfg.delivery
     if d.time_budget_seconds >= d.lease_seconds:
         out.append(_problem(("delivery", "time_budget_seconds"), d.time_budget_seconds,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 
-from deadline_pipeline.config import DURATION_PATTERN
+from deadline_pipeline.durations import DURATION_PATTERN
 from deadline_pipeline.plan.recurrence import to_instant
 from deadline_pipeline.wording import duration_words
 
