@@ -29,35 +29,11 @@ def _run(path, url, as_of, tmp_path):
 
 def test_a_deadline_cancelled_by_its_publisher_is_withdrawn_not_reminded(tmp_path):
     """Before, STATUS:CANCELLED was not read: the cancelled deadline's reminder went out on time."""
-    cal = tmp_path / "cal.ics"
-    cal.write_text(ics(EVENT, OTHER, *LATER), newline="")
-    maildir = tmp_path / "maildir"
-    path = write_config(
-        tmp_path,
-        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
-        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
-        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(maildir)}},
-    )
-    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
-    first = _run(path, url, "2027-01-10T00:00:00Z", tmp_path)
-    assert first.exit_code == 0, first.output
-
-    cal.write_text(ics({**EVENT, "status": "CANCELLED"}, OTHER, *LATER), newline="")
-    revised = _run(path, url, "2027-01-11T00:00:00Z", tmp_path)
-    assert revised.exit_code == 0, revised.output
-    assert "has no quarantined snapshot waiting" in revised.output
-
-    later = _run(path, url, "2027-01-16T00:00:00Z", tmp_path)  # past both reminders' send times
-    assert later.exit_code == 0, later.output
-    subjects = [m["Subject"] for m in mailbox.Maildir(str(maildir), create=False)]
+    subjects, states = _revised_run(
+        tmp_path, lambda revised: ics({**EVENT, "status": "CANCELLED"} if revised else EVENT, OTHER, *LATER),
+        "2027-01-16T00:00:00Z")  # past both reminders' send times
     assert len(subjects) == 1 and "Audit" in subjects[0], subjects
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        states = sorted(conn.execute(select(alerts.c.status)).scalars())
-    engine.dispose()
     assert states == ["cancelled", "delivered", "pending", "pending"], states
-
 
 
 # Reminded (-P1D) 2027-01-14 11:00 UTC, like the report to-do below.
@@ -82,15 +58,19 @@ def _todos(*, completed: bool) -> str:
     return "".join(line + "\r\n" for line in lines)
 
 
-def _revised_run(tmp_path, components) -> tuple[list[str], list[str]]:
-    """Run the pipeline on a calendar of the control event, the later events and ``components(False)``
-    (2027-01-10), then ``components(True)`` (2027-01-11), then past the reminders' send times
-    (2027-01-14 18:00Z). Returns the subjects delivered and the sorted alert states."""
+def _with_control(components: str) -> str:
+    """An ICS calendar of the control event, the later events and ``components`` (VEVENT/VTODO text)."""
+    return ics(CONTROL, *LATER).replace("END:VCALENDAR", components + "END:VCALENDAR")
+
+
+def _revised_run(tmp_path, calendar, later_as_of: str) -> tuple[list[str], list[str]]:
+    """Run the pipeline on ``calendar(False)`` (an ICS text) at 2027-01-10, on ``calendar(True)`` at
+    2027-01-11, then at ``later_as_of`` (past the reminders' send times). Returns the subjects
+    delivered and the sorted alert states."""
     cal = tmp_path / "cal.ics"
 
     def write(revised: bool) -> None:
-        text = ics(CONTROL, *LATER)
-        cal.write_text(text.replace("END:VCALENDAR", components(revised) + "END:VCALENDAR"), newline="")
+        cal.write_text(calendar(revised), newline="")
 
     write(False)
     maildir = tmp_path / "maildir"
@@ -108,7 +88,7 @@ def _revised_run(tmp_path, components) -> tuple[list[str], list[str]]:
     revised = _run(path, url, "2027-01-11T00:00:00Z", tmp_path)
     assert revised.exit_code == 0, revised.output
     assert "has no quarantined snapshot waiting" in revised.output
-    later = _run(path, url, "2027-01-14T18:00:00Z", tmp_path)
+    later = _run(path, url, later_as_of, tmp_path)
     assert later.exit_code == 0, later.output
     subjects = [m["Subject"] for m in mailbox.Maildir(str(maildir), create=False)]
     engine = make_engine(url)
@@ -122,7 +102,8 @@ def test_a_completed_todo_and_a_completed_occurrence_are_withdrawn_not_reminded(
     """Before, STATUS:COMPLETED was not read: the finished report was reminded, and the finished
     timesheet twice (its override named no occurrence: RECURRENCE-ID is the 09:00 DTSTART, the
     reminder is for the 17:00 DUE)."""
-    subjects, states = _revised_run(tmp_path, lambda completed: _todos(completed=completed))
+    subjects, states = _revised_run(tmp_path, lambda completed: _with_control(_todos(completed=completed)),
+                                    "2027-01-14T18:00:00Z")  # past the three reminders' send times
     assert len(subjects) == 1 and "Audit" in subjects[0], subjects
     # Report and timesheet 2 withdrawn; timesheet 3 and the two later events still to come.
     assert states == ["cancelled", "cancelled", "delivered", "pending", "pending", "pending"], states
@@ -144,7 +125,8 @@ def _series(*, revised: bool) -> str:
 def test_an_override_of_an_occurrence_its_series_deleted_is_withdrawn_not_reminded(tmp_path):
     """Before, the override outlived the revision that deleted its occurrence, and its reminder went
     out for a meeting that no longer takes place."""
-    subjects, states = _revised_run(tmp_path, lambda revised: _series(revised=revised))
+    subjects, states = _revised_run(tmp_path, lambda revised: _with_control(_series(revised=revised)),
+                                    "2027-01-14T18:00:00Z")  # past both reminders' send times
     assert len(subjects) == 1 and "Audit" in subjects[0], subjects
     # The override's alert withdrawn; the series' 2027-01-22 occurrence and the two later events to come.
     assert states == ["cancelled", "delivered", "pending", "pending", "pending"], states
