@@ -1,6 +1,7 @@
-"""What the benchmarks that drive real Dagster processes need around them: a throwaway PostgreSQL
-database, a ``DAGSTER_HOME`` with the production ``dagster.yaml``, and a process group that is
-stopped whole. Benchmarks import only the package and this folder, never the test suite.
+"""What the benchmarks and the production tests that drive real Dagster processes need around them:
+a throwaway PostgreSQL database, a ``DAGSTER_HOME`` with the production ``dagster.yaml``, and a
+process group that is stopped whole. Benchmarks import only the package and this folder, never the
+test suite; the production tests import these from here (``test_production_daemon`` re-exports them).
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ def instance_env(dagster_db_url: str) -> dict[str, str]:
     }
 
 
-def make_dagster_home(folder: Path) -> Path:
-    """A ``DAGSTER_HOME`` (absolute, existing) holding a copy of the production ``dagster.yaml``."""
+def make_dagster_home(folder: Path, yaml_path: Path = REPO_ROOT / "dagster.yaml") -> Path:
+    """A ``DAGSTER_HOME`` (absolute, existing) holding a copy of ``yaml_path`` (default: the
+    production ``dagster.yaml``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO_ROOT / "dagster.yaml", folder / "dagster.yaml")
+    shutil.copy(yaml_path, folder / "dagster.yaml")
     return folder.resolve()
 
 
@@ -73,11 +75,14 @@ def process_group(args: list[str], env: dict[str, str], log_path: Path) -> Itera
         try:
             yield proc
         finally:
-            _stop_group(proc)
+            stop_process_group(proc)
 
 
-def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left; returns once no live process of it remains."""
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left (SIGTERM alone does not always stop a
+    ``dagster`` process tree); returns once no live process of it remains. Raises ``RuntimeError``
+    when the group survives SIGKILL: its processes would go on holding database connections and
+    writing mail after the run that started them."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -86,13 +91,15 @@ def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             proc.poll()  # reap the leader so it does not linger as a zombie member of the group
-            if not _group_alive(proc.pid):
+            if not group_alive(proc.pid):
                 return
             time.sleep(0.2)
-    print(f"process group {proc.pid} survived SIGKILL", file=sys.stderr)
+    proc.poll()
+    if group_alive(proc.pid):
+        raise RuntimeError(f"process group {proc.pid} survived SIGKILL")
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` other than a zombie remains (``killpg(…, 0)`` counts zombies)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

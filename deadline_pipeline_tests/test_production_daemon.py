@@ -13,74 +13,46 @@ What it proves, with nothing run in-process:
    a backfill of exactly those re-plans them;
 5. the daemon and every process it started are gone afterwards.
 
-The helpers here (throwaway databases, a Dagster home, process groups, polling) are shared with the
-celery test (``benchmarks/_common.py`` has its own, as the benchmarks do not import the tests).
+The helpers (throwaway databases, a Dagster home, process groups from ``benchmarks/_common.py``;
+polling and the production configuration here) are shared with the celery and UI tests.
 """
 
 from __future__ import annotations
 
 import mailbox
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, select
-from sqlalchemy.engine import make_url
 
 from deadline_pipeline_tests.factories import ics, write_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-WORKSPACE = REPO_ROOT / "workspace.yaml"
+# The process helpers live with the benchmarks, which drive the same Dagster processes and may not
+# import the test suite; re-exported here for the celery and UI tests.
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from _common import (  # noqa: E402
+    BIN,
+    WORKSPACE,
+    group_alive,
+    instance_env,
+    make_dagster_home,
+    process_group,
+    stop_process_group,
+    throwaway_database,
+)
+
+__all__ = ["BIN", "WORKSPACE", "group_alive", "instance_env", "make_dagster_home", "process_group",
+           "stop_process_group", "throwaway_database"]
 
 
 # --------------------------------------------------------------------------- shared helpers
-
-
-@contextmanager
-def throwaway_database(admin_url: str, prefix: str) -> Iterator[str]:
-    """A fresh PostgreSQL database next to ``admin_url``; yields its URL (psycopg 3 driver), drops it after."""
-    from deadline_pipeline.store.db import normalise_url
-
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(normalise_url(admin_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(normalise_url(admin_url)).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            # FORCE: a run worker killed with the daemon may still hold a connection.
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
-
-
-def instance_env(dagster_db_url: str) -> dict[str, str]:
-    """The ``DAGSTER_PG_*`` variables the production ``dagster.yaml`` reads, for one database URL."""
-    url = make_url(dagster_db_url)
-    return {
-        "DAGSTER_PG_USERNAME": url.username or "postgres",
-        "DAGSTER_PG_PASSWORD": url.password or "",
-        "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-        "DAGSTER_PG_PORT": str(url.port or 5432),
-        "DAGSTER_PG_DB": url.database or "",
-    }
-
-
-def make_dagster_home(folder: Path, yaml_path: Path = REPO_ROOT / "dagster.yaml") -> Path:
-    """A ``DAGSTER_HOME`` (absolute, existing) holding a copy of the production ``dagster.yaml``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(yaml_path, folder / "dagster.yaml")
-    return folder.resolve()
 
 
 def cli(args: list[str], env: dict[str, str], *, timeout: float = 180, check: bool = True) -> str:
@@ -90,61 +62,6 @@ def cli(args: list[str], env: dict[str, str], *, timeout: float = 180, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout + proc.stderr
-
-
-@contextmanager
-def process_group(args: list[str], env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
-    """Start a long-running command in its own process group; on exit stop the whole group.
-
-    The daemon starts a code server, which starts one process per run: stopping only the daemon
-    would leave those behind, holding database connections and writing mail after the test.
-    """
-    log = open(log_path, "wb")  # noqa: SIM115 — closed below, after the group is gone
-    proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=REPO_ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        stop_process_group(proc)
-        log.close()
-
-
-def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left (SIGTERM alone does not always stop a
-    ``dagster`` process tree); returns once no process of the group remains."""
-    pgid = proc.pid
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader so it does not linger as a zombie member of the group
-            if not _group_alive(pgid):
-                return
-            time.sleep(0.2)
-    proc.poll()
-    if _group_alive(pgid):
-        raise AssertionError(f"process group {pgid} survived SIGKILL")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    # Zombies still count for killpg(…, 0); a group of zombies only is already stopped.
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, *, interval: float = 1.0,
@@ -359,5 +276,5 @@ def test_daemon_sensor_delivers_and_backfill_replans(pg_server, tmp_path, monkey
             step("revision re-planned")
             pgid = daemon.pid
         # process_group stopped the daemon and all its children.
-        assert not _group_alive(pgid)
+        assert not group_alive(pgid)
     print(f"daemon log: {log_path}")
