@@ -13,7 +13,14 @@ from pathlib import Path
 
 import click
 
-from deadline_pipeline.commands.common import EXIT_BAD_INPUT, EXIT_OK, EXIT_RED, config_option, option_instant
+from deadline_pipeline.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_RED,
+    config_option,
+    open_store,
+    option_instant,
+)
 from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.config import ConfigError
 
@@ -106,28 +113,6 @@ def db_upgrade(db_url: str | None) -> None:
     """Apply the Alembic migrations (idempotent)."""
     engine = open_store(db_url)  # applies the migrations
     click.echo(f"store at {engine.url.render_as_string(hide_password=True)} is at the latest migration")
-
-
-def open_store(db_url: str | None):
-    """A migrated engine, or exit 2 with a one-line reason (bad URL, server down, unwritable file)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
-
-    from deadline_pipeline.store.db import StoreUrlError, check_store_url, default_db_url, get_engine, normalise_url
-
-    url = normalise_url(db_url) if db_url else default_db_url()
-    try:
-        check_store_url(url)
-    except StoreUrlError as exc:
-        _fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
-    shown = make_url(url).render_as_string(hide_password=True)
-    try:
-        return get_engine(db_url)
-    except (ArgumentError, NoSuchModuleError) as exc:
-        _fail_input(f"store {shown}: {exc}")
-    except DBAPIError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        _fail_input(f"store {shown}: cannot open: {reason}")
 
 
 def quiet_dagster() -> None:

@@ -66,7 +66,7 @@ def register(main: click.Group) -> None:
         return click.option("--as-of", help="Record the action at this ISO 8601 instant.")(fn)
 
     def _act(action, alert_ids, by, db_url, as_of, verb: str, others: str) -> None:
-        from deadline_pipeline.cli import EXIT_RED, open_store
+        from deadline_pipeline.commands.common import EXIT_RED, open_store
         from deadline_pipeline.commands.ops_cmds import _now
         from deadline_pipeline.store.operations import alert_states
 

@@ -68,3 +68,25 @@ def option_instant(text: str, option: str = "--as-of") -> datetime:
         return parse_instant(text)
     except ValueError as exc:
         fail_input(f"{option} {text!r}: {exc}")
+
+
+def open_store(db_url: str | None):
+    """A migrated engine, or exit 2 with a one-line reason (bad URL, server down, unwritable file)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from deadline_pipeline.store.db import StoreUrlError, check_store_url, default_db_url, get_engine, normalise_url
+
+    url = normalise_url(db_url) if db_url else default_db_url()
+    try:
+        check_store_url(url)
+    except StoreUrlError as exc:
+        fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        return get_engine(db_url)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        fail_input(f"store {shown}: {exc}")
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        fail_input(f"store {shown}: cannot open: {reason}")

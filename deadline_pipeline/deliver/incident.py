@@ -36,12 +36,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING
 from urllib.parse import quote
-
-if TYPE_CHECKING:
-    from deadline_pipeline.config import EscalationConfig
-    from deadline_pipeline.deliver.notification import Notification
 
 PRODUCT = "deadline-pipeline"
 STATUSES = ("triggered", "resolved")
@@ -331,18 +326,3 @@ def alertmanager_postable(inc: Incident) -> list[dict]:
     if _generator_url(inc):
         alert["generatorURL"] = _generator_url(inc)
     return [alert]
-
-
-def incident_notification(inc: Incident, esc: EscalationConfig, message_id: str) -> Notification:
-    """The :class:`~deadline_pipeline.deliver.notification.Notification` carrying ``inc`` to the
-    escalation channels (kind ``incident``; recipients from ``esc``: ``email``, ``webhook_url``,
-    ``apprise_target``). ``message_id``: hex, the page's own idempotency key (Message-ID,
-    ``webhook-id``), distinct per page and equal on a resend of the same page."""
-    from deadline_pipeline.deliver.notification import Notification
-
-    return Notification(
-        dedup_key=message_id, kind="incident", subscriber_id="on-call", email=esc.email,
-        webhook_url=esc.webhook_url, apprise_target=esc.apprise_target, subscriber_tz="UTC", source=PRODUCT,
-        rule_id=inc.key, title=inc.one_line_summary, due_at=inc.started_at, offset_seconds=0, note=inc.detail,
-        sent_at=inc.at, incident=inc,
-    )

@@ -23,11 +23,12 @@ from datetime import UTC, date, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from deadline_pipeline.deliver.incident import PRODUCT, Incident
 from deadline_pipeline.plan.business_days import describe_roll
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 if TYPE_CHECKING:
-    from deadline_pipeline.deliver.incident import Incident
+    from deadline_pipeline.config import EscalationConfig
 
 # "incident": a page to the on-call (the watchdog's, the paging sensor's, the sweep's notice of an
 # escalated alert), carrying its Incident. "escalation": the reminder-shaped notice of an escalated
@@ -253,3 +254,16 @@ def notice_error(exc: BaseException) -> str:
     if isinstance(exc, DeliveryError) and exc.outcome == "unknown" and "may have been" not in text:
         text += "; the notice may have been delivered"
     return f"{type(exc).__name__}: {text}"
+
+
+def incident_notification(inc: Incident, esc: EscalationConfig, message_id: str) -> Notification:
+    """The :class:`Notification` carrying ``inc`` to the
+    escalation channels (kind ``incident``; recipients from ``esc``: ``email``, ``webhook_url``,
+    ``apprise_target``). ``message_id``: hex, the page's own idempotency key (Message-ID,
+    ``webhook-id``), distinct per page and equal on a resend of the same page."""
+    return Notification(
+        dedup_key=message_id, kind="incident", subscriber_id="on-call", email=esc.email,
+        webhook_url=esc.webhook_url, apprise_target=esc.apprise_target, subscriber_tz="UTC", source=PRODUCT,
+        rule_id=inc.key, title=inc.one_line_summary, due_at=inc.started_at, offset_seconds=0, note=inc.detail,
+        sent_at=inc.at, incident=inc,
+    )

@@ -74,11 +74,12 @@ from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.config_ranges import channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel
 from deadline_pipeline.deliver.channels.registry import build_channel
-from deadline_pipeline.deliver.incident import Incident, incident_notification, severity_for
+from deadline_pipeline.deliver.incident import Incident, severity_for
 from deadline_pipeline.deliver.notification import (
     DeliveryError,
     Notification,
     SendResult,
+    incident_notification,
     notice_error,
     notification_from_row,
 )

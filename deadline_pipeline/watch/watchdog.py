@@ -400,8 +400,7 @@ def send_notice(cfg: DeadlinesConfig, notice: Notice, now: datetime) -> list[str
     ``timeout_seconds`` for the webhook, slack and smtp channels, however slowly the receiver answers.
     """
     from deadline_pipeline.deliver.channels.registry import build_channel
-    from deadline_pipeline.deliver.incident import incident_notification
-    from deadline_pipeline.deliver.notification import notice_error
+    from deadline_pipeline.deliver.notification import incident_notification, notice_error
 
     esc = cfg.escalation
     if not esc.channels:
