@@ -75,7 +75,14 @@ def open_store(db_url: str | None):
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-    from deadline_pipeline.store.db import StoreUrlError, check_store_url, default_db_url, get_engine, normalise_url
+    from deadline_pipeline.store.db import (
+        StoreMigrationError,
+        StoreUrlError,
+        check_store_url,
+        default_db_url,
+        get_engine,
+        normalise_url,
+    )
 
     url = normalise_url(db_url) if db_url else default_db_url()
     try:
@@ -87,6 +94,8 @@ def open_store(db_url: str | None):
         return get_engine(db_url)
     except (ArgumentError, NoSuchModuleError) as exc:
         fail_input(f"store {shown}: {exc}")
+    except StoreMigrationError as exc:  # already names the store and what to do
+        fail_input(str(exc))
     except DBAPIError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         fail_input(f"store {shown}: cannot open: {reason}")

@@ -7,8 +7,11 @@ sets ``DEADLINE_DB_URL=postgresql+psycopg://user@host/db``. The same code runs o
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import random
 import re
+import time
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +20,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import Connection, Engine, create_engine, event
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_log = logging.getLogger(__name__)
 
 
 def deadline_home() -> Path:
@@ -195,6 +199,23 @@ def _migration_lock(url: str):
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
+class StoreMigrationError(RuntimeError):
+    """A migration that could not take its table locks within :data:`MIGRATION_ATTEMPTS` attempts:
+    live transactions kept holding the tables it alters. Nothing was changed (PostgreSQL runs the
+    whole upgrade in one transaction, rolled back on every failed attempt); the message names the
+    store (password hidden) and the last lock conflict."""
+
+
+# How long one migration attempt waits for a table lock before giving up and retrying (PostgreSQL
+# ``lock_timeout``, seconds). A migration's ACCESS EXCLUSIVE request queued behind one long sweeper
+# transaction blocks every later reader of that table too: all sweepers stop until it is granted.
+MIGRATION_LOCK_TIMEOUT_S = 5.0
+# Attempts before :class:`StoreMigrationError`; with the backoff below about two minutes of trying.
+MIGRATION_ATTEMPTS = 20
+# PostgreSQL SQLSTATEs of a lost lock race: deadlock_detected and lock_not_available (lock_timeout).
+_LOCK_CONFLICTS = ("40P01", "55P03")
+
+
 def upgrade(engine_or_url: Engine | str | None = None, revision: str = "heads") -> None:
     """Apply the Alembic migrations up to ``revision`` (default: every head) on the store (idempotent).
 
@@ -202,20 +223,61 @@ def upgrade(engine_or_url: Engine | str | None = None, revision: str = "heads") 
     a store by several processes is safe. Migrations are expand-then-contract: a release only adds
     (nullable columns, tables, indexes), so sweepers of the previous release keep working on the
     migrated store during a rolling deploy; removing what no release reads is a later migration.
-    """
-    from alembic import command
 
+    On PostgreSQL the migrations run in one transaction that waits at most
+    :data:`MIGRATION_LOCK_TIMEOUT_S` for each table lock; a lost lock race (deadlock or lock timeout
+    against live sweepers) rolls the whole attempt back and retries it after a backoff, logged as a
+    warning. A rolling deploy failed this way: the migration held ``rule_versions`` and waited for
+    ``alerts`` while an old sweeper held ``alerts`` and waited for ``rule_versions``; PostgreSQL
+    aborted the migration with ``deadlock detected`` and the deploy stopped. Raises
+    :class:`StoreUrlError` for a URL that cannot be a store, :class:`StoreMigrationError` when every
+    attempt lost, else what the driver raises.
+    """
     if isinstance(engine_or_url, Engine):
         url = engine_or_url.url.render_as_string(hide_password=False)
-        cfg = alembic_config(url)
-        with _migration_lock(url), engine_or_url.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+        with _migration_lock(url):
+            _upgrade_with_retries(engine_or_url, url, revision)
         return
     url = normalise_url(engine_or_url) if engine_or_url else default_db_url()
     check_store_url(url)
-    with _migration_lock(url):
-        command.upgrade(alembic_config(url), revision)
+    engine = make_engine(url)
+    try:
+        with _migration_lock(url):
+            _upgrade_with_retries(engine, url, revision)
+    finally:
+        engine.dispose()
+
+
+def _upgrade_with_retries(engine: Engine, url: str, revision: str) -> None:
+    """Run ``alembic upgrade revision`` in one transaction, retrying lost lock races (see :func:`upgrade`)."""
+    from alembic import command
+    from sqlalchemy.exc import DBAPIError
+
+    for attempt in range(1, MIGRATION_ATTEMPTS + 1):
+        try:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    timeout_ms = max(1, round(MIGRATION_LOCK_TIMEOUT_S * 1000))
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {timeout_ms}")
+                cfg = alembic_config(url)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+            return
+        except DBAPIError as exc:
+            sqlstate = getattr(exc.orig, "sqlstate", None)
+            if sqlstate not in _LOCK_CONFLICTS:
+                raise
+            shown = engine.url.render_as_string(hide_password=True)
+            cause = str(exc.orig).splitlines()[0]
+            if attempt == MIGRATION_ATTEMPTS:
+                raise StoreMigrationError(
+                    f"store {shown}: the migration to {revision} lost {attempt} lock races against live "
+                    f"transactions and gave up (last: {cause}); nothing was changed. Retry when the "
+                    "sweepers are idle, or stop them for the upgrade") from exc
+            delay = min(5.0, 0.25 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            _log.warning("store %s: migration attempt %d of %d lost a lock race (%s: %s); rolled back, "
+                         "retrying in %.1f s", shown, attempt, MIGRATION_ATTEMPTS, sqlstate, cause, delay)
+            time.sleep(delay)
 
 
 @lru_cache(maxsize=8)
