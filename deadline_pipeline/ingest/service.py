@@ -15,7 +15,6 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
-from deadline_pipeline.ingest import first_seen
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
@@ -27,6 +26,7 @@ from deadline_pipeline.ingest.versions import (
     held_back,
     quarantine_reason,
 )
+from deadline_pipeline.plan import first_seen
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import sources as sql
@@ -68,7 +68,7 @@ class ApplyOutcome:
     skipped: int = 0
     held: list[str] = field(default_factory=list)
     renamed: int = 0
-    # Rules this snapshot brought that were already past (ingest.first_seen): the source published
+    # Rules this snapshot brought that were already past (plan.first_seen): the source published
     # them late (a note), they passed while nothing was fetched (planning escalates them), or the
     # source was not watched before (history). One line each in ``first_seen_notes``.
     first_seen_late: int = 0
@@ -310,7 +310,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
 
 def _note_first_seen_passed(engine: Engine, src: SourceConfig, source_id: int, now: datetime,
                             out: ApplyOutcome) -> None:
-    """Judge the rules that came into force at ``now`` already past (:mod:`ingest.first_seen`), log
+    """Judge the rules that came into force at ``now`` already past (:mod:`plan.first_seen`), log
     each and count them in ``out``: a deadline that passed unseen must not be only a rule version."""
     with engine.connect() as conn:
         judged = first_seen.judge_source(conn, source_id, src.name, src.freshness_window, since=now)

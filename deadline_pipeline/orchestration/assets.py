@@ -187,7 +187,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             totals["withdrawn"] += out.withdrawn
             totals["unchanged"] += out.unchanged
             totals["problems"] += len(out.problems)
-            # Rules first seen already past (ingest.first_seen): late publications are notes here,
+            # Rules first seen already past (plan.first_seen): late publications are notes here,
             # possible misses are escalated by planning.
             for k in ("first_seen_late", "first_seen_missed", "first_seen_history"):
                 totals[k] += getattr(out, k)
@@ -274,7 +274,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Reminders of deadlines moved into the past with none delivered, left for the sweep to
             # escalate as missed.
             "moved_into_past_missed": out.moved_into_past_missed,
-            # Reminders of deadlines that passed while their source was not fetched (ingest.first_seen),
+            # Reminders of deadlines that passed while their source was not fetched (plan.first_seen),
             # left for the sweep to escalate as missed.
             "missed_while_unwatched": out.missed_while_unwatched,
             **{f"state_{k}": v for k, v in sorted(states.items())},
