@@ -237,9 +237,10 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         now = clock.now()
         engine = store.engine()
         window_ = context.partition_time_window
-        out = plan_all(engine, settings.load(), now, after=window_.start, before=window_.end)
-        keys = context.partition_key_range
+        # One configuration for the whole step (the resource reads the file once per run).
         cfg_now = settings.load()
+        out = plan_all(engine, cfg_now, now, after=window_.start, before=window_.end)
+        keys = context.partition_key_range
         try:
             h_first, h_last = horizon_range(now, cfg_now.plan.horizon_days)
             covers = keys.start <= h_first and keys.end >= h_last
