@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
-from deadline_pipeline.ingest.first_seen import (
+from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.plan.first_seen import (
     LATE_PUBLISHED,
     MISSED_UNWATCHED,
     NOT_WATCHED,
@@ -16,7 +17,6 @@ from deadline_pipeline.ingest.first_seen import (
     passed_instant,
     verdict,
 )
-from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.service import PASSED_UNWATCHED
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.schema import alerts

@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import func, select
 
 from deadline_pipeline.config import load_config
-from deadline_pipeline.ingest.diff import diff_snapshots, instant_of
+from deadline_pipeline.ingest.diff import diff_snapshots
 from deadline_pipeline.ingest.parsers import parse_payload
 from deadline_pipeline.ingest.service import apply_latest_snapshot, apply_snapshot, fetch_snapshot
+from deadline_pipeline.plan.rule_instant import instant_of
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import sources as ssql

@@ -38,7 +38,7 @@ MOVED = {
 # 2020-04-17: ten new deadlines ahead, and ismir20's abstract deadline (due 2020-04-11T11:59:59Z),
 # first seen already past. This replay fetches only at the revision dates, so nothing fetched the
 # source within its 1-day freshness window before that deadline: it is judged missed while unwatched
-# and gets the obligation whose reminder the sweep escalates (ingest.first_seen). Fetched daily,
+# and gets the obligation whose reminder the sweep escalates (plan.first_seen). Fetched daily,
 # the same history is a late publication and pages nobody (test_first_seen_passed).
 ADDED_COUNT = {"2020-01-28": 16, "2020-02-19": 7, "2020-04-17": 11}
 MISSED_WHILE_UNWATCHED = {"2020-01-28": 0, "2020-02-19": 0, "2020-04-17": 1}

@@ -23,8 +23,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 
 from deadline_pipeline.config import load_config
-from deadline_pipeline.ingest.diff import instant_of, pair_renames
+from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.parsers import parse_payload
+from deadline_pipeline.plan.rule_instant import instant_of
 from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline.watch.reconcile import reminders_owed
 from deadline_pipeline_tests.factories import write_config

@@ -17,7 +17,8 @@ identity (``rule_id``) and sorts every rule into exactly one bucket:
 "When it is due" is compared as follows:
 
 * a one-off rule with a zone: its UTC instant, computed exactly as planning does
-  (:func:`~deadline_pipeline.plan.occurrences.to_instant` in the zone from
+  (:func:`~deadline_pipeline.plan.rule_instant.instant_of`:
+  :func:`~deadline_pipeline.plan.occurrences.to_instant` in the zone from
   :func:`~deadline_pipeline.timezones.resolve_zone`; a date-only rule is due at the end of that day);
 * a floating one-off rule (no zone; planning reads it in each subscriber's zone): its local start;
 * a recurring rule: its rule fields (start, RRULE, EXDATEs, RDATEs) and the zone it resolves to —
@@ -47,11 +48,10 @@ Anything else stays a withdrawal plus an addition. A renamed rule keeps its hist
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, datetime
 
-from deadline_pipeline.plan.occurrences import to_instant
+from deadline_pipeline.plan.rule_instant import instant_of, rule_zone
 from deadline_pipeline.rules import RuleRecord
-from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 
 # Fields that say *what* a rule is called or links to; changing only these rewords a rule.
 DESCRIPTIVE_FIELDS = ("title", "kind", "url", "note", "tz")
@@ -127,29 +127,9 @@ def _z(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else None
 
 
-def _zone(rule: RuleRecord) -> tzinfo | None:
-    if rule.tz is None:
-        return None
-    try:
-        return resolve_zone(rule.tz)
-    except UnknownTimeZone:
-        return None
-
-
-def instant_of(rule: RuleRecord) -> datetime | None:
-    """The aware UTC instant a one-off rule is due, or ``None`` for a recurring rule, a floating rule
-    or a rule whose zone is unknown. Raises ``ValueError`` for an unreadable ``start``."""
-    if rule.rrule or rule.rdates:
-        return None
-    zone = _zone(rule)
-    if zone is None:
-        return None
-    return to_instant(rule.start_local(), zone)
-
-
 def _when(rule: RuleRecord) -> tuple[object, str, datetime | None]:
     """(comparison key, text for operators, instant or None) of when ``rule`` is due."""
-    zone = _zone(rule)
+    zone = rule_zone(rule)
     # An unknown zone compares by spelling: two different unknown spellings are a change we show.
     zone_key: object = zone if zone is not None else ("unresolved", rule.tz)
     if rule.rrule or rule.rdates:

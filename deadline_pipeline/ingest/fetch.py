@@ -155,13 +155,48 @@ def fetch(
     body too large, missing file, a target the outbound guard refuses), and :class:`ValueError` for a
     naive ``now``, a timeout <= 0 or a negative limit.
     """
+    _check_arguments(now, timeout_seconds, max_bytes, max_redirects)
+    fetched_at = now.astimezone(UTC)
+    allowed = frozenset(s.lower() for s in allowed_schemes)
+
+    scheme = _allowed_scheme(source, location, allowed)
+    if scheme == "file":
+        return _fetch_file(source, location, fetched_at, max_bytes)
+    url, headers, secrets = _http_target(source, location, auth_env, headers_env, username_env, password_env)
+
+    owns_client = client is None
+    if client is None:
+        client = guarded_client = _guarded_client(network)
+    else:
+        guarded_client = None
+    try:
+        # The deadline checks between body chunks cannot see a server dripping its status line and
+        # headers a byte at a time (each within the read timeout): within this block the guarded
+        # client's connections get only the time left of the whole fetch (a caller's client: not).
+        with request_deadline(TOTAL_TIME_FACTOR * timeout_seconds):
+            return _fetch_http(
+                source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
+                timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
+                allowed=allowed, credential_headers=headers, secrets=secrets,
+                precheck=None if guarded_client is not None else network,
+            )
+    finally:
+        if owns_client:
+            client.close()
+
+
+def _check_arguments(now: datetime, timeout_seconds: float, max_bytes: int, max_redirects: int) -> None:
+    """Raise :class:`ValueError` for a naive ``now``, ``timeout_seconds`` <= 0 or a negative limit."""
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("fetch: `now` must be an aware datetime")
     if timeout_seconds <= 0 or max_bytes < 0 or max_redirects < 0:
         raise ValueError("fetch: timeout_seconds must be > 0, max_bytes and max_redirects >= 0")
-    fetched_at = now.astimezone(UTC)
-    allowed = frozenset(s.lower() for s in allowed_schemes)
 
+
+def _allowed_scheme(source: str, location: str, allowed: frozenset[str]) -> str:
+    """The lowercase scheme of ``location`` (``file`` for a plain path): ``file``, ``http`` or
+    ``https``. Raises a non-retryable :class:`FetchError` for a scheme not in ``allowed`` (lowercase)
+    or one this module cannot fetch. No I/O."""
     scheme = _scheme_of(location)
     # Refused before any I/O: a configuration must not be able to reach a system it was not meant to.
     if scheme not in allowed:
@@ -170,11 +205,19 @@ def fetch(
             f"scheme {scheme!r} of {_safe_location(location)} is not allowed (allowed: {sorted(allowed)})",
             retryable=False,
         )
-    if scheme == "file":
-        return _fetch_file(source, location, fetched_at, max_bytes)
-    if scheme not in ("http", "https"):
+    if scheme not in ("file", "http", "https"):
         raise FetchError(source, f"scheme {scheme!r} is not supported", retryable=False)
+    return scheme
 
+
+def _http_target(
+    source: str, location: str, auth_env: str | None, headers_env: dict[str, str] | None,
+    username_env: str | None, password_env: str | None,
+) -> tuple[httpx.URL, dict[str, str], list[str]]:
+    """(parsed URL, credential headers, secret values) of an http(s) ``location``: the headers come
+    from the environment variables named (:func:`fetch`), and every secret value - theirs and the
+    URL's user name and password - is registered for redaction. Raises a non-retryable
+    :class:`FetchError` for an unset or unusable variable or an invalid URL."""
     secrets: list[str] = []
     headers = _credential_headers(source, auth_env, headers_env, secrets)
     if username_env or password_env:
@@ -196,26 +239,7 @@ def fetch(
         secrets.extend(s for s in (url.username, url.password) if s)
     for value in secrets:
         register_secret(value)
-
-    owns_client = client is None
-    if client is None:
-        client = guarded_client = _guarded_client(network)
-    else:
-        guarded_client = None
-    try:
-        # The deadline checks between body chunks cannot see a server dripping its status line and
-        # headers a byte at a time (each within the read timeout): within this block the guarded
-        # client's connections get only the time left of the whole fetch (a caller's client: not).
-        with request_deadline(TOTAL_TIME_FACTOR * timeout_seconds):
-            return _fetch_http(
-                source, url, client, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
-                timeout_seconds=timeout_seconds, max_bytes=max_bytes, max_redirects=max_redirects,
-                allowed=allowed, credential_headers=headers, secrets=secrets,
-                precheck=None if guarded_client is not None else network,
-            )
-    finally:
-        if owns_client:
-            client.close()
+    return url, headers, secrets
 
 
 # --- local files -------------------------------------------------------------------------------------
@@ -336,6 +360,33 @@ def _credential_headers(
     return headers
 
 
+@dataclass(frozen=True)
+class _HttpFetch:
+    """What stays the same on every hop of one http(s) fetch. ``origin``: (scheme, host, port) of the
+    configured location, the only one credentials go to; ``deadline``: ``time.monotonic()`` value the
+    whole fetch must finish by; ``timeout_seconds`` in seconds, ``max_bytes`` in bytes; ``allowed``:
+    lowercase schemes; ``precheck``: the policy to check each hop's host against before sending (a
+    caller's client), or ``None`` (the guarded client checks at connect time)."""
+
+    source: str
+    origin: tuple[str, str, int | None]
+    fetched_at: datetime
+    etag: str | None
+    last_modified: str | None
+    timeout_seconds: float
+    deadline: float
+    max_bytes: int
+    max_redirects: int
+    allowed: frozenset[str]
+    credential_headers: dict[str, str]
+    secrets: list[str]
+    precheck: NetworkPolicy | None
+
+    @property
+    def conditional(self) -> bool:
+        return self.etag is not None or self.last_modified is not None
+
+
 def _fetch_http(
     source: str,
     url: httpx.URL,
@@ -352,169 +403,198 @@ def _fetch_http(
     secrets: list[str],
     precheck: NetworkPolicy | None = None,
 ) -> FetchResult:
+    """Follow ``url`` hop by hop (at most ``max_redirects`` redirects) to a :class:`FetchResult`;
+    every failure is a :class:`FetchError` (see :func:`fetch`)."""
     origin = _origin(url)
     if (credential_headers or url.userinfo) and not _may_carry_credentials(url, origin):
         raise FetchError(
             source, f"refusing to send credentials over plain http to {_safe_url(url)}; use https",
             retryable=False,
         )
-    timeout = httpx.Timeout(timeout_seconds)
-    deadline = time.monotonic() + TOTAL_TIME_FACTOR * timeout_seconds
-    conditional = etag is not None or last_modified is not None
+    job = _HttpFetch(
+        source=source, origin=origin, fetched_at=fetched_at, etag=etag, last_modified=last_modified,
+        timeout_seconds=timeout_seconds, deadline=time.monotonic() + TOTAL_TIME_FACTOR * timeout_seconds,
+        max_bytes=max_bytes, max_redirects=max_redirects, allowed=allowed,
+        credential_headers=credential_headers, secrets=secrets, precheck=precheck,
+    )
     redirects = 0
-    failure: FetchError | None = None
     while True:
-        headers = {
-            "User-Agent": USER_AGENT,
-            # Asking for no compression keeps the stored snapshot identical to the served document
-            # and spares us decompression bombs; codings sent anyway are decoded with a cap below.
-            "Accept-Encoding": "identity",
-        }
-        if etag is not None:
-            headers["If-None-Match"] = etag
-        if last_modified is not None:
-            headers["If-Modified-Since"] = last_modified
-        if _may_carry_credentials(url, origin):
-            if url.userinfo:
-                headers["Authorization"] = _basic_auth(url, secrets)
-            # A configured token wins over a user name and password left in the URL.
-            headers.update(credential_headers)
-        # The HTTP library logs the request URL verbatim, so it never gets to see the userinfo.
-        request = httpx.Request(
-            "GET", url.copy_with(userinfo=b"") if url.userinfo else url, headers=headers,
-            extensions={"timeout": timeout.as_dict()},
-        )
+        outcome = _fetch_hop(job, client, url, redirects)
+        if isinstance(outcome, FetchResult):
+            return outcome
+        url = outcome
+        redirects += 1
+
+
+def _request_headers(job: _HttpFetch, url: httpx.URL, secrets: list[str]) -> dict[str, str]:
+    """The headers of the request to ``url``: validators when the fetch is conditional, and
+    credentials only when ``url`` may carry them (:func:`_may_carry_credentials`); a Basic value
+    built from the URL's user name and password is added to ``secrets``."""
+    headers = {
+        "User-Agent": USER_AGENT,
+        # Asking for no compression keeps the stored snapshot identical to the served document
+        # and spares us decompression bombs; codings sent anyway are decoded with a cap below.
+        "Accept-Encoding": "identity",
+    }
+    if job.etag is not None:
+        headers["If-None-Match"] = job.etag
+    if job.last_modified is not None:
+        headers["If-Modified-Since"] = job.last_modified
+    if _may_carry_credentials(url, job.origin):
+        if url.userinfo:
+            headers["Authorization"] = _basic_auth(url, secrets)
+        # A configured token wins over a user name and password left in the URL.
+        headers.update(job.credential_headers)
+    return headers
+
+
+def _fetch_hop(job: _HttpFetch, client: httpx.Client, url: httpx.URL, redirects: int) -> FetchResult | httpx.URL:
+    """One request: the final :class:`FetchResult`, or the URL a redirect points to (``redirects``
+    already followed). Transport failures become :class:`FetchError` (:func:`_transport_failure`)."""
+    timeout = httpx.Timeout(job.timeout_seconds)
+    # The HTTP library logs the request URL verbatim, so it never gets to see the userinfo.
+    request = httpx.Request(
+        "GET", url.copy_with(userinfo=b"") if url.userinfo else url,
+        headers=_request_headers(job, url, job.secrets), extensions={"timeout": timeout.as_dict()},
+    )
+    try:
+        if job.precheck is not None:
+            # A caller's client has no guarded transport: decide on this hop's host before sending.
+            check_url(str(url), job.precheck)
+        # auth=None and a hand-built request: the client's own default headers or auth must not
+        # ride along to a redirect target on another host.
+        response = client.send(request, stream=True, auth=None, follow_redirects=False)
         try:
-            if precheck is not None:
-                # A caller's client has no guarded transport: decide on this hop's host before sending.
-                check_url(str(url), precheck)
-            # auth=None and a hand-built request: the client's own default headers or auth must not
-            # ride along to a redirect target on another host.
-            response = client.send(request, stream=True, auth=None, follow_redirects=False)
-            try:
-                status = response.status_code
-                if status in _REDIRECT_STATUSES:
-                    target = response.headers.get("Location")
-                    if not target:
-                        raise FetchError(
-                            source, f"{_safe_url(url)} answered HTTP {status} without a Location header",
-                            retryable=False,
-                        )
-                    if redirects >= max_redirects:
-                        raise FetchError(
-                            source, f"more than {max_redirects} redirects, the last from {_safe_url(url)}",
-                            retryable=False,
-                        )
-                    next_url = url.join(target)
-                    if _origin(next_url) != origin:
-                        # Another host gets neither the location's password nor our credentials.
-                        next_url = next_url.copy_with(userinfo=b"")
-                    if next_url.scheme not in allowed or next_url.scheme not in ("http", "https"):
-                        raise FetchError(
-                            source, f"{_safe_url(url)} redirected to scheme {next_url.scheme!r}, which "
-                            f"is not allowed", retryable=False,
-                        )
-                    log.info("source %r: %s redirected (HTTP %d) to %s", source, _safe_url(url), status,
-                             _safe_url(next_url))
-                    url = next_url
-                    redirects += 1
-                    if time.monotonic() > deadline:
-                        raise _too_slow(source, url, timeout_seconds)
-                    continue
-                if status == 304:
-                    if not conditional:
-                        raise FetchError(
-                            source, f"{_safe_url(url)} answered 304 Not Modified to an unconditional "
-                            "request", retryable=False,
-                        )
-                    log.info("source %r: %s not modified", source, _safe_url(url))
-                    return FetchResult(
-                        content=None, not_modified=True, fetched_at=fetched_at, http_status=status,
-                        etag=response.headers.get("ETag", etag),
-                        last_modified=response.headers.get("Last-Modified", last_modified),
-                        sha256=None, size=0, final_url=_safe_url(url),
-                    )
-                if not 200 <= status < 300:
-                    retryable = status >= 500 or status in _RETRYABLE_CLIENT_STATUSES
-                    reason = _redact(response.reason_phrase, "", secrets)[:100]
-                    raise FetchError(
-                        source, f"{_safe_url(url)} answered HTTP {status} {reason}".rstrip(),
-                        retryable=retryable,
-                    )
-                content = _read_body(source, url, response, max_bytes, deadline, timeout_seconds)
-            finally:
-                # Closing an unfinished stream drops the connection instead of draining the rest.
-                response.close()
-        except FetchError:
-            raise
-        except OutboundRefused as exc:
-            # Permanent: the same address is refused again on every run until someone allows it.
-            hop = f" (reached through {redirects} redirect(s))" if redirects else ""
-            failure = FetchError(source, f"cannot fetch {_safe_url(url)}{hop}: {exc}", retryable=False)
-        except OSError as exc:  # the pre-check's name resolution failed: maybe better later
-            failure = FetchError(source, f"cannot resolve the host of {_safe_url(url)}: {exc}", retryable=True)
-        except httpx.TimeoutException as exc:
-            if time.monotonic() >= deadline:  # the whole fetch's time ran out, not one wait
-                raise _too_slow(source, url, timeout_seconds) from None
-            failure = FetchError(
-                source, f"{_safe_url(url)} did not answer within {timeout_seconds} s "
-                f"({type(exc).__name__})", retryable=True,
-            )
-        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as exc:
-            failure = FetchError(
-                source, f"cannot request {_safe_url(url)}: {type(exc).__name__}: "
-                f"{_redact(str(exc), str(url), secrets)}", retryable=False,
-            )
-        except httpx.HTTPError as exc:
-            # Refused or reset connections, DNS failures, truncated answers: the network or the
-            # server may be better later.
-            failure = FetchError(
-                source, f"cannot fetch {_safe_url(url)}: {type(exc).__name__}: "
-                f"{_redact(str(exc), str(url), secrets)}", retryable=True,
-            )
-        if failure is not None:
-            # Raised outside the `except` so the httpx exception, whose request carries the
-            # credential headers, is not chained to what callers log.
-            raise failure
-        digest = hashlib.sha256(content).hexdigest()
-        log.info("fetched source %r from %s: HTTP %d, %d bytes", source, _safe_url(url), status, len(content))
-        return FetchResult(
-            content=content, not_modified=False, fetched_at=fetched_at, http_status=status,
-            etag=response.headers.get("ETag"), last_modified=response.headers.get("Last-Modified"),
-            sha256=digest, size=len(content), final_url=_safe_url(url),
+            return _answer(job, url, response, redirects)
+        finally:
+            # Closing an unfinished stream drops the connection instead of draining the rest.
+            response.close()
+    except (OutboundRefused, OSError, httpx.HTTPError) as exc:
+        failure = _transport_failure(job, url, redirects, exc)
+    # Raised outside the `except` so the httpx exception, whose request carries the
+    # credential headers, is not chained to what callers log.
+    raise failure
+
+
+def _transport_failure(job: _HttpFetch, url: httpx.URL, redirects: int,
+                       exc: OutboundRefused | OSError | httpx.HTTPError) -> FetchError:
+    """The :class:`FetchError` for an exception raised while sending to ``url`` or reading the
+    answer: permanent for a refused target or an unusable request, retryable for name resolution,
+    timeouts and network errors; past the fetch's deadline, the whole fetch was too slow."""
+    source = job.source
+    if isinstance(exc, OutboundRefused):
+        # Permanent: the same address is refused again on every run until someone allows it.
+        hop = f" (reached through {redirects} redirect(s))" if redirects else ""
+        return FetchError(source, f"cannot fetch {_safe_url(url)}{hop}: {exc}", retryable=False)
+    if isinstance(exc, OSError):  # the pre-check's name resolution failed: maybe better later
+        return FetchError(source, f"cannot resolve the host of {_safe_url(url)}: {exc}", retryable=True)
+    if isinstance(exc, httpx.TimeoutException):
+        if time.monotonic() >= job.deadline:  # the whole fetch's time ran out, not one wait
+            return _too_slow(source, url, job.timeout_seconds)
+        return FetchError(
+            source, f"{_safe_url(url)} did not answer within {job.timeout_seconds} s "
+            f"({type(exc).__name__})", retryable=True,
         )
+    detail = f"{type(exc).__name__}: {_redact(str(exc), str(url), job.secrets)}"
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL)):
+        return FetchError(source, f"cannot request {_safe_url(url)}: {detail}", retryable=False)
+    # Refused or reset connections, DNS failures, truncated answers: the network or the
+    # server may be better later.
+    return FetchError(source, f"cannot fetch {_safe_url(url)}: {detail}", retryable=True)
+
+
+def _answer(job: _HttpFetch, url: httpx.URL, response: httpx.Response, redirects: int) -> FetchResult | httpx.URL:
+    """What ``response`` (from ``url``, still open) means: the URL to follow for a redirect, a
+    not-modified or full :class:`FetchResult` (the body read within the limits), else a
+    :class:`FetchError`."""
+    status = response.status_code
+    if status in _REDIRECT_STATUSES:
+        next_url = _redirect_target(job, url, status, response.headers.get("Location"), redirects)
+        log.info("source %r: %s redirected (HTTP %d) to %s", job.source, _safe_url(url), status,
+                 _safe_url(next_url))
+        if time.monotonic() > job.deadline:
+            raise _too_slow(job.source, next_url, job.timeout_seconds)
+        return next_url
+    if status == 304:
+        if not job.conditional:
+            raise FetchError(
+                job.source, f"{_safe_url(url)} answered 304 Not Modified to an unconditional "
+                "request", retryable=False,
+            )
+        log.info("source %r: %s not modified", job.source, _safe_url(url))
+        return FetchResult(
+            content=None, not_modified=True, fetched_at=job.fetched_at, http_status=status,
+            etag=response.headers.get("ETag", job.etag),
+            last_modified=response.headers.get("Last-Modified", job.last_modified),
+            sha256=None, size=0, final_url=_safe_url(url),
+        )
+    failure = _status_failure(job.source, url, status, response.reason_phrase, job.secrets)
+    if failure is not None:
+        raise failure
+    content = _read_body(job.source, url, response, job.max_bytes, job.deadline, job.timeout_seconds)
+    digest = hashlib.sha256(content).hexdigest()
+    log.info("fetched source %r from %s: HTTP %d, %d bytes", job.source, _safe_url(url), status, len(content))
+    return FetchResult(
+        content=content, not_modified=False, fetched_at=job.fetched_at, http_status=status,
+        etag=response.headers.get("ETag"), last_modified=response.headers.get("Last-Modified"),
+        sha256=digest, size=len(content), final_url=_safe_url(url),
+    )
+
+
+def _redirect_target(job: _HttpFetch, url: httpx.URL, status: int, location: str | None,
+                     redirects: int) -> httpx.URL:
+    """The URL a redirect (HTTP ``status``, ``Location`` header ``location``) from ``url`` leads to,
+    resolved against ``url`` and without user name and password when it leaves the configured
+    origin. Raises a non-retryable :class:`FetchError` without a Location, past ``max_redirects``
+    (``redirects`` already followed) or for a target scheme not allowed or not http(s). No I/O."""
+    if not location:
+        raise FetchError(
+            job.source, f"{_safe_url(url)} answered HTTP {status} without a Location header",
+            retryable=False,
+        )
+    if redirects >= job.max_redirects:
+        raise FetchError(
+            job.source, f"more than {job.max_redirects} redirects, the last from {_safe_url(url)}",
+            retryable=False,
+        )
+    next_url = url.join(location)
+    if _origin(next_url) != job.origin:
+        # Another host gets neither the location's password nor our credentials.
+        next_url = next_url.copy_with(userinfo=b"")
+    if next_url.scheme not in job.allowed or next_url.scheme not in ("http", "https"):
+        raise FetchError(
+            job.source, f"{_safe_url(url)} redirected to scheme {next_url.scheme!r}, which "
+            f"is not allowed", retryable=False,
+        )
+    return next_url
+
+
+def _status_failure(source: str, url: httpx.URL, status: int, reason_phrase: str,
+                    secrets: list[str]) -> FetchError | None:
+    """``None`` for a 2xx ``status``, else the :class:`FetchError` naming it (with the reason phrase,
+    secrets masked, at most 100 characters): retryable for 5xx, 408 and 429."""
+    if 200 <= status < 300:
+        return None
+    retryable = status >= 500 or status in _RETRYABLE_CLIENT_STATUSES
+    reason = _redact(reason_phrase, "", secrets)[:100]
+    return FetchError(source, f"{_safe_url(url)} answered HTTP {status} {reason}".rstrip(), retryable=retryable)
 
 
 def _read_body(
     source: str, url: httpx.URL, response: httpx.Response, max_bytes: int, deadline: float,
     timeout_seconds: float,
 ) -> bytes:
+    """The body of ``response`` (from ``url``), decoded when it came gzip- or deflate-coded, of at
+    most ``max_bytes`` bytes after decoding. ``deadline`` is the ``time.monotonic()`` value the whole
+    fetch must finish by. Raises a non-retryable :class:`FetchError` for a declared or actual size
+    over the limit, an invalid Content-Length, an unsupported or corrupt coding, and a retryable one
+    past the deadline; network errors while reading propagate as httpx exceptions."""
+    _check_declared_length(source, url, response.headers.get("Content-Length"), max_bytes)
+    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    decoder = _decoder(source, url, coding)
     too_large = FetchError(
         source, f"{_safe_url(url)} sent more than the limit of {max_bytes} bytes", retryable=False
     )
-    declared = response.headers.get("Content-Length")
-    if declared is not None:
-        try:
-            declared_bytes = int(declared)
-        except ValueError:
-            raise FetchError(
-                source, f"{_safe_url(url)} sent an invalid Content-Length {declared[:40]!r}", retryable=False
-            ) from None
-        # Refuse up front: no point downloading what we will throw away.
-        if declared_bytes > max_bytes:
-            raise FetchError(
-                source, f"{_safe_url(url)} declares {declared_bytes} bytes, over the limit of {max_bytes} "
-                "bytes", retryable=False,
-            )
-    coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    decoder = None
-    if coding not in ("", "identity"):
-        if coding not in _ZLIB_WBITS:
-            raise FetchError(
-                source, f"{_safe_url(url)} sent content coding {coding[:40]!r}, which is not supported",
-                retryable=False,
-            )
-        decoder = zlib.decompressobj(_ZLIB_WBITS[coding])
     body = bytearray()
     try:
         # iter_raw: httpx's own decoding would inflate a whole network read at once, without a cap.
@@ -540,6 +620,38 @@ def _read_body(
             source, f"{_safe_url(url)} sent a corrupt {coding} body: {exc}", retryable=False
         ) from None
     return bytes(body)
+
+
+def _check_declared_length(source: str, url: httpx.URL, declared: str | None, max_bytes: int) -> None:
+    """Refuse (non-retryable :class:`FetchError`) a ``Content-Length`` header value that is not an
+    integer or declares more than ``max_bytes`` bytes; an absent one (``None``) passes."""
+    if declared is None:
+        return
+    try:
+        declared_bytes = int(declared)
+    except ValueError:
+        raise FetchError(
+            source, f"{_safe_url(url)} sent an invalid Content-Length {declared[:40]!r}", retryable=False
+        ) from None
+    # Refuse up front: no point downloading what we will throw away.
+    if declared_bytes > max_bytes:
+        raise FetchError(
+            source, f"{_safe_url(url)} declares {declared_bytes} bytes, over the limit of {max_bytes} "
+            "bytes", retryable=False,
+        )
+
+
+def _decoder(source: str, url: httpx.URL, coding: str):
+    """A zlib decompressor for the content ``coding`` (lowercase, stripped), or ``None`` for
+    ``identity`` or none; raises a non-retryable :class:`FetchError` for any other coding."""
+    if coding in ("", "identity"):
+        return None
+    if coding not in _ZLIB_WBITS:
+        raise FetchError(
+            source, f"{_safe_url(url)} sent content coding {coding[:40]!r}, which is not supported",
+            retryable=False,
+        )
+    return zlib.decompressobj(_ZLIB_WBITS[coding])
 
 
 def _too_slow(source: str, url: httpx.URL, timeout_seconds: float) -> FetchError:

@@ -15,7 +15,6 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from deadline_pipeline.config import SourceConfig
-from deadline_pipeline.ingest import first_seen
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
@@ -27,6 +26,7 @@ from deadline_pipeline.ingest.versions import (
     held_back,
     quarantine_reason,
 )
+from deadline_pipeline.plan import first_seen
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import sources as sql
@@ -68,7 +68,7 @@ class ApplyOutcome:
     skipped: int = 0
     held: list[str] = field(default_factory=list)
     renamed: int = 0
-    # Rules this snapshot brought that were already past (ingest.first_seen): the source published
+    # Rules this snapshot brought that were already past (plan.first_seen): the source published
     # them late (a note), they passed while nothing was fetched (planning escalates them), or the
     # source was not watched before (history). One line each in ``first_seen_notes``.
     first_seen_late: int = 0
@@ -227,15 +227,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     # Only skipped records that may be a rule in force count; an entry announcing no deadline yet
     # (a real feed's "not announced") is information: not red, not an error keeping the source unconfirmed.
     counted = counted_problems(parsed.problems, diff.withdrawn)
-    # Each line says what happened to its record, as rules_complete counts it: "skipped record" for a
-    # repaired one (kept and planned), for a note that skips nothing, or for an entry announcing no
-    # deadline yet, sent an operator looking for a reminder that was sent or never owed.
-    for p, text in zip(parsed.problems, problems, strict=True):
-        label = ("skipped record" if p in counted else "not announced yet, nothing to plan" if p.skipped
-                 else "note, nothing skipped")
-        log.warning("source %s: snapshot %s: %s: %s", src.name, snapshot_id, label, text)
-    for text in repairs:
-        log.warning("source %s: snapshot %s: record kept, its text repaired: %s", src.name, snapshot_id, text)
+    _log_problems(src.name, snapshot_id, parsed.problems, problems, counted, repairs)
     problems += repairs
     active_before = sum(1 for v in latest.values() if not v["withdrawn"])
     skipped = [p for p in parsed.problems if p.skipped]
@@ -254,12 +246,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
         log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",
                   src.name, snapshot_id, len(held), ", ".join(held[:5]))
-    info = [p for p in skipped if p not in counted]
-    report = {"rules": len(rules), "skipped_count": len(counted), "held": held[:200], "accepted": force,
-              "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
-                           "message": sql.safe_text(p.message)} for p in counted[:50]],
-              "informational": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
-                                 "message": sql.safe_text(p.message)} for p in info[:50]]}
+    report = _parse_report(len(rules), counted, skipped, held, force)
     # A rule whose id changed (same due time, same kind, same thing; ingest.diff.pair_renames) is a
     # rename: the new id inherits the old one's lineage, so its obligations and history carry over.
     renames = pair_renames([RuleRecord.from_payload(latest[rid]["payload"]) for rid in diff.withdrawn], diff.added)
@@ -280,18 +267,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     if reason:
         log.warning("source %s: snapshot %s applied by force despite: %s", src.name, snapshot_id, reason)
 
-    rows = []
-    for rec in diff.added + diff.changed:
-        prev = latest.get(rec.rule_id)
-        rows.append(dict(source_id=row.id, rule_id=rec.rule_id, version=(prev["version"] + 1) if prev else 1,
-                         snapshot_id=snapshot_id, valid_from=now, withdrawn=False,
-                         content_hash=rec.content_hash(), payload=rec.to_payload(),
-                         lineage=lineage_of.get(rec.rule_id) or (prev.get("lineage") if prev else None)))
-    for rid in diff.withdrawn:
-        prev = latest[rid]
-        rows.append(dict(source_id=row.id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snapshot_id,
-                         valid_from=now, withdrawn=True, content_hash=prev["content_hash"],
-                         payload=prev["payload"], lineage=prev.get("lineage")))
+    rows = _version_rows(row.id, snapshot_id, now, diff, latest, lineage_of)
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
         sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
@@ -308,9 +284,59 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     return out
 
 
+def _log_problems(source: str, snapshot_id: int, parsed_problems: list, texts: list[str], counted: list,
+                  repairs: list[str]) -> None:
+    """Log one WARNING per parse problem (``texts``: their stored lines, in the same order) and per
+    repaired record (``repairs``), each labelled with what happened to its record."""
+    # Each line says what happened to its record, as rules_complete counts it: "skipped record" for a
+    # repaired one (kept and planned), for a note that skips nothing, or for an entry announcing no
+    # deadline yet, sent an operator looking for a reminder that was sent or never owed.
+    for p, text in zip(parsed_problems, texts, strict=True):
+        label = ("skipped record" if p in counted else "not announced yet, nothing to plan" if p.skipped
+                 else "note, nothing skipped")
+        log.warning("source %s: snapshot %s: %s: %s", source, snapshot_id, label, text)
+    for text in repairs:
+        log.warning("source %s: snapshot %s: record kept, its text repaired: %s", source, snapshot_id, text)
+
+
+def _parse_report(rule_count: int, counted: list, skipped: list, held: list[str], force: bool) -> dict:
+    """The snapshot's stored parse report (JSON-ready): ``rule_count`` rules parsed, the ``counted``
+    skipped records (at most 50 listed), the ``skipped`` ones that are not counted as
+    ``informational`` (at most 50), the rule ids ``held`` in force (at most 200), ``accepted``:
+    applied by force. Positions and messages are made storable (:func:`sql.safe_text`)."""
+    info = [p for p in skipped if p not in counted]
+    return {"rules": rule_count, "skipped_count": len(counted), "held": held[:200], "accepted": force,
+            "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                         "message": sql.safe_text(p.message)} for p in counted[:50]],
+            "informational": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                               "message": sql.safe_text(p.message)} for p in info[:50]]}
+
+
+def _version_rows(source_id: int, snapshot_id: int, now: datetime, diff: RuleDiff, latest: dict[str, dict],
+                  lineage_of: dict[str, str]) -> list[dict]:
+    """The ``rule_versions`` rows a snapshot writes: the next version of each added or changed rule
+    (version 1 for a new id; its lineage from ``lineage_of`` for a renamed rule, else the previous
+    version's), then a withdrawn version of each withdrawn rule repeating its last payload.
+    ``latest``: the latest version of each rule id (dicts with version, content_hash, payload,
+    lineage); ``now`` (aware UTC) is every row's ``valid_from``."""
+    rows = []
+    for rec in diff.added + diff.changed:
+        prev = latest.get(rec.rule_id)
+        rows.append(dict(source_id=source_id, rule_id=rec.rule_id, version=(prev["version"] + 1) if prev else 1,
+                         snapshot_id=snapshot_id, valid_from=now, withdrawn=False,
+                         content_hash=rec.content_hash(), payload=rec.to_payload(),
+                         lineage=lineage_of.get(rec.rule_id) or (prev.get("lineage") if prev else None)))
+    for rid in diff.withdrawn:
+        prev = latest[rid]
+        rows.append(dict(source_id=source_id, rule_id=rid, version=prev["version"] + 1, snapshot_id=snapshot_id,
+                         valid_from=now, withdrawn=True, content_hash=prev["content_hash"],
+                         payload=prev["payload"], lineage=prev.get("lineage")))
+    return rows
+
+
 def _note_first_seen_passed(engine: Engine, src: SourceConfig, source_id: int, now: datetime,
                             out: ApplyOutcome) -> None:
-    """Judge the rules that came into force at ``now`` already past (:mod:`ingest.first_seen`), log
+    """Judge the rules that came into force at ``now`` already past (:mod:`plan.first_seen`), log
     each and count them in ``out``: a deadline that passed unseen must not be only a rule version."""
     with engine.connect() as conn:
         judged = first_seen.judge_source(conn, source_id, src.name, src.freshness_window, since=now)

@@ -23,7 +23,7 @@ import dagster as dg
 
 from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.deliver.throttle import log_first
-from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.ingest.service import ApplyOutcome, apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.orchestration.partitions import horizon_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
@@ -128,6 +128,51 @@ def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> d
                   "snapshot_id": current.id if current is not None else -1, "status": row.status})
 
 
+_FAILED_STATUSES = ("parse_failed", "quarantined", "no_snapshot")
+
+
+def _apply_sources(context, engine, sources: list[SourceConfig], now: datetime) -> tuple[dict[str, int], list[str]]:
+    """Apply the latest snapshot of each source at ``now`` (aware UTC), logging first-seen notes and
+    failures to ``context.log``. Returns (totals for the rule_versions metadata, the lines of its
+    Markdown "changes" table, header included)."""
+    totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0,
+                  first_seen_late=0, first_seen_missed=0, first_seen_history=0)
+    lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
+    for src in sources:
+        out = apply_latest_snapshot(engine, src, now)
+        _add_to_totals(totals, out)
+        for line in out.first_seen_notes:
+            context.log.warning(f"source {src.name}: first seen after its deadline: {line}")
+        if out.status in _FAILED_STATUSES:
+            context.log.error(f"source {src.name}: {out.status}: {out.error}")
+        lines.append(change_row(src.name, out))
+    return totals, lines
+
+
+def _add_to_totals(totals: dict[str, int], out: ApplyOutcome) -> None:
+    """Add one source's outcome to ``totals`` (the keys :func:`_apply_sources` starts with)."""
+    totals["rules"] += out.rules
+    totals["added"] += out.added
+    totals["changed"] += out.changed
+    totals["withdrawn"] += out.withdrawn
+    totals["unchanged"] += out.unchanged
+    totals["problems"] += len(out.problems)
+    # Rules first seen already past (plan.first_seen): late publications are notes here,
+    # possible misses are escalated by planning.
+    for k in ("first_seen_late", "first_seen_missed", "first_seen_history"):
+        totals[k] += getattr(out, k)
+    if out.status in _FAILED_STATUSES:
+        totals["failed_sources"] += 1
+
+
+def change_row(source: str, out: ApplyOutcome) -> str:
+    """One row of the "changes" Markdown table for one source's outcome: its note is the error, else the
+    first problem, with ``|`` escaped and cut at 200 characters."""
+    note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
+    return (f"| {source} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
+            f"{out.withdrawn} | {note} |")
+
+
 def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition | None = None) -> list:
     """The pipeline's assets for a configuration (one observed source asset per source), the plan
     assets partitioned by ``partitions_def`` (default: from ``plan.first_month`` or the current month)."""
@@ -172,33 +217,11 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         now = clock.now()
         engine = store.engine()
         since = max_version_id(engine)
-        totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0,
-                      first_seen_late=0, first_seen_missed=0, first_seen_history=0)
-        lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
         # Applying creates rule versions, which the UI should show as a rule_versions materialization
         # (what changed, which months): a subset without it (snapshot/<name> alone) confirms and
         # applies nothing new.
         applying = RULE_VERSIONS in context.selected_asset_keys
-        for src in cfg_now.sources if applying else []:
-            out = apply_latest_snapshot(engine, src, now)
-            totals["rules"] += out.rules
-            totals["added"] += out.added
-            totals["changed"] += out.changed
-            totals["withdrawn"] += out.withdrawn
-            totals["unchanged"] += out.unchanged
-            totals["problems"] += len(out.problems)
-            # Rules first seen already past (ingest.first_seen): late publications are notes here,
-            # possible misses are escalated by planning.
-            for k in ("first_seen_late", "first_seen_missed", "first_seen_history"):
-                totals[k] += getattr(out, k)
-            for line in out.first_seen_notes:
-                context.log.warning(f"source {src.name}: first seen after its deadline: {line}")
-            if out.status in ("parse_failed", "quarantined", "no_snapshot"):
-                totals["failed_sources"] += 1
-                context.log.error(f"source {src.name}: {out.status}: {out.error}")
-            note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
-            lines.append(f"| {src.name} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
-                         f"{out.withdrawn} | {note} |")
+        totals, lines = _apply_sources(context, engine, cfg_now.sources if applying else [], now)
         # After applying: a new snapshot is fresh only once it parsed.
         for src in cfg.sources:
             key = snapshot_key(src.name)
@@ -237,9 +260,10 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         now = clock.now()
         engine = store.engine()
         window_ = context.partition_time_window
-        out = plan_all(engine, settings.load(), now, after=window_.start, before=window_.end)
-        keys = context.partition_key_range
+        # One configuration for the whole step (the resource reads the file once per run).
         cfg_now = settings.load()
+        out = plan_all(engine, cfg_now, now, after=window_.start, before=window_.end)
+        keys = context.partition_key_range
         try:
             h_first, h_last = horizon_range(now, cfg_now.plan.horizon_days)
             covers = keys.start <= h_first and keys.end >= h_last
@@ -274,7 +298,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Reminders of deadlines moved into the past with none delivered, left for the sweep to
             # escalate as missed.
             "moved_into_past_missed": out.moved_into_past_missed,
-            # Reminders of deadlines that passed while their source was not fetched (ingest.first_seen),
+            # Reminders of deadlines that passed while their source was not fetched (plan.first_seen),
             # left for the sweep to escalate as missed.
             "missed_while_unwatched": out.missed_while_unwatched,
             **{f"state_{k}": v for k, v in sorted(states.items())},

@@ -14,7 +14,7 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
   instant has already passed"), each channel without one gets a reminder for the passed instant that
   the delivery sweep escalates as missed (:func:`missed_row`);
 * deadline first seen after it had passed while its source was not fetched (no fetch with parsed
-  content within the source's freshness window before it: :mod:`~deadline_pipeline.ingest.first_seen`)
+  content within the source's freshness window before it: :mod:`~deadline_pipeline.plan.first_seen`)
   → its obligation and one reminder per channel that the delivery sweep escalates as missed, naming
   the gap (:func:`missed_while_unwatched`); one the source published late, or that was past when the
   source was first watched, is a note, not a page;
@@ -43,9 +43,9 @@ from deadline_pipeline.config import (
     SubscriptionConfig,
     parse_duration,
 )
-from deadline_pipeline.ingest.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.business_days import calendar_data_version
+from deadline_pipeline.plan.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
 from deadline_pipeline.plan.offsets import Offset
@@ -95,7 +95,7 @@ class PlanOutcome:
     # (:func:`missed_row`; logged).
     moved_into_past_missed: int = 0
     # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline that
-    # passed while its source was not fetched (ingest.first_seen; :func:`missed_while_unwatched`,
+    # passed while its source was not fetched (plan.first_seen; :func:`missed_while_unwatched`,
     # logged at ERROR with the gap).
     missed_while_unwatched: int = 0
     # Obligations whose due instant moved although their rule did not: the zone data or the
@@ -759,7 +759,7 @@ def missed_row(obligation_id: int, key: str, channel: str, offset_seconds: int, 
 
 
 # The reason of a reminder left for the sweep to escalate because its deadline passed while the
-# source was not fetched (ingest.first_seen: MISSED_UNWATCHED). Before, such a rule was stored as a
+# source was not fetched (plan.first_seen: MISSED_UNWATCHED). Before, such a rule was stored as a
 # version and nothing else: no obligation, no alert, every check green. The sweep keeps the reason.
 PASSED_UNWATCHED = "first seen after it had passed, while its source was not fetched"
 
@@ -773,7 +773,7 @@ def passed_unwatched_reason(judged: FirstSeenPassed) -> str:
 def missed_while_unwatched(target: Target, rules: dict[str, tuple[int, RuleRecord]], judged: list[FirstSeenPassed],
                            lineage: dict[str, str] | None = None) -> list[tuple[PlannedObligation, FirstSeenPassed]]:
     """The obligations of ``target`` (pure) for each judgment that is a possible miss
-    (:data:`~deadline_pipeline.ingest.first_seen.MISSED_UNWATCHED`) of a rule still in force
+    (:data:`~deadline_pipeline.plan.first_seen.MISSED_UNWATCHED`) of a rule still in force
     (``rules``: rule_id → (version, record)) that the target selects, keyed as planning keys them;
     planned over a window around the rule's instant (business-day rolling may move it a few days)."""
     out = []
@@ -790,7 +790,7 @@ def missed_while_unwatched(target: Target, rules: dict[str, tuple[int, RuleRecor
 def _write_missed_while_unwatched(conn, targets: list[Target], rules_cache: dict, lineage: dict, now: datetime,
                                   watched: set[tuple[int, int]], out: PlanOutcome) -> None:
     """Write, for each deadline that passed while its source was not fetched (judged from the fetch
-    log over the last :data:`~deadline_pipeline.ingest.first_seen.LOOKBACK`), its obligation and one
+    log over the last :data:`~deadline_pipeline.plan.first_seen.LOOKBACK`), its obligation and one
     reminder per channel (the latest offset) that the delivery sweep escalates as missed
     (:func:`missed_row`); counted in ``out.missed_while_unwatched``, logged at ERROR. ``watched``:
     (subscriber_id, source_id) pairs that had obligations before this run — a subscriber added since

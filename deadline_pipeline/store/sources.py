@@ -259,7 +259,7 @@ def log_fetch(conn: Connection, *, source_id: int, fetched_at: datetime, outcome
               sha256: str | None = None, snapshot_id: int | None = None, error: str | None = None) -> None:
     """Record one fetch of a source in ``fetch_log`` (``fetched_at`` aware UTC; ``outcome``:
     new_snapshot | unchanged | not_modified | failed). Every fetch is logged, not only changed
-    content: the first-seen judgment (``ingest.first_seen``) needs to know when the source was looked
+    content: the first-seen judgment (``plan.first_seen``) needs to know when the source was looked
     at and what it said."""
     conn.execute(fetch_log.insert().values(
         source_id=source_id, fetched_at=fetched_at, outcome=outcome, http_status=http_status, sha256=sha256,

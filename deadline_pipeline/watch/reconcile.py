@@ -27,7 +27,7 @@ recomputes what is owed from the rule versions in force instead:
 Any owed reminder not explained is red, with the offenders.
 
 4. **Passed while unwatched**: a rule first seen within ``lookback`` after its deadline had passed
-   while its source was not fetched (:mod:`~deadline_pipeline.ingest.first_seen`) was owed a
+   while its source was not fetched (:mod:`~deadline_pipeline.plan.first_seen`) was owed a
    reminder nobody could send: counted in the summary, and an offender (red) while the outbox holds
    no reminder for that deadline (planning did not leave the one the sweep escalates).
 """
@@ -40,9 +40,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
-from deadline_pipeline.ingest.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import OPEN, AlertState
 from deadline_pipeline.store.health import planned_rules, reminder_outcomes, rule_versions_with_reports

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig, WatchConfig
-from deadline_pipeline.ingest.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan.first_seen import LOOKBACK as FIRST_SEEN_LOOKBACK
 from deadline_pipeline.store.health import (
     count_escalated_unacknowledged,
     count_unreceipted_deliveries,
@@ -157,7 +157,7 @@ def _heartbeat_row(check: str, target: str, beats: dict, components: tuple[str, 
 
 def _unwatched_row(conn, now: datetime) -> WatchRow:
     """``passed_unwatched``: deadlines first seen in the last week after they passed while their
-    source was not fetched (ingest.first_seen). Counted always; red while one has no reminder in the
+    source was not fetched (plan.first_seen). Counted always; red while one has no reminder in the
     outbox (planning did not leave the one the sweep escalates: nobody, not even on-call, was told).
     The escalated ones stay red in ``escalations_acknowledged`` until a human acknowledges them."""
     found = unwatched_misses(conn, {s.id: s.name for s in all_sources(conn)}, now - FIRST_SEEN_LOOKBACK)

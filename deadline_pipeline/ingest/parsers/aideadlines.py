@@ -199,56 +199,18 @@ def _read_entry(entry: dict, node, edition: str, position: str, default_tz: str 
     entry_tz_raw = entry.get("timezone")
 
     if "deadlines" in entry:
-        items = entry.get("deadlines") or []
-        if not isinstance(items, list):
-            result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
+        specs = _typed_specs(entry, node, position, entry_tz_raw, result, repeated_in_items)
+        if specs is None:
             return
-        specs = []
-        item_nodes = next((v.value for k, v in node.value if isinstance(k, yaml.ScalarNode)
-                           and k.value == "deadlines" and isinstance(v, yaml.SequenceNode)), [])
-        for n, item in enumerate(items, start=1):
-            where = f"{position} deadline {n}"
-            if n <= len(item_nodes):
-                where += f" (line {item_nodes[n - 1].start_mark.line + 1})"
-            if n in repeated_in_items:
-                result.problems.append(ParseProblem(where, _repeated_message(repeated_in_items[n], "deadline")))
-                continue
-            if not isinstance(item, dict):
-                result.problems.append(ParseProblem(where, f"expected a mapping, got {type(item).__name__}"))
-                continue
-            kind = str(item.get("type") or "").strip()
-            label = str(item.get("label") or "").strip() or kind
-            if not kind:
-                result.problems.append(ParseProblem(where, "deadline has no 'type'; it cannot be identified"))
-                continue
-            raw_tz = item.get("timezone", entry_tz_raw)
-            specs.append((where, kind, label, label, item.get("date"), raw_tz))
     else:
-        specs = []
-        for key, kind, label in FLAT_KEYS:
-            if key == "deadline" and entry.get(key) is None:
-                # A readable entry that announces no deadline. Not announced yet, it is information;
-                # but an entry whose deadline in force lost its key must not withdraw that rule
-                # (ingest holds it and turns rules_complete red: ParseProblem.unannounced).
-                result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
-                                                    unannounced=True))
-                continue
-            if entry.get(key) is None:
-                continue  # abstract_deadline is optional; `null` means "none"
-            # Flat rules read "Paper Submission" in titles but keep the key in their identity.
-            specs.append((f"{position} {key}", kind, key, label, entry.get(key), entry_tz_raw))
+        specs = _flat_specs(entry, position, entry_tz_raw, result)
 
     for where, kind, id_label, shown, raw_date, raw_tz in specs:
-        try:
-            start = normalise_local(raw_date)
-        except ValueError as exc:
-            result.problems.append(ParseProblem(where, str(exc)))
+        rule_fields = _date_and_zone(raw_date, raw_tz, default_tz)
+        if isinstance(rule_fields, str):
+            result.problems.append(ParseProblem(where, rule_fields))
             continue
-        try:
-            tz = _zone(raw_tz, default_tz)
-        except UnknownTimeZone as exc:
-            result.problems.append(ParseProblem(where, str(exc)))
-            continue
+        start, tz = rule_fields
         result.add(RuleRecord(
             rule_id=f"{edition}/{kind}/{id_label}",
             title=f"{heading} — {shown}",
@@ -260,3 +222,72 @@ def _read_entry(entry: dict, node, edition: str, position: str, default_tz: str 
             extra={"edition_id": edition, "conference": conference, "year": year,
                    "deadline_type": kind, "label": shown},
         ), where)
+
+
+#: One deadline to read: (where, kind, id_label, shown label, raw date, raw zone) — ``where`` is the
+#: problem position, ``id_label`` the part of the rule id after the kind, the raw values as written.
+_Spec = tuple[str, str, str, str, object, object]
+
+
+def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseResult,
+                 repeated_in_items: dict[int, list[RepeatedKey]]) -> list[_Spec] | None:
+    """The specs of a typed entry's ``deadlines`` items, in order; each unusable item (a key written
+    twice, not a mapping, no ``type``) is a problem instead. ``None`` (with a problem) when
+    ``deadlines`` is not a list. An item without ``timezone`` takes ``entry_tz_raw``."""
+    items = entry.get("deadlines") or []
+    if not isinstance(items, list):
+        result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
+        return None
+    specs: list[_Spec] = []
+    item_nodes = next((v.value for k, v in node.value if isinstance(k, yaml.ScalarNode)
+                       and k.value == "deadlines" and isinstance(v, yaml.SequenceNode)), [])
+    for n, item in enumerate(items, start=1):
+        where = f"{position} deadline {n}"
+        if n <= len(item_nodes):
+            where += f" (line {item_nodes[n - 1].start_mark.line + 1})"
+        if n in repeated_in_items:
+            result.problems.append(ParseProblem(where, _repeated_message(repeated_in_items[n], "deadline")))
+            continue
+        if not isinstance(item, dict):
+            result.problems.append(ParseProblem(where, f"expected a mapping, got {type(item).__name__}"))
+            continue
+        kind = str(item.get("type") or "").strip()
+        label = str(item.get("label") or "").strip() or kind
+        if not kind:
+            result.problems.append(ParseProblem(where, "deadline has no 'type'; it cannot be identified"))
+            continue
+        raw_tz = item.get("timezone", entry_tz_raw)
+        specs.append((where, kind, label, label, item.get("date"), raw_tz))
+    return specs
+
+
+def _flat_specs(entry: dict, position: str, entry_tz_raw, result: ParseResult) -> list[_Spec]:
+    """The specs of a flat entry, one per key of :data:`FLAT_KEYS` it sets; a missing ``deadline`` is
+    an ``unannounced`` problem, a missing optional key nothing."""
+    specs: list[_Spec] = []
+    for key, kind, label in FLAT_KEYS:
+        if key == "deadline" and entry.get(key) is None:
+            # A readable entry that announces no deadline. Not announced yet, it is information;
+            # but an entry whose deadline in force lost its key must not withdraw that rule
+            # (ingest holds it and turns rules_complete red: ParseProblem.unannounced).
+            result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
+                                                unannounced=True))
+            continue
+        if entry.get(key) is None:
+            continue  # abstract_deadline is optional; `null` means "none"
+        # Flat rules read "Paper Submission" in titles but keep the key in their identity.
+        specs.append((f"{position} {key}", kind, key, label, entry.get(key), entry_tz_raw))
+    return specs
+
+
+def _date_and_zone(raw_date, raw_tz, default_tz: str | None) -> tuple[str, str] | str:
+    """(normalised local start, zone as spelled) of one deadline, or the problem's message when
+    the date cannot be read or the zone is unknown (the date is judged first)."""
+    try:
+        start = normalise_local(raw_date)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        return start, _zone(raw_tz, default_tz)
+    except UnknownTimeZone as exc:
+        return str(exc)

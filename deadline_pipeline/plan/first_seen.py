@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from deadline_pipeline.ingest.diff import instant_of
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan.rule_instant import instant_of
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import sources as sql
 
