@@ -418,7 +418,8 @@ class _PgBackendCpu:
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
+    """The command line's options, checked, and ``n`` (jobs per contender per round)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pg", default=os.environ.get("DEADLINE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--n", type=int, default=20_000, help="jobs per contender per round (default 20,000)")
@@ -437,29 +438,29 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--processes and --n must be at least 1")
     if args.quick and "--n" in (argv if argv is not None else sys.argv[1:]):
         ap.error("--quick sets n = 1,000; give either --quick or --n")
-    n = 1_000 if args.quick else args.n
+    return args, 1_000 if args.quick else args.n
 
-    ctx = multiprocessing.get_context("spawn")
-    port_queue, counter = ctx.Queue(), ctx.Value("q", 0, lock=False)
-    receiver = ctx.Process(target=_receiver_main, args=(port_queue, counter), daemon=True)
-    receiver.start()
-    hook = f"http://127.0.0.1:{port_queue.get(timeout=30)}/hook"
-    lateness_p50: list[float] = []
-    lateness_p99: list[float] = []
-    profiler = cProfile.Profile() if args.profile else None
 
+def counted_run(pg: str, n: int, hook: str, counter, fn, *a) -> float:
+    """Run one contender on a throwaway database; its rate, after checking the receiver saw n."""
+    before = counter.value
+    with throwaway_db(pg, fn.__name__[:12]) as url:
+        if fn in (db_only, sweep_run):
+            upgrade(make_engine(url))
+        secs = fn(url, n, hook, *a)
+    if fn is not db_only:
+        seen = counter.value - before
+        if seen != n:
+            raise AssertionError(f"the receiver saw {seen} requests for {n} jobs")
+    return n / secs
+
+
+def contenders_for(args: argparse.Namespace, n: int, hook: str, counter, profiler,
+                   lateness: tuple[list[float], list[float]]) -> dict:
+    """The contenders of the rounds, by name, each a function returning its rate; the sweep's adds its
+    lateness p50 and p99 to ``lateness``."""
     def counted(fn, *a) -> float:
-        """Run one contender on a throwaway database; its rate, after checking the receiver saw n."""
-        before = counter.value
-        with throwaway_db(args.pg, fn.__name__[:12]) as url:
-            if fn in (db_only, sweep_run):
-                upgrade(make_engine(url))
-            secs = fn(url, n, hook, *a)
-        if fn is not db_only:
-            seen = counter.value - before
-            if seen != n:
-                raise AssertionError(f"the receiver saw {seen} requests for {n} jobs")
-        return n / secs
+        return counted_run(args.pg, n, hook, counter, fn, *a)
 
     def aiohttp_ceiling() -> float:
         before = counter.value
@@ -470,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     def the_sweep() -> float:
         box: dict = {}
         rate = counted(sweep_run, box, profiler, args.processes)
-        lateness_p50.append(statistics.median(box["late"]))
-        lateness_p99.append(pct(box["late"], 0.99))
+        lateness[0].append(statistics.median(box["late"]))
+        lateness[1].append(pct(box["late"], 0.99))
         return rate
 
     contenders = {"aiohttp_ceiling": aiohttp_ceiling, "sweep": the_sweep}
@@ -482,22 +483,33 @@ def main(argv: list[str] | None = None) -> int:
         contenders["pgqueuer"] = lambda: counted(pgqueuer_run)
         contenders["procrastinate"] = lambda: counted(procrastinate_run)
     contenders["db_only"] = lambda: counted(db_only)
-    phases: dict[str, float] = {}
-    try:
-        figs = run_rounds(contenders, rounds=args.rounds)
-        if args.phases:
-            samples = []
-            for _ in range(args.rounds):
-                with throwaway_db(args.pg, "phases") as url:
-                    upgrade(make_engine(url))
-                    samples.append(phase_profile(url, n, hook))
-            phases = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-    finally:
-        receiver.terminate()
-        receiver.join(5)
-    if profiler is not None:
-        profiler.dump_stats(args.profile)
+    return contenders
 
+
+def phase_figures(pg: str, n: int, hook: str, rounds: int) -> dict[str, float]:
+    """Median over ``rounds`` runs of a one-process sweep's CPU per alert by phase."""
+    samples = []
+    for _ in range(rounds):
+        with throwaway_db(pg, "phases") as url:
+            upgrade(make_engine(url))
+            samples.append(phase_profile(url, n, hook))
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
+def print_phases(phases: dict[str, float], rounds: int) -> None:
+    print(f"\nWhere a one-process sweep's CPU goes (microseconds per alert, median of {rounds} runs):")
+    print("| phase | CPU per alert | share |\n| --- | ---: | ---: |")
+    for key, label in PHASES:
+        print(f"| {label} | {phases[key]:.0f} us | {phases[key] / phases['total']:.0%} |")
+    print(f"| all of the sweep process | {phases['total']:.0f} us | 100% |")
+    print(f"| PostgreSQL server processes of this database | {phases['pg_backend']:.0f} us | |")
+
+
+def report(args: argparse.Namespace, n: int, figs: dict, phases: dict[str, float],
+           lateness: tuple[list[float], list[float]]) -> int:
+    """Print the table, the lateness, the phases, the goals, the summary line and the JSON line; the
+    exit status (1 when a contender has no sample)."""
+    lateness_p50, lateness_p99 = lateness
     labels = {"aiohttp_ceiling": "raw aiohttp client ceiling, conc 64 (no database)",
               "sweep": f"sweep: claim -> attempt rows -> render/sign -> send -> record, {args.processes} process(es)",
               "sweep_one_process": "the same sweep in one process (delivery.processes: 1)",
@@ -512,12 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sweep lateness (sent - send_at): p50 median {p50:.2f} s, p99 median {p99:.2f} s (p99 min-max "
           f"{lo:.2f}-{hi:.2f} s)")
     if phases:
-        print(f"\nWhere a one-process sweep's CPU goes (microseconds per alert, median of {args.rounds} runs):")
-        print("| phase | CPU per alert | share |\n| --- | ---: | ---: |")
-        for key, label in PHASES:
-            print(f"| {label} | {phases[key]:.0f} us | {phases[key] / phases['total']:.0%} |")
-        print(f"| all of the sweep process | {phases['total']:.0f} us | 100% |")
-        print(f"| PostgreSQL server processes of this database | {phases['pg_backend']:.0f} us | |")
+        print_phases(phases, args.rounds)
     goals = [("sweep / pgqueuer", ratio(figs, "sweep", "pgqueuer"), ">=", 1.5),
              ("sweep / procrastinate", ratio(figs, "sweep", "procrastinate"), ">=", 10),
              ("sweep / aiohttp ceiling", ratio(figs, "sweep", "aiohttp_ceiling"), ">=", 0.75)]
@@ -538,6 +545,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: no sample for {', '.join(missing)} (see the errors above)", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, n = parse_args(argv)
+    ctx = multiprocessing.get_context("spawn")
+    port_queue, counter = ctx.Queue(), ctx.Value("q", 0, lock=False)
+    receiver = ctx.Process(target=_receiver_main, args=(port_queue, counter), daemon=True)
+    receiver.start()
+    hook = f"http://127.0.0.1:{port_queue.get(timeout=30)}/hook"
+    lateness: tuple[list[float], list[float]] = ([], [])  # the sweep's p50 and p99 per round
+    profiler = cProfile.Profile() if args.profile else None
+    contenders = contenders_for(args, n, hook, counter, profiler, lateness)
+    try:
+        figs = run_rounds(contenders, rounds=args.rounds)
+        phases = phase_figures(args.pg, n, hook, args.rounds) if args.phases else {}
+    finally:
+        receiver.terminate()
+        receiver.join(5)
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    return report(args, n, figs, phases, lateness)
 
 
 if __name__ == "__main__":

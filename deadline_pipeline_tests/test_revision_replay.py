@@ -59,49 +59,76 @@ def expected_reminders(steps: list[tuple[datetime, bytes]]) -> Expected:
     ever: set[str] = set()  # every rule id seen before this step
     for k, (t, content) in enumerate(steps):
         t_next = steps[k + 1][0] if k + 1 < len(steps) else datetime.max.replace(tzinfo=UTC)
-        parsed = parse_payload("ai-deadlines", content, source="replay")
-        now_rules = {r.rule_id: r for r in parsed.rules if instant_of(r) is not None}
-        skipped = [p for p in parsed.problems if p.skipped]
-        # A skipped record under an id never seen may be any rule (its id may have changed with it).
-        gone = [r for rid, r in records.items() if rid not in now_rules
-                and not any(p.may_be(rid, ever) for p in skipped)]
-        came = [r for rid, r in now_rules.items() if rid not in records]
-        for old, new in pair_renames(gone, came):
-            exp.lineage[new.rule_id] = exp.lineage.get(old.rule_id, old.rule_id)
-            exp.renames.append((t, old.rule_id, new.rule_id))
-        held = {rid: r for rid, r in records.items() if rid not in now_rules and rid not in {g.rule_id for g in gone}}
+        records = _records_in_force(exp, t, content, records, ever)
         current: dict[str, datetime] = {}
-        for rid, r in {**held, **now_rules}.items():
+        for rid, r in records.items():
             current[exp.lineage.get(rid, rid)] = instant_of(r)
         delivered_before = {lin for (lin, _d, _o), s in exp.reminders.items() if s < t}
-        for lin, old_due in prev.items():
-            if lin not in current and old_due >= t - WINDOW and lin in delivered_before:
-                exp.cancellations.append((t, lin))
+        _owe_cancellations(exp, t, prev, current, delivered_before)
         for lin, due in current.items():
-            old_due = prev.get(lin)
-            if old_due == due:
-                for o in OFFSETS:
-                    if t <= due + timedelta(seconds=o) < t_next:
-                        exp.reminders.setdefault((lin, due, o), due + timedelta(seconds=o))
-                continue
-            if old_due is not None and (old_due >= t - WINDOW or due >= t - WINDOW) and lin in delivered_before:
-                exp.corrections.append((t, lin, old_due, due))
-            if due < t - WINDOW:
-                continue  # past when it came into force: nothing owed
-            late = [o for o in OFFSETS if due + timedelta(seconds=o) <= t]
-            if late and due > t:
-                latest = max(late)
-                if (lin, due, latest) not in exp.reminders:
-                    exp.reminders[(lin, due, latest)] = t
-            for o in OFFSETS:
-                if t < due + timedelta(seconds=o) < t_next:
-                    exp.reminders.setdefault((lin, due, o), due + timedelta(seconds=o))
+            _owe_for_instant(exp, t, t_next, lin, prev.get(lin), due, lin in delivered_before)
         prev = current
-        records = {**held, **now_rules}
         ever |= set(records)
         exp.clock.add(t)
     exp.clock |= set(exp.reminders.values())
     return exp
+
+
+def _records_in_force(exp: Expected, t: datetime, content: bytes, records: dict[str, object],
+                      ever: set[str]) -> dict[str, object]:
+    """The records in force once ``content`` applies at ``t`` (rule id → record): its parsed rules,
+    plus those of ``records`` (the step before) held because a record failing to parse may be theirs.
+    Renames (a rule gone paired with one that came) are noted in ``exp``."""
+    parsed = parse_payload("ai-deadlines", content, source="replay")
+    now_rules = {r.rule_id: r for r in parsed.rules if instant_of(r) is not None}
+    skipped = [p for p in parsed.problems if p.skipped]
+    # A skipped record under an id never seen may be any rule (its id may have changed with it).
+    gone = [r for rid, r in records.items() if rid not in now_rules
+            and not any(p.may_be(rid, ever) for p in skipped)]
+    came = [r for rid, r in now_rules.items() if rid not in records]
+    for old, new in pair_renames(gone, came):
+        exp.lineage[new.rule_id] = exp.lineage.get(old.rule_id, old.rule_id)
+        exp.renames.append((t, old.rule_id, new.rule_id))
+    held = {rid: r for rid, r in records.items() if rid not in now_rules and rid not in {g.rule_id for g in gone}}
+    return {**held, **now_rules}
+
+
+def _owe_cancellations(exp: Expected, t: datetime, prev: dict[str, datetime], current: dict[str, datetime],
+                       delivered_before: set[str]) -> None:
+    """A cancellation per lineage withdrawn at ``t`` whose instant had not passed (within the planning
+    window) and that had a reminder delivered."""
+    for lin, old_due in prev.items():
+        if lin not in current and old_due >= t - WINDOW and lin in delivered_before:
+            exp.cancellations.append((t, lin))
+
+
+def _owe_for_instant(exp: Expected, t: datetime, t_next: datetime, lin: str, old_due: datetime | None,
+                     due: datetime, delivered: bool) -> None:
+    """What lineage ``lin``, due at ``due`` from step ``t`` (``old_due`` before it) until ``t_next``,
+    owes: the reminders whose send instant falls in the step; for a new instant also a correction
+    (after a delivered reminder) and the latest late reminder at once if the deadline is ahead."""
+    if old_due == due:
+        _owe_on_time(exp, lin, due, t, t_next, include_t=True)
+        return
+    if old_due is not None and (old_due >= t - WINDOW or due >= t - WINDOW) and delivered:
+        exp.corrections.append((t, lin, old_due, due))
+    if due < t - WINDOW:
+        return  # past when it came into force: nothing owed
+    late = [o for o in OFFSETS if due + timedelta(seconds=o) <= t]
+    if late and due > t:
+        latest = max(late)
+        if (lin, due, latest) not in exp.reminders:
+            exp.reminders[(lin, due, latest)] = t
+    _owe_on_time(exp, lin, due, t, t_next, include_t=False)
+
+
+def _owe_on_time(exp: Expected, lin: str, due: datetime, t: datetime, t_next: datetime, *, include_t: bool) -> None:
+    """The reminders of ``lin`` for ``due`` whose send instant falls in the step from ``t`` (included
+    only with ``include_t``: an instant new at ``t`` owes the ones at ``t`` as late ones) to ``t_next``."""
+    for o in OFFSETS:
+        send = due + timedelta(seconds=o)
+        if (t <= send if include_t else t < send) and send < t_next:
+            exp.reminders.setdefault((lin, due, o), send)
 
 
 def _setup(tmp_path):

@@ -145,6 +145,17 @@ def backoff_seconds(attempt: int, *, base: float, cap: float, rng: Callable[[], 
     return min(cap, base * 2 ** max(0, attempt - 1)) * (0.5 + rng() / 2)
 
 
+# A failed round (database down) is retried after a pause that doubles, from 1 s up to this.
+FAILURE_PAUSE_CAP_SECONDS = 30.0
+
+
+def _failure_pause(pause: float, remaining: float) -> tuple[float, float]:
+    """``(wait, next pause)`` after a failed round: wait ``pause`` seconds, but never past the time
+    budget (``remaining`` seconds, possibly negative); the next failure waits twice as long, up to
+    :data:`FAILURE_PAUSE_CAP_SECONDS`."""
+    return min(pause, max(0.0, remaining)), min(pause * 2, FAILURE_PAUSE_CAP_SECONDS)
+
+
 @dataclass
 class SweepOutcome:
     """Counts of one sweep run.
@@ -480,6 +491,8 @@ class _Sweep:
         self.claims = 0
         self.gate = _StartGate(self)
         self.halted = False  # set when a send meets a BaseException: no further send starts
+        self.sending: list[_Batch] = []  # claimed batches whose sends run (at most two)
+        self.pending_write: asyncio.Task | None = None  # the last finished batch's recording (overlaps the rest)
         # Escalation channel name -> failed notices in a row (ESCALATION_NOTICE_BREAKER).
         self.notice_failures_in_row: dict[str, int] = {}
         workers = sum(getattr(c, "max_concurrency", 8) for c in cfg.channels.values()) or 8
@@ -533,82 +546,15 @@ class _Sweep:
         # each keeps its own lease owner, start gate and recording, so every guarantee of a single
         # batch holds for each (attempt row committed and the lease re-checked before each send,
         # owner-checked result writes, per-alert recording).
-        sending: list[_Batch] = []  # claimed batches whose sends run (at most two)
-        pending_write: asyncio.Task | None = None  # the last finished batch's recording (overlaps the rest)
-        last_error: BaseException | None = None
-        pause = 1.0
+        self.sending = []
+        self.pending_write = None
         try:
-            while time.monotonic() < self.deadline and (self.max_batches is None
-                                                         or self.out.batches < self.max_batches):
-                try:
-                    if len(sending) >= 2:
-                        # A round that failed after its claim left two batches sending: finish one
-                        # before claiming again, so that never more than two are claimed at once.
-                        if pending_write is not None:
-                            task, pending_write = pending_write, None
-                            await task
-                        pending_write = await self._finish(await self._first_done(sending))
-                    t = self.clock()
-                    claimed_at = time.monotonic()
-                    # A lease owner per claim, unique even across runs that share an owner (a
-                    # retried Dagster run keeps its run id): if a sweep meets an alert it claimed
-                    # before (its lease expired while recording failed, or the same run crashed and
-                    # restarted), the old claim's open attempts are not its own and are closed and
-                    # judged like a dead sender's.
-                    self.claims += 1
-                    owner = f"{self.owner}#c{self.claims}.{uuid.uuid4().hex[:6]}"
-                    # In a thread, while the previous batch's sends go on on this loop.
-                    rows, results = await asyncio.to_thread(self._claim, t, owner)
-                    if rows:
-                        self.out.batches += 1
-                        self.out.claimed += len(rows)
-                        # Sends start now (queued behind the older batch's on the lane), before
-                        # anything below can fail: a claimed batch is never left without its sends.
-                        sending.append(self._launch(results, owner, claimed_at))
-                    recorded = False
-                    if pending_write is not None:
-                        # The earlier batch's bookkeeping overlapped this claim; its failure is this
-                        # round's failure too (same database).
-                        task, pending_write = pending_write, None
-                        await task
-                        recorded = True
-                    if len(sending) == 2 or (not rows and sending):
-                        # Wait for whichever batch ends first, the other keeps sending meanwhile: one
-                        # send hanging until its timeout must not hold back recording the other
-                        # batch's finished sends (sent but unrecorded alerts are resent after a crash).
-                        pending_write = await self._finish(await self._first_done(sending))
-                    if not rows and not sending:
-                        break  # nothing claimable and nothing in flight
-                    _batch_failures.success("delivery sweep")
-                    last_error = None
-                    if recorded or not sending:
-                        # Only a recorded batch ends the backoff: a claim succeeds even while every
-                        # batch's recording fails (attempt rows refused), which must keep backing off.
-                        pause = 1.0
-                except Exception as exc:  # database down, a bookkeeping bug: the next batch may succeed
-                    last_error = exc
-                    self.out.batch_failures += 1
-                    _batch_failures.failure("delivery sweep", f"delivery batch failed: {type(exc).__name__}: {exc}",
-                                            exc)
-                    wait = min(pause, max(0.0, self.deadline - time.monotonic()))
-                    pause = min(pause * 2, 30.0)
-                    await asyncio.sleep(wait)
+            last_error = await self._rounds()
             # The budget or max_batches ended the loop with batches still sending: their sends end
             # (or are released past the budget) and their results are recorded, never dropped.
-            while sending or pending_write is not None:
-                if pending_write is not None:
-                    task, pending_write = pending_write, None
-                    try:
-                        await task
-                    except Exception as exc:  # the sent alerts stay claimed; lease expiry recovers them
-                        last_error = exc
-                        self.out.batch_failures += 1
-                        _batch_failures.failure("delivery sweep", f"recording a delivery batch failed: "
-                                                f"{type(exc).__name__}: {exc}", exc)
-                if sending:
-                    pending_write = await self._finish(await self._first_done(sending))
+            last_error = await self._drain(last_error)
         finally:
-            for b in sending:
+            for b in self.sending:
                 # Only on an escaping error (cancellation, the process being killed): stop like a crash,
                 # as a single batch did. Sends not yet started never start (no attempt row, not charged);
                 # started ones have their attempt row and are recovered after the lease as unknown.
@@ -620,6 +566,107 @@ class _Sweep:
             failed.outcome = self.out  # what was done before it gave up, for the caller's report
             raise failed from last_error
         return self.out
+
+    def _may_claim(self) -> bool:
+        """Whether another round may start: time budget left and ``max_batches`` not reached."""
+        return time.monotonic() < self.deadline and (self.max_batches is None or self.out.batches < self.max_batches)
+
+    async def _rounds(self) -> BaseException | None:
+        """Claim, send and record rounds while :meth:`_may_claim` allows, until nothing is claimable and
+        nothing is in flight. A failed round is counted and logged, and the next one starts after a
+        pause (:func:`_failure_pause`). Returns the error of the last round, ``None`` if it succeeded
+        (or if the first round found nothing at all to do)."""
+        last_error: BaseException | None = None
+        pause = 1.0
+        while self._may_claim():
+            try:
+                claimed, recorded = await self._round()
+                if not claimed and not self.sending:
+                    break  # nothing claimable and nothing in flight
+                _batch_failures.success("delivery sweep")
+                last_error = None
+                if recorded or not self.sending:
+                    # Only a recorded batch ends the backoff: a claim succeeds even while every
+                    # batch's recording fails (attempt rows refused), which must keep backing off.
+                    pause = 1.0
+            except Exception as exc:  # database down, a bookkeeping bug: the next batch may succeed
+                last_error = exc
+                self.out.batch_failures += 1
+                _batch_failures.failure("delivery sweep", f"delivery batch failed: {type(exc).__name__}: {exc}",
+                                        exc)
+                wait, pause = _failure_pause(pause, self.deadline - time.monotonic())
+                await asyncio.sleep(wait)
+        return last_error
+
+    async def _round(self) -> tuple[bool, bool]:
+        """One round: claim a batch and queue its sends, wait for the previous batch's recording, and
+        start recording a batch whose sends have ended when two are in flight (or no new one came).
+        Returns ``(claimed, recorded)``: whether this round claimed alerts, and whether it saw an
+        earlier batch's recording through. Raises what failed; state stays in ``self.sending`` and
+        ``self.pending_write`` for the next round."""
+        sending = self.sending
+        if len(sending) >= 2:
+            # A round that failed after its claim left two batches sending: finish one
+            # before claiming again, so that never more than two are claimed at once.
+            await self._await_pending_write()
+            await self._finish_first()
+        t = self.clock()
+        claimed_at = time.monotonic()
+        # A lease owner per claim, unique even across runs that share an owner (a
+        # retried Dagster run keeps its run id): if a sweep meets an alert it claimed
+        # before (its lease expired while recording failed, or the same run crashed and
+        # restarted), the old claim's open attempts are not its own and are closed and
+        # judged like a dead sender's.
+        self.claims += 1
+        owner = f"{self.owner}#c{self.claims}.{uuid.uuid4().hex[:6]}"
+        # In a thread, while the previous batch's sends go on on this loop.
+        rows, results = await asyncio.to_thread(self._claim, t, owner)
+        if rows:
+            self.out.batches += 1
+            self.out.claimed += len(rows)
+            # Sends start now (queued behind the older batch's on the lane), before
+            # anything below can fail: a claimed batch is never left without its sends.
+            sending.append(self._launch(results, owner, claimed_at))
+        # The earlier batch's bookkeeping overlapped this claim; its failure is this
+        # round's failure too (same database).
+        recorded = await self._await_pending_write()
+        if len(sending) == 2 or (not rows and sending):
+            # Wait for whichever batch ends first, the other keeps sending meanwhile: one
+            # send hanging until its timeout must not hold back recording the other
+            # batch's finished sends (sent but unrecorded alerts are resent after a crash).
+            await self._finish_first()
+        return bool(rows), recorded
+
+    async def _drain(self, last_error: BaseException | None) -> BaseException | None:
+        """Finish every batch still sending and see every recording through; a recording that fails is
+        counted and logged, and the rest are still recorded. Returns the last such failure, else
+        ``last_error``."""
+        while self.sending or self.pending_write is not None:
+            if self.pending_write is not None:
+                try:
+                    await self._await_pending_write()
+                except Exception as exc:  # the sent alerts stay claimed; lease expiry recovers them
+                    last_error = exc
+                    self.out.batch_failures += 1
+                    _batch_failures.failure("delivery sweep", f"recording a delivery batch failed: "
+                                            f"{type(exc).__name__}: {exc}", exc)
+            if self.sending:
+                await self._finish_first()
+        return last_error
+
+    async def _await_pending_write(self) -> bool:
+        """Wait for the last finished batch's recording, if one is running (its failure raises here);
+        whether there was one."""
+        task, self.pending_write = self.pending_write, None
+        if task is None:
+            return False
+        await task
+        return True
+
+    async def _finish_first(self) -> None:
+        """Wait for the first batch of ``self.sending`` to end its sends and start its recording
+        (``self.pending_write``)."""
+        self.pending_write = await self._finish(await self._first_done(self.sending))
 
     def _launch(self, results: list[_Result], owner: str, claimed_at: float) -> _Batch:
         """Queue the sends of one claimed batch on their channels' lanes (escalations are only
