@@ -179,10 +179,10 @@ class BusinessDaysConfig(_Model):
     def _calendar(cls, v: str) -> str:
         # A misspelt calendar would silently leave due dates unrolled: refuse it here.
         if not v.startswith("source:"):
-            from deadline_pipeline.plan.business_days import calendar
+            from deadline_pipeline.holiday_calendars import library_calendar
 
             try:
-                calendar(v)
+                library_calendar(v)
             except ValueError as exc:
                 raise ValueError(str(exc)) from None
         return v
@@ -765,7 +765,7 @@ def _expand(path: str, base: Path) -> str:
 
 
 #: Largest subscriber file read (bytes); it is read up to this and refused beyond (``/dev/zero``
-#: once grew the process to 4 GB before failing). Rows: ``ingest.parsers.limits.MAX_CSV_ROWS``.
+#: once grew the process to 4 GB before failing). Rows: ``deadline_pipeline.limits.MAX_CSV_ROWS``.
 MAX_SUBSCRIBERS_BYTES = 64 * 1024 * 1024
 
 
@@ -928,7 +928,7 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict
 
     import pandas as pd
 
-    from deadline_pipeline.ingest.parsers.limits import MAX_CSV_ROWS
+    from deadline_pipeline.limits import MAX_CSV_ROWS
 
     try:
         with open(path, "rb") as fh:
@@ -989,12 +989,11 @@ def _read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict
 
 def _parse_yaml(text: str, path: Path):
     """The configuration document, read by the sources' safe YAML reader
-    (:func:`deadline_pipeline.ingest.parsers.limits.load_yaml`): YAML 1.2 scalars (an unquoted
+    (:func:`deadline_pipeline.limits.load_yaml`): YAML 1.2 scalars (an unquoted
     ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
     nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
     file, line and column — a 900-level nested list once ended in ``RecursionError`` without a file."""
-    from deadline_pipeline.ingest.parsers.base import ParseError
-    from deadline_pipeline.ingest.parsers.limits import load_yaml
+    from deadline_pipeline.limits import ParseError, load_yaml
 
     label = str(path)
     try:
@@ -1021,13 +1020,13 @@ def _yaml_problems(root) -> list[str]:
 
     * a scalar (key or value) that is not storable text (:func:`_text_problems`);
     * a key written twice in one mapping
-      (:func:`~deadline_pipeline.ingest.parsers.limits.repeated_keys`, shared with the YAML sources):
+      (:func:`~deadline_pipeline.limits.repeated_keys`, shared with the YAML sources):
       the loader keeps the last and drops the first, so a second ``subscriptions:`` block, or
       ``offsets`` written twice in one subscription, made every reminder of the first disappear while
       the run and all its checks stayed green. A key set again beside a merge (``<<: *defaults``) is
       YAML's override and accepted.
     """
-    from deadline_pipeline.ingest.parsers.limits import repeated_keys
+    from deadline_pipeline.limits import repeated_keys
 
     found = [(r.index, f"line {r.line}, column {r.column}: {_format_loc(r.path)}: written twice in one mapping "
                        f"(first at line {r.first_line}); YAML would keep only this one and drop the first without "
@@ -1195,7 +1194,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
 
     # Every value behind a *_env key is masked in any text this process writes from now on.
     register_config_secrets(cfg)
-    from deadline_pipeline.deliver.addresses import address_problems
+    from deadline_pipeline.addresses import address_problems
 
     problems = tenant_problems(cfg, origins) + address_problems(cfg, origins)
     if problems:
