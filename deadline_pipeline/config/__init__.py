@@ -13,6 +13,7 @@ import X`` is the one way in):
 * :mod:`~deadline_pipeline.config.sections`: the pydantic models of the file's sections;
 * :mod:`~deadline_pipeline.config.quantities`: the numbers as constrained types (unit and range);
 * :mod:`~deadline_pipeline.config.text`: checks of text values (one line, zones, quiet hours);
+* :mod:`~deadline_pipeline.config.agreement`: settings that must agree with each other;
 * :mod:`~deadline_pipeline.config.loading`: :func:`load_config`, with file, line and key in errors;
 * :mod:`~deadline_pipeline.config.document` and :mod:`~deadline_pipeline.config.encoding`: the YAML
   and its bytes;
@@ -22,6 +23,7 @@ import X`` is the one way in):
 * :mod:`~deadline_pipeline.config.errors`: :class:`ConfigError`.
 """
 
+from deadline_pipeline.config.agreement import channel_send_window
 from deadline_pipeline.config.errors import ConfigError
 from deadline_pipeline.config.loading import DEFAULT_CONFIG_NAME, load_config, tenant_problems
 from deadline_pipeline.config.messages import did_you_mean
@@ -56,6 +58,7 @@ __all__ = [
     "DEFAULT_CONFIG_NAME", "SOURCE_FORMATS", "AppriseChannel", "BusinessDaysConfig", "CaldavChannel",
     "ChannelConfig", "ConfigError", "DeadlinesConfig", "DeliveryConfig", "EscalationConfig", "MaildirChannel",
     "NetworkConfig", "PlanConfig", "SlackChannel", "SmtpChannel", "SourceConfig", "SubscriberConfig",
-    "SubscriptionConfig", "WatchConfig", "WebhookChannel", "did_you_mean", "load_config", "parse_duration",
+    "SubscriptionConfig", "WatchConfig", "WebhookChannel", "channel_send_window", "did_you_mean", "load_config",
+    "parse_duration",
     "parse_quiet_hours", "tenant_problems",
 ]

@@ -16,8 +16,29 @@ from pydantic import (
     model_validator,
 )
 
-from deadline_pipeline import config_ranges
-from deadline_pipeline.config.quantities import NOT_A_BOOLEAN, Number
+from deadline_pipeline.config.agreement import disagreements
+from deadline_pipeline.config.quantities import (
+    BackoffBaseSeconds,
+    BackoffCapSeconds,
+    BatchSize,
+    BoundedDuration,
+    GraceMinutes,
+    HeartbeatGraceMinutes,
+    HorizonDays,
+    LeaseMarginSeconds,
+    LeaseSeconds,
+    MaxAttempts,
+    MaxConcurrency,
+    PlanIntervalMinutes,
+    Port,
+    Processes,
+    RatePerSecond,
+    ReminderMinutes,
+    RetryAfterCapSeconds,
+    SweepIntervalMinutes,
+    TimeBudgetSeconds,
+    TimeoutSeconds,
+)
 from deadline_pipeline.config.text import (
     ONE_LINE_NAME,
     SenderAddress,
@@ -33,7 +54,9 @@ SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
 
 class Section(BaseModel):
     # A misspelt key is an error, not a silently ignored setting.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinity and NaN are refused in every number: `backoff_cap_seconds: .inf` scheduled a retry
+    # for never, `timeout_seconds: .nan` never timed out.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BusinessDaysConfig(Section):
@@ -69,7 +92,7 @@ class SourceConfig(Section):
     # A Dagster tag value (the source's assets carry it): any other text passed loading and then
     # stopped every command with DagsterInvalidDefinitionError, naming neither file nor key.
     tenant: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=63)] = "default"
-    freshness: str = "P1D"
+    freshness: BoundedDuration = "P1D"
     timezone: str | None = None  # zone for floating times in the source, when it names none
     business_days: BusinessDaysConfig | None = None
     # Credentials live in the environment, named here; the location itself carries none (it is
@@ -187,7 +210,7 @@ class SubscriptionConfig(Section):
     subscribers: list[str] = ["*"]  # subscriber ids, or "*" for every subscriber of the source's tenant
     sources: list[str]
     rules: list[str] = ["*"]  # fnmatch patterns on rule ids
-    offsets: Annotated[list[str], Field(min_length=1)] = ["-P1D"]
+    offsets: Annotated[list[BoundedDuration], Field(min_length=1)] = ["-P1D"]
     channels: Annotated[list[str], Field(min_length=1)]
     # Reminders already past at planning time: send only the most recent at once, or skip them all.
     late_policy: Literal["send_latest", "skip"] = "send_latest"
@@ -230,12 +253,12 @@ class SubscriptionConfig(Section):
 class _ChannelLimits(Section):
     # Per sweep process: at most ``max_concurrency`` sends in flight and ``rate_per_second`` sends
     # started per second (None = unlimited), so a backlog after downtime cannot flood a provider.
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 8
-    rate_per_second: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] | None = None
+    max_concurrency: MaxConcurrency = 8
+    rate_per_second: RatePerSecond | None = None
     # Seconds of lease kept free after a send's timeout: a send starts only while timeout_seconds +
     # lease_margin_seconds of the batch's lease remain, so no second sweep can claim the alert while
     # its send may still be in flight. Per channel: a slow provider may need more slack.
-    lease_margin_seconds: Number = 5.0
+    lease_margin_seconds: LeaseMarginSeconds = 5.0
 
 
 class _MailHeaders(Section):
@@ -257,20 +280,20 @@ class MaildirChannel(_ChannelLimits, _MailHeaders):
     path: str
     sender: SenderAddress = "deadline-pipeline@localhost"
     # One local folder: parallel writers gain nothing.
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 1
+    max_concurrency: MaxConcurrency = 1
 
 
 class SmtpChannel(_ChannelLimits, _MailHeaders):
     type: Literal["smtp"]
     host: str = "127.0.0.1"
-    port: Annotated[int, NOT_A_BOOLEAN] = 25
+    port: Port = 25
     sender: SenderAddress = "deadline-pipeline@localhost"
     starttls: bool = False
     ssl: bool = False
     # Names of environment variables holding credentials; the secrets never live in this file.
     username_env: str | None = None
     password_env: str | None = None
-    timeout_seconds: Number = 30.0
+    timeout_seconds: TimeoutSeconds = 30.0
     # The server offers SMTPUTF8 (RFC 6531), so recipients with a non-ASCII local part are accepted
     # at load; every session still checks the EHLO reply before sending to one.
     smtputf8: bool = False
@@ -278,7 +301,7 @@ class SmtpChannel(_ChannelLimits, _MailHeaders):
 
 class WebhookChannel(_ChannelLimits):
     type: Literal["webhook"]
-    timeout_seconds: Number = 10.0
+    timeout_seconds: TimeoutSeconds = 10.0
     # The JSON body: the Standard Webhooks envelope {type, timestamp, data}, or "legacy" — the flat
     # body of earlier releases, for receivers written against it. "pagerduty" (a PagerDuty Events
     # API v2 event) and "alertmanager" (Alertmanager's POST /api/v2/alerts body) carry pages only: a
@@ -288,7 +311,7 @@ class WebhookChannel(_ChannelLimits):
     secret_env: str | None = None
     # body: pagerduty: the variable holding the Events API v2 routing (integration) key.
     routing_key_env: str | None = None
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 64
+    max_concurrency: MaxConcurrency = 64
 
     @model_validator(mode="after")
     def _routing_key(self) -> WebhookChannel:
@@ -306,10 +329,10 @@ class SlackChannel(_ChannelLimits):
 
     type: Literal["slack"]
     url_env: str
-    timeout_seconds: Number = 10.0
+    timeout_seconds: TimeoutSeconds = 10.0
     # Slack documents about one message per second per incoming webhook.
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 1
-    rate_per_second: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] | None = 1.0
+    max_concurrency: MaxConcurrency = 1
+    rate_per_second: RatePerSecond | None = 1.0
 
 
 class CaldavChannel(_ChannelLimits):
@@ -329,8 +352,8 @@ class CaldavChannel(_ChannelLimits):
     password_env: str | None = None
     book: Literal["reminder", "obligation"] = "reminder"
     cancel: Literal["status", "delete"] = "status"
-    timeout_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 10.0
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 4
+    timeout_seconds: TimeoutSeconds = 10.0
+    max_concurrency: MaxConcurrency = 4
 
     @field_validator("url_template")
     @classmethod
@@ -351,8 +374,8 @@ class AppriseChannel(_ChannelLimits):
 
     type: Literal["apprise"]
     url_env: str
-    timeout_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 10.0
-    max_concurrency: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=1024)] = 4
+    timeout_seconds: TimeoutSeconds = 10.0
+    max_concurrency: MaxConcurrency = 4
 
 
 ChannelConfig = Annotated[MaildirChannel | SmtpChannel | WebhookChannel | SlackChannel | CaldavChannel | AppriseChannel,
@@ -369,7 +392,7 @@ class EscalationConfig(Section):
     webhook_url: str | None = None
     apprise_target: str | None = None
     # The paging sensor and the watchdog remind about an incident still open after this long.
-    reminder_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 60
+    reminder_minutes: ReminderMinutes = 60
     # The Dagster UI's base URL (http://dagster.internal:3000): pages link to the failed check or
     # run there. Unset: they carry the UI's route (/assets/alerts?view=checks) without a host.
     dagster_ui_url: str | None = None
@@ -394,19 +417,19 @@ class EscalationConfig(Section):
 
 
 class DeliveryConfig(Section):
-    batch_size: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=10_000)] = 500
-    lease_seconds: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 300
-    max_attempts: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 5
-    backoff_base_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 30.0
-    backoff_cap_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 3600.0
-    time_budget_seconds: Annotated[float, NOT_A_BOOLEAN, Field(gt=0)] = 240.0
+    batch_size: BatchSize = 500
+    lease_seconds: LeaseSeconds = 300
+    max_attempts: MaxAttempts = 5
+    backoff_base_seconds: BackoffBaseSeconds = 30.0
+    backoff_cap_seconds: BackoffCapSeconds = 3600.0
+    time_budget_seconds: TimeBudgetSeconds = 240.0
     # Longest wait a receiver's Retry-After may impose, in seconds (default: backoff_cap_seconds); a
     # "Retry-After: <a date in 9999>" would otherwise park an alert until then, never escalated.
-    retry_after_cap_seconds: Number | None = None
+    retry_after_cap_seconds: RetryAfterCapSeconds | None = None
     # Processes one sweep runs in (PostgreSQL; see deliver/workers.py): the sweep is CPU-bound in one
     # interpreter, so on an n-core host up to n processes add throughput. Each claims its own batches.
     # Strict: `true` or the string "2" is refused, not read as a number of processes.
-    processes: Annotated[int, Field(ge=1, le=32, strict=True)] = 1
+    processes: Processes = 1
     # The sweep's event loop. uvloop runs the same sweep with about a third less CPU per alert
     # (benchmarks/deliver.py): the sweep wakes futures, tasks and thread callbacks for every alert.
     # "asyncio" is the standard library's loop, for a platform without uvloop or to rule it out.
@@ -419,12 +442,12 @@ class DeliveryConfig(Section):
 
 
 class WatchConfig(Section):
-    grace_minutes: Annotated[int, NOT_A_BOOLEAN, Field(ge=0)] = 30
+    grace_minutes: GraceMinutes = 30
     # How often the delivery sensor ticks / the sweep runs, and how often ingest + plan run; a
     # heartbeat older than interval + heartbeat_grace_minutes is a stopped stage.
-    sweep_interval_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 5
-    plan_interval_minutes: Annotated[int, NOT_A_BOOLEAN, Field(gt=0)] = 90
-    heartbeat_grace_minutes: Annotated[int, NOT_A_BOOLEAN, Field(ge=0)] = 10
+    sweep_interval_minutes: SweepIntervalMinutes = 5
+    plan_interval_minutes: PlanIntervalMinutes = 90
+    heartbeat_grace_minutes: HeartbeatGraceMinutes = 10
 
 
 class NetworkConfig(Section):
@@ -454,7 +477,7 @@ class NetworkConfig(Section):
 
 
 class PlanConfig(Section):
-    horizon_days: Annotated[int, NOT_A_BOOLEAN, Field(gt=0, le=3660)] = 366
+    horizon_days: HorizonDays = 366
     # First due month (UTC, "YYYY-MM") of the plan partitions; default: the month of the first
     # planning run recorded in the store. Replays (--as-of) before it are refused.
     first_month: str | None = None
@@ -538,10 +561,10 @@ class DeadlinesConfig(Section):
                                  "escalation.channels")
 
     @model_validator(mode="after")
-    def _ranges(self) -> DeadlinesConfig:
-        # Every number range-checked, and the lease agreeing with the time budget and each channel's
-        # timeout (deadline_pipeline.config_ranges); errors carry their key paths.
-        config_ranges.check(self)
+    def _agreement(self) -> DeadlinesConfig:
+        # The lease agreeing with the time budget and each channel's timeout, the offsets with the
+        # planning horizon (deadline_pipeline.config.agreement); errors carry their key paths.
+        disagreements(self)
         return self
 
     def source(self, name: str) -> SourceConfig:

@@ -111,12 +111,29 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
     non-empty values by column, spaces around them removed (logged). Raises :class:`ConfigError`
     naming ``path`` (and the line) for an unreadable or oversized file, a header that is not made of
     subscriber fields, a row with too many fields, or a repeated id."""
-    import io
+    data = _read_bytes(path, config_path)
+    _refuse_undecodable(data, path)
+    header_line, header, lines = _csv_layout(data, path)
+    records = _read_records(data, path, config_path, header, lines)
+    columns = _subscriber_columns(header, header_line, path)
+    missing = {"id", "timezone"} - set(columns)
+    if missing:
+        raise ConfigError(f"{path}: line {header_line}: missing column(s) {sorted(missing)}; "
+                          f"the columns are {', '.join(SubscriberConfig.model_fields)}")
+    rows = [(line, clean_row(dict(zip(columns, values, strict=True)), line, path))
+            for line, values in zip(lines, records, strict=True)]
+    repeats = repeated_ids(rows, path)
+    if repeats:
+        # Named here, with lines: checked after merging, a repeat was reported against the
+        # configuration file, which does not hold it.
+        raise ConfigError("\n".join(repeats[:20]) + (f"\n… and {len(repeats) - 20} more" if len(repeats) > 20
+                                                     else ""))
+    return rows
 
-    import pandas as pd
 
-    from deadline_pipeline.limits import MAX_CSV_ROWS
-
+def _read_bytes(path: Path, config_path: Path) -> bytes:
+    """The subscriber file's bytes, at most :data:`MAX_SUBSCRIBERS_BYTES`. Raises :class:`ConfigError`
+    naming the configuration file's ``subscribers_csv`` key for a missing, unreadable or larger file."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_SUBSCRIBERS_BYTES + 1)
@@ -127,8 +144,20 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
     if len(data) > MAX_SUBSCRIBERS_BYTES:
         raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
                           "(limit of the subscriber file)")
-    _refuse_undecodable(data, path)
-    header_line, header, lines = _csv_layout(data, path)
+    return data
+
+
+def _read_records(data: bytes, path: Path, config_path: Path, header: list[str], lines: list[int]) -> list[list[str]]:
+    """The data records of the UTF-8 CSV ``data`` as read by pandas (every value text, none missing),
+    one list of values per record in column order. Raises :class:`ConfigError` for a file pandas cannot
+    read, more than ``MAX_CSV_ROWS`` rows, or records and columns that differ from the line count of
+    :func:`_csv_layout` (``header``, ``lines``)."""
+    import io
+
+    import pandas as pd
+
+    from deadline_pipeline.limits import MAX_CSV_ROWS
+
     try:
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
@@ -141,34 +170,35 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
         raise ConfigError(f"{path}: cannot tell which line each record is on ({len(frame)} record(s) read, "
                           f"{len(lines)} counted); a line holding only a quoted blank value (\" \") is one "
                           "cause: remove it")
-    frame.columns = _subscriber_columns(header, header_line, path)
-    missing = {"id", "timezone"} - set(frame.columns)
-    if missing:
-        raise ConfigError(f"{path}: line {header_line}: missing column(s) {sorted(missing)}; "
-                          f"the columns are {', '.join(SubscriberConfig.model_fields)}")
-    rows = []
+    return frame.values.tolist()
+
+
+def clean_row(record: dict[str, str], line: int, path: Path) -> dict[str, str]:
+    """``record`` (column → text) without its empty values, spaces around each value removed; each
+    removal is logged with ``path``, ``line`` and the column."""
+    row = {}
+    for k, v in record.items():
+        if v != v.strip():
+            # "carl ," stored the id "carl " that `subscribers: [carl]` then did not find; a
+            # spreadsheet's padding is never meant as part of an id, zone, address or URL.
+            log.warning("%s: line %d: column %s: spaces around %r removed", path, line, k, v)
+            v = v.strip()
+        if v != "":
+            row[k] = v
+    return row
+
+
+def repeated_ids(rows: list[tuple[int, dict]], path: Path) -> list[str]:
+    """``FILE: line N: id 'x' repeats line M`` for every row of ``rows`` (``(line, row)``) whose id an
+    earlier row has, in order; rows without an id are not compared. Empty when none repeats."""
     first_line: dict[str, int] = {}
     repeats = []
-    for line, rec in zip(lines, frame.to_dict("records"), strict=True):
-        row = {}
-        for k, v in rec.items():
-            if v != v.strip():
-                # "carl ," stored the id "carl " that `subscribers: [carl]` then did not find; a
-                # spreadsheet's padding is never meant as part of an id, zone, address or URL.
-                log.warning("%s: line %d: column %s: spaces around %r removed", path, line, k, v)
-                v = v.strip()
-            if v != "":
-                row[k] = v
+    for line, row in rows:
         ident = row.get("id")
-        if ident is not None:
-            if ident in first_line:
-                repeats.append(f"{path}: line {line}: id {ident!r} repeats line {first_line[ident]}")
-            else:
-                first_line[ident] = line
-        rows.append((line, row))
-    if repeats:
-        # Named here, with lines: checked after merging, a repeat was reported against the
-        # configuration file, which does not hold it.
-        raise ConfigError("\n".join(repeats[:20]) + (f"\n… and {len(repeats) - 20} more" if len(repeats) > 20
-                                                     else ""))
-    return rows
+        if ident is None:
+            continue
+        if ident in first_line:
+            repeats.append(f"{path}: line {line}: id {ident!r} repeats line {first_line[ident]}")
+        else:
+            first_line[ident] = line
+    return repeats
