@@ -10,7 +10,9 @@ expected, never as a traceback from inside pydantic or YAML.
 The package, by idea (this module re-exports the public names, so ``from deadline_pipeline.config
 import X`` is the one way in):
 
-* :mod:`~deadline_pipeline.config.sections`: the pydantic models of the file's sections;
+* :mod:`~deadline_pipeline.config.sections`: the pydantic models of the file's sections, and
+  :mod:`~deadline_pipeline.config.channels` those of its channel types (both on
+  :mod:`~deadline_pipeline.config.base`'s ``Section``);
 * :mod:`~deadline_pipeline.config.quantities`: the numbers as constrained types (unit and range);
 * :mod:`~deadline_pipeline.config.text`: checks of text values (one line, zones, quiet hours);
 * :mod:`~deadline_pipeline.config.agreement`: settings that must agree with each other;
@@ -24,28 +26,30 @@ import X`` is the one way in):
 """
 
 from deadline_pipeline.config.agreement import channel_send_window
+from deadline_pipeline.config.channels import (
+    AppriseChannel,
+    CaldavChannel,
+    ChannelConfig,
+    MaildirChannel,
+    SlackChannel,
+    SmtpChannel,
+    WebhookChannel,
+)
 from deadline_pipeline.config.errors import ConfigError
 from deadline_pipeline.config.loading import DEFAULT_CONFIG_NAME, load_config, tenant_problems
 from deadline_pipeline.config.messages import did_you_mean
 from deadline_pipeline.config.sections import (
     SOURCE_FORMATS,
-    AppriseChannel,
     BusinessDaysConfig,
-    CaldavChannel,
-    ChannelConfig,
     DeadlinesConfig,
     DeliveryConfig,
     EscalationConfig,
-    MaildirChannel,
     NetworkConfig,
     PlanConfig,
-    SlackChannel,
-    SmtpChannel,
     SourceConfig,
     SubscriberConfig,
     SubscriptionConfig,
     WatchConfig,
-    WebhookChannel,
 )
 from deadline_pipeline.config.text import parse_quiet_hours
 from deadline_pipeline.durations import parse_duration

@@ -52,6 +52,8 @@ def first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, in
 
 
 def not_utf8(path: Path, data: bytes, bad: UnicodeDecodeError, where: str) -> ConfigError:
+    """The :class:`ConfigError` (returned, for the caller to raise) for the byte at ``bad.start`` of
+    ``data`` that is not UTF-8, at ``where`` (``line 4, column 2``) in the file ``path``."""
     return ConfigError(f"{path}: {where}: byte 0x{data[bad.start]:02x} is not UTF-8 ({bad.reason}); save the "
                        "file as UTF-8")
 

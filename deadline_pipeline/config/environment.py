@@ -9,6 +9,11 @@ from urllib.parse import urlparse
 
 
 def expand_path(path: str, base: Path) -> str:
+    """``path`` (a file path or URL from the configuration) with ``${VAR}`` and ``$VAR`` replaced by
+    the environment's values (``DEADLINE_HOME`` defaults to the store's home folder; an unset
+    variable is left as written). A URL is returned expanded, each substituted value registered as a
+    secret; a path is returned absolute, ``~`` expanded and a relative one resolved against the
+    folder ``base`` (the configuration file's). Never raises for an unset variable."""
     from deadline_pipeline.store.db import deadline_home
 
     env = dict(os.environ)

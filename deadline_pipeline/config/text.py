@@ -31,6 +31,8 @@ def parse_quiet_hours(text: str) -> tuple[time, time]:
 
 
 def check_zone(value: str) -> str:
+    """``value`` unchanged when it names a time zone :func:`~deadline_pipeline.timezones.resolve_zone`
+    knows (IANA names, ``UTC±N``, ``AoE``…); raises ``ValueError`` with that function's message."""
     try:
         resolve_zone(value)
     except UnknownTimeZone as exc:
