@@ -1,8 +1,9 @@
 """ISO 8601 durations as the configuration writes them (reminder offsets, freshness windows).
 
-A leaf module of its own: :mod:`~deadline_pipeline.config` parses with it and imports
-:mod:`~deadline_pipeline.config_ranges` for its range checks, which need the same parser; taking it
-from ``config`` made the two import each other.
+A leaf module of its own: the configuration's sections, its duration bounds
+(:mod:`~deadline_pipeline.config.quantities`) and its cross-checks
+(:mod:`~deadline_pipeline.config.agreement`) all parse with it, as does the planner, which takes no
+import of ``config`` for it.
 """
 
 from __future__ import annotations

@@ -70,8 +70,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
 
-from deadline_pipeline.config import DeadlinesConfig
-from deadline_pipeline.config_ranges import channel_send_window
+from deadline_pipeline.config import DeadlinesConfig, channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel
 from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.incident import Incident, severity_for

@@ -39,17 +39,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from functools import lru_cache
 from typing import Protocol, runtime_checkable
+
+# The library calendars and their spec grammar live in a leaf module, so that the configuration can
+# check a calendar name without importing the planner; re-exported here for the planner's callers.
+from deadline_pipeline.holiday_calendars import UnknownCalendar, library_calendar
 
 CONVENTIONS = ("none", "following", "modified-following", "preceding")
 WEEKEND = frozenset({5, 6})  # Saturday, Sunday (date.weekday())
 # A calendar in which no business day lies within this many days is broken data, not a long holiday.
 MAX_ROLL_DAYS = 31
-
-
-class UnknownCalendar(ValueError):
-    """A calendar spec that names no holiday calendar; the message names the spec."""
 
 
 @runtime_checkable
@@ -116,34 +115,6 @@ class UnionCalendar:
         return any(_on_weekend(day, m) for m in judges)
 
 
-def _library_calendar(country: str, subdiv: str | None, spec: str):
-    import holidays
-
-    try:
-        if subdiv is None and country in holidays.list_supported_financial():
-            return holidays.financial_holidays(country)
-        return holidays.country_holidays(country, subdiv=subdiv)
-    except (NotImplementedError, KeyError, ValueError) as exc:
-        raise UnknownCalendar(
-            f"holiday calendar {spec!r}: {exc} (expected e.g. 'US', 'US-DC', 'GB-ENG', 'NYSE' or 'US-IRS')"
-        ) from None
-
-
-@lru_cache(maxsize=64)
-def _from_spec(spec: str) -> HolidayCalendar:
-    text = spec.strip().upper()
-    if not text:
-        raise UnknownCalendar("holiday calendar spec is empty")
-    if text == "US-IRS":
-        # IRC §7503: weekends, federal legal holidays and DC legal holidays (see the module docstring).
-        # The library's own sum (a HolidaySum) answers is_working_day like any of its calendars. It
-        # keeps the Saturday/Sunday weekend and drops its operands' weekend working days: right for
-        # the US, which has none, so this sum is built for US-IRS only, not for arbitrary specs.
-        return _library_calendar("US", None, spec) + _library_calendar("US", "DC", spec)
-    country, _, subdiv = text.partition("-")
-    return _library_calendar(country, subdiv or None, spec)
-
-
 def calendar(spec: str | HolidayCalendar | Iterable[date]) -> HolidayCalendar:
     """Resolve a calendar spec to a :class:`HolidayCalendar`.
 
@@ -153,7 +124,7 @@ def calendar(spec: str | HolidayCalendar | Iterable[date]) -> HolidayCalendar:
     does not know the country or subdivision.
     """
     if isinstance(spec, str):
-        return _from_spec(spec)
+        return library_calendar(spec)
     if isinstance(spec, HolidayCalendar):
         return spec
     return DateSetCalendar(frozenset(spec))

@@ -228,30 +228,33 @@ def register_config_secrets(cfg) -> None:
 
     ``cfg``: a pydantic model (walked recursively through models, lists and dicts). Never raises.
     """
+    for variable in secret_variables(cfg):
+        secret_from_env(variable)
+
+
+def secret_variables(node) -> list[str]:
+    """The environment variable names held by the ``*_env`` keys under ``node`` (a pydantic model,
+    list, tuple or dict, walked recursively), in field order; ``username_env`` excluded. A ``*_env``
+    key holds one name (a string) or a mapping to names (``headers_env``: header → variable)."""
     from pydantic import BaseModel
 
-    def walk(node) -> None:
-        if isinstance(node, BaseModel):
-            for name in type(node).model_fields:
-                value = getattr(node, name, None)
-                if name == "username_env":
-                    # A user name is not secret, and masking a common word ("deadline", "reader")
-                    # everywhere would garble every message that contains it.
-                    continue
-                if name.endswith("_env"):
-                    if isinstance(value, str):
-                        secret_from_env(value)
-                    elif isinstance(value, dict):
-                        for variable in value.values():
-                            if isinstance(variable, str):
-                                secret_from_env(variable)
-                else:
-                    walk(value)
-        elif isinstance(node, list | tuple):
-            for item in node:
-                walk(item)
-        elif isinstance(node, dict):
-            for item in node.values():
-                walk(item)
+    if isinstance(node, BaseModel):
+        return [v for name in type(node).model_fields for v in _field_variables(name, getattr(node, name, None))]
+    if isinstance(node, dict):
+        node = list(node.values())
+    if isinstance(node, list | tuple):
+        return [v for item in node for v in secret_variables(item)]
+    return []
 
-    walk(cfg)
+
+def _field_variables(name: str, value) -> list[str]:
+    """The variable names of one model field ``name`` = ``value``: its own when it is a ``*_env`` key,
+    else those found under it."""
+    if name == "username_env":
+        # A user name is not secret, and masking a common word ("deadline", "reader")
+        # everywhere would garble every message that contains it.
+        return []
+    if not name.endswith("_env"):
+        return secret_variables(value)
+    values = value.values() if isinstance(value, dict) else [value]
+    return [v for v in values if isinstance(v, str)]

@@ -12,8 +12,8 @@ import mailbox
 import os
 from pathlib import Path
 
+from deadline_pipeline.addresses import AddressError, wire_address
 from deadline_pipeline.config import MaildirChannel
-from deadline_pipeline.deliver.addresses import AddressError, wire_address
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult
 from deadline_pipeline.deliver.render import RenderError, build_email, mail_options

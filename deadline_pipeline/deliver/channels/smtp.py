@@ -48,8 +48,8 @@ import ssl
 import threading
 import time
 
+from deadline_pipeline.addresses import AddressError, WireAddress, wire_address
 from deadline_pipeline.config import SmtpChannel
-from deadline_pipeline.deliver.addresses import AddressError, WireAddress, wire_address
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
 from deadline_pipeline.deliver.channels.environment import login_text_problem
 from deadline_pipeline.deliver.notification import DeliveryError, Notification, SendResult

@@ -487,7 +487,7 @@ class WebhookSender:
         url, body, headers = self._prepare(n)
         if self._session is None:
             # total: the whole send ends within the channel's timeout, the time its lease is sized
-            # for (config_ranges.channel_send_window). A read timeout alone restarts with every
+            # for (config.agreement.channel_send_window). A read timeout alone restarts with every
             # chunk, so a receiver dripping its answer a byte at a time held the send - and the
             # sweep waiting for its batch - for as long as it liked. A timeout while connecting is
             # then "unknown" like any other, never "failed": retried either way.

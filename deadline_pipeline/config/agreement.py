@@ -1,0 +1,93 @@
+"""Settings that must agree with each other, or the sweep stalls silently (or reminders go out late).
+
+* ``delivery.time_budget_seconds`` < ``delivery.lease_seconds``: a sweep that outlives its own lease
+  may find its own batch claimable again while it still holds unfinished attempts of it;
+* ``delivery.backoff_base_seconds`` ≤ ``delivery.backoff_cap_seconds``;
+* every reminder offset at most ``plan.horizon_days`` long: planning sees a deadline only that far
+  ahead;
+* ``delivery.lease_seconds`` > ``timeout_seconds + lease_margin_seconds`` of every channel: a send
+  starts only while its whole timeout plus the channel's margin fits in the lease (a second sweep
+  must never claim an alert whose send may still be in flight). With ``lease_seconds: 30`` and an
+  SMTP channel (timeout 30 s) no send could ever start: every batch would be claimed and given back,
+  sweep after sweep.
+
+Each setting's own range is its type's (:mod:`deadline_pipeline.config.quantities`); these checks
+run on a configuration whose every value is already valid.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from deadline_pipeline.durations import parse_duration
+
+
+def channel_send_window(ch_cfg) -> float:
+    """Seconds of lease a send on this channel needs: its timeout (0 for channels without one,
+    e.g. maildir) plus its ``lease_margin_seconds``."""
+    return float(getattr(ch_cfg, "timeout_seconds", 0.0) or 0.0) + float(getattr(ch_cfg, "lease_margin_seconds", 0.0))
+
+
+def _problem(loc: tuple, value, message: str) -> InitErrorDetails:
+    # PydanticCustomError keeps the message as written; "{message}" avoids brace interpretation.
+    return InitErrorDetails(type=PydanticCustomError("config_agreement", "{message}", {"message": message}),
+                            loc=loc, input=value)
+
+
+def delivery_problems(d) -> list[InitErrorDetails]:
+    """The disagreements within the delivery section ``d`` (a ``DeliveryConfig``): the time budget
+    against the lease, the backoff base against its cap."""
+    out = []
+    if d.time_budget_seconds >= d.lease_seconds:
+        out.append(_problem(("delivery", "time_budget_seconds"), d.time_budget_seconds,
+                            f"must be less than delivery.lease_seconds ({d.lease_seconds}): a sweep that "
+                            "outlives its own lease can meet its own unfinished batch again"))
+    if d.backoff_base_seconds > d.backoff_cap_seconds:
+        out.append(_problem(("delivery", "backoff_base_seconds"), d.backoff_base_seconds,
+                            f"must not exceed delivery.backoff_cap_seconds ({d.backoff_cap_seconds})"))
+    return out
+
+
+def offset_problems(cfg) -> list[InitErrorDetails]:
+    """Every subscription offset of ``cfg`` longer than ``plan.horizon_days``, at its key path
+    (``subscriptions.0.offsets.1``)."""
+    horizon = timedelta(days=cfg.plan.horizon_days)
+    # Planning sees a deadline only plan.horizon_days ahead: a reminder further ahead than that is
+    # already past when its deadline is first planned, so it went out late for every deadline, and
+    # under late_policy: skip never, with no word at load.
+    return [_problem(("subscriptions", i, "offsets", j), item,
+                     f"is longer than plan.horizon_days ({cfg.plan.horizon_days} days): planning sees a deadline "
+                     "only that far ahead, so this reminder would be planned after its time for every deadline "
+                     "(sent late, or never with late_policy: skip); shorten the offset or raise plan.horizon_days")
+            for i, sub in enumerate(cfg.subscriptions) for j, item in enumerate(sub.offsets)
+            if -parse_duration(item) > horizon]
+
+
+def lease_problems(cfg) -> list[InitErrorDetails]:
+    """One problem at ``delivery.lease_seconds`` per channel of ``cfg`` whose send window
+    (:func:`channel_send_window`) does not fit in the lease, naming the channel's keys and values."""
+    lease = cfg.delivery.lease_seconds
+    out = []
+    for name, ch in cfg.channels.items():
+        need = channel_send_window(ch)
+        if lease > need:
+            continue
+        timeout = getattr(ch, "timeout_seconds", None)
+        parts = (f"channels.{name}.timeout_seconds ({timeout:g}) + " if timeout is not None else "") + \
+            f"channels.{name}.lease_margin_seconds ({ch.lease_margin_seconds:g})"
+        out.append(_problem(("delivery", "lease_seconds"), lease,
+                            f"must exceed {parts} = {need:g}: no send on channel {name!r} could start "
+                            "and finish within its lease, so its alerts would never be sent"))
+    return out
+
+
+def disagreements(cfg) -> None:
+    """Raise a pydantic ``ValidationError`` listing every disagreement of ``cfg`` (a
+    ``DeadlinesConfig`` whose values have passed their own checks), each at its key path, so the
+    loader reports them like any other invalid value; return when there is none."""
+    problems = delivery_problems(cfg.delivery) + offset_problems(cfg) + lease_problems(cfg)
+    if problems:
+        raise ValidationError.from_exception_data("DeadlinesConfig", problems)

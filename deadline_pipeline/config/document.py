@@ -1,0 +1,102 @@
+"""Reading the configuration file's YAML: the bounded loader, and the problems it would pass silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from deadline_pipeline.config.errors import ConfigError
+from deadline_pipeline.config.messages import format_loc
+
+
+def parse_yaml(text: str, path: Path):
+    """The configuration document, read by the sources' safe YAML reader
+    (:func:`deadline_pipeline.limits.load_yaml`): YAML 1.2 scalars (an unquoted
+    ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
+    nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
+    file, line and column — a 900-level nested list once ended in ``RecursionError`` without a file."""
+    from deadline_pipeline.limits import ParseError, load_yaml
+
+    label = str(path)
+    try:
+        data, root = load_yaml(text, source=label)
+    except ParseError as exc:
+        # The reader names a "source"; here the input is the configuration file.
+        raise ConfigError(f"{path}: {str(exc).removeprefix(f'source {label!r}: ')}") from None
+    except yaml.reader.ReaderError as exc:  # a forbidden character: the reader gives an offset only
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        raise ConfigError(f"{path}: line {line}, column {column}: invalid YAML: character U+{char:04X} "
+                          "is not allowed in YAML") from None
+    problems = _yaml_problems(root)
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
+                          + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
+    return data
+
+
+def _yaml_problems(root) -> list[str]:
+    """``line L, column C: KEY.PATH: …`` for every problem under the YAML ``root`` that the loader
+    would pass without a word, in document order. Empty when there is none. Two kinds:
+
+    * a scalar (key or value) that is not storable text (:func:`_text_problems`);
+    * a key written twice in one mapping
+      (:func:`~deadline_pipeline.limits.repeated_keys`, shared with the YAML sources):
+      the loader keeps the last and drops the first, so a second ``subscriptions:`` block, or
+      ``offsets`` written twice in one subscription, made every reminder of the first disappear while
+      the run and all its checks stayed green. A key set again beside a merge (``<<: *defaults``) is
+      YAML's override and accepted.
+    """
+    from deadline_pipeline.limits import repeated_keys
+
+    found = [(r.index, f"line {r.line}, column {r.column}: {format_loc(r.path)}: written twice in one mapping "
+                       f"(first at line {r.first_line}); YAML would keep only this one and drop the first without "
+                       "a word - merge them into one") for r in repeated_keys(root)]
+    found += _text_problems(root, (), set())
+    return [message for _index, message in sorted(found, key=lambda item: item[0])]
+
+
+def _text_problems(node, loc: tuple, seen: set[int]) -> list[tuple[int, str]]:
+    """``(offset, message)`` for every scalar (key or value) under the YAML ``node`` that is not
+    storable text: a NUL character (YAML's escape ``"\\0"``) or an unpaired UTF-16 surrogate
+    (``"\\ud800"``, not a character at all). The values reach the store, file paths, headers and
+    URLs: PostgreSQL refuses NUL, no UTF-8 encoder takes a surrogate, and one such subscriber tenant,
+    subscription name, channel name or rule pattern failed planning for every subscriber (a channel's
+    sender or path failed every send). ``loc``: the key path of ``node``; ``seen``: aliased nodes
+    already visited, so each is walked once."""
+    if node is None or id(node) in seen:
+        return []
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        return [(node.start_mark.index, p) for p in _not_text(node, loc)]
+    if isinstance(node, yaml.SequenceNode):
+        return [p for i, item in enumerate(node.value) for p in _text_problems(item, (*loc, i), seen)]
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    out = []
+    for key, value in node.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+        out += _text_problems(key, (*loc, name), seen) + _text_problems(value, (*loc, name), seen)
+    return out
+
+
+def _not_text(node: yaml.ScalarNode, loc: tuple) -> list[str]:
+    """The problem of the scalar ``node`` at key path ``loc`` when it holds a NUL or an unpaired
+    surrogate (see :func:`_text_problems`), as a one-item list; else an empty one."""
+    value, why = node.value, None
+    if "\0" in value:
+        why = "a NUL character (U+0000)"
+    else:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # the codec finds the surrogate and its position
+            why = f"the unpaired UTF-16 surrogate U+{ord(value[exc.start]):04X}"
+    if why is None:
+        return []
+    mark = node.start_mark
+    # The key path may hold the bad text itself (a channel's name): shown escaped, as repr shows the value.
+    where = (format_loc(loc) if loc else "(top level)").encode("utf-8", "backslashreplace").decode()
+    return [f"line {mark.line + 1}, column {mark.column + 1}: {where.replace(chr(0), chr(92) + 'x00')}: "
+            f"{why} is not text; remove it (got {value!r})"]

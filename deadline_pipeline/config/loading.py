@@ -1,0 +1,184 @@
+"""Loading a configuration file: read, expand, merge the subscriber file, validate, cross-check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from deadline_pipeline.addresses import address_problems
+from deadline_pipeline.config.document import parse_yaml
+from deadline_pipeline.config.encoding import utf8_text
+from deadline_pipeline.config.environment import expand_path
+from deadline_pipeline.config.errors import ConfigError
+from deadline_pipeline.config.messages import format_loc, shown_input, wording
+from deadline_pipeline.config.sections import DeadlinesConfig, SubscriberConfig
+from deadline_pipeline.config.subscribers_csv import read_subscribers_csv
+from deadline_pipeline.security.redact import register_config_secrets
+
+DEFAULT_CONFIG_NAME = "deadlines.yaml"
+
+
+def tenant_problems(cfg: DeadlinesConfig, origins: dict[str, str]) -> list[str]:
+    """One line per subscriber whose tenant is no source's tenant but differs from one only in letter
+    case (``Acme`` against a source's ``acme``), naming where the subscriber was written (``origins``:
+    subscriber id → ``FILE: line N`` or ``FILE: subscribers[i]``), its tenant and the source tenant(s)
+    it nearly matches. Empty when there is none.
+
+    Tenants are compared exactly (a source's reminders are for its own tenant only), so such a
+    subscriber was never planned for the source: no reminder, exit 0, and no warning whenever another
+    subscriber of the source's exact tenant existed (the "reaches no subscriber" problem needs all of
+    them to miss). A tenant that matches a source's exactly, or no source's at all even ignoring case
+    (a tenant without sources yet), is not refused here.
+    """
+    by_folded: dict[str, dict[str, list[str]]] = {}
+    for src in cfg.sources:
+        by_folded.setdefault(src.tenant.casefold(), {}).setdefault(src.tenant, []).append(src.name)
+    exact = {src.tenant for src in cfg.sources}
+    problems = []
+    for sub in cfg.subscribers:
+        near = by_folded.get(sub.tenant.casefold(), {})
+        if sub.tenant in exact or not near:
+            continue
+        where = origins.get(sub.id, f"subscribers ({sub.id})")
+        of = "; ".join(f"source(s) {names} have tenant {tenant!r}" for tenant, names in sorted(near.items()))
+        meant = " or ".join(repr(t) for t in sorted(near))
+        problems.append(f"{where}: subscriber {sub.id!r}: tenant {sub.tenant!r} is no source's tenant, but differs "
+                        f"only in letter case from one ({of}); tenants are compared exactly, so this subscriber "
+                        f"would get none of their reminders; did you mean {meant}?")
+    return problems
+
+
+def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig, Path]:
+    """Read and validate a configuration file.
+
+    ``path`` defaults to ``$DEADLINE_CONFIG``, then ``./deadlines.yaml``. Returns the validated
+    configuration (with paths resolved) and the file's absolute path.
+
+    Raises :class:`ConfigError` for a missing file, invalid YAML (with line and column), a value
+    that fails validation (with the key path, e.g. ``subscriptions[0].offsets``), or a subscriber
+    whose tenant differs from a source's only in letter case (:func:`tenant_problems`).
+    """
+    path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
+    raw = read_document(path)
+    # Where each subscriber was written, for errors found after validation (addresses × channels).
+    origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
+               if isinstance(sub, dict)}
+    expand_paths(raw, path.parent)
+    if isinstance(raw.get("subscribers_csv"), str):
+        origins.update(merge_subscribers_csv(raw, path))
+    cfg = validate(raw, path)
+    check_loaded(cfg, origins, path)
+    return cfg, path
+
+
+def read_document(path: Path) -> dict:
+    """The configuration file at ``path`` as a mapping of sections (``{}`` for an empty file).
+    Raises :class:`ConfigError` naming ``path`` for a missing or unreadable file, bytes that are not
+    UTF-8, invalid YAML, or a document that is not a mapping."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
+    raw = parse_yaml(utf8_text(data, path), path)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: (top level): expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def expand_paths(raw: dict, base: Path) -> None:
+    """Expand variables in, and make absolute against the folder ``base``, every source ``location``
+    and channel ``path`` of the parsed document ``raw``, in place (:func:`expand_path`). Values that
+    are not text are left for validation to refuse."""
+    for src in raw.get("sources") or []:
+        if isinstance(src, dict) and isinstance(src.get("location"), str):
+            src["location"] = expand_path(src["location"], base)
+    for ch in (raw.get("channels") or {}).values():
+        if isinstance(ch, dict) and isinstance(ch.get("path"), str):
+            ch["path"] = expand_path(ch["path"], base)
+
+
+def merge_subscribers_csv(raw: dict, path: Path) -> dict[str, str]:
+    """Append the subscribers of the document's ``subscribers_csv`` file to ``raw["subscribers"]``, in
+    place (the file name becomes absolute). Returns subscriber id → ``FILE: line N`` for the appended
+    rows. Raises :class:`ConfigError` naming the CSV file and line for an unreadable file
+    (:func:`read_subscribers_csv`), an id also in the configuration's own list, or an invalid row."""
+    csv_path = Path(expand_path(raw["subscribers_csv"], path.parent))
+    raw["subscribers_csv"] = str(csv_path)
+    from_csv = read_subscribers_csv(csv_path, path)
+    problems = ids_also_inline(from_csv, raw.get("subscribers") or [], csv_path, path)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    extra = csv_subscribers(from_csv, csv_path)
+    raw["subscribers"] = list(raw.get("subscribers") or []) + [e.model_dump() for e in extra]
+    return {r.get("id"): f"{csv_path}: line {line}" for line, r in from_csv}
+
+
+def ids_also_inline(from_csv: list[tuple[int, dict]], inline_list: list, csv_path: Path, path: Path) -> list[str]:
+    """One line per CSV row (``(line, row)``) whose id is also in the configuration's own
+    ``subscribers:`` list ``inline_list``, naming both places; empty when there is none."""
+    inline = {sub["id"]: i for i, sub in enumerate(inline_list)
+              if isinstance(sub, dict) and isinstance(sub.get("id"), str)}
+    # Checked here, with the CSV line: after merging, the repeat was reported against the
+    # configuration file alone ("subscribers: ids repeat"), which holds only one of the copies.
+    return [f"{csv_path}: line {line}: id {r['id']!r} is also in the configuration's `subscribers:` "
+            f"list ({path}: subscribers[{inline[r['id']]}])" for line, r in from_csv if r.get("id") in inline]
+
+
+def csv_subscribers(from_csv: list[tuple[int, dict]], csv_path: Path) -> list[SubscriberConfig]:
+    """The CSV rows (``(line, row)``) validated as subscribers, in order. Raises :class:`ConfigError`
+    with one line per problem, each naming the file, line, id and column."""
+    extra, problems = [], []
+    for line, r in from_csv:
+        try:
+            extra.append(SubscriberConfig.model_validate(r))
+        except ValidationError as exc:
+            problems += [f"{csv_path}: line {line} (id {r.get('id')!r}), column "
+                         f"{'.'.join(str(x) for x in err['loc']) or '(row)'}: {wording(err)}" for err in exc.errors()]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return extra
+
+
+def validate(raw: dict, path: Path) -> DeadlinesConfig:
+    """``raw`` (the expanded document) as a :class:`DeadlinesConfig`. Raises :class:`ConfigError` with
+    one line per problem: ``FILE: key.path: message (got value)`` (:func:`error_line`)."""
+    try:
+        return DeadlinesConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(error_line(err, path) for err in exc.errors())) from None
+
+
+def error_line(err: dict, path: Path) -> str:
+    """One pydantic error ``err`` as ``FILE: key.path: message (got value)``; the rejected value is
+    left out when it is a mapping or list (the whole section would be printed)."""
+    loc = format_loc(err["loc"]) if err["loc"] else "configuration"
+    got = shown_input(err)
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"{path}: {loc}: {wording(err)}{shown}"
+
+
+def check_loaded(cfg: DeadlinesConfig, origins: dict[str, str], path: Path) -> None:
+    """The checks of a validated configuration that need all of it: at least one source, subscriber
+    ids unique, tenants that differ only in case (:func:`tenant_problems`) and undeliverable
+    addresses (:func:`~deadline_pipeline.addresses.address_problems`). Registers every ``*_env``
+    value as a secret. Raises :class:`ConfigError` naming ``path`` (or the CSV line) per problem."""
+    if not cfg.sources:
+        # An empty or truncated file is a mistake, never an intent: refuse it before anything runs.
+        raise ConfigError(f"{path}: sources: none configured; a configuration needs at least one source "
+                          "(see examples/deadlines.yaml)")
+    ids = [s.id for s in cfg.subscribers]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{path}: subscribers: ids repeat: {dupes}")
+    # Every value behind a *_env key is masked in any text this process writes from now on.
+    register_config_secrets(cfg)
+    problems = tenant_problems(cfg, origins) + address_problems(cfg, origins)
+    if problems:
+        raise ConfigError("\n".join(p if p.startswith(str(path)) or ": line " in p else f"{path}: {p}"
+                                     for p in problems))
