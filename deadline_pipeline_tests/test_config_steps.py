@@ -113,11 +113,22 @@ def test_pydantic_errors_are_worded_as_the_loader_shows_them():
     by_key = {format_loc(e["loc"]): (wording(e), shown_input(e)) for e in info.value.errors()}
     assert by_key == {
         "delivery.lease_seconds": ("must be between 1 and 86400", 0),
-        "delivery.backoff_cap_seconds": ("must be a finite number, not inf", math.inf),
-        "delivery.batch_size": ("Input should be a valid integer, got a number with a fractional part", 2.5),
+        "delivery.backoff_cap_seconds": ("must be a finite number", math.inf),
+        "delivery.batch_size": ("must be a whole number, not a fraction", 2.5),
         # A float setting shows the value as the float it was read as.
         "delivery.time_budget_seconds": ("must be between 0 (exclusive) and 86400", -5.0),
     }
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (math.inf, "must be a finite whole number"),
+    (3.0, "must be a whole number"),
+    ("3", "must be a whole number, written without quotes"),
+])
+def test_a_count_setting_says_why_a_value_is_not_a_whole_number(value, message):
+    with pytest.raises(ValidationError) as info:
+        DeadlinesConfig.model_validate({"delivery": {"batch_size": value}})
+    assert [wording(e) for e in info.value.errors()] == [message]
 
 
 def test_the_channel_type_is_not_part_of_a_key_path():

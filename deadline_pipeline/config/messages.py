@@ -9,6 +9,7 @@ from the field's own constraints, so the type is the one place a range is writte
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Callable
 from typing import Literal
@@ -143,11 +144,17 @@ def _unknown_key(err: dict) -> str:
 
 
 def _integer(err: dict) -> str:
-    # Count settings are strict integers; strict mode drops the lax reason "a fractional part".
+    """A count setting (a strict integer) given something else. Strict mode words every refusal as
+    "Input should be a valid integer", which read as nonsense for ``.inf`` and hid why ``"3"`` (a
+    quoted number, text in YAML) was refused."""
     got = err.get("input")
-    if isinstance(got, float) and got == got and not got.is_integer():
-        return "Input should be a valid integer, got a number with a fractional part"
-    return err["msg"]
+    if isinstance(got, float) and not math.isfinite(got):
+        return "must be a finite whole number"
+    if isinstance(got, float) and not got.is_integer():
+        return "must be a whole number, not a fraction"
+    if isinstance(got, str):
+        return "must be a whole number, written without quotes"
+    return "must be a whole number"
 
 
 #: Pydantic error type → the message shown after the key path (``err`` is one item of
@@ -155,7 +162,7 @@ def _integer(err: dict) -> str:
 #: "Value error, " prefix of a validator's own ``ValueError``.
 WORDING: dict[str, Callable[[dict], str]] = {
     "extra_forbidden": _unknown_key,
-    "finite_number": lambda err: f"must be a finite number, not {err['input']}",
+    "finite_number": lambda err: "must be a finite number",
     "int_type": _integer,
     "greater_than": _range,
     "greater_than_equal": _range,
