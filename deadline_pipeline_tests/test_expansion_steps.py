@@ -243,3 +243,11 @@ def test_right_weeks_picks_bysetpos_per_calendar_year():
     assert list(occ._right_weeks(iter(items), [2], 0, [-1])) == [datetime(2026, 1, 6), datetime(2027, 1, 12)]
     assert list(occ._right_weeks(iter(items), [2], 0, [1])) == [datetime(2026, 1, 5), datetime(2027, 1, 11)]
     assert list(occ._right_weeks(iter(items), [2], 0, None)) == items[:2] + items[3:]
+
+
+def test_filtered_keeps_an_item_inside_the_piece_and_off_the_exdate_days():
+    w = walk(DAILY_NY, NY, b=bounds(split_from=datetime(2026, 3, 10, 9)), ex_days={date(2026, 3, 12)})
+    assert w.filtered(datetime(2026, 3, 11, 9)) is occ._KEEP
+    assert w.filtered(datetime(2026, 3, 12, 9)) is None
+    assert w.filtered(datetime(2026, 3, 9, 9)) is None
+    assert not walk(DAILY_NY, NY).filters and not walk(DAILY_NY, NY).moves

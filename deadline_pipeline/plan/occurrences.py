@@ -77,6 +77,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
+from itertools import islice
 
 from dateutil.rrule import rrule, rruleset
 
@@ -783,7 +784,7 @@ def _local_value(text: str) -> date | datetime:
     return parse_local(text) if ("T" in text or " " in text) else date.fromisoformat(text)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per expansion, and a frozen __init__ costs
 class _Bounds:
     """A rule's timing fields besides DTSTART and RRULE, read once.
 
@@ -821,7 +822,7 @@ def _bounds(rule: RuleRecord, recur: Recur | None, zone: tzinfo, until: datetime
     return _Bounds(until_instant, shift, split_from, split_before, exdates, rdates)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per expansion, and a frozen __init__ costs
 class _Frame:
     """The frame a series is stepped in (see the module's DST policy), all naive datetimes in it.
 
@@ -963,28 +964,35 @@ def _engine(rule: RuleRecord, recur: Recur | None, frame: _Frame, series_start: 
         raise ValueError(f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} cannot be expanded: {exc}") from None
 
 
-#: What :meth:`_Walk.place` returns for an item past the end of the series' piece.
+#: What :meth:`_Walk.filtered` (and so :meth:`_Walk.placer`'s ``place``) returns for an item past the end of the
+#: series' piece; ``_KEEP``, what :meth:`_Walk.filtered` returns for an item it does not leave out.
 _STOP = object()
+_KEEP = object()
 
 
-@dataclass(frozen=True, slots=True)
 class _Walk:
     """Walks a series (naive items in ``frame``) through the window ``[after, before]`` (aware):
     the split bounds, EXDATE days, UNTIL, shift and business-day roll applied to each item.
 
     ``unbounded``: items UNTIL does not bound (RDATEs and a DTSTART outside its RRULE, §3.8.5.2);
-    ``limit``: stop after this many occurrences (None: no limit)."""
+    ``limit``: stop after this many occurrences (None: no limit). The fields each item needs are
+    kept flat on the walk: ``place`` (:meth:`placer`) runs once per occurrence in the window, the hot path of
+    planning."""
 
-    rule: RuleRecord
-    zone: tzinfo
-    after: datetime
-    before: datetime
-    frame: _Frame
-    bounds: _Bounds
-    ex_days: set[date]
-    unbounded: frozenset
-    business: object
-    limit: int | None
+    __slots__ = ("after", "before", "business", "elapsed", "ex_days", "filters", "frame", "limit", "moves", "place",
+                 "rule", "shift", "split_before", "split_from", "unbounded", "until_instant", "zone")
+
+    def __init__(self, rule: RuleRecord, zone: tzinfo, after: datetime, before: datetime, frame: _Frame,
+                 bounds: _Bounds, ex_days: set[date], unbounded: frozenset, business, limit: int | None) -> None:
+        self.rule, self.zone, self.after, self.before, self.frame = rule, zone, after, before, frame
+        self.elapsed = frame.elapsed
+        self.until_instant, self.shift = bounds.until_instant, bounds.shift
+        self.split_from, self.split_before = bounds.split_from, bounds.split_before
+        self.ex_days, self.unbounded, self.business, self.limit = ex_days, unbounded, business, limit
+        #: Whether :meth:`filtered` can leave an item out, and :meth:`moved` change a due instant.
+        self.filters = bool(ex_days) or bounds.split_from is not None or bounds.split_before is not None
+        self.moves = bool(bounds.shift) or business is not None
+        self.place = self.placer()
 
     def run(self, engine: Iterable[datetime]) -> tuple[list[Occurrence], datetime | None]:
         """``(occurrences sorted by due instant, cut_at)``: ``cut_at`` the due instant of the first
@@ -993,14 +1001,15 @@ class _Walk:
         out: list[Occurrence] = []
         append = out.append
         lo, hi, limit, place = self.frame.lo, self.frame.hi, self.limit, self.place
+        # Read once per walk, not once per item (tests lower them with monkeypatch before a walk).
+        max_steps, cap = MAX_STEPS, MAX_OCCURRENCES
+        cut_at: datetime | None = None
         unsorted = False
         last_due: datetime | None = None
-        cut_at: datetime | None = None
-        steps = 0
-        for item in engine:
-            steps += 1
-            if steps > MAX_STEPS:
-                raise self.over_budget()
+        items = iter(engine)
+        # The work budget: at most max_steps items examined (islice counts them), and a walk that
+        # needs one more is over it.
+        for item in islice(items, max_steps):
             if item < lo:
                 continue
             if item > hi:
@@ -1010,52 +1019,71 @@ class _Walk:
                 continue
             if occurrence is _STOP:
                 break
-            if len(out) >= MAX_OCCURRENCES:
+            if len(out) >= cap:
                 # One occurrence more than the cap in the window: the expansion is cut here. (Stopping at
                 # the cap itself claimed a cut for a window holding exactly the cap.)
                 cut_at = occurrence.due_at
                 break
-            unsorted = unsorted or (last_due is not None and occurrence.due_at < last_due)
-            last_due = occurrence.due_at
+            due = occurrence.due_at
+            if last_due is not None and due < last_due:
+                unsorted = True  # a business-day roll or a shift put it before the last one
+            last_due = due
             append(occurrence)
             if limit is not None and len(out) >= limit:
                 break
+        else:
+            if next(items, None) is not None:
+                raise self.over_budget()
         if unsorted:
             out.sort(key=lambda o: (o.due_at, o.period))
         return out, cut_at
 
-    def place(self, item: datetime):
-        """The :class:`Occurrence` of ``item`` (naive, in the frame, inside its widened window), None
-        when it is left out (before the piece, on an EXDATE day, past UNTIL, outside the window after
-        its shift and roll), or :data:`_STOP` when the piece ends before it."""
-        b = self.bounds
-        local = self.frame.local_of(item)
-        if b.split_before is not None and local >= b.split_before:
+    def placer(self):
+        """The function ``place(item)`` of this walk: the :class:`Occurrence` of ``item`` (naive, in
+        the frame, inside its widened window), None when it is left out (before the piece, on an
+        EXDATE day, past UNTIL, outside the window after its shift and roll), or :data:`_STOP` when the
+        piece ends before it. A closure over the walk's fields: it runs once per occurrence in the
+        window, and reading cells costs less than reading attributes."""
+        zone, after, before, elapsed, all_day = self.zone, self.after, self.before, self.elapsed, self.rule.all_day
+        local_of, filters, filtered = self.frame.local_of, self.filters, self.filtered
+        until_instant, unbounded, moves, moved = self.until_instant, self.unbounded, self.moves, self.moved
+
+        def place(item: datetime):
+            local = local_of(item) if elapsed else item
+            if filters:
+                verdict = filtered(local)
+                if verdict is not _KEEP:
+                    return verdict
+            if elapsed:
+                due, period = item.replace(tzinfo=UTC), item.isoformat(timespec="seconds") + "Z"
+            else:
+                due = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+                period = local.date().isoformat() if all_day else local.isoformat(timespec="seconds")
+            # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
+            if until_instant is not None and due > until_instant and item not in unbounded:
+                return None
+            if moves:
+                due = moved(due, local)
+            if not (after <= due <= before):
+                return None
+            return Occurrence(period, due)
+
+        return place
+
+    def filtered(self, local: datetime):
+        """:data:`_STOP` when the local wall time ``local`` is at or after the next piece of a split
+        series, None when it is before this piece or on an EXDATE day (left out), else :data:`_KEEP`."""
+        if self.split_before is not None and local >= self.split_before:
             return _STOP
-        if b.split_from is not None and local < b.split_from:
+        if self.split_from is not None and local < self.split_from:
             return None
         if self.ex_days and local.date() in self.ex_days:
             return None
-        due, period = self.label(item, local)
-        # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
-        if b.until_instant is not None and due > b.until_instant and item not in self.unbounded:
-            return None
-        due = self.moved(due, local)
-        if not (self.after <= due <= self.before):
-            return None
-        return Occurrence(period, due)
-
-    def label(self, item: datetime, local: datetime) -> tuple[datetime, str]:
-        """``(due, period)`` of an item before any shift or roll: the aware UTC instant, and the label
-        (a UTC ``…Z`` instant when elapsed, the local date of an all-day series, else local ISO)."""
-        if self.frame.elapsed:
-            return item.replace(tzinfo=UTC), item.isoformat(timespec="seconds") + "Z"
-        due = local.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
-        return due, local.date().isoformat() if self.rule.all_day else local.isoformat(timespec="seconds")
+        return _KEEP
 
     def moved(self, due: datetime, local: datetime) -> datetime:
         """``due`` (aware UTC) after the THISANDFUTURE shift and the business-day roll, if any."""
-        shift, zone, elapsed = self.bounds.shift, self.zone, self.frame.elapsed
+        shift, zone, elapsed = self.shift, self.zone, self.elapsed
         if shift:
             due = due + shift if elapsed else (local + shift).replace(tzinfo=zone, fold=0).astimezone(UTC)
         if self.business is not None:
