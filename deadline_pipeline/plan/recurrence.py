@@ -11,8 +11,8 @@ Two postures, one parser (RFC 5545 §3.3.10):
 * :func:`parse_rrule` is **lenient**: it returns a :class:`Lenient` whose ``recur`` is ``None``,
   logs the same message at ERROR with the rule id, and says so in its ``counts``
   (``"rrule_rejected"``) and ``rejected``. For the scheduler: one bad rule stops that rule alone,
-  never the loop, and a check can read the count from the result (:class:`~deadline_pipeline.plan.
-  occurrences.Expansion` carries it on).
+  never the loop, and a check can read the count from the result (the expansion's
+  ``Expansion.counts`` carries it on).
 
 Both refuse what the expansion library would silently "fix": dateutil keeps the *last* of a
 repeated part (``UNTIL=…;UNTIL=…`` → the later bound, ``BYMONTH=2;BYMONTH=3`` → March only) and only
@@ -34,7 +34,6 @@ from dateutil.rrule import DAILY, HOURLY, MINUTELY, MONTHLY, SECONDLY, WEEKLY, Y
 from deadline_pipeline.rules import END_OF_DAY, RuleRecord, format_local, parse_local
 
 log = logging.getLogger(__name__)
-
 
 
 class RRuleError(ValueError):
