@@ -1045,8 +1045,12 @@ class _Walk:
         piece ends before it. A closure over the walk's fields: it runs once per occurrence in the
         window, and reading cells costs less than reading attributes."""
         zone, after, before, elapsed, all_day = self.zone, self.after, self.before, self.elapsed, self.rule.all_day
-        local_of, filters, filtered = self.frame.local_of, self.filters, self.filtered
-        until_instant, unbounded, moves, moved = self.until_instant, self.unbounded, self.moves, self.moved
+        # Bound methods only where they are called (each is an allocation per expansion).
+        filters, moves = self.filters, self.moves
+        local_of = self.frame.local_of if elapsed else None
+        filtered = self.filtered if filters else None
+        moved = self.moved if moves else None
+        until_instant, unbounded = self.until_instant, self.unbounded
 
         def place(item: datetime):
             local = local_of(item) if elapsed else item

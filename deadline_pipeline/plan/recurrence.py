@@ -258,7 +258,7 @@ def _check_month_days(months: list[int] | None, days: list[int] | None) -> None:
                      f"BYMONTHDAY={','.join(map(str, days))} never meet: the rule has no occurrence")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lenient:
     """What :func:`parse_rrule` returns: the :class:`Recur`, or ``recur`` None and ``rejected`` the
     ``(rule_id, message)`` of the refusal (the message names the offending part)."""
