@@ -21,10 +21,9 @@ from hypothesis import strategies as st
 
 from deadline_pipeline.ingest.parsers.csv_format import parse_csv
 from deadline_pipeline.ingest.parsers.ics import parse_ics
-from deadline_pipeline.plan import occurrences, recurrence
+from deadline_pipeline.plan import occurrences
 from deadline_pipeline.plan.occurrences import GRACE, HORIZON, MAX_OCCURRENCES, expand, normalise_until, window
 from deadline_pipeline.plan.recurrence import (
-    COUNTERS,
     RRuleError,
     apply_overrides,
     merge_until,
@@ -141,23 +140,25 @@ def test_strict_accepts_prefix_case_trailing_semicolon_and_x_parts():
 
 
 def test_lenient_returns_none_logs_with_rule_id_and_counts(caplog):
-    before = COUNTERS["rrule_rejected"]
     with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.recurrence"):
-        assert parse_rrule("FREQ=DAILY;UNTIL=20240103T000000;UNTIL=20240110T000000", rule_id="tax-q1") is None
-    assert COUNTERS["rrule_rejected"] == before + 1
-    assert recurrence.REJECTED[-1][0] == "tax-q1"
+        got = parse_rrule("FREQ=DAILY;UNTIL=20240103T000000;UNTIL=20240110T000000", rule_id="tax-q1")
+    assert got.recur is None
+    assert got.counts["rrule_rejected"] == 1
+    assert got.rejected[0] == "tax-q1" and "UNTIL" in got.rejected[1]
     assert any("tax-q1" in r.getMessage() and "UNTIL" in r.getMessage() and r.levelno == logging.ERROR
                for r in caplog.records)
-    assert parse_rrule("FREQ=DAILY;COUNT=2") is not None
+    good = parse_rrule("FREQ=DAILY;COUNT=2")
+    assert good.recur is not None and good.counts["rrule_rejected"] == 0
 
 
 def test_lenient_expansion_skips_the_bad_rule_alone():
-    before = COUNTERS["rrule_rejected"]
     bad = RuleRecord("bad", "t", "2024-01-01T00:00:00", "UTC", "FREQ=DAILY;COUNT=3;UNTIL=20240105T000000")
     good = RuleRecord("good", "t", "2024-01-01T00:00:00", "UTC", "FREQ=DAILY;COUNT=3")
+    refused = occurrences.expansion(bad, UTC, after=FAR_PAST, before=FAR_FUTURE, strict=False)
+    kept = occurrences.expansion(good, UTC, after=FAR_PAST, before=FAR_FUTURE, strict=False)
     assert expand(bad, UTC, after=FAR_PAST, before=FAR_FUTURE, strict=False) == []
     assert len(expand(good, UTC, after=FAR_PAST, before=FAR_FUTURE, strict=False)) == 3
-    assert COUNTERS["rrule_rejected"] == before + 1
+    assert (refused.counts["rrule_rejected"], kept.counts["rrule_rejected"]) == (1, 0)
 
 
 # --- UNTIL -------------------------------------------------------------------------------------
@@ -309,7 +310,6 @@ def test_a_skipped_day_plans_its_instant_once_for_the_day_that_exists(caplog):
     offset before the gap, is 19:00Z on the 30th: the instant of 31 December 09:00. Five occurrences
     requested, four instants, each once; the instant belongs to the 31st, whose 09:00 exists."""
     rule = RuleRecord("apia-daily", "t", "2011-12-28T09:00:00", "Pacific/Apia", "FREQ=DAILY;COUNT=5")
-    before = COUNTERS["instants_collapsed"]
     with caplog.at_level(logging.WARNING, logger="deadline_pipeline.plan.occurrences"):
         got = occurrences.expansion(rule, APIA, after=FAR_PAST, before=FAR_FUTURE)
     assert [(o.period, o.due_at) for o in got.occurrences] == [
@@ -321,7 +321,7 @@ def test_a_skipped_day_plans_its_instant_once_for_the_day_that_exists(caplog):
     [c] = got.collapsed
     assert (c.dropped, c.kept, c.instant) == (datetime(2011, 12, 30, 9), datetime(2011, 12, 31, 9),
                                               datetime(2011, 12, 30, 19, tzinfo=UTC))
-    assert COUNTERS["instants_collapsed"] == before + 1
+    assert got.counts["instants_collapsed"] == 1
     [record] = [r for r in caplog.records if "apia-daily" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert "2011-12-30T09:00:00 is dropped" in record.getMessage()
@@ -516,23 +516,22 @@ def test_window_never_replays_the_past():
 def test_ordinary_unbounded_yearly_series_does_not_log_error(caplog):
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rule = RuleRecord("tax", "t", "2020-04-15", "America/New_York", "FREQ=YEARLY")
-    before = COUNTERS["horizon_truncations"]
     with caplog.at_level(logging.DEBUG, logger="deadline_pipeline.plan.occurrences"):
-        assert len(instants(rule, after=window(now)[0], before=window(now)[1])) == 1
+        got = occurrences.expansion(rule, resolve_zone(rule.tz), after=window(now)[0], before=window(now)[1])
+    assert len(got.occurrences) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert COUNTERS["horizon_truncations"] == before
+    assert got.counts["horizon_truncations"] == 0
 
 
 def test_unbounded_sub_daily_series_logs_error_once_with_rule_id_and_counts_every_time(caplog):
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rule = RuleRecord("hourly-forever", "t", "2025-12-31T00:00:00", "UTC", "FREQ=HOURLY;INTERVAL=6")
-    before = COUNTERS["horizon_truncations"]
     with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
-        instants(rule, after=window(now)[0], before=window(now)[1])
-        instants(rule, after=window(now)[0], before=window(now)[1])
+        got = [occurrences.expansion(rule, resolve_zone(rule.tz), after=window(now)[0], before=window(now)[1])
+               for _ in range(2)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and "hourly-forever" in r.getMessage()]
     assert len(errors) == 1
-    assert COUNTERS["horizon_truncations"] == before + 2
+    assert sum(e.counts["horizon_truncations"] for e in got) == 2
 
 
 def test_a_daily_rule_firing_too_often_logs_error(caplog):
@@ -552,11 +551,11 @@ def test_bounded_sub_daily_series_inside_the_window_is_not_an_error(caplog):
 
 def test_occurrence_cap_stops_and_counts(caplog):
     rule = RuleRecord("secondly", "t", "2026-01-01T00:00:00", "UTC", "FREQ=SECONDLY")
-    before = COUNTERS["occurrence_cap"]
     with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
-        got = instants(rule, after=datetime(2026, 1, 1, tzinfo=UTC), before=datetime(2026, 2, 1, tzinfo=UTC))
-    assert len(got) == MAX_OCCURRENCES
-    assert COUNTERS["occurrence_cap"] == before + 1
+        got = occurrences.expansion(rule, resolve_zone(rule.tz), after=datetime(2026, 1, 1, tzinfo=UTC),
+                                    before=datetime(2026, 2, 1, tzinfo=UTC))
+    assert len(got.occurrences) == MAX_OCCURRENCES
+    assert got.counts["occurrence_cap"] == 1
 
 
 def test_expansion_names_the_first_occurrence_left_out_at_the_cap_and_only_when_one_is(monkeypatch, caplog):
@@ -568,16 +567,15 @@ def test_expansion_names_the_first_occurrence_left_out_at_the_cap_and_only_when_
     after, before = datetime(2027, 1, 1, tzinfo=UTC), datetime(2027, 2, 1, tzinfo=UTC)
     exact = RuleRecord("five", "t", "2027-01-01T09:00:00", "UTC", "FREQ=DAILY;COUNT=5")
     more = RuleRecord("six", "t", "2027-01-01T09:00:00", "UTC", "FREQ=DAILY;COUNT=6")
-    counted = COUNTERS["occurrence_cap"]
     with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
         whole = occ_mod.expansion(exact, UTC, after=after, before=before)
     assert len(whole.occurrences) == 5 and whole.cut_at is None
-    assert COUNTERS["occurrence_cap"] == counted and not caplog.records
+    assert whole.counts["occurrence_cap"] == 0 and not caplog.records
     with caplog.at_level(logging.ERROR, logger="deadline_pipeline.plan.occurrences"):
         cut = occ_mod.expansion(more, UTC, after=after, before=before)
     assert [o.due_at.day for o in cut.occurrences] == [1, 2, 3, 4, 5]
     assert cut.cut_at == datetime(2027, 1, 6, 9, tzinfo=UTC)
-    assert COUNTERS["occurrence_cap"] == counted + 1
+    assert cut.counts["occurrence_cap"] == 1
     assert "expansion stopped at 2027-01-06T09:00:00+00:00" in caplog.text
     assert len(expand(more, UTC, after=after, before=before, limit=5)) == 5  # a limit reached is no cut
 
@@ -719,9 +717,8 @@ def test_apply_overrides_is_order_independent_pure_and_counts_orphans():
     snapshot = [replace(r) for r in rules]
     assert _expand_rules(apply_overrides(list(reversed(rules)))) == _expand_rules(apply_overrides(rules))
     assert rules == snapshot and all(r.exdates == () for r in rules)  # inputs untouched
-    before = COUNTERS["orphan_overrides"]
     orphans = apply_overrides([r for r in rules if r.rule_id != "m"])
-    assert COUNTERS["orphan_overrides"] == before + 2
+    assert orphans.counts["orphan_overrides"] == 2
     assert [r.rule_id for r in orphans] == [r.rule_id for r in rules if r.rule_id != "m"]
 
 
@@ -752,10 +749,10 @@ def test_a_cancelled_occurrence_is_not_planned():
     reminded of a deadline its publisher had cancelled."""
     from deadline_pipeline_tests.differential import compare
 
-    before = COUNTERS["cancelled_occurrences"]
-    got = _expand_rules(apply_overrides(parse_ics(CANCELLED_OCCURRENCE, source="t").rules))
+    folded = apply_overrides(parse_ics(CANCELLED_OCCURRENCE, source="t").rules)
+    got = _expand_rules(folded)
     assert [d.isoformat() for _r, _p, d in got] == ["2026-01-28T21:00:00+00:00", "2026-01-30T21:00:00+00:00"]
-    assert COUNTERS["cancelled_occurrences"] == before + 1
+    assert folded.counts["cancelled_occurrences"] == 1
     assert compare(CANCELLED_OCCURRENCE).identical  # the reference, its cancelled occurrence left out
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from pathlib import Path
 
@@ -228,72 +228,146 @@ def register(main: click.Group) -> None:
         """Print a rule's due instants, one ISO 8601 UTC instant (…Z) per line. Exits 1 when a rule has
         more occurrences in the window than the expansion cap, saying how many were left out, and when
         an ``--ics`` component was skipped (the list is then incomplete)."""
-        from deadline_pipeline.plan.business_days import UnknownCalendar, calendar, check_convention
-        from deadline_pipeline.plan.occurrences import GRACE, HORIZON, expand
-        from deadline_pipeline.plan.recurrence import COUNTERS, RRuleError
-        from deadline_pipeline.timezones import UnknownTimeZone
-
-        try:
-            if (dtstart is None) == (ics_file is None):
-                raise InputError("give either --dtstart (with --rrule/--rdate) or --ics FILE")
-            if count is not None and count < 1:
-                raise InputError(f"--count {count}: must be at least 1")
-            business = None
-            if calendar_spec:
-                name = check_convention(convention or "following")
-                business = (calendar(calendar_spec), name)
-            elif convention and check_convention(convention) != "none":
-                raise InputError("--convention needs --business-days CALENDAR")
-            lo = _instant(after, "--after") if after else datetime.now(UTC) - GRACE
-            if before:
-                hi = _instant(before, "--before")
-            elif count is not None:
-                hi = lo + timedelta(days=366 * 100)  # --count bounds the output; the window must not
-            else:
-                hi = lo + HORIZON
-            if hi < lo:
-                raise InputError("--before is earlier than --after")
-            caps_before = COUNTERS["occurrence_cap"]
-            truncated: list[tuple[str, int, bool]] = []
-            skipped: list[str] = []
-            if ics_file is None:
-                rule, zone = build_rule(dtstart, rrule, exdate, rdate, tz)
-                found = [(rule.rule_id, o) for o in expand(rule, zone, after=lo, before=hi, business_days=business,
-                                                          limit=count)]
-                if COUNTERS["occurrence_cap"] > caps_before:
-                    truncated.append((rule.rule_id, *_count_rest(rule, zone, found[-1][1].due_at, hi, business)))
-            else:
-                if rrule or exdate or rdate:
-                    raise InputError("--rrule/--exdate/--rdate describe one rule; they cannot be combined with --ics")
-                found = _expand_file(Path(ics_file), tz, lo, hi, business, count, truncated, skipped)
-        except (InputError, RRuleError, UnknownTimeZone, UnknownCalendar, ValueError) as exc:
-            _fail(str(exc))
-            return
-        if ics_file is None:
-            lines = [_fmt(o.due_at) for _rid, o in found]
-            click.echo(json.dumps(lines) if as_json else "\n".join(lines))
-        elif as_json:
-            click.echo(json.dumps([{"due_at": _fmt(o.due_at), "rule_id": rid, "period": o.period}
-                                   for rid, o in found], indent=1))
-        else:
-            click.echo("\n".join(f"{_fmt(o.due_at)}\t{rid}" for rid, o in found))
-        if truncated:
-            from deadline_pipeline.plan.occurrences import MAX_OCCURRENCES
-
-            # DESIGN: truncation is an error, never a silent cap — the list above is incomplete.
-            for rid, rest, exact in truncated:
-                click.echo(f"error: rule {rid}: stopped at {MAX_OCCURRENCES} occurrences; "
-                           f"{rest if exact else f'more than {rest}'} more in the window were not printed "
-                           "(narrow --after/--before, or use --count)", err=True)
-        if skipped:
-            # As in ingest, where a skipped record turns rules_complete red: a file whose every event
-            # was skipped (an unknown TZID, say) printed nothing and exited 0, like an empty window.
-            click.echo(f"error: {len(skipped)} component(s) of {ics_file} were skipped (see the warnings above); "
-                       "their occurrences are not in the list", err=True)
-        if truncated or skipped:
-            sys.exit(EXIT_RED)
+        _occurrences(_Options(dtstart, rrule, exdate, rdate, tz, calendar_spec, convention, after, before, count,
+                              ics_file, as_json))
 
     return None
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The options of ``deadline-pipeline occurrences`` as click gives them (None: not given)."""
+
+    dtstart: str | None
+    rrule: str | None
+    exdate: tuple[str, ...]
+    rdate: tuple[str, ...]
+    tz: str | None
+    calendar_spec: str | None
+    convention: str | None
+    after: str | None
+    before: str | None
+    count: int | None
+    ics_file: str | None
+    as_json: bool
+
+
+@dataclass
+class _Found:
+    """What the command expanded: ``found`` as ``(rule_id, Occurrence)`` in print order;
+    ``truncated`` as ``(rule_id, occurrences left out, exact)`` for each rule cut at the cap;
+    ``skipped`` the messages of the components (and rules over the work budget) left out."""
+
+    found: list = field(default_factory=list)
+    truncated: list[tuple[str, int, bool]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _occurrences(opts: _Options) -> None:
+    """The ``occurrences`` command: expand, print, and exit 2 for bad input, 1 when the list printed
+    is incomplete (a rule cut at the cap, a component skipped)."""
+    from deadline_pipeline.plan.business_days import UnknownCalendar
+    from deadline_pipeline.plan.recurrence import RRuleError
+    from deadline_pipeline.timezones import UnknownTimeZone
+
+    try:
+        got = _expand_options(opts)
+    except (InputError, RRuleError, UnknownTimeZone, UnknownCalendar, ValueError) as exc:
+        _fail(str(exc))
+        return
+    _print_found(got.found, opts.ics_file, opts.as_json)
+    _report_incomplete(got, opts.ics_file)
+    if got.truncated or got.skipped:
+        sys.exit(EXIT_RED)
+
+
+def _business_option(calendar_spec: str | None, convention: str | None):
+    """``(calendar, convention)`` for ``--business-days``/``--convention``, None without a calendar.
+    Raises :class:`InputError` for a convention other than ``none`` without a calendar, and
+    ``ValueError``/``UnknownCalendar`` for an unknown convention or calendar."""
+    from deadline_pipeline.plan.business_days import calendar, check_convention
+
+    if calendar_spec:
+        name = check_convention(convention or "following")
+        return calendar(calendar_spec), name
+    if convention and check_convention(convention) != "none":
+        raise InputError("--convention needs --business-days CALENDAR")
+    return None
+
+
+def _window_option(after: str | None, before: str | None, count: int | None) -> tuple[datetime, datetime]:
+    """The window ``(lo, hi)`` (aware) of ``--after``/``--before``: from now - GRACE by default, to a
+    horizon later (a century with ``--count``, which bounds the output). Raises :class:`InputError`
+    for an unreadable bound or ``--before`` earlier than ``--after``."""
+    from deadline_pipeline.plan.occurrences import GRACE, HORIZON
+
+    lo = _instant(after, "--after") if after else datetime.now(UTC) - GRACE
+    if before:
+        hi = _instant(before, "--before")
+    elif count is not None:
+        hi = lo + timedelta(days=366 * 100)  # --count bounds the output; the window must not
+    else:
+        hi = lo + HORIZON
+    if hi < lo:
+        raise InputError("--before is earlier than --after")
+    return lo, hi
+
+
+def _expand_options(opts: _Options) -> _Found:
+    """Check the options and expand the rule they describe, or every rule of ``--ics``. Raises
+    :class:`InputError` (and the ``ValueError`` kinds of :func:`build_rule`) for bad input."""
+    from deadline_pipeline.plan.occurrences import expansion
+
+    if (opts.dtstart is None) == (opts.ics_file is None):
+        raise InputError("give either --dtstart (with --rrule/--rdate) or --ics FILE")
+    if opts.count is not None and opts.count < 1:
+        raise InputError(f"--count {opts.count}: must be at least 1")
+    business = _business_option(opts.calendar_spec, opts.convention)
+    lo, hi = _window_option(opts.after, opts.before, opts.count)
+    got = _Found()
+    if opts.ics_file is not None:
+        if opts.rrule or opts.exdate or opts.rdate:
+            raise InputError("--rrule/--exdate/--rdate describe one rule; they cannot be combined with --ics")
+        got.found = _expand_file(Path(opts.ics_file), opts.tz, lo, hi, business, opts.count, got.truncated,
+                                 got.skipped)
+        return got
+    rule, zone = build_rule(opts.dtstart, opts.rrule, opts.exdate, opts.rdate, opts.tz)
+    expanded = expansion(rule, zone, after=lo, before=hi, business_days=business, limit=opts.count)
+    got.found = [(rule.rule_id, o) for o in expanded.occurrences]
+    if expanded.counts["occurrence_cap"]:
+        got.truncated.append((rule.rule_id, *_count_rest(rule, zone, got.found[-1][1].due_at, hi, business)))
+    return got
+
+
+def _print_found(found: list, ics_file: str | None, as_json: bool) -> None:
+    """Print ``found`` (``(rule_id, Occurrence)``): instants only for one rule, with rule ids (and
+    periods in JSON) for ``--ics``."""
+    if ics_file is None:
+        lines = [_fmt(o.due_at) for _rid, o in found]
+        click.echo(json.dumps(lines) if as_json else "\n".join(lines))
+    elif as_json:
+        click.echo(json.dumps([{"due_at": _fmt(o.due_at), "rule_id": rid, "period": o.period}
+                               for rid, o in found], indent=1))
+    else:
+        click.echo("\n".join(f"{_fmt(o.due_at)}\t{rid}" for rid, o in found))
+
+
+def _report_incomplete(got: _Found, ics_file: str | None) -> None:
+    """Say on stderr why the list printed is incomplete: each rule cut at the cap, and the skipped
+    components of ``ics_file``."""
+    if got.truncated:
+        from deadline_pipeline.plan.occurrences import MAX_OCCURRENCES
+
+        # DESIGN: truncation is an error, never a silent cap — the list above is incomplete.
+        for rid, rest, exact in got.truncated:
+            click.echo(f"error: rule {rid}: stopped at {MAX_OCCURRENCES} occurrences; "
+                       f"{rest if exact else f'more than {rest}'} more in the window were not printed "
+                       "(narrow --after/--before, or use --count)", err=True)
+    if got.skipped:
+        # As in ingest, where a skipped record turns rules_complete red: a file whose every event
+        # was skipped (an unknown TZID, say) printed nothing and exited 0, like an empty window.
+        click.echo(f"error: {len(got.skipped)} component(s) of {ics_file} were skipped (see the warnings above); "
+                   "their occurrences are not in the list", err=True)
 
 
 #: How many occurrences past the cap are counted before the message says "more than".
@@ -343,8 +417,8 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
     """
     from deadline_pipeline.ingest.parsers.base import ParseError
     from deadline_pipeline.ingest.parsers.ics import parse_ics
-    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, expand
-    from deadline_pipeline.plan.recurrence import COUNTERS, apply_overrides
+    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, expansion
+    from deadline_pipeline.plan.recurrence import apply_overrides
     from deadline_pipeline.timezones import resolve_zone
 
     try:
@@ -365,16 +439,16 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
             raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar declares no "
                              "X-WR-TIMEZONE; give --tz")
         zone = resolve_zone(rule.tz)
-        caps_before = COUNTERS["occurrence_cap"]
         try:
-            mine = expand(rule, zone, after=lo, before=hi, business_days=business, limit=count)
+            expanded = expansion(rule, zone, after=lo, before=hi, business_days=business, limit=count)
         except ExpansionBudgetExceeded as exc:  # that rule alone is skipped, as in planning
             click.echo(f"warning: {path}: {exc}", err=True)
             if skipped is not None:
                 skipped.append(str(exc))
             continue
+        mine = expanded.occurrences
         found.extend((rule.rule_id, o) for o in mine)
-        if truncated is not None and COUNTERS["occurrence_cap"] > caps_before:
+        if truncated is not None and expanded.counts["occurrence_cap"]:
             truncated.append((rule.rule_id, *_count_rest(rule, zone, mine[-1].due_at, hi, business)))
     found.sort(key=lambda pair: (pair[1].due_at, pair[0]))
     return found[:count] if count is not None else found

@@ -18,8 +18,8 @@ C16, C17, C18):
   instant is planned once per rule (RFC 5545 §3.8.5.3: "Duplicate instances are ignored"): the
   occurrence whose local time exists keeps it, the nonexistent one is dropped
   (:func:`once_per_instant`), and the drop is reported — WARNING naming the rule and both local
-  times (once per rule, zone and local time per process), ``COUNTERS["instants_collapsed"]`` every
-  time, and ``Expansion.collapsed``. Both still count towards COUNT, so ``COUNT=5`` over the skipped
+  times (once per rule, zone and local time per process), ``Expansion.counts["instants_collapsed"]``
+  every time, and ``Expansion.collapsed``. Both still count towards COUNT, so ``COUNT=5`` over the skipped
   day gives four instants. A business-day roll is not such a case: occurrences rolled onto one day
   stay separate occurrences (each keeps its own period), so the comparison is made before the roll.
 * HOURLY, MINUTELY and SECONDLY rules without BYxxx parts step in *elapsed* time: they expand in UTC
@@ -36,16 +36,17 @@ Windows, horizon and truncation: callers pass ``[after, before]``; the planner's
 occurrence planned is the first at or after ``now - 15 min``. A series that continues past
 ``before`` is normal for deadlines (a yearly tax date has no end) and is logged at DEBUG only. It is
 logged at ERROR with the rule id, once per rule and process, and counted in
-``recurrence.COUNTERS["horizon_truncations"]`` every time, when the series is *suspicious*:
+``Expansion.counts["horizon_truncations"]`` every time, when the series is *suspicious*:
 
 * it is unbounded (no COUNT, no UNTIL) at a sub-daily frequency, or
 * at the rate seen in the window it would fire more than :data:`SANE_OCCURRENCES` times in a
   366-day horizon (about four reminders a day, every day).
 
-Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR, ``COUNTERS["occurrence_cap"]``)
-when the window holds more: :func:`expansion` says where (``Expansion.cut_at``), the planner plans
-what was expanded and reports the rest as a planning problem (:func:`cap_problem`), and ``validate``
-refuses such a rule (:func:`budget_problem`). A window holding exactly the cap is not cut.
+Independently, an expansion stops at :data:`MAX_OCCURRENCES` (ERROR,
+``Expansion.counts["occurrence_cap"]``) when the window holds more: :func:`expansion` says where
+(``Expansion.cut_at``), the planner plans what was expanded and reports the rest as a planning
+problem (:func:`cap_problem`), and ``validate`` refuses such a rule (:func:`budget_problem`). A
+window holding exactly the cap is not cut.
 
 Cost is bounded by the window, not by the rule's age: a sub-daily rule does not step from a DTSTART
 years back. A plain sub-daily rule (elapsed time) jumps to the window in whole INTERVALs and lowers
@@ -53,8 +54,8 @@ its COUNT by the intervals jumped (computed, not stepped); a sub-daily rule with
 COUNT jumps in whole multiples of both its interval and a day, so its wall-clock filters still
 match. Every expansion then has a work budget of :data:`MAX_STEPS` series items examined (those
 before the window included): a rule that needs more raises :class:`ExpansionBudgetExceeded` — the
-rule is skipped loudly (ERROR log, ``COUNTERS["expansion_budget"]``, a planning problem) and the other
-rules plan. :func:`budget_problem` tells ``validate`` about such rules before they go live.
+rule is skipped loudly (ERROR log, ``ExpansionBudgetExceeded.counts``, a planning problem) and the
+other rules plan. :func:`budget_problem` tells ``validate`` about such rules before they go live.
 
 RFC 5545 readings (§3.8.5.3, §3.8.5.2):
 
@@ -71,22 +72,23 @@ import logging
 import math
 import re
 import warnings
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
+from itertools import islice
 
 from dateutil.rrule import rrule, rruleset
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
 from deadline_pipeline.plan.recurrence import (
-    COUNTERS,
     FREQS,
     SHIFT_SECONDS,
     SPLIT_BEFORE,
     SPLIT_FROM,
+    Lenient,
     Recur,
     RRuleError,
     parse_rrule,
@@ -149,7 +151,14 @@ def normalise_until(rrule_text: str, zone: tzinfo) -> str:
 
 
 class ExpansionBudgetExceeded(ValueError):
-    """An expansion needed more than :data:`MAX_STEPS` series items; the message names the rule."""
+    """An expansion needed more than :data:`MAX_STEPS` series items; the message names the rule.
+
+    Raised instead of an :class:`Expansion`, so it carries the count one would have held."""
+
+    @property
+    def counts(self) -> Counter[str]:
+        """``{"expansion_budget": 1}``: the rule skipped over the work budget."""
+        return Counter({"expansion_budget": 1})
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +182,15 @@ class Expansion:
     :data:`MAX_OCCURRENCES` — None when nothing was left out (a ``limit`` reached is not a cut).
     ``collapsed``: the occurrences left out because a nonexistent local time shared its instant with
     an existing one (:func:`once_per_instant`) and that instant lies in the window, in series order;
-    empty when none was."""
+    empty when none was. ``counts``: what this expansion reported, for a check or a caller to add
+    up — ``occurrence_cap`` (1 when cut), ``horizon_truncations`` (1 for a suspicious series cut at
+    the window's end), ``instants_collapsed`` (``len(collapsed)``) and ``rrule_rejected`` (1 for a
+    rule the lenient parser refused); a key absent reads 0."""
 
     occurrences: list[Occurrence]
     cut_at: datetime | None = None
     collapsed: tuple[Collapsed, ...] = ()
+    counts: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -329,13 +342,12 @@ def _settle(held: deque[_Pending], new: _Pending, zone: tzinfo, dropped: list[Co
 def _report_collapsed(rule: RuleRecord, zone: tzinfo, collapsed: list[Collapsed], after: datetime,
                       before: datetime) -> tuple[Collapsed, ...]:
     """The occurrences :func:`once_per_instant` left out whose instant lies in ``[after, before]``
-    (aware), logged (WARNING, once per rule, zone and dropped local time per process) and counted
-    (``COUNTERS["instants_collapsed"]``, every time). The series is read from its start, so a drop
+    (aware), logged (WARNING, once per rule, zone and dropped local time per process); the caller
+    counts them (``Expansion.counts["instants_collapsed"]``, every time). The series is read from its start, so a drop
     years before the window is not this window's news; and planning runs every few minutes, so the
     same line on every pass would bury the first."""
     inside = tuple(c for c in collapsed if after <= c.instant <= before)
     for c in inside:
-        COUNTERS["instants_collapsed"] += 1
         key = (rule.rule_id, str(zone), c.dropped.isoformat())
         if key in _COLLAPSE_LOGGED:
             continue
@@ -425,6 +437,7 @@ def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: 
       neighbouring week numbers too, and each date is kept only when :func:`rfc_week` agrees.
 
     COUNT is applied after the correction, so the dropped dates never consume it. Returns an iterable.
+    Raises as :class:`dateutil.rrule.rrule` does (``ValueError``) for arguments it refuses.
     """
     kwargs = recur.kwargs
     weekly_setpos = recur.freq == "WEEKLY" and "BYSETPOS" in recur.parts
@@ -437,59 +450,74 @@ def series(recur: Recur, dtstart: datetime, *, count: int | None = None, until: 
         begin = datetime.combine(_week_start(dtstart.date(), wkst), dtstart.time())
     setpos = None
     if weekno:
-        # dateutil also misnumbers days of a straddling week by one (it misses 2022-01-02 for
-        # BYWEEKNO=52): ask it for the neighbouring weeks too and keep the right days below.
-        wide = {m for n in weekno for m in (n - 1, n, n + 1) if 1 <= abs(m) <= 53}
-        kwargs = {**kwargs, "byweekno": sorted(wide)}
-        # BYSETPOS picks from each year's set *after* the weeks are right: left to dateutil it
-        # picked from the widened set (a neighbouring week's day, then dropped below), so
-        # BYWEEKNO=52;BYSETPOS=1 gave nothing and BYWEEKNO=2;BYSETPOS=1 searched to year 9999.
-        setpos = kwargs.pop("bysetpos", None)
-        if isinstance(setpos, int):
-            setpos = (setpos,)
-        if setpos:
-            # The first year's set starts on 1 January, not at DTSTART: positions count from there
-            # (dates before DTSTART are dropped below, after the pick).
-            begin = begin.replace(month=1, day=1)
+        kwargs, setpos, begin = _widened_weeks(kwargs, weekno, begin)
     engine = rrule(FREQS[recur.freq], dtstart=begin, until=until, **kwargs)
+    return _counted_from(_right_weeks(engine, weekno, wkst, setpos) if weekno else engine, dtstart, count)
 
-    def in_weeks(item) -> tuple[bool, int]:
-        year, week, weeks = rfc_week(item.date(), wkst)
-        return week in weekno or week - weeks - 1 in weekno, year
 
-    def right_weeks():
-        if not setpos:
-            for item in engine:
-                if in_weeks(item)[0]:
-                    yield item
-            return
-        # BYWEEKNO is YEARLY only, and BYSETPOS picks "within the set of recurrence instances in
-        # the interval of FREQ" (RFC 5545 §3.3.10): the calendar year's matching instants.
-        current, group = None, []
+def _widened_weeks(kwargs: dict, weekno, begin: datetime) -> tuple[dict, tuple | list | None, datetime]:
+    """dateutil's arguments for a BYWEEKNO rule, widened to the neighbouring week numbers, without
+    BYSETPOS: ``(kwargs, setpos, begin)`` — the BYSETPOS to apply per year afterwards (None: none) and
+    where to start (1 January of ``begin``'s year when there is one)."""
+    # dateutil also misnumbers days of a straddling week by one (it misses 2022-01-02 for
+    # BYWEEKNO=52): ask it for the neighbouring weeks too and keep the right days below.
+    wide = {m for n in weekno for m in (n - 1, n, n + 1) if 1 <= abs(m) <= 53}
+    kwargs = {**kwargs, "byweekno": sorted(wide)}
+    # BYSETPOS picks from each year's set *after* the weeks are right: left to dateutil it
+    # picked from the widened set (a neighbouring week's day, then dropped below), so
+    # BYWEEKNO=52;BYSETPOS=1 gave nothing and BYWEEKNO=2;BYSETPOS=1 searched to year 9999.
+    setpos = kwargs.pop("bysetpos", None)
+    if isinstance(setpos, int):
+        setpos = (setpos,)
+    if setpos:
+        # The first year's set starts on 1 January, not at DTSTART: positions count from there
+        # (dates before DTSTART are dropped below, after the pick).
+        begin = begin.replace(month=1, day=1)
+    return kwargs, setpos, begin
+
+
+def _in_weeks(item: datetime, weekno, wkst: int) -> bool:
+    """Whether ``item`` lies in one of the BYWEEKNO weeks ``weekno`` (negative: from the year's end),
+    numbered as RFC 5545 §3.3.10 does (:func:`rfc_week`) for weeks starting on ``wkst``."""
+    _year, week, weeks = rfc_week(item.date(), wkst)
+    return week in weekno or week - weeks - 1 in weekno
+
+
+def _right_weeks(engine, weekno, wkst: int, setpos):
+    """The items of ``engine`` (a widened BYWEEKNO series, ascending) in their right weeks, and with
+    ``setpos`` (BYSETPOS, None: none) picked per calendar year."""
+    if not setpos:
         for item in engine:
-            keep, _week_year = in_weeks(item)
-            if not keep:
-                continue
-            year = item.year
-            if current is not None and year != current:
-                yield from _positions(group, setpos)
-                group = []
-            current = year
-            group.append(item)
-        yield from _positions(group, setpos)
+            if _in_weeks(item, weekno, wkst):
+                yield item
+        return
+    # BYWEEKNO is YEARLY only, and BYSETPOS picks "within the set of recurrence instances in
+    # the interval of FREQ" (RFC 5545 §3.3.10): the calendar year's matching instants.
+    current, group = None, []
+    for item in engine:
+        if not _in_weeks(item, weekno, wkst):
+            continue
+        year = item.year
+        if current is not None and year != current:
+            yield from _positions(group, setpos)
+            group = []
+        current = year
+        group.append(item)
+    yield from _positions(group, setpos)
 
-    def corrected():
-        left = count
-        for item in (right_weeks() if weekno else engine):
-            if item < dtstart:
-                continue
-            yield item
-            if left is not None:
-                left -= 1
-                if left <= 0:
-                    return
 
-    return corrected()
+def _counted_from(items, dtstart: datetime, count: int | None):
+    """``items`` (ascending) from ``dtstart`` on, at most ``count`` of them (None: all); the ones
+    before ``dtstart`` are dropped without consuming COUNT."""
+    left = count
+    for item in items:
+        if item < dtstart:
+            continue
+        yield item
+        if left is not None:
+            left -= 1
+            if left <= 0:
+                return
 
 
 def _positions(group: list, setpos) -> list:
@@ -576,7 +604,7 @@ def present_labels(rule: RuleRecord, zone: tzinfo, labels: list[str]) -> set[str
     if not spans:
         return set()
     # A limit, not the cap: this span is no planning window, so a dense or endless series must neither
-    # be logged as truncated nor counted as cut (checks read both counters).
+    # be logged as truncated nor counted as cut (checks read both counts).
     found = expand(rule, zone, after=min(s.lo for s in spans.values()), before=max(s.hi for s in spans.values()),
                    limit=MAX_OCCURRENCES)
     last = found[-1].due_at if len(found) == MAX_OCCURRENCES else None
@@ -685,74 +713,179 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
 
 def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,
                business_days: BusinessDays | None, limit: int | None, strict: bool) -> Expansion:
-    """:func:`expansion` once the rule's dates are known to be in range."""
+    """:func:`expansion` once the rule's dates are known to be in range: reads the rule
+    (:func:`_read_recur`, :func:`_bounds`), picks the frame it steps in (:func:`_frame`), builds the
+    series (:func:`_start_and_count`, :func:`_engine`), walks it through the window (:class:`_Walk`)
+    and reports what was cut, truncated or collapsed (in ``Expansion.counts``)."""
     start = rule.start_local()
     business = _business(business_days)
     if not rule.rrule and not rule.rdates:
-        due = to_instant(start, zone)
-        if business is not None:
-            due = _adjusted(start, zone, business)
-        return Expansion([Occurrence(rule.start, due)] if after <= due <= before else [])
+        return _one_off(rule, start, zone, after, before, business)
+    parsed = _read_recur(rule, strict)
+    recur = parsed.recur
+    if rule.rrule and recur is None:
+        return Expansion([], counts=parsed.counts)
+    bounds = _bounds(rule, recur, zone, until)
+    frame = _frame(start, zone, recur, bounds, after, before, business)
+    start_instance, series_start, count = _start_and_count(recur, frame, after, bounds.shift, business)
+    ex_days, ex_moments = _exclusions(bounds.exdates, rule.all_day, frame)
+    rdate_moments = _rdate_moments(bounds.rdates, rule.all_day, start.time(), frame)
+    if start_instance is not None:
+        rdate_moments.append(start_instance)
+    engine = _engine(rule, recur, frame, series_start, count, rdate_moments, ex_moments)
+    # A gap can map two local occurrences onto one instant (a skipped day; 02:30 onto 03:30): keep the
+    # one whose local time exists, before the window and any business-day roll are applied.
+    collapsed: list[Collapsed] = []
+    engine = once_per_instant(engine, frame.wall_zone, collapsed, shift=frame.wall_shift, earliest=frame.lo)
+    if limit is not None and limit <= 0:
+        return Expansion([])
+    # RDATEs (and a DTSTART outside its RRULE) are instances whatever the RRULE's UNTIL (§3.8.5.2).
+    walk = _Walk(rule, zone, after, before, frame, bounds, ex_days, frozenset(rdate_moments), business, limit)
+    out, cut_at = walk.run(engine)
+    counts: Counter[str] = Counter()
+    if cut_at is not None:
+        counts["occurrence_cap"] += 1
+        log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped at %s", rule.rule_id,
+                  MAX_OCCURRENCES, instant_text(after), instant_text(before), instant_text(cut_at))
+    elif recur is not None and limit is None:
+        if _check_truncation(rule, recur, out, after, before, bounds.until_instant, series_start, count, frame.hi):
+            counts["horizon_truncations"] += 1
+    inside = _report_collapsed(rule, zone, collapsed, after, before)
+    if inside:
+        counts["instants_collapsed"] += len(inside)
+    return Expansion(out, cut_at, inside, counts)
 
-    recur: Recur | None = None
-    if rule.rrule:
-        if strict:
-            try:
-                recur = validate_rrule(rule.rrule)
-            except RRuleError as exc:
-                raise RRuleError(f"rule {rule.rule_id!r}: {exc}") from None
-        else:
-            recur = parse_rrule(rule.rrule, rule_id=rule.rule_id)
-            if recur is None:
-                return Expansion([])
-    all_day = rule.all_day
-    # Elapsed-time stepping (see the module docstring): plain sub-daily rules expand in UTC.
-    elapsed = recur is not None and recur.sub_daily and not recur.has_by_parts
 
+def _one_off(rule: RuleRecord, start: datetime, zone: tzinfo, after: datetime, before: datetime,
+             business) -> Expansion:
+    """The expansion of a rule without RRULE and RDATE: its DTSTART (``start``, naive local in
+    ``zone``), rolled to a business day if ``business`` says so, when due in ``[after, before]``."""
+    due = to_instant(start, zone)
+    if business is not None:
+        due = _adjusted(start, zone, business)
+    return Expansion([Occurrence(rule.start, due)] if after <= due <= before else [])
+
+
+def _read_recur(rule: RuleRecord, strict: bool) -> Lenient:
+    """The rule's RRULE read strictly (raises :class:`RRuleError` naming the rule and the part) or
+    leniently (``recur`` None and counted when invalid); ``recur`` None also for a rule without one."""
+    if not rule.rrule:
+        return Lenient(None)
+    if not strict:
+        return parse_rrule(rule.rrule, rule_id=rule.rule_id)
+    try:
+        return Lenient(validate_rrule(rule.rrule))
+    except RRuleError as exc:
+        raise RRuleError(f"rule {rule.rule_id!r}: {exc}") from None
+
+
+def _local_value(text: str) -> date | datetime:
+    """An EXDATE or RDATE as stored: a naive local ``datetime`` (``T`` or a space in it) or a ``date``."""
+    return parse_local(text) if ("T" in text or " " in text) else date.fromisoformat(text)
+
+
+@dataclass(slots=True)  # not frozen: built once per expansion, and a frozen __init__ costs
+class _Bounds:
+    """A rule's timing fields besides DTSTART and RRULE, read once.
+
+    ``until_instant``: the aware UTC instant the series ends at, inclusive — the rule's own UNTIL
+    (:func:`~deadline_pipeline.plan.recurrence.until_bound`), else the caller's fallback ``until``
+    for a rule without COUNT, else None. ``shift``: the wall-clock shift of a THISANDFUTURE piece.
+    ``split_from``/``split_before``: naive local bounds of a split series' piece (None: open).
+    ``exdates``/``rdates``: naive local datetimes or dates, as stored."""
+
+    until_instant: datetime | None
+    shift: timedelta
+    split_from: datetime | None
+    split_before: datetime | None
+    exdates: list
+    rdates: list
+
+
+def _bounds(rule: RuleRecord, recur: Recur | None, zone: tzinfo, until: datetime | None) -> _Bounds:
+    """:class:`_Bounds` of ``rule`` (``recur``: its parsed RRULE, None without one) in ``zone``.
+    Raises ``ValueError`` naming the rule for an unreadable UNTIL, EXDATE, RDATE or split field."""
     try:
         until_instant: datetime | None = None
         if recur is not None and recur.until is not None:
-            until_instant = until_bound(recur.until, zone, all_day=all_day)[1]
+            until_instant = until_bound(recur.until, zone, all_day=rule.all_day)[1]
         elif until is not None and (recur is None or recur.count is None):
             until_instant = until.astimezone(UTC)
         extra = rule.extra or {}
         shift = timedelta(seconds=int(extra.get(SHIFT_SECONDS) or 0))
         split_from = parse_local(extra[SPLIT_FROM]) if extra.get(SPLIT_FROM) else None
         split_before = parse_local(extra[SPLIT_BEFORE]) if extra.get(SPLIT_BEFORE) else None
-        exdates = [parse_local(x) if ("T" in x or " " in x) else date.fromisoformat(x) for x in rule.exdates]
-        rdates = [parse_local(x) if ("T" in x or " " in x) else date.fromisoformat(x) for x in rule.rdates]
+        exdates = [_local_value(x) for x in rule.exdates]
+        rdates = [_local_value(x) for x in rule.rdates]
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"rule {rule.rule_id!r}: {exc}") from None
+    return _Bounds(until_instant, shift, split_from, split_before, exdates, rdates)
 
-    slack = _DAY + abs(shift) + (_ROLL_SLACK if business is not None else timedelta(0))
+
+@dataclass(slots=True)  # not frozen: built once per expansion, and a frozen __init__ costs
+class _Frame:
+    """The frame a series is stepped in (see the module's DST policy), all naive datetimes in it.
+
+    ``elapsed``: a plain sub-daily rule, stepped in UTC (items are naive UTC instants); otherwise
+    items are wall-clock times in ``zone``. ``dtstart``: the DTSTART in the frame. ``wall_zone`` and
+    ``wall_shift``: the zone and shift :func:`once_per_instant` reads items with (UTC and none when
+    elapsed: distinct instants never collide). ``lo``/``hi``: the window widened by the slack a
+    shift, a business-day roll or a wall-clock day can move an occurrence. ``engine_until``: where
+    the series engine stops (``hi``, or the UNTIL if earlier, with a day of slack in wall time)."""
+
+    elapsed: bool
+    zone: tzinfo
+    dtstart: datetime
+    wall_zone: tzinfo
+    wall_shift: timedelta
+    lo: datetime
+    hi: datetime
+    engine_until: datetime
+
+    def of(self, local: datetime) -> datetime:
+        """A naive local wall time in ``zone`` → the frame (the gap/fold policy applied once when elapsed)."""
+        return to_instant(local, self.zone).replace(tzinfo=None) if self.elapsed else local
+
+    def local_of(self, item: datetime) -> datetime:
+        """An item of the frame → its naive local wall time in ``zone``."""
+        return item.replace(tzinfo=UTC).astimezone(self.zone).replace(tzinfo=None) if self.elapsed else item
+
+
+def _frame(start: datetime, zone: tzinfo, recur: Recur | None, bounds: _Bounds, after: datetime, before: datetime,
+           business) -> _Frame:
+    """The :class:`_Frame` for a series from the naive local ``start`` in ``zone`` over ``[after,
+    before]`` (aware), given the rule's ``bounds`` and business-day roll (``business``, None: none)."""
+    # Elapsed-time stepping (see the module docstring): plain sub-daily rules expand in UTC.
+    elapsed = recur is not None and recur.sub_daily and not recur.has_by_parts
+    slack = _DAY + abs(bounds.shift) + (_ROLL_SLACK if business is not None else timedelta(0))
     lo_instant, hi_instant = after - slack, before + slack
-
+    until_instant = bounds.until_instant
     if elapsed:
         # Frame: naive UTC. The start instant follows the gap/fold policy once; steps are elapsed time.
-        def frame(local: datetime) -> datetime:
-            return to_instant(local, zone).replace(tzinfo=None)
-
-        def local_of(item: datetime) -> datetime:
-            return item.replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)
-
-        dtstart = frame(start)
         # Items are distinct UTC instants here (no wall time to collide); shifts are elapsed time.
+        dtstart = to_instant(start, zone).replace(tzinfo=None)
         wall_zone, wall_shift = UTC, timedelta(0)
         lo = lo_instant.astimezone(UTC).replace(tzinfo=None)
         hi = hi_instant.astimezone(UTC).replace(tzinfo=None)
         cap = until_instant.replace(tzinfo=None) if until_instant is not None else None
     else:
-        def frame(local: datetime) -> datetime:
-            return local
-
-        local_of = frame
         dtstart = start
-        wall_zone, wall_shift = zone, shift
+        wall_zone, wall_shift = zone, bounds.shift
         lo = lo_instant.astimezone(zone).replace(tzinfo=None)
         hi = hi_instant.astimezone(zone).replace(tzinfo=None)
         # One day of slack: UNTIL is enforced below on instants, where a fold hour is unambiguous.
         cap = until_instant.astimezone(zone).replace(tzinfo=None) + _DAY if until_instant is not None else None
     engine_until = hi if cap is None else min(hi, cap)
+    return _Frame(elapsed, zone, dtstart, wall_zone, wall_shift, lo, hi, engine_until)
+
+
+def _start_and_count(recur: Recur | None, frame: _Frame, after: datetime, shift: timedelta,
+                     business) -> tuple[datetime | None, datetime, int | None]:
+    """``(start_instance, series_start, count)``: the DTSTART to add as an instance of its own when
+    it does not match its RRULE (else None), where the RRULE's series starts (DTSTART, or moved
+    towards the window for a sub-daily rule) and the COUNT left for it (None: no COUNT; 0: the series
+    has nothing left). Naive datetimes in ``frame``."""
+    dtstart = frame.dtstart
     count = recur.count if recur is not None else None
     # RFC 5545 §3.8.5.3: DTSTART is the first instance even when it does not match the RRULE, and it
     # counts toward COUNT. dateutil yields matching dates only, so such a DTSTART was silently lost.
@@ -764,121 +897,213 @@ def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datet
             count = count - 1 if count is not None else None
     series_start = dtstart
     if recur is not None and recur.sub_daily and start_instance is None:
-        # Bounded by the window, not the rule's age: jump in whole intervals (elapsed stepping), or in
-        # whole days that are also whole intervals when BYxxx parts filter on the wall clock.
-        step = _UNIT_SECONDS[recur.freq] * int(recur.kwargs.get("interval", 1))
-        if elapsed:
-            # Items are UTC instants here: the day of wall-clock slack is not needed, only the shift and
-            # business-day roll that can move an instant into the window.
-            near = after - abs(shift) - (_ROLL_SLACK if business is not None else timedelta(0))
-            series_start, count = _jump(dtstart, max(lo, near.astimezone(UTC).replace(tzinfo=None)), step, count)
-        elif count is None:
-            series_start, count = _jump(dtstart, lo, math.lcm(step, 86400), None)
+        series_start, count = _jump_to_window(recur, frame, count, after, shift, business)
+    return start_instance, series_start, count
 
+
+def _jump_to_window(recur: Recur, frame: _Frame, count: int | None, after: datetime, shift: timedelta,
+                    business) -> tuple[datetime, int | None]:
+    """Where a sub-daily series may start without stepping from an old DTSTART, and the COUNT left
+    (:func:`_jump`); naive, in ``frame``."""
+    # Bounded by the window, not the rule's age: jump in whole intervals (elapsed stepping), or in
+    # whole days that are also whole intervals when BYxxx parts filter on the wall clock.
+    step = _UNIT_SECONDS[recur.freq] * int(recur.kwargs.get("interval", 1))
+    if frame.elapsed:
+        # Items are UTC instants here: the day of wall-clock slack is not needed, only the shift and
+        # business-day roll that can move an instant into the window.
+        near = after - abs(shift) - (_ROLL_SLACK if business is not None else timedelta(0))
+        return _jump(frame.dtstart, max(frame.lo, near.astimezone(UTC).replace(tzinfo=None)), step, count)
+    if count is None:
+        return _jump(frame.dtstart, frame.lo, math.lcm(step, 86400), None)
+    return frame.dtstart, count
+
+
+def _exclusions(exdates: list, all_day: bool, frame: _Frame) -> tuple[set[date], list[datetime]]:
+    """``(ex_days, ex_moments)``: the EXDATEs that exclude a whole local date, and those that exclude
+    one moment (naive, in ``frame``)."""
     # Dates to exclude by local date: a DATE EXDATE against a timed series matches that whole local
     # day (ical.net #830), and every EXDATE of an all-day series is a date.
     ex_days: set[date] = set()
     ex_moments: list[datetime] = []
     for x in exdates:
         if isinstance(x, datetime) and not all_day:
-            ex_moments.append(frame(x))
+            ex_moments.append(frame.of(x))
         else:
             ex_days.add(x.date() if isinstance(x, datetime) else x)
-    rdate_moments = [frame(x if isinstance(x, datetime) else
-                           datetime.combine(x, time(23, 59, 59) if all_day else start.time())) for x in rdates]
+    return ex_days, ex_moments
 
+
+def _rdate_moments(rdates: list, all_day: bool, start_time: time, frame: _Frame) -> list[datetime]:
+    """The RDATEs as moments in ``frame``: a DATE RDATE at the end of the day for an all-day series,
+    else at DTSTART's time of day (``start_time``)."""
+    return [frame.of(x if isinstance(x, datetime) else
+                     datetime.combine(x, time(23, 59, 59) if all_day else start_time)) for x in rdates]
+
+
+def _engine(rule: RuleRecord, recur: Recur | None, frame: _Frame, series_start: datetime, count: int | None,
+            rdate_moments: list[datetime], ex_moments: list[datetime]):
+    """The series as an iterable of naive datetimes in ``frame``, ascending: the RRULE's (from
+    ``series_start``, ``count`` left, up to ``frame.engine_until``) with ``rdate_moments`` added and
+    ``ex_moments`` taken out. Raises ``ValueError`` naming the rule when dateutil refuses it."""
     try:
-        if recur is not None and count != 0:
-            engine = series(recur, series_start, count=count, until=engine_until)
-        else:
-            engine = None
-        if start_instance is not None:
-            rdate_moments.append(start_instance)
-        if ex_moments or rdate_moments or engine is None:
-            rs = rruleset()
-            if engine is not None:
-                rs.rrule(engine)
-            elif recur is None:
-                rs.rdate(dtstart)  # DTSTART is the first occurrence of an RDATE-only set (RFC 5545 §3.8.5.2)
-            for m in rdate_moments:
-                rs.rdate(m)
-            for m in ex_moments:
-                rs.exdate(m)
-            engine = rs
+        engine = series(recur, series_start, count=count, until=frame.engine_until) if (
+            recur is not None and count != 0) else None
+        if not (ex_moments or rdate_moments or engine is None):
+            return engine
+        rs = rruleset()
+        if engine is not None:
+            rs.rrule(engine)
+        elif recur is None:
+            rs.rdate(frame.dtstart)  # DTSTART is the first occurrence of an RDATE-only set (RFC 5545 §3.8.5.2)
+        for m in rdate_moments:
+            rs.rdate(m)
+        for m in ex_moments:
+            rs.exdate(m)
+        return rs
     except (ValueError, TypeError, OverflowError) as exc:
         raise ValueError(f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} cannot be expanded: {exc}") from None
-    # A gap can map two local occurrences onto one instant (a skipped day; 02:30 onto 03:30): keep the
-    # one whose local time exists, before the window and any business-day roll are applied.
-    collapsed: list[Collapsed] = []
-    engine = once_per_instant(engine, wall_zone, collapsed, shift=wall_shift, earliest=lo)
 
-    out: list[Occurrence] = []
-    append = out.append
-    unsorted = False
-    last_due: datetime | None = None
-    cut_at: datetime | None = None
-    if limit is not None and limit <= 0:
-        return Expansion([])
-    # RDATEs (and a DTSTART outside its RRULE) are instances whatever the RRULE's UNTIL (§3.8.5.2).
-    unbounded = frozenset(rdate_moments)
-    steps = 0
-    for item in engine:
-        steps += 1
-        if steps > MAX_STEPS:
-            COUNTERS["expansion_budget"] += 1
-            log.error("rule %s: RRULE %r needs more than %d steps to reach [%s, %s]; the rule is skipped",
-                      rule.rule_id, rule.rrule, MAX_STEPS, instant_text(after), instant_text(before))
-            raise ExpansionBudgetExceeded(
-                f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} needs more than {MAX_STEPS} steps from its DTSTART "
-                f"{rule.start} to reach the window; it is skipped (bound it with a later DTSTART, UNTIL or a "
-                "coarser FREQ)")
-        if item < lo:
-            continue
-        if item > hi:
-            break
-        local = local_of(item) if elapsed else item
-        if split_before is not None and local >= split_before:
-            break
-        if split_from is not None and local < split_from:
-            continue
-        if ex_days and local.date() in ex_days:
-            continue
-        if elapsed:
-            due = item.replace(tzinfo=UTC)
-            period = item.isoformat(timespec="seconds") + "Z"
+
+#: What :meth:`_Walk.filtered` (and so :meth:`_Walk.placer`'s ``place``) returns for an item past the end of the
+#: series' piece; ``_KEEP``, what :meth:`_Walk.filtered` returns for an item it does not leave out.
+_STOP = object()
+_KEEP = object()
+
+
+class _Walk:
+    """Walks a series (naive items in ``frame``) through the window ``[after, before]`` (aware):
+    the split bounds, EXDATE days, UNTIL, shift and business-day roll applied to each item.
+
+    ``unbounded``: items UNTIL does not bound (RDATEs and a DTSTART outside its RRULE, §3.8.5.2);
+    ``limit``: stop after this many occurrences (None: no limit). The fields each item needs are
+    kept flat on the walk: ``place`` (:meth:`placer`) runs once per occurrence in the window, the hot path of
+    planning."""
+
+    __slots__ = ("after", "before", "business", "elapsed", "ex_days", "filters", "frame", "limit", "moves", "place",
+                 "rule", "shift", "split_before", "split_from", "unbounded", "until_instant", "zone")
+
+    def __init__(self, rule: RuleRecord, zone: tzinfo, after: datetime, before: datetime, frame: _Frame,
+                 bounds: _Bounds, ex_days: set[date], unbounded: frozenset, business, limit: int | None) -> None:
+        self.rule, self.zone, self.after, self.before, self.frame = rule, zone, after, before, frame
+        self.elapsed = frame.elapsed
+        self.until_instant, self.shift = bounds.until_instant, bounds.shift
+        self.split_from, self.split_before = bounds.split_from, bounds.split_before
+        self.ex_days, self.unbounded, self.business, self.limit = ex_days, unbounded, business, limit
+        #: Whether :meth:`filtered` can leave an item out, and :meth:`moved` change a due instant.
+        self.filters = bool(ex_days) or bounds.split_from is not None or bounds.split_before is not None
+        self.moves = bool(bounds.shift) or business is not None
+        self.place = self.placer()
+
+    def run(self, engine: Iterable[datetime]) -> tuple[list[Occurrence], datetime | None]:
+        """``(occurrences sorted by due instant, cut_at)``: ``cut_at`` the due instant of the first
+        occurrence past :data:`MAX_OCCURRENCES` in the window, None when none was left out. Raises
+        :class:`ExpansionBudgetExceeded` past :data:`MAX_STEPS` items examined."""
+        out: list[Occurrence] = []
+        append = out.append
+        lo, hi, limit, place = self.frame.lo, self.frame.hi, self.limit, self.place
+        # Read once per walk, not once per item (tests lower them with monkeypatch before a walk).
+        max_steps, cap = MAX_STEPS, MAX_OCCURRENCES
+        cut_at: datetime | None = None
+        unsorted = False
+        last_due: datetime | None = None
+        items = iter(engine)
+        # The work budget: at most max_steps items examined (islice counts them), and a walk that
+        # needs one more is over it.
+        for item in islice(items, max_steps):
+            if item < lo:
+                continue
+            if item > hi:
+                break
+            occurrence = place(item)
+            if occurrence is None:
+                continue
+            if occurrence is _STOP:
+                break
+            if len(out) >= cap:
+                # One occurrence more than the cap in the window: the expansion is cut here. (Stopping at
+                # the cap itself claimed a cut for a window holding exactly the cap.)
+                cut_at = occurrence.due_at
+                break
+            due = occurrence.due_at
+            if last_due is not None and due < last_due:
+                unsorted = True  # a business-day roll or a shift put it before the last one
+            last_due = due
+            append(occurrence)
+            if limit is not None and len(out) >= limit:
+                break
         else:
-            due = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
-            period = local.date().isoformat() if all_day else local.isoformat(timespec="seconds")
-        # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
-        if until_instant is not None and due > until_instant and item not in unbounded:
-            continue
+            if next(items, None) is not None:
+                raise self.over_budget()
+        if unsorted:
+            out.sort(key=lambda o: (o.due_at, o.period))
+        return out, cut_at
+
+    def placer(self):
+        """The function ``place(item)`` of this walk: the :class:`Occurrence` of ``item`` (naive, in
+        the frame, inside its widened window), None when it is left out (before the piece, on an
+        EXDATE day, past UNTIL, outside the window after its shift and roll), or :data:`_STOP` when the
+        piece ends before it. A closure over the walk's fields: it runs once per occurrence in the
+        window, and reading cells costs less than reading attributes."""
+        zone, after, before, elapsed, all_day = self.zone, self.after, self.before, self.elapsed, self.rule.all_day
+        # Bound methods only where they are called (each is an allocation per expansion).
+        filters, moves = self.filters, self.moves
+        local_of = self.frame.local_of if elapsed else None
+        filtered = self.filtered if filters else None
+        moved = self.moved if moves else None
+        until_instant, unbounded = self.until_instant, self.unbounded
+
+        def place(item: datetime):
+            local = local_of(item) if elapsed else item
+            if filters:
+                verdict = filtered(local)
+                if verdict is not _KEEP:
+                    return verdict
+            if elapsed:
+                due, period = item.replace(tzinfo=UTC), item.isoformat(timespec="seconds") + "Z"
+            else:
+                due = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+                period = local.date().isoformat() if all_day else local.isoformat(timespec="seconds")
+            # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
+            if until_instant is not None and due > until_instant and item not in unbounded:
+                return None
+            if moves:
+                due = moved(due, local)
+            if not (after <= due <= before):
+                return None
+            return Occurrence(period, due)
+
+        return place
+
+    def filtered(self, local: datetime):
+        """:data:`_STOP` when the local wall time ``local`` is at or after the next piece of a split
+        series, None when it is before this piece or on an EXDATE day (left out), else :data:`_KEEP`."""
+        if self.split_before is not None and local >= self.split_before:
+            return _STOP
+        if self.split_from is not None and local < self.split_from:
+            return None
+        if self.ex_days and local.date() in self.ex_days:
+            return None
+        return _KEEP
+
+    def moved(self, due: datetime, local: datetime) -> datetime:
+        """``due`` (aware UTC) after the THISANDFUTURE shift and the business-day roll, if any."""
+        shift, zone, elapsed = self.shift, self.zone, self.elapsed
         if shift:
             due = due + shift if elapsed else (local + shift).replace(tzinfo=zone, fold=0).astimezone(UTC)
-        if business is not None:
+        if self.business is not None:
             due = _adjusted(due.astimezone(zone).replace(tzinfo=None) if elapsed else (local + shift), zone,
-                            business)
-        if not (after <= due <= before):
-            continue
-        if len(out) >= MAX_OCCURRENCES:
-            # One occurrence more than the cap in the window: the expansion is cut here. (Stopping at
-            # the cap itself claimed a cut for a window holding exactly the cap.)
-            cut_at = due
-            break
-        if last_due is not None and due < last_due:
-            unsorted = True
-        last_due = due
-        append(Occurrence(period, due))
-        if limit is not None and len(out) >= limit:
-            break
-    if cut_at is not None:
-        COUNTERS["occurrence_cap"] += 1
-        log.error("rule %s: more than %d occurrences in [%s, %s]; expansion stopped at %s", rule.rule_id,
-                  MAX_OCCURRENCES, instant_text(after), instant_text(before), instant_text(cut_at))
-    elif recur is not None and limit is None:
-        _check_truncation(rule, recur, out, after, before, until_instant, series_start, count, hi)
-    if unsorted:
-        out.sort(key=lambda o: (o.due_at, o.period))
-    return Expansion(out, cut_at, _report_collapsed(rule, zone, collapsed, after, before))
+                            self.business)
+        return due
+
+    def over_budget(self) -> ExpansionBudgetExceeded:
+        """The error for a series needing more than :data:`MAX_STEPS` items, logged at ERROR."""
+        rule = self.rule
+        log.error("rule %s: RRULE %r needs more than %d steps to reach [%s, %s]; the rule is skipped",
+                  rule.rule_id, rule.rrule, MAX_STEPS, instant_text(self.after), instant_text(self.before))
+        return ExpansionBudgetExceeded(
+            f"rule {rule.rule_id!r}: RRULE {rule.rrule!r} needs more than {MAX_STEPS} steps from its DTSTART "
+            f"{rule.start} to reach the window; it is skipped (bound it with a later DTSTART, UNTIL or a "
+            "coarser FREQ)")
 
 
 def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
@@ -891,13 +1116,14 @@ def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
 
 def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], after: datetime, before: datetime,
                       until_instant: datetime | None, dtstart: datetime, count: int | None,
-                      hi: datetime) -> None:
-    """Log (ERROR once per rule, counted every time) a suspicious series cut at ``before``."""
+                      hi: datetime) -> bool:
+    """Whether the series is suspicious and cut at ``before`` (the caller counts it every time);
+    logged at ERROR once per rule and process."""
     window_days = max((before - after).total_seconds() / 86400, 1.0)
     rate = len(out) * HORIZON.days / window_days
     unbounded_sub_daily = recur.sub_daily and not recur.bounded
     if not unbounded_sub_daily and rate <= SANE_OCCURRENCES:
-        return
+        return False
     # Does the series go on past the window? Unbounded: yes; UNTIL: compare; COUNT: probe once.
     if recur.count is None:
         continues = until_instant is None or until_instant > before
@@ -905,17 +1131,17 @@ def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], aft
         probe = series(recur, dtstart, count=count) if count else ()
         continues = any(item > hi for item in probe)
     if not continues:
-        return
-    COUNTERS["horizon_truncations"] += 1
+        return False
     key = (rule.rule_id, rule.rrule or "")
     if key in _TRUNCATION_LOGGED:
-        return
+        return True
     if len(_TRUNCATION_LOGGED) < 10_000:  # bounded: a hostile feed must not grow memory without end
         _TRUNCATION_LOGGED.add(key)
     why = ("unbounded sub-daily series" if unbounded_sub_daily
            else f"about {rate:.0f} occurrences per {HORIZON.days} days (more than {SANE_OCCURRENCES})")
     log.error("rule %s: RRULE %r truncated at %s (%s); a reminder that fires without end is a data bug",
               rule.rule_id, rule.rrule, instant_text(before), why)
+    return True
 
 
 def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datetime]:

@@ -8,9 +8,11 @@ Two postures, one parser (RFC 5545 §3.3.10):
 * :func:`validate_rrule` is **strict**: it raises :class:`RRuleError` naming the offending rule part.
   For user-facing input (``deadline-pipeline occurrences``, validation of a source before it goes
   live), where a clear refusal is the point.
-* :func:`parse_rrule` is **lenient**: it returns ``None``, logs the same message at ERROR with the
-  rule id, and counts it in :data:`COUNTERS` (``"rrule_rejected"``) and :data:`REJECTED`. For the
-  scheduler: one bad rule stops that rule alone, never the loop, and a check can read the counter.
+* :func:`parse_rrule` is **lenient**: it returns a :class:`Lenient` whose ``recur`` is ``None``,
+  logs the same message at ERROR with the rule id, and says so in its ``counts``
+  (``"rrule_rejected"``) and ``rejected``. For the scheduler: one bad rule stops that rule alone,
+  never the loop, and a check can read the count from the result (the expansion's
+  ``Expansion.counts`` carries it on).
 
 Both refuse what the expansion library would silently "fix": dateutil keeps the *last* of a
 repeated part (``UNTIL=…;UNTIL=…`` → the later bound, ``BYMONTH=2;BYMONTH=3`` → March only) and only
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from functools import lru_cache
@@ -32,16 +34,6 @@ from dateutil.rrule import DAILY, HOURLY, MINUTELY, MONTHLY, SECONDLY, WEEKLY, Y
 from deadline_pipeline.rules import END_OF_DAY, RuleRecord, format_local, parse_local
 
 log = logging.getLogger(__name__)
-
-#: Counters a check (or a test) reads: ``rrule_rejected`` (lenient parse failures),
-#: ``horizon_truncations`` (series cut at the window's end and suspicious, see occurrences),
-#: ``occurrence_cap`` (expansions stopped at the hard cap), ``orphan_overrides`` (a RECURRENCE-ID
-#: component whose master is absent from the snapshot), ``vanished_overrides`` (one whose occurrence
-#: its master no longer has) and ``override_checks_failed`` (one that could not be checked; see
-#: :func:`vanished_overrides`).
-COUNTERS: Counter[str] = Counter()
-#: The most recent lenient rejections as ``(rule_id, message)``, newest last (bounded).
-REJECTED: deque[tuple[str | None, str]] = deque(maxlen=100)
 
 
 class RRuleError(ValueError):
@@ -134,6 +126,32 @@ def validate_rrule(text: str) -> Recur:
 
 @lru_cache(maxsize=4096)
 def _validate_cached(text: str) -> Recur:
+    """:func:`validate_rrule` without the type check, memoised per text. Same result and errors."""
+    parts = _split_parts(text)
+    freq = _check_freq(parts)
+    kwargs: dict = {}
+    count = _positive(parts, "COUNT")
+    interval = _positive(parts, "INTERVAL")
+    if interval is not None:
+        kwargs["interval"] = interval
+    if "UNTIL" in parts:
+        parse_until(parts["UNTIL"])  # raises naming UNTIL
+    if "WKST" in parts:
+        if parts["WKST"] not in _WEEKDAY:
+            raise RRuleError(f"RRULE part WKST={parts['WKST']!r} is not a weekday (MO..SU)")
+        kwargs["wkst"] = _WEEKDAY[parts["WKST"]]
+    kwargs.update(_number_lists(parts, freq))
+    if "BYDAY" in parts:
+        kwargs["byweekday"] = _byday(parts["BYDAY"], freq, "BYWEEKNO" in parts)
+    _check_month_days(kwargs.get("bymonth"), kwargs.get("bymonthday"))
+    canonical = ";".join(f"{k}={v}" for k, v in parts.items())
+    return Recur(canonical, freq, parts, kwargs, count, parts.get("UNTIL"))
+
+
+def _split_parts(text: str) -> dict[str, str]:
+    """A RECUR text (an ``RRULE:`` prefix accepted) → ``{NAME: VALUE}``, both upper-case, in the
+    order written; ``X-`` parts left out. Raises :class:`RRuleError` for an empty value, a piece that
+    is not ``NAME=VALUE``, an unknown part and a part repeated."""
     if not isinstance(text, str) or not text.strip():
         raise RRuleError("empty RRULE")
     body = text.strip()
@@ -153,6 +171,12 @@ def _validate_cached(text: str) -> Recur:
             # dateutil would keep the last one silently; two readers could then disagree (case C03).
             raise RRuleError(f"RRULE part {name} appears more than once (RFC 5545 §3.3.10 allows it once)")
         parts[name] = value
+    return parts
+
+
+def _check_freq(parts: dict[str, str]) -> str:
+    """The FREQ of ``parts`` (:func:`_split_parts`). Raises :class:`RRuleError` when it is missing or
+    unknown, and for COUNT together with UNTIL."""
     if "FREQ" not in parts:
         raise RRuleError("RRULE has no FREQ part (required by RFC 5545 §3.3.10)")
     freq = parts["FREQ"]
@@ -160,51 +184,60 @@ def _validate_cached(text: str) -> Recur:
         raise RRuleError(f"RRULE part FREQ={freq!r} is not one of {', '.join(FREQS)}")
     if "COUNT" in parts and "UNTIL" in parts:
         raise RRuleError("RRULE has both COUNT and UNTIL (RFC 5545 §3.3.10 forbids it)")
+    return freq
 
-    kwargs: dict = {}
-    count = None
-    if "COUNT" in parts:
-        if not parts["COUNT"].isdigit() or int(parts["COUNT"]) < 1:
-            raise RRuleError(f"RRULE part COUNT={parts['COUNT']!r} is not a positive integer")
-        count = int(parts["COUNT"])
-    if "INTERVAL" in parts:
-        if not parts["INTERVAL"].isdigit() or int(parts["INTERVAL"]) < 1:
-            raise RRuleError(f"RRULE part INTERVAL={parts['INTERVAL']!r} is not a positive integer")
-        kwargs["interval"] = int(parts["INTERVAL"])
-    if "UNTIL" in parts:
-        parse_until(parts["UNTIL"])  # raises naming UNTIL
-    if "WKST" in parts:
-        if parts["WKST"] not in _WEEKDAY:
-            raise RRuleError(f"RRULE part WKST={parts['WKST']!r} is not a weekday (MO..SU)")
-        kwargs["wkst"] = _WEEKDAY[parts["WKST"]]
-    for name, (_lo, _hi, _signed) in _RANGES.items():
+
+def _positive(parts: dict[str, str], name: str) -> int | None:
+    """The value of part ``name`` (COUNT, INTERVAL) as a positive integer, None when absent. Raises
+    :class:`RRuleError` naming the part for anything but digits worth at least 1."""
+    if name not in parts:
+        return None
+    if not parts[name].isdigit() or int(parts[name]) < 1:
+        raise RRuleError(f"RRULE part {name}={parts[name]!r} is not a positive integer")
+    return int(parts[name])
+
+
+def _number_lists(parts: dict[str, str], freq: str) -> dict[str, list[int]]:
+    """dateutil's keyword arguments for the numeric list parts of ``parts`` (BYSECOND … BYSETPOS).
+
+    Raises :class:`RRuleError` for a part that §3.3.10 forbids with ``freq``, a malformed or
+    out-of-range number (:func:`_int_list`) and a BYSETPOS with no other BYxxx part to select from.
+    """
+    kwargs: dict[str, list[int]] = {}
+    for name in _RANGES:
         if name in parts:
             if freq in _NOT_WITH.get(name, ()):
                 raise RRuleError(f"RRULE part {name} cannot be used with FREQ={freq} (RFC 5545 §3.3.10)")
             kwargs[_DATEUTIL_NAME[name]] = _int_list(name, parts[name])
     if "BYSETPOS" in parts and not any(n.startswith("BY") and n != "BYSETPOS" for n in parts):
         raise RRuleError("RRULE part BYSETPOS needs another BYxxx part to select from (RFC 5545 §3.3.10)")
-    if "BYDAY" in parts:
-        days = []
-        for item in parts["BYDAY"].split(","):
-            m = _BYDAY.match(item.strip())
-            if not m:
-                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: {item!r} is not [±n]MO..SU")
-            sign, number, day = m.groups()
-            if number is None:
-                days.append(weekdays[_WEEKDAY[day]])
-                continue
-            n = int(number)
-            if not 1 <= n <= 53:
-                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: ordinal {n} is outside 1..53")
-            if freq not in ("MONTHLY", "YEARLY") or (freq == "YEARLY" and "BYWEEKNO" in parts):
-                raise RRuleError(f"RRULE part BYDAY={parts['BYDAY']!r}: an ordinal weekday needs FREQ=MONTHLY or "
-                                 "YEARLY without BYWEEKNO (RFC 5545 §3.3.10)")
-            days.append(weekdays[_WEEKDAY[day]](-n if sign == "-" else n))
-        kwargs["byweekday"] = days
-    _check_month_days(kwargs.get("bymonth"), kwargs.get("bymonthday"))
-    canonical = ";".join(f"{k}={v}" for k, v in parts.items())
-    return Recur(canonical, freq, parts, kwargs, count, parts.get("UNTIL"))
+    return kwargs
+
+
+def _byday(value: str, freq: str, weekno: bool) -> list:
+    """A BYDAY value (``MO,-1FR,2TU``) → dateutil weekdays, an ordinal kept (``FR(-1)``).
+
+    ``weekno``: the rule also has BYWEEKNO. Raises :class:`RRuleError` naming BYDAY for an item that
+    is not ``[±n]MO..SU``, an ordinal outside 1..53, and an ordinal where §3.3.10 forbids one (any
+    FREQ but MONTHLY and YEARLY, or YEARLY with BYWEEKNO).
+    """
+    days = []
+    for item in value.split(","):
+        m = _BYDAY.match(item.strip())
+        if not m:
+            raise RRuleError(f"RRULE part BYDAY={value!r}: {item!r} is not [±n]MO..SU")
+        sign, number, day = m.groups()
+        if number is None:
+            days.append(weekdays[_WEEKDAY[day]])
+            continue
+        n = int(number)
+        if not 1 <= n <= 53:
+            raise RRuleError(f"RRULE part BYDAY={value!r}: ordinal {n} is outside 1..53")
+        if freq not in ("MONTHLY", "YEARLY") or (freq == "YEARLY" and weekno):
+            raise RRuleError(f"RRULE part BYDAY={value!r}: an ordinal weekday needs FREQ=MONTHLY or "
+                             "YEARLY without BYWEEKNO (RFC 5545 §3.3.10)")
+        days.append(weekdays[_WEEKDAY[day]](-n if sign == "-" else n))
+    return days
 
 
 _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February counted in a leap year
@@ -225,20 +258,34 @@ def _check_month_days(months: list[int] | None, days: list[int] | None) -> None:
                      f"BYMONTHDAY={','.join(map(str, days))} never meet: the rule has no occurrence")
 
 
-def parse_rrule(text: str, *, rule_id: str | None = None) -> Recur | None:
-    """Leniently parse a RECUR value: the :class:`Recur`, or ``None`` after logging and counting.
+@dataclass(frozen=True, slots=True)
+class Lenient:
+    """What :func:`parse_rrule` returns: the :class:`Recur`, or ``recur`` None and ``rejected`` the
+    ``(rule_id, message)`` of the refusal (the message names the offending part)."""
+
+    recur: Recur | None
+    rejected: tuple[str | None, str] | None = None
+
+    @property
+    def counts(self) -> Counter[str]:
+        """``{"rrule_rejected": 1}`` for a rejected rule, else empty."""
+        return Counter({"rrule_rejected": 1}) if self.rejected is not None else Counter()
+
+
+def parse_rrule(text: str, *, rule_id: str | None = None) -> Lenient:
+    """Leniently parse a RECUR value: a :class:`Lenient` holding the :class:`Recur`, or holding None
+    after logging.
 
     Same checks as :func:`validate_rrule`. On failure it logs at ERROR naming ``rule_id`` and the
-    offending part, increments ``COUNTERS["rrule_rejected"]`` and appends to :data:`REJECTED`, so the
-    scheduler skips this rule alone and a check can still see that something was dropped.
+    offending part, and the result says what was refused (``rejected``, ``counts["rrule_rejected"]``),
+    so the scheduler skips this rule alone and a check can still see that something was dropped.
+    Raises nothing for an invalid rule.
     """
     try:
-        return validate_rrule(text)
+        return Lenient(validate_rrule(text))
     except RRuleError as exc:
-        COUNTERS["rrule_rejected"] += 1
-        REJECTED.append((rule_id, str(exc)))
         log.error("rule %s: RRULE %r rejected, the rule is not expanded: %s", rule_id, text, exc)
-        return None
+        return Lenient(None, (rule_id, str(exc)))
 
 
 def parse_until(value: str) -> date | datetime:
@@ -386,11 +433,12 @@ def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | No
     return _shifted(local, int(master.extra.get(DUE_OFFSET) or 0))
 
 
-def _range(rule: RuleRecord) -> str:
+def range_of(rule: RuleRecord) -> str:
+    """An override's RANGE parameter, upper-case (``"THISANDFUTURE"``), or ``""`` when it has none."""
     return str(rule.extra.get("range") or rule.extra.get("recurrence_range") or "").upper()
 
 
-def _master_id(override: RuleRecord) -> str | None:
+def master_id_of(override: RuleRecord) -> str | None:
     """The rule id of the master an override (``UID#<RECURRENCE-ID>``) belongs to."""
     rid = str(override.extra["recurrence_id"])
     if override.rule_id.endswith("#" + rid):
@@ -398,81 +446,18 @@ def _master_id(override: RuleRecord) -> str | None:
     return override.extra.get("uid")
 
 
-def vanished_overrides(rules: list[RuleRecord], *, zone_of=None) -> dict[str, str]:
-    """The overrides whose occurrence their master no longer has: ``{override rule_id: why}``.
+class Folded(list):
+    """What :func:`apply_overrides` returns: the folded records (a ``list[RuleRecord]``, in input
+    order), and in ``counts`` how many overrides were kept as orphans (``orphan_overrides``), taken
+    out as cancelled or completed (``cancelled_occurrences``) and had their RRULE dropped
+    (``override_rrule_ignored``)."""
 
-    ``rules``: one snapshot's records as for :func:`apply_overrides` (the master in force, i.e. the
-    latest revision, among them); ``zone_of`` as there (a floating master is expanded in UTC here:
-    only its wall-clock labels matter). An override replaces one occurrence of its series (RFC 5545
-    §3.8.4.4); when the series in force excludes it (EXDATE, §3.8.5.1) or no longer generates it
-    (an UNTIL, COUNT or RRULE that no longer reaches it, no RDATE naming it), its owner deleted that
-    occurrence, and planning the override reminded of it (the override of an older SEQUENCE outlived
-    the revision that deleted its instance). An override that moves its occurrence (DTSTART other
-    than its RECURRENCE-ID) is judged by its RECURRENCE-ID; a ``RANGE=THISANDFUTURE`` one is gone when
-    the series has no occurrence from its RECURRENCE-ID on. Cancelled and completed overrides plan
-    nothing and are not judged, nor are overrides without their master (``orphan_overrides``).
-
-    Each one found is logged and counted (``vanished_overrides``). The overrides of a master that
-    cannot be expanded (over the work budget, a floating master named by a UTC RECURRENCE-ID…) are
-    kept, logged and counted (``override_checks_failed``): a duplicate reminder at worst, never a
-    missed one.
-    """
-    from deadline_pipeline.timezones import resolve_zone
-
-    masters = {r.rule_id: r for r in rules if "recurrence_id" not in r.extra}
-    groups: dict[str, list[RuleRecord]] = {}
-    for r in rules:
-        master_id = _master_id(r) if "recurrence_id" in r.extra and not r.extra.get("cancelled") else None
-        if master_id in masters:
-            groups.setdefault(master_id, []).append(r)
-    gone: dict[str, str] = {}
-    for master_id, overrides in groups.items():
-        master = masters[master_id]
-        zone = zone_of(master) if zone_of is not None else (resolve_zone(master.tz) if master.tz else None)
-        gone.update(_vanished_of(master, overrides, zone))
-    for rule_id, why in gone.items():
-        COUNTERS["vanished_overrides"] += 1
-        log.warning("override %s: %s; it is not in force", rule_id, why)
-    return gone
+    def __init__(self, rules=(), counts: Counter[str] | None = None) -> None:
+        super().__init__(rules)
+        self.counts: Counter[str] = counts if counts is not None else Counter()
 
 
-def _vanished_of(master: RuleRecord, overrides: list[RuleRecord], zone: tzinfo | None) -> dict[str, str]:
-    """:func:`vanished_overrides` for the overrides of one master (``zone``: the master's, None when
-    floating): ``{override rule_id: why}``; none when the master cannot be expanded (logged, counted)."""
-    from deadline_pipeline.plan.occurrences import has_occurrence, present_labels
-
-    frame = zone or UTC
-    later = {o.rule_id for o in overrides if _range(o) == "THISANDFUTURE"}
-
-    def missing(rule: RuleRecord, named: dict[str, str]) -> list[str]:
-        """The overrides of ``named`` (``{rule_id: label}``) whose occurrence ``rule`` lacks."""
-        plain = present_labels(rule, frame, [label for rid, label in named.items() if rid not in later])
-        tails = {rid for rid in named if rid in later and has_occurrence(rule, frame, named[rid], or_later=True)}
-        return [rid for rid, label in named.items() if label not in plain and rid not in tails]
-
-    try:
-        named = {o.rule_id: occurrence_named(master, o, zone) for o in overrides}
-        gone = missing(master, named)
-        # Which of them the EXDATEs took: the same check on the series without its EXDATEs.
-        generated = missing(replace(master, exdates=()), {rid: named[rid] for rid in gone}) if master.exdates else gone
-    except ValueError as exc:  # RRuleError, ExpansionBudgetExceeded, a UTC RECURRENCE-ID of a floating master
-        COUNTERS["override_checks_failed"] += len(overrides)
-        log.warning("series %s: whether it still has the occurrences its %d override(s) name cannot be told (%s); "
-                    "they are kept", master.rule_id, len(overrides), exc)
-        return {}
-    return {rid: _vanished_words(named[rid], rid in later, rid not in generated) for rid in gone}
-
-
-def _vanished_words(label: str, later: bool, excluded: bool) -> str:
-    """The note for an override of ``label`` (``later``: and every later occurrence) gone by an EXDATE
-    (``excluded``) or because the series no longer generates it."""
-    named = f"{label} and every later occurrence" if later else label
-    cause = ("excludes (EXDATE)" if excluded
-             else "no longer has (its RRULE, UNTIL or COUNT do not reach it and no RDATE names it)")
-    return f"an override of {named}, which the series in force {cause}"
-
-
-def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord]:
+def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
     """Fold RECURRENCE-ID override components into their master so each occurrence is planned once.
 
     ``rules``: records of one snapshot as the ICS parser yields them — a master with ``rule_id`` UID,
@@ -489,7 +474,8 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
       RECURRENCE-ID on (``extra["series_from"]``), each occurrence shifted by the override's
       DTSTART − RECURRENCE-ID (``extra["shift_seconds"]``), or the override's own RRULE if it has one.
     * An override whose master is absent is kept as it is, logged and counted (``orphan_overrides``).
-      One whose occurrence its master no longer has is the parser's to drop (:func:`vanished_overrides`).
+      One whose occurrence its master no longer has is the parser's to drop
+      (:func:`deadline_pipeline.plan.vanished.vanished_overrides`).
     * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
     * The occurrence an override names is :func:`occurrence_named`'s: an all-day master's by the
@@ -499,82 +485,115 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> list[RuleRecord
       later one) and is not planned itself; logged and counted (``cancelled_occurrences``, completed
       ones included). A cancelled override without its master is dropped.
 
-    Pure: returns new records, the input is not modified. Order is kept (a tail replaces its
-    override in place).
+    Pure: returns a new :class:`Folded` (the counts on it), the input is not modified. Order is kept
+    (a tail replaces its override in place). Raises ``ValueError`` as :func:`occurrence_named` does.
     """
+    counts: Counter[str] = Counter()
+    masters = {r.rule_id: r for r in rules if "recurrence_id" not in r.extra}
+    exdates, splits = _named_occurrences(rules, masters, _zone_reader(zone_of), counts)
+    # Two passes: an override may come before its master in the snapshot.
+    replaced: dict[str, RuleRecord] = {}
+    for master_id in set(exdates) | set(splits):
+        replaced.update(_fold_master(masters[master_id], exdates.get(master_id, ()), splits.get(master_id, ())))
+    out = Folded(counts=counts)
+    for r in rules:
+        kept = _in_force(r, replaced.get(r.rule_id, r), counts)
+        if kept is not None:
+            out.append(kept)
+    return out
+
+
+def _zone_reader(zone_of):
+    """``zone_of`` as given to :func:`apply_overrides`, or by default a callable that resolves
+    ``rule.tz`` (None for a floating rule)."""
+    if zone_of is not None:
+        return zone_of
     from deadline_pipeline.timezones import resolve_zone
 
     def zone(rule: RuleRecord) -> tzinfo | None:
-        if zone_of is not None:
-            return zone_of(rule)
         return resolve_zone(rule.tz) if rule.tz else None
 
-    masters = {r.rule_id: r for r in rules if "recurrence_id" not in r.extra}
+    return zone
+
+
+def _named_occurrences(rules: list[RuleRecord], masters: dict[str, RuleRecord], zone_of,
+                       counts: Counter[str]) -> tuple[dict[str, list[str]], dict[str, list[tuple[str, RuleRecord]]]]:
+    """First pass of :func:`apply_overrides`: per master id, the local labels its plain overrides
+    name (to become EXDATEs) and the ``(label, override)`` of its THISANDFUTURE ones. An override
+    without its master is left alone (counted in ``counts["orphan_overrides"]`` unless cancelled)."""
     exdates: dict[str, list[str]] = {}
     splits: dict[str, list[tuple[str, RuleRecord]]] = {}
     for r in rules:
         rid = r.extra.get("recurrence_id")
         if rid is None:
             continue
-        master_id = _master_id(r)
+        master_id = master_id_of(r)
         master = masters.get(master_id)
         if master is None and r.extra.get("cancelled"):
             continue  # nothing in this snapshot to cancel; dropped below
         if master is None:
-            COUNTERS["orphan_overrides"] += 1
+            counts["orphan_overrides"] += 1
             log.warning("override %s: no master %r in this snapshot; kept as a one-off", r.rule_id, master_id)
             continue
         # The label the master's expansion gives that occurrence (else the original stays as a ghost
         # next to the override: a date-time named in an all-day series, a to-do's DTSTART vs its DUE).
-        local = occurrence_named(master, r, zone(master))
-        if _range(r) == "THISANDFUTURE":
+        local = occurrence_named(master, r, zone_of(master))
+        if range_of(r) == "THISANDFUTURE":
             splits.setdefault(master.rule_id, []).append((local, r))
         else:
             exdates.setdefault(master.rule_id, []).append(local)
+    return exdates, splits
 
-    # Two passes: an override may come before its master in the snapshot.
-    replaced: dict[str, RuleRecord] = {}
-    for master_id in set(exdates) | set(splits):
-        r = masters[master_id]
-        master = replace(r, exdates=tuple(dict.fromkeys((*r.exdates, *exdates.get(master_id, ())))),
-                         extra=dict(r.extra))
-        pieces = sorted(splits.get(master_id, ()), key=lambda p: parse_local(p[0]))
-        if pieces:
-            master.extra[SPLIT_BEFORE] = pieces[0][0]
-        replaced[master_id] = master
-        for i, (local, override) in enumerate(pieces):
-            extra = {**master.extra, **override.extra, SPLIT_FROM: local}
-            extra.pop(SPLIT_BEFORE, None)
-            if i + 1 < len(pieces):
-                extra[SPLIT_BEFORE] = pieces[i + 1][0]
-            if override.rrule:
-                # The override states its own series: it starts at its DTSTART, no shift.
-                replaced[override.rule_id] = replace(
-                    override, exdates=tuple(dict.fromkeys((*override.exdates, *master.exdates))), extra=extra)
-            else:
-                shift = override.start_local() - parse_local(local)
-                extra[SHIFT_SECONDS] = int(shift.total_seconds())
-                replaced[override.rule_id] = replace(
-                    master, rule_id=override.rule_id, title=override.title, url=override.url or master.url,
-                    note=override.note or master.note, kind=override.kind, extra=extra)
-    out = []
-    for r in rules:
-        if "recurrence_id" in r.extra and r.extra.get("cancelled"):
-            # Its occurrence (or tail) is already taken out of the master above.
-            COUNTERS["cancelled_occurrences"] += 1
-            log.info("override %s is closed by its publisher (%s): its occurrence is not planned", r.rule_id,
-                     r.extra.get("completed") or "STATUS:CANCELLED")
-            continue
-        r = replaced.get(r.rule_id, r)
-        if "recurrence_id" in r.extra and _range(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
-            # An override is one instance (§3.8.4.4); an RRULE copied onto it by the producer is not a
-            # second series (expanding it planned every later date twice).
-            COUNTERS["override_rrule_ignored"] += 1
-            log.warning("override %s: its RRULE %r is ignored; an override replaces one occurrence",
-                        r.rule_id, r.rrule)
-            r = replace(r, rrule=None, rdates=())
-        out.append(r)
+
+def _fold_master(r: RuleRecord, exdates, splits) -> dict[str, RuleRecord]:
+    """Second pass of :func:`apply_overrides` for one master ``r``: ``{rule_id: record}`` for the
+    master (``exdates``, local labels, added to its EXDATEs; bounded before its first split) and for
+    each THISANDFUTURE piece of ``splits`` (``(label, override)``), in time order."""
+    master = replace(r, exdates=tuple(dict.fromkeys((*r.exdates, *exdates))), extra=dict(r.extra))
+    pieces = sorted(splits, key=lambda p: parse_local(p[0]))
+    if pieces:
+        master.extra[SPLIT_BEFORE] = pieces[0][0]
+    out = {master.rule_id: master}
+    for i, (local, override) in enumerate(pieces):
+        following = pieces[i + 1][0] if i + 1 < len(pieces) else None
+        out[override.rule_id] = _tail(master, override, local, following)
     return out
+
+
+def _tail(master: RuleRecord, override: RuleRecord, local: str, following: str | None) -> RuleRecord:
+    """The piece of ``master``'s series that a THISANDFUTURE ``override`` of the occurrence ``local``
+    (local ISO) states: from ``local`` on, up to the next piece's ``following`` label if any."""
+    extra = {**master.extra, **override.extra, SPLIT_FROM: local}
+    extra.pop(SPLIT_BEFORE, None)
+    if following is not None:
+        extra[SPLIT_BEFORE] = following
+    if override.rrule:
+        # The override states its own series: it starts at its DTSTART, no shift.
+        return replace(override, exdates=tuple(dict.fromkeys((*override.exdates, *master.exdates))), extra=extra)
+    shift = override.start_local() - parse_local(local)
+    extra[SHIFT_SECONDS] = int(shift.total_seconds())
+    return replace(master, rule_id=override.rule_id, title=override.title, url=override.url or master.url,
+                   note=override.note or master.note, kind=override.kind, extra=extra)
+
+
+def _in_force(given: RuleRecord, r: RuleRecord, counts: Counter[str]) -> RuleRecord | None:
+    """Last pass of :func:`apply_overrides` for one record as ``given`` and as folded (``r``): None
+    when ``given`` is a cancelled override (counted in ``cancelled_occurrences``), ``r`` without its
+    RRULE for a plain override that carries one (``override_rrule_ignored``), else ``r``."""
+    if "recurrence_id" in given.extra and given.extra.get("cancelled"):
+        # Its occurrence (or tail) is already taken out of the master above.
+        counts["cancelled_occurrences"] += 1
+        log.info("override %s is closed by its publisher (%s): its occurrence is not planned", given.rule_id,
+                 given.extra.get("completed") or "STATUS:CANCELLED")
+        return None
+    if "recurrence_id" in r.extra and range_of(r) != "THISANDFUTURE" and r.rrule and SPLIT_FROM not in r.extra:
+        # An override is one instance (§3.8.4.4); an RRULE copied onto it by the producer is not a
+        # second series (expanding it planned every later date twice).
+        counts["override_rrule_ignored"] += 1
+        log.warning("override %s: its RRULE %r is ignored; an override replaces one occurrence",
+                    r.rule_id, r.rrule)
+        return replace(r, rrule=None, rdates=())
+    return r
 
 
 def shift_local(local: datetime, seconds: int) -> datetime:
@@ -583,7 +602,7 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "COUNTERS", "DUE_OFFSET", "REJECTED", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "merge_until",
-    "occurrence_named", "parse_rrule", "parse_until", "to_instant", "until_bound", "validate_rrule",
-    "vanished_overrides",
+    "DUE_OFFSET", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "master_id_of",
+    "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of", "to_instant", "until_bound",
+    "validate_rrule",
 ]
