@@ -1,6 +1,7 @@
 """Delivery throughput on PostgreSQL with a webhook receiver on loopback, contenders in rounds.
 
-    python benchmarks/deliver.py [--pg URL] [--n 20000] [--rounds 3] [--quick] [--profile FILE]
+    python benchmarks/deliver.py [--pg URL] [--n 20000] [--rounds 3] [--quick] [--processes N | 1,2,4]
+                                 [--phases] [--profile FILE]
 
 ``--pg`` defaults to ``$DEADLINE_TEST_PG_URL`` or ``postgresql://postgres@127.0.0.1:5432/postgres``;
 every measurement gets a throwaway database, dropped at the end. The receiver is a bare asyncio
@@ -22,9 +23,14 @@ Contenders, interleaved in rounds (A, B, C, D, E, A, B, ...; see ``benchmarks/ro
   database side).
 
 Printed: the Markdown table of medians and min-max per contender, the sweep's lateness
-(sent - send_at, whose ``send_at`` is the moment the backlog was seeded), each goal as a ratio of
-same-run medians (sweep >= 1.5x pgqueuer, >= 10x Procrastinate, >= 0.75x the aiohttp ceiling), a
-one-line summary, and as the very last line one line of JSON with each contender's median rate.
+(sent - send_at, whose ``send_at`` is the moment the backlog was seeded), the CPU table (CPU
+seconds per 1,000 delivered alerts of each contender's processes plus the PostgreSQL backends of
+its database, the receiver shown apart; :class:`Meter`, ``benchmarks/cpu_cost.py``) with the
+irreducible cost (the raw client's CPU per request + db_only's per alert), the sweep by process
+count (``--processes 1,2,4``), each goal as a ratio of same-run medians (sweep CPU per alert <=
+1.25x the irreducible and <= 0.67x pgqueuer's; throughput >= 1.5x pgqueuer, >= 10x Procrastinate,
+>= 0.75x the aiohttp ceiling), a one-line summary, and as the very last line one line of JSON with
+each contender's median rate and CPU.
 ``--quick``: 1,000 jobs per contender and 3 rounds (under a minute), the same shape.
 ``--profile FILE``: cProfile of the sweep rounds (``python -m pstats FILE``).
 """
