@@ -147,7 +147,8 @@ class BackendCpu:
     ``list_backends()`` returns the current ``[(pid, active, waiting_on_a_lock)]`` of the database
     (from ``pg_stat_activity``; it runs in the sampling thread, on a connection of its own). Call
     :meth:`stop` once; then :attr:`seconds` is the backends' CPU, :attr:`own_cpu` the sampling
-    thread's (to take out of this process's), :attr:`lock_share` the share of samples of an active
+    thread's (to take out of this process's), :attr:`ended` how many backends ended during the
+    window, :attr:`lock_share` the share of samples of an active
     backend that waited on a lock (``wait_event_type`` Lock or LWLock)."""
 
     def __init__(self, list_backends: Callable[[], list[tuple[int, bool, bool]]], interval: float = 0.025) -> None:
@@ -156,6 +157,7 @@ class BackendCpu:
         self.first: dict[int, int] = {}
         self.last: dict[int, int] = {}
         self.samples = self.waiting = 0
+        self.current: set[int] = set()  # the pids of the latest sample
         self.own_cpu = 0.0
         self._stop = threading.Event()
         t0 = time.thread_time()
@@ -165,10 +167,12 @@ class BackendCpu:
         self._thread.start()
 
     def _sample(self, first: bool = False) -> None:
+        self.current = set()
         for pid, active, waiting in self.list_backends():
             st = read_stat(pid)
             if st is None:
                 continue
+            self.current.add(pid)
             if first:
                 self.first[pid] = st.own
             self.last[pid] = st.own
@@ -190,6 +194,12 @@ class BackendCpu:
     @property
     def seconds(self) -> float:
         return sum_deltas(self.first, self.last) / clock_ticks()
+
+    @property
+    def ended(self) -> int:
+        """Backends seen during the window but gone at its end: each may have lost up to one
+        ``interval`` of its CPU (what it used after its last sample)."""
+        return len(set(self.last) - self.current)
 
     @property
     def lock_share(self) -> float:

@@ -91,10 +91,12 @@ def test_the_backend_meter_sums_its_processes_growth_and_counts_lock_waits():
     """The sampler with a stand-in for pg_stat_activity that names this process: it grows with our
     CPU, its own thread's CPU is reported apart, and the lock-wait share is of active samples."""
     calls = {"n": 0}
+    parent = os.getppid()
 
     def backends():
         calls["n"] += 1
-        return [(os.getpid(), True, calls["n"] % 2 == 0), (2 ** 22 + 1, True, True)]  # the second never exists
+        gone = [(parent, False, False)] if calls["n"] == 1 else []  # listed once, then "ended"
+        return [(os.getpid(), True, calls["n"] % 2 == 0), (2 ** 22 + 1, True, True), *gone]  # 2**22+1: no such pid
 
     meter = cpu_cost.BackendCpu(backends, interval=0.01)
     burn(0.2)
@@ -103,6 +105,7 @@ def test_the_backend_meter_sums_its_processes_growth_and_counts_lock_waits():
     assert calls["n"] >= 3
     assert 0.2 <= meter.lock_share <= 0.8, meter.lock_share
     assert meter.own_cpu >= 0
+    assert meter.ended == 1  # the parent, listed only in the first sample; the missing pid never counted
 
 
 def test_machine_busy_ticks_grow():
