@@ -25,10 +25,12 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
     it starts on. Counting pandas records instead put every message after a blank line or a
     multi-line value on the wrong line.
 
-    Raises :class:`ConfigError` for a row with more fields than the header
-    (``line 7: 6 fields, the header has 5``): pandas takes the surplus first field as the row's index
-    and shifts every other value one column left, so the error named the wrong column (an id read as
-    a tenant, an address as a zone), or none at all. A row with fewer fields leaves the rest empty.
+    Raises :class:`ConfigError` for a row with more or fewer fields than the header
+    (``line 7: 6 fields, the header has 5``). With more, pandas takes the surplus first field as the
+    row's index and shifts every other value one column left, so the error named the wrong column (an
+    id read as a tenant, an address as a zone), or none at all. With fewer, pandas left the missing
+    cells empty and the subscriber silently got their defaults (timezone UTC for a row cut short); a
+    cell present but empty (``a,demo,a@example.org,,``) still stands for "not given".
     ``data`` is UTF-8 (:func:`_refuse_undecodable` has refused any other file)."""
     import csv
     import io
@@ -46,7 +48,7 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
                 header_line, header = start, row
                 continue
             starts.append(start)
-            if len(row) > len(header):
+            if len(row) != len(header):
                 problems.append(f"{path}: line {start}: {len(row)} fields, the header has {len(header)}")
     except csv.Error as exc:  # a field over the reader's limit (131,072 characters), which pandas reads
         raise ConfigError(f"{path}: line {reader.line_num}: not a readable CSV row: {exc}") from None
@@ -110,10 +112,11 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
     """``(line, row)`` per subscriber of the CSV file ``path``: the line the record starts on and its
     non-empty values by column, spaces around them removed (logged). Raises :class:`ConfigError`
     naming ``path`` (and the line) for an unreadable or oversized file, a header that is not made of
-    subscriber fields, a row with too many fields, or a repeated id."""
+    subscriber fields, no rows, a row with too many or too few fields, or a repeated id."""
     data = _read_bytes(path, config_path)
     _refuse_undecodable(data, path)
     header_line, header, lines = _csv_layout(data, path)
+    _refuse_no_rows(header_line, lines, path, config_path)
     records = _read_records(data, path, config_path, header, lines)
     columns = _subscriber_columns(header, header_line, path)
     missing = {"id", "timezone"} - set(columns)
@@ -129,6 +132,20 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
         raise ConfigError("\n".join(repeats[:20]) + (f"\n… and {len(repeats) - 20} more" if len(repeats) > 20
                                                      else ""))
     return rows
+
+
+def _refuse_no_rows(header_line: int, lines: list[int], path: Path, config_path: Path) -> None:
+    """Raise :class:`ConfigError` naming ``path`` when the subscriber file has no header (it is empty
+    or blank) or a header and no row (``lines``, the first line of each record, is empty).
+
+    Such a file was accepted, and planning later failed inside a Dagster step with a traceback
+    (``NothingToPlan: subscribers: none configured``), or, for an empty file, the loader showed
+    pandas' ``No columns to parse from file``."""
+    remove = f"or remove subscribers_csv from {config_path}"
+    if not header_line:
+        raise ConfigError(f"{path}: is empty; add a header line and subscriber rows, {remove}")
+    if not lines:
+        raise ConfigError(f"{path}: holds no subscriber rows, only its header; add rows, {remove}")
 
 
 def _read_bytes(path: Path, config_path: Path) -> bytes:
