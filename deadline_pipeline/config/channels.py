@@ -13,6 +13,7 @@ from deadline_pipeline.config.quantities import (
     MaxConcurrency,
     Port,
     RatePerSecond,
+    Switch,
     TimeoutSeconds,
 )
 from deadline_pipeline.config.text import SenderAddress
@@ -56,15 +57,15 @@ class SmtpChannel(_ChannelLimits, _MailHeaders):
     host: str = "127.0.0.1"
     port: Port = 25
     sender: SenderAddress = "deadline-pipeline@localhost"
-    starttls: bool = False
-    ssl: bool = False
+    starttls: Switch = False
+    ssl: Switch = False
     # Names of environment variables holding credentials; the secrets never live in this file.
     username_env: str | None = None
     password_env: str | None = None
     timeout_seconds: TimeoutSeconds = 30.0
     # The server offers SMTPUTF8 (RFC 6531), so recipients with a non-ASCII local part are accepted
     # at load; every session still checks the EHLO reply before sending to one.
-    smtputf8: bool = False
+    smtputf8: Switch = False
 
 
 class WebhookChannel(_ChannelLimits):

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from deadline_pipeline.addresses import address_problems
 from deadline_pipeline.config.document import parse_yaml
 from deadline_pipeline.config.encoding import utf8_text
-from deadline_pipeline.config.environment import expand_path
+from deadline_pipeline.config.environment import UnsetVariable, expand_path
 from deadline_pipeline.config.errors import ConfigError
 from deadline_pipeline.config.messages import format_loc, shown_input, wording
 from deadline_pipeline.config.sections import DeadlinesConfig, SubscriberConfig
@@ -62,10 +62,11 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     """
     path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
     raw = read_document(path)
+    check_sections(raw, path)
     # Where each subscriber was written, for errors found after validation (addresses × channels).
     origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
                if isinstance(sub, dict)}
-    expand_paths(raw, path.parent)
+    expand_paths(raw, path)
     if isinstance(raw.get("subscribers_csv"), str):
         origins.update(merge_subscribers_csv(raw, path))
     cfg = validate(raw, path)
@@ -91,16 +92,58 @@ def read_document(path: Path) -> dict:
     return raw
 
 
-def expand_paths(raw: dict, base: Path) -> None:
-    """Expand variables in, and make absolute against the folder ``base``, every source ``location``
-    and channel ``path`` of the parsed document ``raw``, in place (:func:`expand_path`). Values that
-    are not text are left for validation to refuse."""
-    for src in raw.get("sources") or []:
-        if isinstance(src, dict) and isinstance(src.get("location"), str):
-            src["location"] = expand_path(src["location"], base)
-    for ch in (raw.get("channels") or {}).values():
-        if isinstance(ch, dict) and isinstance(ch.get("path"), str):
-            ch["path"] = expand_path(ch["path"], base)
+# What each section must be, checked before anything walks the document: `channels:` written as a
+# list failed with "AttributeError: 'list' object has no attribute 'values'", `sources: 5` with
+# "TypeError: 'int' object is not iterable", in every command that loads the configuration.
+_SECTION_SHAPES: dict[str, tuple[type, str]] = {
+    "sources": (list, "a list of sources"),
+    "subscribers": (list, "a list of subscribers"),
+    "subscriptions": (list, "a list of subscriptions"),
+    "channels": (dict, "a mapping of channel names to their settings"),
+}
+
+
+def check_sections(raw: dict, path: Path) -> None:
+    """Raise :class:`ConfigError` naming ``path`` and each section of the parsed document ``raw``
+    that is present but not the list or mapping it must be (:data:`_SECTION_SHAPES`)."""
+    problems = [f"{path}: {key}: expected {what}, got {_kind(raw[key])}"
+                for key, (shape, what) in _SECTION_SHAPES.items()
+                if raw.get(key) is not None and not isinstance(raw[key], shape)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _kind(value) -> str:
+    """How an unexpected value is named in a message: ``a list``, ``a mapping``, else its repr (cut)."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def expand_paths(raw: dict, path: Path) -> None:
+    """Expand variables in, and make absolute against the folder of the configuration file ``path``,
+    every source ``location`` and channel ``path`` of the parsed document ``raw``, in place
+    (:func:`expand_path`). Values that are not text are left for validation to refuse. Raises
+    :class:`ConfigError` naming ``path``, the key and the variable for each unset or empty variable."""
+    problems: list[str] = []
+
+    def expand(section: dict, field: str, key: str) -> None:
+        if isinstance(section, dict) and isinstance(section.get(field), str):
+            try:
+                section[field] = expand_path(section[field], path.parent)
+            except UnsetVariable as exc:
+                problems.append(f"{path}: {key}: {exc}")
+
+    for i, src in enumerate(raw.get("sources") or []):
+        expand(src, "location", f"sources[{i}].location")
+    for name, ch in (raw.get("channels") or {}).items():
+        expand(ch, "path", f"channels.{name}.path")
+    expand(raw, "subscribers_csv", "subscribers_csv")
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def merge_subscribers_csv(raw: dict, path: Path) -> dict[str, str]:
@@ -108,7 +151,7 @@ def merge_subscribers_csv(raw: dict, path: Path) -> dict[str, str]:
     place (the file name becomes absolute). Returns subscriber id → ``FILE: line N`` for the appended
     rows. Raises :class:`ConfigError` naming the CSV file and line for an unreadable file
     (:func:`read_subscribers_csv`), an id also in the configuration's own list, or an invalid row."""
-    csv_path = Path(expand_path(raw["subscribers_csv"], path.parent))
+    csv_path = Path(raw["subscribers_csv"])  # already expanded and absolute (expand_paths)
     raw["subscribers_csv"] = str(csv_path)
     from_csv = read_subscribers_csv(csv_path, path)
     problems = ids_also_inline(from_csv, raw.get("subscribers") or [], csv_path, path)

@@ -157,6 +157,26 @@ def _integer(err: dict) -> str:
     return "must be a whole number"
 
 
+def _boolean(err: dict) -> str:
+    """A switch (:data:`~deadline_pipeline.config.quantities.Switch`) given something else."""
+    quoted = isinstance(err.get("input"), str)
+    return "must be true or false, written without quotes" if quoted else "must be true or false"
+
+
+def _unknown_tag(err: dict) -> str:
+    """A channel whose ``type`` is not one of the channel types (pydantic names its discriminator)."""
+    ctx = err.get("ctx") or {}
+    key = ctx.get("discriminator", "type").strip("'")
+    return f"unknown {key} {ctx.get('tag')!r}; one of: {ctx.get('expected_tags')}"
+
+
+def _missing_tag(err: dict) -> str:
+    """A channel without a ``type``: the settings cannot be read without knowing which channel."""
+    ctx = err.get("ctx") or {}
+    key = ctx.get("discriminator", "type").strip("'")
+    return f"needs a {key} (one of: {', '.join(sorted(_CHANNEL_TYPES))})"
+
+
 #: Pydantic error type → the message shown after the key path (``err`` is one item of
 #: ``ValidationError.errors()``). Types not listed keep pydantic's message, without the
 #: "Value error, " prefix of a validator's own ``ValueError``.
@@ -164,6 +184,15 @@ WORDING: dict[str, Callable[[dict], str]] = {
     "extra_forbidden": _unknown_key,
     "finite_number": lambda err: "must be a finite number",
     "int_type": _integer,
+    "bool_type": _boolean,
+    # Pydantic's own words name its internals ("a valid dictionary or object to extract fields
+    # from", "instance of SubscriberConfig"); a reader of the file thinks in mappings and lists.
+    "model_type": lambda err: "expected a mapping of settings",
+    "model_attributes_type": lambda err: "expected a mapping of settings",
+    "dict_type": lambda err: "expected a mapping",
+    "list_type": lambda err: "expected a list",
+    "union_tag_invalid": _unknown_tag,
+    "union_tag_not_found": _missing_tag,
     "greater_than": _range,
     "greater_than_equal": _range,
     "less_than": _range,

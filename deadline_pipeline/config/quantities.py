@@ -36,6 +36,11 @@ def not_a_boolean(value):
 
 NOT_A_BOOLEAN = BeforeValidator(not_a_boolean)
 
+#: A switch: YAML's ``true`` or ``false`` only. Pydantic's lax booleans took the strings "yes", "on",
+#: "1" and the number 1, so a quoted ``allow_private: 'yes'`` opened the outbound guard to private
+#: addresses as surely as ``true``, and ``starttls: 'false'`` read as a string nobody checked.
+Switch = Annotated[bool, Field(strict=True)]
+
 DAY = 86_400
 WEEK_MINUTES = 7 * 1440
 

@@ -42,6 +42,7 @@ from deadline_pipeline.config.quantities import (
     ReminderMinutes,
     RetryAfterCapSeconds,
     SweepIntervalMinutes,
+    Switch,
     TimeBudgetSeconds,
 )
 from deadline_pipeline.config.text import (
@@ -324,7 +325,7 @@ class NetworkConfig(Section):
     """
 
     allow: list[str] = []
-    allow_private: bool = False
+    allow_private: Switch = False
 
     @field_validator("allow")
     @classmethod
