@@ -474,3 +474,17 @@ def test_documented_source_formats_match_the_parsers():
     example = section.split("```csv\n")[1].split("```")[0]
     result = parse_csv(example.encode(), source="doc")
     assert not result.problems and len(result.rules) == example.count("\n") - 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ping-url", "not-a-url"], "error: --ping-url: not an http(s) URL with a host"),
+    (["--ping-url", "ftp://hc-ping.example/abc"], "error: --ping-url: not an http(s) URL with a host"),
+    (["--state", "/nonexistent-dp-folder/wd.json"], "error: --state /nonexistent-dp-folder/wd.json: the folder "
+                                                     "/nonexistent-dp-folder does not exist"),
+])
+def test_watchdog_refuses_a_bad_ping_url_or_state_folder_before_checking(tmp_path, args, message):
+    """Exit 2 (bad input) before any check runs, not "healthy" followed by exit 1 or a traceback."""
+    res = _run(["watchdog", *args], tmp_path)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "healthy" not in res.output and "watchdog as of" not in res.output

@@ -123,7 +123,8 @@ def test_pydantic_errors_are_worded_as_the_loader_shows_them():
 @pytest.mark.parametrize(("value", "message"), [
     (math.inf, "must be a finite whole number"),
     (3.0, "must be a whole number"),
-    ("3", "must be a whole number, written without quotes"),
+    ("3", "must be a whole number in plain digits, without quotes"),
+    ("1e3", "must be a whole number in plain digits, without quotes"),
 ])
 def test_a_count_setting_says_why_a_value_is_not_a_whole_number(value, message):
     with pytest.raises(ValidationError) as info:

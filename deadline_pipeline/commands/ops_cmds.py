@@ -113,6 +113,26 @@ def _ping(url: str, ok: bool, cfg=None) -> str | None:
     return None
 
 
+def _watchdog_argument_problems(ping_url: str | None, state_path: str | None) -> list[str]:
+    """What is wrong with the watchdog's ``--ping-url`` and ``--state`` before any check runs (``[]``
+    when nothing). ``--ping-url not-a-url`` printed "healthy", then a warning naming httpx's
+    ``UnsupportedProtocol``, and exited 1 as if the pipeline were red; a ``--state`` file in a
+    missing folder ran every check and then failed with ``FileNotFoundError``. The URL is not
+    echoed: its path is the check's secret."""
+    from urllib.parse import urlsplit
+
+    problems = []
+    if ping_url is not None:
+        parts = urlsplit(ping_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append("--ping-url: not an http(s) URL with a host (e.g. https://hc-ping.com/<uuid>)")
+    if state_path is not None:
+        folder = Path(state_path).resolve().parent
+        if not folder.is_dir():
+            problems.append(f"--state {state_path}: the folder {folder} does not exist")
+    return problems
+
+
 def _notify(cfg, report, now: datetime, state_path: str | None) -> list[str]:
     """Page the escalation channels about the report's red rows, each an incident keyed
     ``deadline-pipeline/watchdog/<check>/<target>``. With ``state_path`` (a JSON file) once per
@@ -160,6 +180,8 @@ def register(main: click.Group) -> None:
         """
         from deadline_pipeline.watch.watchdog import evaluate
 
+        for problem in _watchdog_argument_problems(ping_url, state_path):
+            _fail_input(problem)
         now = _now(as_of)
         cfg = _config(config, required=notify)
         engine, no_schema = _engine(db_url)

@@ -153,7 +153,9 @@ def _integer(err: dict) -> str:
     if isinstance(got, float) and not got.is_integer():
         return "must be a whole number, not a fraction"
     if isinstance(got, str):
-        return "must be a whole number, written without quotes"
+        # Text: a quoted "3", or what this YAML reader keeps as text although it looks like a number
+        # (1e3, 0587); "without quotes" alone misled the author of an unquoted 1e3.
+        return "must be a whole number in plain digits, without quotes"
     return "must be a whole number"
 
 
