@@ -39,8 +39,8 @@ def test_a_section_of_the_wrong_shape_is_named(tmp_path, section, value, message
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("'yes'", "must be true or false, written without quotes (got 'yes')"),
-    ("1", "must be true or false (got 1)"),
+    ("'yes'", "must be true or false, written without quotes (got 'yes') [line 5]"),
+    ("1", "must be true or false (got 1) [line 5]"),
 ])
 def test_a_switch_is_true_or_false_only(tmp_path, value, message):
     got, config = _error(tmp_path, SOURCE + SUBSCRIBER + f"network: {{allow_private: {value}}}\n")
@@ -50,7 +50,8 @@ def test_a_switch_is_true_or_false_only(tmp_path, value, message):
 def test_an_smtp_switch_is_strict_too(tmp_path):
     got, config = _error(tmp_path, SOURCE + SUBSCRIBER + "channels:\n  mail: {type: smtp, host: mail.example.org, "
                                                          "sender: r@example.org, starttls: 'false'}\n")
-    assert got == f"{config}: channels.mail.starttls: must be true or false, written without quotes (got 'false')"
+    assert got == (f"{config}: channels.mail.starttls: must be true or false, written without quotes (got 'false') "
+                   "[line 6]")
 
 
 def test_a_channel_type_is_named_in_the_file_s_words(tmp_path):
@@ -58,9 +59,9 @@ def test_a_channel_type_is_named_in_the_file_s_words(tmp_path):
                                                          "  c: maildir\n")
     assert got.splitlines() == [
         f"{config}: channels.a: unknown type 'telegram'; one of: 'maildir', 'smtp', 'webhook', 'slack', 'caldav', "
-        "'apprise'",
-        f"{config}: channels.b: needs a type (one of: apprise, caldav, maildir, slack, smtp, webhook)",
-        f"{config}: channels.c: expected a mapping of settings (got 'maildir')",
+        "'apprise' [line 6]",
+        f"{config}: channels.b: needs a type (one of: apprise, caldav, maildir, slack, smtp, webhook) [line 7]",
+        f"{config}: channels.c: expected a mapping of settings (got 'maildir') [line 8]",
     ]
 
 
@@ -91,3 +92,39 @@ def test_a_set_variable_and_deadline_home_are_expanded(tmp_path, monkeypatch):
     cfg, _ = load_config(config)
     assert cfg.channels["mail"].path == str(tmp_path / "mail" / "maildir")
     assert cfg.sources[0].location == str(tmp_path / "home" / "a.ics")
+
+
+def test_a_value_error_names_the_line_the_value_is_written_on(tmp_path):
+    """Only syntax errors had a line; a value several screens into a long file was found by its key
+    path alone. A value a ``<<:`` merge brought in is named where the anchor wrote it."""
+    got, config = _error(tmp_path, SOURCE + SUBSCRIBER + (
+        "defaults: &d {type: maildir, path: [box]}\n"  # line 5
+        "channels:\n"
+        "  mail:\n"
+        "    <<: *d\n"
+        "delivery:\n"
+        "  batch_size: 0\n"                           # line 10
+        "subscriptions:\n"
+        "  - name: s\n"
+        "    sources: [conf]\n"
+        "    channels: [mail]\n"))
+    assert got.splitlines() == [
+        f"{config}: channels.mail.path: expected text [line 5]",
+        f"{config}: delivery.batch_size: must be between 1 and 10000 (got 0) [line 10]",
+        f"{config}: defaults: unknown key [line 5]",
+    ]
+
+
+def test_line_of_steps_over_what_the_file_does_not_write():
+    import yaml
+
+    from deadline_pipeline.config.document import line_of
+
+    root = yaml.compose("channels:\n  hook:\n    type: webhook\n    url: x\nsubscribers:\n  - {id: a}\n")
+    # pydantic puts the channel's type into the location; the file has no such key.
+    assert line_of(root, ("channels", "hook", "webhook", "url")) == 4
+    # A key the file lacks: the line of the mapping that should hold it.
+    assert line_of(root, ("channels", "hook", "timeout_seconds")) == 3
+    # A subscriber appended from the CSV is not in the file: no line rather than a wrong one.
+    assert line_of(root, ("subscribers", 3, "email")) is None
+    assert line_of(None, ("channels",)) is None

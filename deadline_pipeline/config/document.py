@@ -11,7 +11,7 @@ from deadline_pipeline.config.messages import format_loc
 
 
 def parse_yaml(text: str, path: Path):
-    """The configuration document, read by the sources' safe YAML reader
+    """``(data, root node)`` of the configuration document, read by the sources' safe YAML reader
     (:func:`deadline_pipeline.limits.load_yaml`): YAML 1.2 scalars (an unquoted
     ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
     nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
@@ -34,7 +34,31 @@ def parse_yaml(text: str, path: Path):
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems[:20])
                           + (f"\n… and {len(problems) - 20} more" if len(problems) > 20 else ""))
-    return data
+    return data, root
+
+
+def line_of(root, loc: tuple) -> int | None:
+    """The 1-based line in the file of the value at pydantic location ``loc`` (e.g.
+    ``("subscriptions", 0, "offsets")``), given the composed YAML ``root`` node; for a key the file
+    lacks (a required one), the line of the deepest mapping that holds it. ``None`` when ``loc``
+    leaves the file (a subscriber appended from the CSV, which names its own lines) or ``root`` is
+    ``None``. Parts the file does not write (the channel type pydantic puts in a location, a key a
+    ``<<:`` merge brought in) are stepped over."""
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+            if found is None:
+                continue
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return None
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line if line is not None or root is None else root.start_mark.line + 1
 
 
 def _yaml_problems(root) -> list[str]:

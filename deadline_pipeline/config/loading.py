@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
 from deadline_pipeline.addresses import address_problems
-from deadline_pipeline.config.document import parse_yaml
+from deadline_pipeline.config.document import line_of, parse_yaml
 from deadline_pipeline.config.encoding import utf8_text
 from deadline_pipeline.config.environment import UnsetVariable, expand_path
 from deadline_pipeline.config.errors import ConfigError
@@ -61,7 +62,7 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     whose tenant differs from a source's only in letter case (:func:`tenant_problems`).
     """
     path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
-    raw = read_document(path)
+    raw, root = read_document(path)
     check_sections(raw, path)
     # Where each subscriber was written, for errors found after validation (addresses × channels).
     origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
@@ -69,13 +70,14 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     expand_paths(raw, path)
     if isinstance(raw.get("subscribers_csv"), str):
         origins.update(merge_subscribers_csv(raw, path))
-    cfg = validate(raw, path)
+    cfg = validate(raw, path, root)
     check_loaded(cfg, origins, path)
     return cfg, path
 
 
-def read_document(path: Path) -> dict:
-    """The configuration file at ``path`` as a mapping of sections (``{}`` for an empty file).
+def read_document(path: Path) -> tuple[dict, yaml.Node | None]:
+    """The configuration file at ``path`` as a mapping of sections (``{}`` for an empty file), and
+    its composed YAML root node (``None`` for an empty file), which knows each value's line.
     Raises :class:`ConfigError` naming ``path`` for a missing or unreadable file, bytes that are not
     UTF-8, invalid YAML, or a document that is not a mapping."""
     try:
@@ -84,12 +86,12 @@ def read_document(path: Path) -> dict:
         raise ConfigError(f"{path}: configuration file does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
-    raw = parse_yaml(utf8_text(data, path), path)
+    raw, root = parse_yaml(utf8_text(data, path), path)
     if raw is None:
-        return {}
+        return {}, None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: (top level): expected a mapping of sections, got {type(raw).__name__}")
-    return raw
+    return raw, root
 
 
 # What each section must be, checked before anything walks the document: `channels:` written as a
@@ -188,22 +190,27 @@ def csv_subscribers(from_csv: list[tuple[int, dict]], csv_path: Path) -> list[Su
     return extra
 
 
-def validate(raw: dict, path: Path) -> DeadlinesConfig:
+def validate(raw: dict, path: Path, root: yaml.Node | None = None) -> DeadlinesConfig:
     """``raw`` (the expanded document) as a :class:`DeadlinesConfig`. Raises :class:`ConfigError` with
-    one line per problem: ``FILE: key.path: message (got value)`` (:func:`error_line`)."""
+    one line per problem: ``FILE: key.path: message (got value) [line N]`` (:func:`error_line`; the
+    line from ``root``, the document's YAML node, when the value is written in the file)."""
     try:
         return DeadlinesConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(error_line(err, path) for err in exc.errors())) from None
+        raise ConfigError("\n".join(error_line(err, path, root) for err in exc.errors())) from None
 
 
-def error_line(err: dict, path: Path) -> str:
-    """One pydantic error ``err`` as ``FILE: key.path: message (got value)``; the rejected value is
-    left out when it is a mapping or list (the whole section would be printed)."""
+def error_line(err: dict, path: Path, root: yaml.Node | None = None) -> str:
+    """One pydantic error ``err`` as ``FILE: key.path: message (got value) [line N]``; the rejected
+    value is left out when it is a mapping or list (the whole section would be printed), the line
+    when the value is not in the file (:func:`~deadline_pipeline.config.document.line_of`). The line
+    lets an editor jump to a value several screens into a long file (only syntax errors had one)."""
     loc = format_loc(err["loc"]) if err["loc"] else "configuration"
     got = shown_input(err)
     shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-    return f"{path}: {loc}: {wording(err)}{shown}"
+    line = line_of(root, tuple(err["loc"])) if root is not None else None
+    where = f" [line {line}]" if line else ""
+    return f"{path}: {loc}: {wording(err)}{shown}{where}"
 
 
 def check_loaded(cfg: DeadlinesConfig, origins: dict[str, str], path: Path) -> None:

@@ -193,6 +193,7 @@ WORDING: dict[str, Callable[[dict], str]] = {
     "model_attributes_type": lambda err: "expected a mapping of settings",
     "dict_type": lambda err: "expected a mapping",
     "list_type": lambda err: "expected a list",
+    "string_type": lambda err: "expected text",
     "union_tag_invalid": _unknown_tag,
     "union_tag_not_found": _missing_tag,
     "greater_than": _range,
