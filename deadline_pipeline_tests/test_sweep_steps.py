@@ -6,6 +6,7 @@ recording. The whole loop is covered end to end in ``test_delivery_sweep.py``.""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
@@ -32,9 +33,10 @@ def make_runner(engine):
         runner.gate_pool.shutdown(wait=True)
 
 
-def _claimed_batch(runner: _Sweep, owner: str) -> _Batch:
-    """A claimed batch whose sends have ended with every alert released unsent (as past the budget)."""
-    _rows, results = runner._claim(T0, owner)
+def _claimed_batch(runner: _Sweep, owner: str, at=T0) -> _Batch:
+    """A claimed batch (claimed as of ``at``) whose sends have ended with every alert released unsent
+    (as past the budget)."""
+    _rows, results = runner._claim(at, owner)
     for r in results:
         r.released = True
     sends = asyncio.get_running_loop().create_future()
@@ -79,11 +81,14 @@ def test_another_round_only_within_the_budget_and_max_batches(make_runner):
 
 
 def test_nothing_claimable_with_a_batch_in_flight_records_it_before_the_loop_stops(engine, make_runner):
-    seed(engine, 2, channel="fake")
+    # Due half an hour after the runner's clock (T0), claimed by the batch as of an hour later: once
+    # its recording has released them they are still not due for the runner's own claims. Due at T0,
+    # a recording that finished before the second round's claim made that claim take them again.
+    seed(engine, 2, channel="fake", send_at=T0 + timedelta(minutes=30))
     runner = make_runner()
 
     async def rounds() -> list[tuple[bool, bool]]:
-        runner.sending = [_claimed_batch(runner, "steps#1#r#c0.aaaaaa")]
+        runner.sending = [_claimed_batch(runner, "steps#1#r#c0.aaaaaa", at=T0 + timedelta(hours=1))]
         seen = [await runner._round()]  # nothing claimable, but a batch in flight: its recording starts
         assert runner.sending == [] and runner.pending_write is not None
         seen.append(await runner._round())  # nothing claimable; the recording is seen through
@@ -95,11 +100,15 @@ def test_nothing_claimable_with_a_batch_in_flight_records_it_before_the_loop_sto
 
 
 def test_a_round_with_two_batches_in_flight_finishes_one_before_claiming(engine, make_runner):
-    seed(engine, 4, channel="fake")
+    # Not due for the runner's own claim (see the test above): the first batch's recording runs in a
+    # thread beside that claim, and alerts it released in time would otherwise be claimed again.
+    seed(engine, 4, channel="fake", send_at=T0 + timedelta(minutes=30))
     runner = make_runner(batch_size=2)
+    later = T0 + timedelta(hours=1)
 
     async def one_round() -> tuple:
-        runner.sending = [_claimed_batch(runner, "steps#1#r#c0.aaaaaa"), _claimed_batch(runner, "steps#1#r#c0.bbbbbb")]
+        runner.sending = [_claimed_batch(runner, "steps#1#r#c0.aaaaaa", at=later),
+                          _claimed_batch(runner, "steps#1#r#c0.bbbbbb", at=later)]
         seen = await runner._round()
         after_round = (seen, len(runner.sending), runner.claims, runner.out.released)
         await runner._await_pending_write()
