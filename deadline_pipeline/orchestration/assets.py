@@ -25,9 +25,15 @@ from deadline_pipeline.config import DeadlinesConfig, SourceConfig
 from deadline_pipeline.deliver.throttle import log_first
 from deadline_pipeline.ingest.service import ApplyOutcome, apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.orchestration.partitions import horizon_range
+from deadline_pipeline.orchestration.partitions import horizon_range, revision_range
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
-from deadline_pipeline.plan.service import affected_partitions, max_version_id, plan_all, record_plan_run
+from deadline_pipeline.plan.service import (
+    affected_partitions,
+    changed_rules,
+    max_version_id,
+    plan_all,
+    record_plan_run,
+)
 from deadline_pipeline.security.redact import redact
 from deadline_pipeline.store import health
 from deadline_pipeline.store.sources import get_source, latest_snapshot, snapshot_meta
@@ -262,16 +268,20 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         window_ = context.partition_time_window
         # One configuration for the whole step (the resource reads the file once per run).
         cfg_now = settings.load()
-        out = plan_all(engine, cfg_now, now, after=window_.start, before=window_.end)
+        # A run the revision sensor requested plans only the rules its rule versions changed.
+        versions = revision_range(context.run.tags)
+        scope = changed_rules(engine, versions[0] - 1, versions[1]) if versions else None
+        if versions and scope is None:
+            context.log.warning(f"rule versions {versions[0]}..{versions[1]} are not in the store (replaced or "
+                                "restored?): every rule is planned")
+        out = plan_all(engine, cfg_now, now, after=window_.start, before=window_.end, scope=scope)
         keys = context.partition_key_range
         try:
             h_first, h_last = horizon_range(now, cfg_now.plan.horizon_days)
             covers = keys.start <= h_first and keys.end >= h_last
         except ValueError:
             covers = False
-        # Only a run covering the whole horizon proves the planner alive; a one-month backfill must not
-        # hide a stopped hourly planner from horizon_planned.
-        component = "plan" if covers else "plan:backfill"
+        component = _plan_component(covers, scope is not None, bool(out.problems))
         record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
                         label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
                         problems=out.problems, replay=clock.frozen)
@@ -285,6 +295,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "unchanged": out.obligations_unchanged, "withdrawn": out.obligations_withdrawn,
             "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
             "direct_write_fallbacks": out.direct_write_fallbacks,
+            "scope": out.scope or "every rule",
             # Which time rules computed these instants, and how many moved only because they changed.
             "zone_data": f"IANA {out.zone_data}", "calendar_data": out.calendar_data,
             "moved_by_time_data": out.moved_by_time_data,
@@ -305,3 +316,15 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         })
 
     return [*observers, apply_snapshots, plan_obligations]
+
+
+def _plan_component(covers_horizon: bool, scoped: bool, problems: bool) -> str:
+    """The heartbeat component a planning run records. Only a run of every rule covering the whole
+    horizon proves the planner alive (``plan``); a one-month backfill must not hide a stopped hourly
+    planner from horizon_planned (``plan:backfill``). A revision re-plan (``scoped``) saw only the
+    changed rules' problems: without any it records ``plan:revision``, which plan_complete does not
+    read, so it cannot turn a full run's reported problems green; with some, ``plan:backfill``, which
+    plan_complete does read."""
+    if scoped:
+        return "plan:backfill" if problems else "plan:revision"
+    return "plan" if covers_horizon else "plan:backfill"

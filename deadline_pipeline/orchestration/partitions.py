@@ -102,3 +102,28 @@ def horizon_range(now: datetime, horizon_days: int = 366,
 def range_tags(first: str, last: str) -> dict[str, str]:
     """Run tags that make one run plan a whole range of months (single-run backfill policy)."""
     return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+
+
+# A run the revision sensor requested carries the rule versions it re-plans: the run plans only the
+# rules they changed (see :mod:`deadline_pipeline.plan.scope`). A run without it plans every rule.
+REVISION_TAG = "deadline_pipeline/rule_versions"
+
+
+def revision_tags(first_version_id: int, last_version_id: int) -> dict[str, str]:
+    """The run tag of a revision re-plan of rule versions ``first..last`` (``rule_versions.id``, both
+    included): ``{REVISION_TAG: "first-last"}``."""
+    return {REVISION_TAG: f"{first_version_id}-{last_version_id}"}
+
+
+def revision_range(tags: dict[str, str]) -> tuple[int, int] | None:
+    """``(first, last)`` rule version ids of a run's :data:`REVISION_TAG`, or ``None`` without the tag.
+    Raises ``ValueError`` naming the tag and its value when it is not ``first-last`` with
+    ``1 <= first <= last`` (a hand-edited tag must fail the run, not plan a guessed scope)."""
+    value = tags.get(REVISION_TAG)
+    if value is None:
+        return None
+    first, sep, last = value.partition("-")
+    if sep and first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last):
+        return int(first), int(last)
+    raise ValueError(f"run tag {REVISION_TAG}={value!r}: expected 'FIRST-LAST', two rule version ids with "
+                     "1 <= FIRST <= LAST; remove the tag to plan every rule")

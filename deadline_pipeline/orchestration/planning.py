@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from deadline_pipeline.orchestration.partitions import horizon_range, range_tags
+from deadline_pipeline.orchestration.partitions import horizon_range, range_tags, revision_tags
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.plan.service import affected_partitions, max_version_id
 
@@ -53,10 +53,11 @@ def build_planning_automation(plan_job, partitions_def: dg.MonthlyPartitionsDefi
 
     ``replan_on_revision`` needs the ``store``, ``settings`` and ``clock`` resources. Each tick
     requests one ``plan_job`` run per planned due month (UTC, ``partition_key`` ``YYYY-MM-01``)
-    touched by the rule versions stored after its cursor (:func:`handled_version_id`), and moves the
-    cursor to the store's highest rule version id. Months without a plan partition are logged as
-    errors; a store or configuration that cannot be read fails the tick, leaving the cursor where it
-    was (the next tick retries)."""
+    touched by the rule versions stored after its cursor (:func:`handled_version_id`), tagged with
+    those versions (:func:`~deadline_pipeline.orchestration.partitions.revision_tags`: the run plans
+    only the rules they changed), and moves the cursor to the store's highest rule version id. Months
+    without a plan partition are logged as errors; a store or configuration that cannot be read fails
+    the tick, leaving the cursor where it was (the next tick retries)."""
 
     @dg.schedule(job=plan_job, cron_schedule="17 * * * *", default_status=dg.DefaultScheduleStatus.RUNNING,
                  description="Re-plan the whole 366-day horizon every hour (idempotent; a no-op writes nothing).")
@@ -73,9 +74,9 @@ def build_planning_automation(plan_job, partitions_def: dg.MonthlyPartitionsDefi
     # stored after it, whichever run or command wrote it.
     @dg.sensor(name="replan_on_revision", job=plan_job, default_status=dg.DefaultSensorStatus.RUNNING,
                minimum_interval_seconds=30,
-               description="Re-plans exactly the due months touched by every rule version stored since its "
-                           "last tick, whatever wrote it: several ingest runs, one that failed after writing, "
-                           "`source accept`.")
+               description="Re-plans exactly the due months and rules touched by every rule version stored "
+                           "since its last tick, whatever wrote it: several ingest runs, one that failed after "
+                           "writing, `source accept`.")
     def replan_on_revision(context: dg.SensorEvaluationContext, store: StoreResource, settings: SettingsResource,
                            clock: ClockResource):
         since = handled_version_id(context.cursor, context.log)
@@ -106,7 +107,8 @@ def build_planning_automation(plan_job, partitions_def: dg.MonthlyPartitionsDefi
         # cursor update lost) requests nothing twice, while a later revision of the same month is a
         # new key and is planned again.
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=f"rule_versions:{since + 1}-{top}:{m}", partition_key=m)
+            run_requests=[dg.RunRequest(run_key=f"rule_versions:{since + 1}-{top}:{m}", partition_key=m,
+                                        tags=revision_tags(since + 1, top))
                           for m in wanted],
             cursor=cursor)
 
