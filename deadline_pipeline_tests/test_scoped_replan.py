@@ -51,6 +51,9 @@ REVISIONS = [
                                                          "RECURRENCE-ID;TZID=Europe/Berlin:20270220T120000")}),
     ("C renamed", {"c": _event("c2@test", "20270301T090000", "Once C")}),
     ("D withdrawn", {"d": None}),
+    # C's old id comes back as another deadline: it takes the obligations' key back, and the renamed
+    # C2 (whose versions did not change) must be planned under its own key, not left with none.
+    ("C's old id back", {"c_back": _event("c@test", "20270310T090000", "Another C")}),
 ]
 
 
@@ -140,6 +143,13 @@ def test_rule_scope_widens_to_series_and_lineage():
     assert scope.rule_ids(8, active, [], {}) == frozenset()
     rename = RuleScope(frozenset({(7, "c2@test")}), 6, 6)
     assert rename.rule_ids(7, active, ["c@test"], {"c2@test": "c@test"}) == {"c2@test", "c@test"}
+    # C's old id back beside the rule renamed from it: both planned, whichever of them changed.
+    back = RuleScope(frozenset({(7, "c@test")}), 7, 7)
+    assert back.rule_ids(7, [*active, (1, renamed)], [], {"c2@test": "c@test"}) == {"c2@test", "c@test"}
+    # Every rule in scope (a cursor reset) or a source planned whole: no id list at all (None).
+    everything = RuleScope(frozenset((7, r.rule_id) for _, r in active), 1, 9)
+    assert everything.rule_ids(7, active, [], {}) is None
+    assert scope.with_whole_sources([8]).rule_ids(8, active, [], {}) is None
     assert series_of("b@test#20270220T120000") == "b@test" and series_of("a@test") == "a@test"
     assert scope.describe() == "1 rule(s) of 1 source(s) changed by rule versions 5..5"
 
@@ -209,3 +219,47 @@ def test_sensor_runs_plan_only_the_changed_rules(tmp_path, db_url):
         failure = next(e for e in bad.all_events if e.event_type_value == "STEP_FAILURE")
         error = failure.event_specific_data.error
         assert f"run tag {REVISION_TAG}='latest'" in (error.cause or error).message
+
+
+def test_revised_holiday_source_rolls_the_sources_built_on_it(engine, tmp_path):
+    """A filing rolled over the holidays of another source (``business_days.calendar: source:hols``):
+    a new holiday on its due date moves it to the next business day in a scoped re-plan too, although
+    the revision changed only the holiday source, which nobody subscribes to."""
+    def configure(holidays: list[str]):
+        rows = "".join(f"h{i},Holiday {i},{day},Europe/London\n" for i, day in enumerate(holidays))
+        (tmp_path / "hols.csv").write_text("id,title,due,timezone\n" + rows)
+        (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2027-03-01T12:00:00,"
+                                              "Europe/London\nct,Corporation tax,2027-04-01T12:00:00,Europe/London\n")
+        return load_config(write_config(
+            tmp_path,
+            sources=[{"name": "hols", "format": "csv", "location": "hols.csv"},
+                     {"name": "filings", "format": "csv", "location": "filings.csv",
+                      "business_days": {"calendar": "source:hols", "convention": "following"}}],
+            subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
+            subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
+            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+        ))[0]
+
+    def ingest(store, cfg):
+        for src in cfg.sources:
+            fetch_snapshot(store, src, T0)
+            assert apply_latest_snapshot(store, src, T0).status in ("applied", "unchanged")
+
+    full = make_engine(f"sqlite:///{tmp_path / 'full.sqlite3'}")
+    upgrade(full)
+    cfg = configure(["2027-05-03", "2027-08-30"])
+    for store in (full, engine):
+        ingest(store, cfg)
+        plan_all(store, cfg, T0)
+    cfg = configure(["2027-05-03", "2027-08-30", "2027-03-01"])
+    ingest(full, cfg)
+    plan_all(full, cfg, T0)
+    since = max_version_id(engine)
+    ingest(engine, cfg)
+    scoped = plan_all(engine, cfg, T0, scope=changed_rules(engine, since, max_version_id(engine)))
+    assert scoped.obligations_moved == 1
+    assert "every rule of 1 source(s) rolled over a changed holiday source" in scoped.scope
+    assert _state(engine) == _state(full)
+    with engine.connect() as conn:
+        due = conn.execute(select(obligations.c.due_at).where(obligations.c.rule_id == "vat")).scalar_one()
+    assert due == datetime(2027, 3, 2, 12, tzinfo=UTC)

@@ -9,8 +9,10 @@ The scope is widened, never narrowed, wherever another rule's obligations depend
 * a RECURRENCE-ID override (``UID#<RECURRENCE-ID>``) and its master are one series: a changed override
   moves an occurrence out of its master (an EXDATE folded into it), a changed master changes what
   every override of it replaces, so a change to either re-plans the whole series;
-* a renamed rule keeps its obligations keyed on its lineage (the id it had), so the rule and the id
-  its obligations are keyed and stored under are planned together.
+* a renamed rule keeps its obligations keyed on its lineage (the id it had), so every rule sharing a
+  lineage is planned together (the old id coming back takes the key back from the renamed rule);
+* a source whose business days are built from a holiday source (``source:NAME``) rolls every due
+  date over those holidays, so a revision of the holiday source plans that source whole.
 
 What a scoped re-plan does not look at is exactly what its rule versions cannot have changed; the
 hourly horizon plan still re-plans everything (configuration, zone data, calendars).
@@ -19,7 +21,7 @@ hourly horizon plan still re-plans everything (configuration, zone data, calenda
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deadline_pipeline.rules import RuleRecord
 
@@ -34,33 +36,50 @@ def series_of(rule_id: str) -> str:
 class RuleScope:
     """The (source id, rule id) pairs a revision changed (``changed``) and the versions that changed
     them (``first_version_id``..``last_version_id``, ``rule_versions.id``, both included), for
-    messages and metadata."""
+    messages and metadata. ``whole_sources``: source ids planned with every rule (a source whose
+    business days are built from a changed holiday source: each of its due dates may roll anew)."""
 
     changed: frozenset[tuple[int, str]]
     first_version_id: int
     last_version_id: int
+    whole_sources: frozenset[int] = frozenset()
 
     @property
     def source_ids(self) -> frozenset[int]:
-        return frozenset(s for s, _ in self.changed)
+        return frozenset(s for s, _ in self.changed) | self.whole_sources
+
+    def with_whole_sources(self, source_ids: Iterable[int]) -> RuleScope:
+        """This scope, planning every rule of ``source_ids`` too."""
+        return replace(self, whole_sources=self.whole_sources | frozenset(source_ids))
 
     def describe(self) -> str:
-        """E.g. ``"3 rule(s) of 1 source(s) changed by rule versions 12..14"``."""
-        return (f"{len(self.changed)} rule(s) of {len(self.source_ids)} source(s) changed by rule versions "
-                f"{self.first_version_id}..{self.last_version_id}")
+        """E.g. ``"3 rule(s) of 1 source(s) changed by rule versions 12..14"``, and the sources planned
+        whole, if any."""
+        text = (f"{len(self.changed)} rule(s) of {len({s for s, _ in self.changed})} source(s) changed by rule "
+                f"versions {self.first_version_id}..{self.last_version_id}")
+        if self.whole_sources:
+            text += f", every rule of {len(self.whole_sources)} source(s) rolled over a changed holiday source"
+        return text
 
     def rule_ids(self, source_id: int, active: Iterable[tuple[int, RuleRecord]], withdrawn: Iterable[str],
-                 lineage: dict[str, str]) -> frozenset[str]:
-        """Every rule id of ``source_id`` a scoped re-plan plans and may withdraw obligations of: the
-        changed ids, every id of a changed series (``active`` records after overrides were folded,
-        ``withdrawn`` ids), and the lineage of each (``lineage``: rule id → the id its obligations
-        are keyed on). Empty for a source the revision did not touch."""
+                 lineage: dict[str, str]) -> frozenset[str] | None:
+        """Every rule id of ``source_id`` a scoped re-plan plans and may withdraw obligations of:
+        ``None`` for every rule (a source planned whole, or one whose every rule is in scope); the
+        empty set for a source the revision did not touch; else the changed ids, every id sharing a
+        lineage with one (``lineage``: rule id → the lineage its latest version records, active or
+        withdrawn: an id back beside the rule renamed from it takes the obligations' key back, so
+        both must be planned), and every id of a changed series (``active`` records after overrides
+        were folded, ``withdrawn`` ids)."""
+        if source_id in self.whole_sources:
+            return None
         changed = {r for s, r in self.changed if s == source_id}
         if not changed:
             return frozenset()
         known = {r.rule_id for _, r in active} | set(withdrawn)
-        # A renamed rule and the id it was renamed from belong together, in both directions.
-        linked = {rid for rid, old in lineage.items() if rid in changed or old in changed}
-        linked |= {lineage[rid] for rid in linked}
+        roots = {lineage.get(r, r) for r in changed} | changed
+        linked = {r for r in known | set(lineage) if r in roots or lineage.get(r, r) in roots}
         series = {series_of(r) for r in changed | linked}
-        return frozenset(changed | linked | {r for r in known if series_of(r) in series})
+        ids = frozenset(changed | linked | {r for r in known if series_of(r) in series})
+        # Every rule in scope (a cursor reset re-handles every version): plan the source whole, with
+        # no list of ids (tens of thousands of bound parameters would pass a driver's limit).
+        return None if known <= ids else ids

@@ -371,6 +371,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         sql.without_jit(conn)
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         if scope is not None:
+            scope = scope.with_whole_sources(_rolled_over(conn, cfg, scope.source_ids))
             targets = [t for t in targets if t.source_id in scope.source_ids]
         rules_cache: dict[int, tuple] = {}
         lineage: dict[int, dict[str, str]] = {}
@@ -382,10 +383,10 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
         out.add_problems(subscriptions_selection_problems(targets, rules_cache))
-        scoped_ids = _scoped_rule_ids(scope, rules_cache, lineage)
+        scoped_ids = _scoped_rule_ids(conn, scope, rules_cache)
         if scoped_ids is not None:
-            rules_cache = {sid: ([(v, r) for v, r in rules if r.rule_id in scoped_ids[sid]], withdrawn)
-                           for sid, (rules, withdrawn) in rules_cache.items()}
+            rules_cache = {sid: ([(v, r) for v, r in rules if ids is None or r.rule_id in ids], withdrawn)
+                           for sid, (rules, withdrawn) in rules_cache.items() for ids in [scoped_ids[sid]]}
             out.scope = scope.describe()
 
         # Who was planned for before this run: only they can have missed a deadline while unwatched.
@@ -423,14 +424,26 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _scoped_rule_ids(scope: RuleScope | None, rules_cache: dict[int, tuple],
-                     lineage: dict[int, dict[str, str]]) -> dict[int, frozenset[str]] | None:
-    """source id → the rule ids a scoped re-plan plans and may withdraw (:meth:`RuleScope.rule_ids`),
-    for every source in ``rules_cache``; ``None`` without a scope (every rule)."""
+def _scoped_rule_ids(conn, scope: RuleScope | None,
+                     rules_cache: dict[int, tuple]) -> dict[int, frozenset[str] | None] | None:
+    """source id → the rule ids a scoped re-plan plans and may withdraw (:meth:`RuleScope.rule_ids`:
+    ``None`` for every rule of that source), for every source in ``rules_cache``; ``None`` without a
+    scope (every rule of every source)."""
     if scope is None:
         return None
-    return {sid: scope.rule_ids(sid, rules, withdrawn, lineage.get(sid, {}))
+    return {sid: scope.rule_ids(sid, rules, withdrawn, sql.recorded_lineage(conn, sid))
             for sid, (rules, withdrawn) in rules_cache.items()}
+
+
+def _rolled_over(conn, cfg: DeadlinesConfig, source_ids: Iterable[int]) -> set[int]:
+    """Ids of the sources whose business days are built from one of ``source_ids``
+    (``business_days.calendar: source:NAME[/DIVISION]``): a revised holiday re-rolls their due dates."""
+    names = {s.name: s.id for s in all_sources(conn)}
+    holiday_sources = {name for name, sid in names.items() if sid in set(source_ids)}
+    return {names[src.name] for src in cfg.sources
+            if src.business_days is not None and src.name in names
+            and src.business_days.calendar.startswith("source:")
+            and src.business_days.calendar[len("source:"):].partition("/")[0] in holiday_sources}
 
 
 def changed_rules(engine: Engine, since_version_id: int, until_version_id: int) -> RuleScope | None:
@@ -910,7 +923,7 @@ def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -
 
 def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cache: dict, now,
               out: PlanOutcome, *, filtered: set[tuple[int, int, str]] = frozenset(),
-              rule_ids: dict[int, frozenset[str]] | None = None) -> None:
+              rule_ids: dict[int, frozenset[str] | None] | None = None) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
@@ -920,7 +933,8 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
     deadline moved into the past is moved instead (open reminders superseded, one correction per
     channel where a reminder was delivered, saying the new instant has passed, and where none was,
     a reminder the delivery sweep escalates as missed: :func:`missed_row`). ``rule_ids`` (a scoped
-    re-plan): source id → the only rule ids whose obligations this run planned, and so may withdraw."""
+    re-plan): source id → the only rule ids whose obligations this run planned, and so may withdraw
+    (``None``: every rule of that source)."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi, rule_ids=rule_ids)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:

@@ -186,6 +186,13 @@ def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, Rule
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 
+def recorded_lineage(conn: Connection, source_id: int) -> dict[str, str]:
+    """rule_id → the lineage its latest version records (active or withdrawn), for the rules of a
+    source that were ever renamed; unlike :func:`rule_lineage`, no claim is resolved."""
+    return {rid: v["lineage"] for rid, v in latest_versions(conn, source_id).items()
+            if v.get("lineage") and v["lineage"] != rid}
+
+
 def rule_lineage(conn: Connection, source_id: int) -> dict[str, str]:
     """rule_id → lineage (the id its obligations are keyed on) of the active rules of a source that
     were renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it
@@ -769,19 +776,20 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
 
 
 def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime, hi: datetime,
-                          rule_ids: dict[int, frozenset[str]] | None = None):
+                          rule_ids: dict[int, frozenset[str] | None] | None = None):
     """Active obligations of these sources due in ``[lo, hi]`` that this run did not plan (neither in
     ``planned_keys`` nor in ``planned_ids``): (id, key, rule_id, source_id, subscriber_id, revision,
-    due_at, period). ``rule_ids`` (a scoped re-plan): source id → the only rule ids to look at; a
-    source without any is left out."""
+    due_at, period). ``rule_ids`` (a scoped re-plan): source id → the only rule ids to look at
+    (``None``: all of that source's); a source missing or with an empty set is left out."""
     if rule_ids is not None:
-        source_ids = [sid for sid in source_ids if rule_ids.get(sid)]
+        source_ids = [sid for sid in source_ids if rule_ids.get(sid, frozenset()) != frozenset()]
     if not source_ids:
         return []
     o, s, ids = obligations, planned_keys, planned_ids
     which = [o.c.source_id.in_(source_ids)]
     if rule_ids is not None:
-        which = [or_(*(and_(o.c.source_id == sid, o.c.rule_id.in_(sorted(rule_ids[sid]))) for sid in source_ids))]
+        which = [or_(*(o.c.source_id == sid if rule_ids[sid] is None
+                       else and_(o.c.source_id == sid, o.c.rule_id.in_(sorted(rule_ids[sid]))) for sid in source_ids))]
     return conn.execute(
         select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id, o.c.revision,
                o.c.due_at, o.c.period)
