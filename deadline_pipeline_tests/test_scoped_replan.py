@@ -263,3 +263,34 @@ def test_revised_holiday_source_rolls_the_sources_built_on_it(engine, tmp_path):
     with engine.connect() as conn:
         due = conn.execute(select(obligations.c.due_at).where(obligations.c.rule_id == "vat")).scalar_one()
     assert due == datetime(2027, 3, 2, 12, tzinfo=UTC)
+
+
+def test_taking_back_a_cancelled_override_replans_the_restored_occurrence(tmp_path, db_url):
+    """A cancelled override (STATUS:CANCELLED) of A's March occurrence had no obligation of its own;
+    when the feed takes it back, its only new version is a withdrawal. The sensor still requests
+    March (the master's occurrences count), and the scoped run there restores A's March obligation."""
+    cancelled = _event("a@test", "20270315T120000", "Monthly A", "STATUS:CANCELLED",
+                       "RECURRENCE-ID;TZID=Europe/Berlin:20270315T120000")
+    with dg.instance_for_test() as instance:
+        defs = build_definitions(_ics_config(tmp_path, {**BASE, "a#": cancelled}), db_url=db_url, as_of=AS_OF)
+        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+        tags = range_tags(*horizon_range(parse_instant(AS_OF)))
+        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+        first = _tick(defs, instance)
+        engine = make_engine(db_url)
+
+        def march_a():
+            with engine.connect() as conn:
+                return conn.execute(select(obligations.c.status).where(
+                    obligations.c.rule_id == "a@test", obligations.c.period == "2027-03-15")).scalars().all()
+
+        assert march_a() == []
+        defs = build_definitions(_ics_config(tmp_path, BASE), db_url=db_url, as_of=AS_OF)
+        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+        tick = _tick(defs, instance, first.cursor)
+        march = [r for r in tick.run_requests if r.partition_key == "2027-03-01"]
+        assert march, [r.partition_key for r in tick.run_requests]
+        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
+            instance=instance, partition_key="2027-03-01", tags=march[0].tags).success
+        assert march_a() == ["active"]
+        engine.dispose()

@@ -60,7 +60,7 @@ from deadline_pipeline.plan.planner import (
     subscription_selection_problems,
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
-from deadline_pipeline.plan.scope import RuleScope
+from deadline_pipeline.plan.scope import RuleScope, series_of
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import AlertState, ObligationState
 from deadline_pipeline.store import planning as sql
@@ -1040,15 +1040,22 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         for source_id, rule_id, due in sql.obligation_dues(conn, {p[0] for p in pairs}, lo, hi):
             if (source_id, rule_id) in pairs:
                 months.add(f"{due:%Y-%m}-01")
-        for source_id, rule_id, withdrawn, payload in changed:
-            if withdrawn:
-                continue
-            rule = RuleRecord.from_payload(payload)
+        new_rules = [(source_id, RuleRecord.from_payload(payload))
+                     for source_id, _, withdrawn, payload in changed if not withdrawn]
+        # A changed or withdrawn RECURRENCE-ID override changes its master's occurrences (a cancelled
+        # one taken back restores one; its own version had no obligation, so no month): the master's
+        # current occurrences count too.
+        masters = {(source_id, series_of(rule_id)) for source_id, rule_id, _, _ in changed
+                   if series_of(rule_id) != rule_id}
+        for source_id in sorted({s for s, _ in masters}):
+            new_rules += [(source_id, r) for _, r in sql.active_rules(conn, source_id)[0]
+                          if (source_id, r.rule_id) in masters]
+        for source_id, rule in new_rules:
             rolling = calendars.get(name_of.get(source_id))
             for zone_name in ({rule.tz} if rule.tz else zones or {"UTC"}):
                 try:
                     for occ in expand(rule, resolve_zone(zone_name), after=lo, before=hi, business_days=rolling):
                         months.add(f"{occ.due_at:%Y-%m}-01")
                 except ValueError as exc:  # reported by planning itself; here it only widens nothing
-                    log.warning("affected partitions: rule %s: %s", rule_id, exc)
+                    log.warning("affected partitions: rule %s: %s", rule.rule_id, exc)
     return sorted(months)
