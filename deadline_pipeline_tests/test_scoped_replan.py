@@ -157,7 +157,9 @@ def test_rule_scope_widens_to_series_and_lineage():
 def test_revision_tag_round_trips_and_refuses_a_hand_edited_value():
     assert revision_range(revision_tags(3, 9)) == (3, 9)
     assert revision_range({}) is None
-    for bad in ("9-3", "0-2", "3", "a-b", "3-4-5", "-1-2"):
+    assert revision_range(revision_tags(1, 2**63 - 1)) == (1, 2**63 - 1)
+    for bad in ("9-3", "0-2", "3", "a-b", "3-4-5", "-1-2", "", " 1-2", "+1-+2", "\u00b2-\u00b2", "\u0661-\u0662",
+                "99999999999999999999-99999999999999999999", f"1-{2**63}"):
         with pytest.raises(ValueError, match=f"run tag {REVISION_TAG}="):
             revision_range({REVISION_TAG: bad})
 

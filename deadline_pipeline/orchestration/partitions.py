@@ -13,6 +13,7 @@ Where they end: far enough ahead of the real clock for the configured horizon, a
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -122,8 +123,16 @@ def revision_range(tags: dict[str, str]) -> tuple[int, int] | None:
     value = tags.get(REVISION_TAG)
     if value is None:
         return None
-    first, sep, last = value.partition("-")
-    if sep and first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last):
-        return int(first), int(last)
+    # ASCII digits only ('١-٢' is 1-2 to int()), and ids the store's BIGINT can hold: a larger one
+    # failed deep inside the driver (SQLite: "Python int too large to convert to SQLite INTEGER").
+    found = re.fullmatch(r"(\d{1,19})-(\d{1,19})", value, re.ASCII)
+    if found:
+        first, last = int(found[1]), int(found[2])
+        if 1 <= first <= last <= _MAX_VERSION_ID:
+            return first, last
     raise ValueError(f"run tag {REVISION_TAG}={value!r}: expected 'FIRST-LAST', two rule version ids with "
-                     "1 <= FIRST <= LAST; remove the tag to plan every rule")
+                     f"1 <= FIRST <= LAST <= {_MAX_VERSION_ID}; remove the tag to plan every rule")
+
+
+# rule_versions.id is a BIGINT.
+_MAX_VERSION_ID = 2**63 - 1
