@@ -388,6 +388,9 @@ def test_withdrawn_then_restored_rule_gets_its_reminders_back(engine, tmp_path):
     out = _ingest_plan(engine, _configure(tmp_path, [A, B, C, D]), T0 + timedelta(hours=2))
     assert out.obligations_updated == 1
     assert {r["status"] for r in _alerts(engine, "b@test")} == {"pending"}
+    # The revived reminders are neither new rows nor moved ones: the merge's counts tell them apart
+    # (PostgreSQL counts from the upsert's RETURNING and the rows' state before it).
+    assert (out.alerts_inserted, out.alerts_moved) == (0, 0)
 
 
 def test_sub_hourly_recurrence_is_refused_loudly(engine, tmp_path):
