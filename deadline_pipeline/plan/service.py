@@ -44,7 +44,7 @@ from deadline_pipeline.config import (
     parse_duration,
 )
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.plan.business_days import calendar_data_version
+from deadline_pipeline.plan.business_days import calendar_data_version, holiday_source_of
 from deadline_pipeline.plan.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
@@ -324,8 +324,9 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
         if bd is None or bd.convention == "none":
             continue
         try:
-            if bd.calendar.startswith("source:"):
-                name, _, division = bd.calendar[len("source:"):].partition("/")
+            ref = holiday_source_of(bd.calendar)
+            if ref is not None:
+                name, division = ref
                 holiday_source = find_source(conn, name)
                 if holiday_source is None:
                     raise ValueError(f"holiday source {name!r} was never ingested")
@@ -442,8 +443,8 @@ def _rolled_over(conn, cfg: DeadlinesConfig, source_ids: Iterable[int]) -> set[i
     holiday_sources = {name for name, sid in names.items() if sid in set(source_ids)}
     return {names[src.name] for src in cfg.sources
             if src.business_days is not None and src.name in names
-            and src.business_days.calendar.startswith("source:")
-            and src.business_days.calendar[len("source:"):].partition("/")[0] in holiday_sources}
+            and (ref := holiday_source_of(src.business_days.calendar)) is not None
+            and ref.name in holiday_sources}
 
 
 def changed_rules(engine: Engine, since_version_id: int, until_version_id: int) -> RuleScope | None:
