@@ -376,15 +376,17 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             targets = [t for t in targets if t.source_id in scope.source_ids]
         rules_cache: dict[int, tuple] = {}
         lineage: dict[int, dict[str, str]] = {}
+        recorded_lineage: dict[int, dict[str, str]] = {}
         for t in targets:
             if t.source_id not in rules_cache:
-                rules, withdrawn = sql.active_rules(conn, t.source_id)
-                rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
-                lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
+                read = sql.source_rules(conn, t.source_id)
+                rules_cache[t.source_id] = (fold_overrides(read.active, t.source, out), read.withdrawn)
+                lineage[t.source_id] = read.lineage
+                recorded_lineage[t.source_id] = read.recorded_lineage
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
         out.add_problems(subscriptions_selection_problems(targets, rules_cache))
-        scoped_ids = _scoped_rule_ids(conn, scope, rules_cache)
+        scoped_ids = _scoped_rule_ids(scope, rules_cache, recorded_lineage)
         if scoped_ids is not None:
             rules_cache = {sid: ([(v, r) for v, r in rules if ids is None or r.rule_id in ids], withdrawn)
                            for sid, (rules, withdrawn) in rules_cache.items() for ids in [scoped_ids[sid]]}
@@ -425,14 +427,15 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _scoped_rule_ids(conn, scope: RuleScope | None,
-                     rules_cache: dict[int, tuple]) -> dict[int, frozenset[str] | None] | None:
+def _scoped_rule_ids(scope: RuleScope | None, rules_cache: dict[int, tuple],
+                     recorded_lineage: dict[int, dict[str, str]]) -> dict[int, frozenset[str] | None] | None:
     """source id → the rule ids a scoped re-plan plans and may withdraw (:meth:`RuleScope.rule_ids`:
     ``None`` for every rule of that source), for every source in ``rules_cache``; ``None`` without a
-    scope (every rule of every source)."""
+    scope (every rule of every source). ``recorded_lineage``: source id →
+    :attr:`~deadline_pipeline.store.planning.SourceRules.recorded_lineage`."""
     if scope is None:
         return None
-    return {sid: scope.rule_ids(sid, rules, withdrawn, sql.recorded_lineage(conn, sid))
+    return {sid: scope.rule_ids(sid, rules, withdrawn, recorded_lineage[sid])
             for sid, (rules, withdrawn) in rules_cache.items()}
 
 
