@@ -22,6 +22,7 @@ from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, heartbeats, obligations
 from deadline_pipeline_tests.factories import write_config
+from deadline_pipeline_tests.test_replan_sensor import _tick
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 AS_OF = "2027-01-10T00:00:00Z"
@@ -172,12 +173,6 @@ def _ics_config(tmp_path, events):
         subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
         channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
     )
-
-
-def _tick(defs, instance, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                  resources={k: defs.resources[k] for k in ("store", "settings", "clock")})
-    return next(s for s in defs.sensors if s.name == "replan_on_revision").evaluate_tick(ctx)
 
 
 def test_sensor_runs_plan_only_the_changed_rules(tmp_path, db_url):
