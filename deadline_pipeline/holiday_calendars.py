@@ -3,12 +3,36 @@
 A leaf module (it imports only the ``holidays`` library): the configuration checks a
 ``business_days.calendar`` name here when it is loaded, and the planner
 (:mod:`deadline_pipeline.plan.business_days`) builds its calendars from the same lookup, so the two
-can never disagree about which names exist.
+can never disagree about which names exist. The other spec form, ``source:NAME[/DIVISION]`` (an
+ingested holiday source), is parsed here too (:func:`holiday_source_of`), for the same reason.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
+
+# A ``business_days.calendar`` spec starting with this names an ingested holiday source.
+SOURCE_PREFIX = "source:"
+
+
+class HolidaySourceRef(NamedTuple):
+    """The ingested holiday source a calendar spec names: the source's ``name`` and the
+    ``division`` whose rules are its holidays (a rule id prefix before ``/``; ``""``: every rule)."""
+
+    name: str
+    division: str
+
+
+def holiday_source_of(spec: str) -> HolidaySourceRef | None:
+    """The holiday source of a ``source:NAME[/DIVISION]`` spec (``"source:uk-holidays/england-and-wales"``
+    → ``("uk-holidays", "england-and-wales")``, ``"source:hols"`` → ``("hols", "")``); ``None`` for
+    any other spec (a library calendar such as ``"GB-ENG"``). Nothing is checked: ``"source:"`` gives
+    an empty name, which the configuration refuses as an unknown source."""
+    if not spec.startswith(SOURCE_PREFIX):
+        return None
+    name, _, division = spec[len(SOURCE_PREFIX):].partition("/")
+    return HolidaySourceRef(name, division)
 
 
 class UnknownCalendar(ValueError):

@@ -17,6 +17,7 @@ from deadline_pipeline.plan.business_days import (
     adjust,
     calendar,
     describe_roll,
+    holiday_source_of,
     is_business_day,
 )
 
@@ -173,3 +174,12 @@ def test_a_union_keeps_a_library_members_weekend_working_days():
 
 def test_calendar_data_version_names_the_library_release():
     assert business_days.calendar_data_version() == f"holidays {holidays.__version__}"
+
+
+def test_a_source_spec_names_the_holiday_source_and_its_division():
+    """``source:NAME[/DIVISION]`` names an ingested holiday source; any other spec is a library calendar."""
+    assert holiday_source_of("source:uk-holidays/england-and-wales") == ("uk-holidays", "england-and-wales")
+    assert holiday_source_of("source:hols") == ("hols", "")
+    assert holiday_source_of("source:hols").name == "hols"
+    assert holiday_source_of("GB-ENG") is None
+    assert holiday_source_of("US-IRS") is None

@@ -401,32 +401,40 @@ def test_sub_hourly_recurrence_is_refused_loudly(engine, tmp_path):
     assert out.obligations_planned == 1
 
 
+# GOV.UK bank holidays (alphagov/calendars) before and after the Early May 2020 bank holiday moved
+# from Monday 4 to Friday 8 May, files of ``shared/data/govuk-bank-holidays/revisions``.
+GOVUK_BEFORE_MOVE = "bank-holidays.e57b5ce.2018-12-06.json"
+GOVUK_AFTER_MOVE = "bank-holidays.85e1167.2019-06-10.json"
+
+
+def govuk_rolled_config(tmp_path, shared_dir, revision: str):
+    """A VAT return due Friday 8 May 2020 12:00 Europe/London, rolled to the next business day of
+    England & Wales as the GOV.UK bank holidays of ``revision`` (a file name of
+    ``shared_dir/data/govuk-bank-holidays/revisions``, copied into ``tmp_path``) have them."""
+    import shutil
+
+    shutil.copy(shared_dir / "data" / "govuk-bank-holidays" / "revisions" / revision, tmp_path / "holidays.json")
+    (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2020-05-08T12:00:00,Europe/London\n")
+    return load_config(write_config(
+        tmp_path,
+        sources=[{"name": "uk-holidays", "format": "govuk-bank-holidays", "location": "holidays.json"},
+                 {"name": "filings", "format": "csv", "location": "filings.csv",
+                  "business_days": {"calendar": "source:uk-holidays/england-and-wales",
+                                    "convention": "following"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
+        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    ))[0]
+
+
 def test_moved_bank_holiday_moves_a_rolled_obligation(shared_dir, engine, tmp_path):
     """GOV.UK moved the Early May 2020 bank holiday from Monday 4 to Friday 8 May (England & Wales):
     a filing due on Friday 8 May, rolled to the next business day, moves to Monday 11 May."""
-    import shutil
-
-    revs = shared_dir / "data" / "govuk-bank-holidays" / "revisions"
-    (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2020-05-08T12:00:00,Europe/London\n")
-
-    def configure(revision: str):
-        shutil.copy(revs / revision, tmp_path / "holidays.json")
-        return load_config(write_config(
-            tmp_path,
-            sources=[{"name": "uk-holidays", "format": "govuk-bank-holidays", "location": "holidays.json"},
-                     {"name": "filings", "format": "csv", "location": "filings.csv",
-                      "business_days": {"calendar": "source:uk-holidays/england-and-wales",
-                                        "convention": "following"}}],
-            subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
-            subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
-            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
-        ))[0]
-
     now = datetime(2019, 6, 10, tzinfo=UTC)
-    _ingest_plan(engine, configure("bank-holidays.e57b5ce.2018-12-06.json"), now)
+    _ingest_plan(engine, govuk_rolled_config(tmp_path, shared_dir, GOVUK_BEFORE_MOVE), now)
     with engine.connect() as conn:
         assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2020, 5, 8, 11, tzinfo=UTC)
-    out = _ingest_plan(engine, configure("bank-holidays.85e1167.2019-06-10.json"), now + timedelta(hours=1))
+    out = _ingest_plan(engine, govuk_rolled_config(tmp_path, shared_dir, GOVUK_AFTER_MOVE), now + timedelta(hours=1))
     assert out.obligations_moved == 1 and not out.problems
     with engine.connect() as conn:
         assert conn.execute(select(obligations.c.due_at)).scalar_one() == datetime(2020, 5, 11, 11, tzinfo=UTC)

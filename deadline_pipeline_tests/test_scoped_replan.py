@@ -4,7 +4,7 @@ sensor's runs carry the scope, and a scoped run's heartbeat cannot hide a full r
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -22,6 +22,8 @@ from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, heartbeats, obligations
 from deadline_pipeline_tests.factories import write_config
+from deadline_pipeline_tests.test_planning import GOVUK_AFTER_MOVE, GOVUK_BEFORE_MOVE, govuk_rolled_config
+from deadline_pipeline_tests.test_replan_sensor import _tick
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 AS_OF = "2027-01-10T00:00:00Z"
@@ -174,12 +176,6 @@ def _ics_config(tmp_path, events):
     )
 
 
-def _tick(defs, instance, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                  resources={k: defs.resources[k] for k in ("store", "settings", "clock")})
-    return next(s for s in defs.sensors if s.name == "replan_on_revision").evaluate_tick(ctx)
-
-
 def test_sensor_runs_plan_only_the_changed_rules(tmp_path, db_url):
     """The revision sensor tags its runs with the rule versions they handle; such a run plans only
     the rules those versions changed (its metadata says so), records the ``plan:revision`` heartbeat
@@ -265,6 +261,48 @@ def test_revised_holiday_source_rolls_the_sources_built_on_it(engine, tmp_path):
     with engine.connect() as conn:
         due = conn.execute(select(obligations.c.due_at).where(obligations.c.rule_id == "vat")).scalar_one()
     assert due == datetime(2027, 3, 2, 12, tzinfo=UTC)
+
+
+def test_scoped_replan_of_a_revised_govuk_calendar_equals_a_full_replan(shared_dir, engine, tmp_path):
+    """Real data: GOV.UK's bank holidays at two commits of 2018–2019, between which the Early May 2020
+    bank holiday moved from Monday 4 to Friday 8 May (England & Wales). The revision changes only the
+    holiday source, which nobody subscribes to; a re-plan scoped to it plans the filings rolled over
+    it whole, leaves the same obligations and alerts as a full re-plan, and moves the VAT return due
+    Friday 8 May to Monday 11 May."""
+    full = make_engine(f"sqlite:///{tmp_path / 'full.sqlite3'}")
+    upgrade(full)
+
+    def ingest(store, cfg, now):
+        for src in cfg.sources:
+            fetch_snapshot(store, src, now)
+            assert apply_latest_snapshot(store, src, now).status in ("applied", "unchanged")
+
+    now = datetime(2019, 6, 10, tzinfo=UTC)
+    cfg = govuk_rolled_config(tmp_path, shared_dir, GOVUK_BEFORE_MOVE)
+    for store in (full, engine):
+        ingest(store, cfg, now)
+        plan_all(store, cfg, now)
+    assert _state(engine) == _state(full)
+    with engine.connect() as conn:
+        due = conn.execute(select(obligations.c.due_at).where(obligations.c.rule_id == "vat")).scalar_one()
+    assert due == datetime(2020, 5, 8, 11, tzinfo=UTC)
+
+    later = now + timedelta(hours=1)
+    cfg = govuk_rolled_config(tmp_path, shared_dir, GOVUK_AFTER_MOVE)
+    ingest(full, cfg, later)
+    full_out = plan_all(full, cfg, later)
+    since = max_version_id(engine)
+    ingest(engine, cfg, later)
+    scope = changed_rules(engine, since, max_version_id(engine))
+    assert scope is not None
+    scoped = plan_all(engine, cfg, later, scope=scope)
+    assert _state(engine) == _state(full)
+    assert (scoped.obligations_moved, scoped.problems) == (full_out.obligations_moved, full_out.problems) == (1, [])
+    with engine.connect() as conn:
+        due = conn.execute(select(obligations.c.due_at).where(obligations.c.rule_id == "vat")).scalar_one()
+    assert due == datetime(2020, 5, 11, 11, tzinfo=UTC)
+    assert "every rule of 1 source(s) rolled over a changed holiday source" in scoped.scope
+    full.dispose()
 
 
 def test_taking_back_a_cancelled_override_replans_the_restored_occurrence(tmp_path, db_url):

@@ -53,6 +53,7 @@ from deadline_pipeline.config.text import (
     refuse_legacy_ipv4,
 )
 from deadline_pipeline.durations import parse_duration
+from deadline_pipeline.holiday_calendars import holiday_source_of, library_calendar
 
 SOURCE_FORMATS = ("ai-deadlines", "ics", "csv", "govuk-bank-holidays")
 
@@ -73,9 +74,7 @@ class BusinessDaysConfig(Section):
     @classmethod
     def _calendar(cls, v: str) -> str:
         # A misspelt calendar would silently leave due dates unrolled: refuse it here.
-        if not v.startswith("source:"):
-            from deadline_pipeline.holiday_calendars import library_calendar
-
+        if holiday_source_of(v) is None:
             try:
                 library_calendar(v)
             except ValueError as exc:
@@ -387,10 +386,9 @@ class DeadlinesConfig(Section):
                 raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown subscriber(s) {unknown}")
             self._subscription_channels(i, sub)
         for s in self.sources:
-            if s.business_days and s.business_days.calendar.startswith("source:"):
-                ref = s.business_days.calendar[len("source:"):].partition("/")[0]
-                if ref not in names:
-                    raise ValueError(f"sources ({s.name}): business_days.calendar refers to unknown source {ref!r}")
+            ref = holiday_source_of(s.business_days.calendar) if s.business_days else None
+            if ref is not None and ref.name not in names:
+                raise ValueError(f"sources ({s.name}): business_days.calendar refers to unknown source {ref.name!r}")
         for ch in self.escalation.channels:
             if ch not in self.channels:
                 raise ValueError(f"escalation: unknown channel {ch!r}; known: {sorted(self.channels)}")

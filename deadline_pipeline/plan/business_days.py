@@ -43,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 # The library calendars and their spec grammar live in a leaf module, so that the configuration can
 # check a calendar name without importing the planner; re-exported here for the planner's callers.
-from deadline_pipeline.holiday_calendars import UnknownCalendar, library_calendar
+from deadline_pipeline.holiday_calendars import UnknownCalendar, holiday_source_of, library_calendar
 
 CONVENTIONS = ("none", "following", "modified-following", "preceding")
 WEEKEND = frozenset({5, 6})  # Saturday, Sunday (date.weekday())
@@ -257,7 +257,7 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
     """
     if nominal == due:
         return None
-    if cal is None and not spec.startswith("source:"):
+    if cal is None and holiday_source_of(spec) is None:
         try:
             cal = calendar(spec)
         except ValueError:
@@ -270,7 +270,7 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
 
 __all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
            "calendar", "calendar_data_of", "calendar_data_version", "check_convention", "describe_roll",
-           "holiday_name", "is_business_day"]
+           "holiday_name", "holiday_source_of", "is_business_day"]
 
 
 def calendar_data_of(cal: HolidayCalendar) -> str | None:

@@ -348,7 +348,7 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules; a rule
     whose expansion is cut at the occurrence cap is planned up to the cut and reported as a problem.
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
-    obligations and their history; :func:`~deadline_pipeline.store.planning.rule_lineage`).
+    obligations and their history; :attr:`~deadline_pipeline.store.planning.SourceRules.lineage`).
     Whether the subscription selects any rule at all is not judged here (it is one judgement per
     subscription, not per subscriber: :func:`subscription_selection_problems`).
     """

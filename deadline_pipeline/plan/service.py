@@ -44,7 +44,7 @@ from deadline_pipeline.config import (
     parse_duration,
 )
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.plan.business_days import calendar_data_version
+from deadline_pipeline.plan.business_days import calendar_data_version, holiday_source_of
 from deadline_pipeline.plan.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import GRACE, window
@@ -324,8 +324,9 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
         if bd is None or bd.convention == "none":
             continue
         try:
-            if bd.calendar.startswith("source:"):
-                name, _, division = bd.calendar[len("source:"):].partition("/")
+            ref = holiday_source_of(bd.calendar)
+            if ref is not None:
+                name, division = ref
                 holiday_source = find_source(conn, name)
                 if holiday_source is None:
                     raise ValueError(f"holiday source {name!r} was never ingested")
@@ -375,15 +376,17 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             targets = [t for t in targets if t.source_id in scope.source_ids]
         rules_cache: dict[int, tuple] = {}
         lineage: dict[int, dict[str, str]] = {}
+        recorded_lineage: dict[int, dict[str, str]] = {}
         for t in targets:
             if t.source_id not in rules_cache:
-                rules, withdrawn = sql.active_rules(conn, t.source_id)
-                rules_cache[t.source_id] = (fold_overrides(rules, t.source, out), withdrawn)
-                lineage[t.source_id] = sql.rule_lineage(conn, t.source_id)
+                read = sql.source_rules(conn, t.source_id)
+                rules_cache[t.source_id] = (fold_overrides(read.active, t.source, out), read.withdrawn)
+                lineage[t.source_id] = read.lineage
+                recorded_lineage[t.source_id] = read.recorded_lineage
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
         out.add_problems(subscriptions_selection_problems(targets, rules_cache))
-        scoped_ids = _scoped_rule_ids(conn, scope, rules_cache)
+        scoped_ids = _scoped_rule_ids(scope, rules_cache, recorded_lineage)
         if scoped_ids is not None:
             rules_cache = {sid: ([(v, r) for v, r in rules if ids is None or r.rule_id in ids], withdrawn)
                            for sid, (rules, withdrawn) in rules_cache.items() for ids in [scoped_ids[sid]]}
@@ -424,14 +427,15 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     return out
 
 
-def _scoped_rule_ids(conn, scope: RuleScope | None,
-                     rules_cache: dict[int, tuple]) -> dict[int, frozenset[str] | None] | None:
+def _scoped_rule_ids(scope: RuleScope | None, rules_cache: dict[int, tuple],
+                     recorded_lineage: dict[int, dict[str, str]]) -> dict[int, frozenset[str] | None] | None:
     """source id → the rule ids a scoped re-plan plans and may withdraw (:meth:`RuleScope.rule_ids`:
     ``None`` for every rule of that source), for every source in ``rules_cache``; ``None`` without a
-    scope (every rule of every source)."""
+    scope (every rule of every source). ``recorded_lineage``: source id →
+    :attr:`~deadline_pipeline.store.planning.SourceRules.recorded_lineage`."""
     if scope is None:
         return None
-    return {sid: scope.rule_ids(sid, rules, withdrawn, sql.recorded_lineage(conn, sid))
+    return {sid: scope.rule_ids(sid, rules, withdrawn, recorded_lineage[sid])
             for sid, (rules, withdrawn) in rules_cache.items()}
 
 
@@ -442,8 +446,8 @@ def _rolled_over(conn, cfg: DeadlinesConfig, source_ids: Iterable[int]) -> set[i
     holiday_sources = {name for name, sid in names.items() if sid in set(source_ids)}
     return {names[src.name] for src in cfg.sources
             if src.business_days is not None and src.name in names
-            and src.business_days.calendar.startswith("source:")
-            and src.business_days.calendar[len("source:"):].partition("/")[0] in holiday_sources}
+            and (ref := holiday_source_of(src.business_days.calendar)) is not None
+            and ref.name in holiday_sources}
 
 
 def changed_rules(engine: Engine, since_version_id: int, until_version_id: int) -> RuleScope | None:

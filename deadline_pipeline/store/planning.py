@@ -182,25 +182,46 @@ def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, Rule
     each withdrawn rule's id → its kinds (:func:`~deadline_pipeline.rules.rule_kinds` of the record it
     last had: a withdrawal keeps that payload), so a subscription's ``kinds`` that only a withdrawn
     rule had are not judged a typo."""
+    return _active_of(latest_versions(conn, source_id))
+
+
+@dataclass(frozen=True)
+class SourceRules:
+    """What planning reads of one source's rules, all from one read of their latest versions.
+
+    ``active`` and ``withdrawn``: as :func:`active_rules` returns them. ``lineage``: rule id → lineage
+    (the id its obligations are keyed on) of the active rules that were renamed, each claim resolved
+    (see :func:`_claimed_lineage`). ``recorded_lineage``: rule id → the lineage its latest version
+    records, active or withdrawn, for every rule that was ever renamed, no claim resolved (what a
+    scoped re-plan widens over)."""
+
+    active: list[tuple[int, RuleRecord]]
+    withdrawn: dict[str, frozenset[str]]
+    lineage: dict[str, str]
+    recorded_lineage: dict[str, str]
+
+
+def source_rules(conn: Connection, source_id: int) -> SourceRules:
+    """The :class:`SourceRules` of a source: one query, so the active rules, their lineage and the
+    recorded lineage all describe the same versions (three reads could each see another ingest's
+    commit under PostgreSQL's READ COMMITTED)."""
     latest = latest_versions(conn, source_id)
+    active, withdrawn = _active_of(latest)
+    recorded = {rid: v["lineage"] for rid, v in latest.items() if v.get("lineage") and v["lineage"] != rid}
+    return SourceRules(active, withdrawn, _claimed_lineage(latest), recorded)
+
+
+def _active_of(latest: dict[str, dict]) -> tuple[list[tuple[int, RuleRecord]], dict[str, frozenset[str]]]:
     rules = [(v["version"], RuleRecord.from_payload(v["payload"])) for v in latest.values() if not v["withdrawn"]]
     withdrawn = {rid: frozenset(rule_kinds(v["payload"] or {})) for rid, v in latest.items() if v["withdrawn"]}
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 
-def recorded_lineage(conn: Connection, source_id: int) -> dict[str, str]:
-    """rule_id → the lineage its latest version records (active or withdrawn), for the rules of a
-    source that were ever renamed; unlike :func:`rule_lineage`, no claim is resolved."""
-    return {rid: v["lineage"] for rid, v in latest_versions(conn, source_id).items()
-            if v.get("lineage") and v["lineage"] != rid}
-
-
-def rule_lineage(conn: Connection, source_id: int) -> dict[str, str]:
-    """rule_id → lineage (the id its obligations are keyed on) of the active rules of a source that
-    were renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it
-    only for the rule that owns the id; the other is keyed on its own id — never two rules on one
+def _claimed_lineage(latest: dict[str, dict]) -> dict[str, str]:
+    """rule_id → lineage of the active rules in ``latest`` (:func:`latest_versions` rows) that were
+    renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it only
+    for the rule that owns the id; the other is keyed on its own id — never two rules on one
     obligation, which would silently drop one of them."""
-    latest = latest_versions(conn, source_id)
     claims: dict[str, list[str]] = {}
     for rid, v in latest.items():
         if not v["withdrawn"]:
