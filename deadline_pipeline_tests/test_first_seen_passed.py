@@ -4,9 +4,10 @@ source was first watched (history). Judged from the fetch log; SQLite and Postgr
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.first_seen import (
@@ -60,6 +61,26 @@ FAR = entry("2026-06-18 23:59:59", id="far")
 PASSED = entry("2026-03-05 23:59:59", id="passed", title="P")  # AoE: due 2026-03-06T11:59:59Z
 
 
+# The read of who was planned for per source (store/planning.planned_pairs): it scans every stored
+# obligation of its sources, so planning makes it only where a deadline may have passed unwatched.
+PAIRS_READ = "SELECT DISTINCT obligations.subscriber_id, obligations.source_id"
+
+
+@contextmanager
+def statements(engine):
+    """The SQL statements run on ``engine`` inside the block, whitespace collapsed."""
+    seen: list[str] = []
+
+    def listen(conn, cursor, statement, *args):
+        seen.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+
+
 def _ingest(engine, cfg, now):
     src = cfg.sources[0]
     fetch_snapshot(engine, src, now)
@@ -79,7 +100,9 @@ def test_deadline_published_after_it_passed_is_a_note_not_a_page(engine, tmp_pat
     assert (out.added, out.first_seen_late, out.first_seen_missed) == (1, 1, 0), out
     assert "published deadline passed/" in out.first_seen_notes[0], out.first_seen_notes
     assert "its fetch at 2026-03-05T12:00:00+00:00 did not have it" in out.first_seen_notes[0]
-    assert plan(engine, cfg, now).missed_while_unwatched == 0
+    with statements(engine) as ran:
+        assert plan(engine, cfg, now).missed_while_unwatched == 0
+    assert not [s for s in ran if PAIRS_READ in s]  # nothing passed unwatched: the store is not scanned
     swept = deliver(engine, cfg, now)
     assert swept.escalated == 0 and mails(tmp_path, "oncall") == []
     assert [due for _k, due, _o, _s in kinds(engine)] == [at("2026-06-19T11:59:59")] * 2
@@ -97,7 +120,9 @@ def test_deadline_that_passed_while_the_source_was_not_fetched_is_escalated(engi
     now = at("2026-03-08T12:00:00")
     out = _ingest(engine, cfg, now)
     assert (out.first_seen_late, out.first_seen_missed) == (0, 1), out
-    assert plan(engine, cfg, now).missed_while_unwatched == 1
+    with statements(engine) as ran:
+        assert plan(engine, cfg, now).missed_while_unwatched == 1
+    assert [s for s in ran if PAIRS_READ in s]
     due = at("2026-03-06T11:59:59")
     with engine.connect() as conn:
         [(offset, reason)] = conn.execute(select(alerts.c.offset_seconds, alerts.c.status_reason)

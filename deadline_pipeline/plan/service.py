@@ -392,8 +392,12 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                            for sid, (rules, withdrawn) in rules_cache.items() for ids in [scoped_ids[sid]]}
             out.scope = scope.describe()
 
-        # Who was planned for before this run: only they can have missed a deadline while unwatched.
-        watched = sql.planned_pairs(conn)
+        # Deadlines that may have passed while their source was not fetched, and who was planned for
+        # before this run (only they can have missed one): both read before this run writes. The
+        # pairs are read only for sources with such a deadline — usually none, and the read scans
+        # every stored obligation of its sources, which would make a scoped run cost the store.
+        judged = _judge_sources(conn, targets, now)
+        watched = sql.planned_pairs(conn, [sid for sid, found in judged.items() if found])
         sql.create_stage(conn)
         try:
             failed_rules: set[tuple[int, str]] = set()
@@ -418,7 +422,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
             sql.analyze_planned(conn)
             if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
                 sql.analyze_written(conn)
-            _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, out)
+            _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, judged, out)
             _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                       {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                       filtered=_filtered_out(targets, rules_cache), rule_ids=scoped_ids)
@@ -847,25 +851,36 @@ def missed_while_unwatched(target: Target, rules: dict[str, tuple[int, RuleRecor
     return out
 
 
+def _judge_sources(conn, targets: list[Target], now: datetime) -> dict[int, list[FirstSeenPassed]]:
+    """source id → the possible misses (:data:`~deadline_pipeline.plan.first_seen.MISSED_UNWATCHED`
+    judgments of :func:`~deadline_pipeline.plan.first_seen.judge_source`, over the last
+    :data:`~deadline_pipeline.plan.first_seen.LOOKBACK` before ``now``, aware UTC) of every target's
+    source; an empty list where there is none. Reads only."""
+    judged: dict[int, list[FirstSeenPassed]] = {}
+    for t in targets:
+        if t.source_id not in judged:
+            judged[t.source_id] = [j for j in judge_source(conn, t.source_id, t.source,
+                                                           freshness_window(conn, t.source_id), now - LOOKBACK)
+                                   if j.verdict == MISSED_UNWATCHED]
+    return judged
+
+
 def _write_missed_while_unwatched(conn, targets: list[Target], rules_cache: dict, lineage: dict, now: datetime,
-                                  watched: set[tuple[int, int]], out: PlanOutcome) -> None:
-    """Write, for each deadline that passed while its source was not fetched (judged from the fetch
-    log over the last :data:`~deadline_pipeline.plan.first_seen.LOOKBACK`), its obligation and one
+                                  watched: set[tuple[int, int]], judged: dict[int, list[FirstSeenPassed]],
+                                  out: PlanOutcome) -> None:
+    """Write, for each deadline that passed while its source was not fetched (``judged``: source id →
+    its possible misses, :func:`_judge_sources`), its obligation and one
     reminder per channel (the latest offset) that the delivery sweep escalates as missed
     (:func:`missed_row`); counted in ``out.missed_while_unwatched``, logged at ERROR. ``watched``:
     (subscriber_id, source_id) pairs that had obligations before this run — a subscriber added since
     was not owed a deadline that passed before. An obligation already stored adds nothing, so a
     re-plan adds nothing either."""
     found: dict[str, tuple[PlannedObligation, FirstSeenPassed, dict[str, int]]] = {}
-    judged_by_source: dict[int, list[FirstSeenPassed]] = {}
     for t in targets:
-        if (t.subscriber_id, t.source_id) not in watched:
+        if (t.subscriber_id, t.source_id) not in watched or not judged.get(t.source_id):
             continue
-        if t.source_id not in judged_by_source:
-            judged_by_source[t.source_id] = judge_source(conn, t.source_id, t.source,
-                                                          freshness_window(conn, t.source_id), now - LOOKBACK)
         rules = {r.rule_id: (v, r) for v, r in rules_cache[t.source_id][0]}
-        for ob, j in missed_while_unwatched(t, rules, judged_by_source[t.source_id], lineage.get(t.source_id)):
+        for ob, j in missed_while_unwatched(t, rules, judged[t.source_id], lineage.get(t.source_id)):
             latest = found.setdefault(ob.key, (ob, j, {}))[2]
             top = max(o.nominal_seconds for o in t.offsets)
             # Two subscriptions of one subscriber merge into one obligation, as planning merges them.

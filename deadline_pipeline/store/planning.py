@@ -885,10 +885,15 @@ def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: dat
     return cancelled
 
 
-def planned_pairs(conn: Connection) -> set[tuple[int, int]]:
-    """(subscriber_id, source_id) of every stored obligation: who has been planned for, per source."""
-    return {(a, b) for a, b in conn.execute(
-        select(obligations.c.subscriber_id, obligations.c.source_id).distinct()).all()}
+def planned_pairs(conn: Connection, source_ids: Sequence[int]) -> set[tuple[int, int]]:
+    """(subscriber_id, source_id) of every stored obligation of these sources: who has been planned
+    for, per source. No source, no read (the read scans every obligation of its sources)."""
+    out: set[tuple[int, int]] = set()
+    for part in chunks(list(source_ids), 500):
+        out.update((a, b) for a, b in conn.execute(
+            select(obligations.c.subscriber_id, obligations.c.source_id).distinct()
+            .where(obligations.c.source_id.in_(part))).all())
+    return out
 
 
 def insert_obligations_if_new(conn: Connection, rows: list[dict]) -> dict[str, int]:
