@@ -241,6 +241,8 @@ obligations = Table(
     Column("zone_data", String(20)),
     Column("calendar_data", String(40)),
     Index(None, "due_at"),
+    # A scoped re-plan's withdrawal reads the obligations of the changed rules only (migration 0016).
+    Index(None, "source_id", "rule_id"),
 )
 
 alerts = Table(
