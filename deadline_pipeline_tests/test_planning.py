@@ -120,6 +120,33 @@ def test_withdrawn_rule_cancels_and_notifies_once(engine, tmp_path):
     assert (again.obligations_withdrawn, again.cancellation_notices) == (0, 0)
 
 
+@pytest.mark.parametrize("names", [("m-only", "b-only"), ("b-only", "m-only")])
+def test_rule_wanted_by_one_of_two_subscriptions_is_not_filtered_out(engine, tmp_path, names):
+    """Ann subscribes to one source twice, once for the monthly rule M and once for rule B (in either
+    order). When an occurrence of M moves to another day, the reminder she already got for the old
+    day is followed by a cancellation notice: her other subscription, which does not select M, does
+    not make M "filtered out by her own filter" (which cancels silently)."""
+    monthly = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270115T120000", "summary": "Monthly",
+               "rrule": "FREQ=MONTHLY;COUNT=2"}
+    rules = {"m-only": "m@test", "b-only": "b@test"}
+
+    def configure(*events):
+        (tmp_path / "cal.ics").write_text(ics(*events), newline="")
+        return load_config(write_config(
+            tmp_path,
+            sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+            subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+            subscriptions=[{"name": name, "sources": ["cal"], "rules": [rules[name]], "offsets": ["-P7D"],
+                            "channels": ["mail"]} for name in names],
+            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+        ))[0]
+
+    _ingest_plan(engine, configure(monthly, B, C, D), T0)
+    _deliver_all(engine, T0)  # the -P7D reminder of 15 Jan, late at planning, went out
+    out = _ingest_plan(engine, configure(dict(monthly, dtstart="20270120T120000"), B, C, D), T0 + timedelta(hours=1))
+    assert out.cancellation_notices == 1, out
+
+
 def test_removed_subscriber_is_cancelled_silently(engine, tmp_path):
     two = [{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"},
            {"id": "bob", "tenant": "t", "email": "bob@example.org", "timezone": "Asia/Tokyo"}]

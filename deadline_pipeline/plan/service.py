@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import groupby
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Engine
@@ -747,13 +748,20 @@ def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: Plan
 
 def _filtered_out(targets, rules_cache) -> set[tuple[int, int, str]]:
     """(subscriber id, source id, rule id) of active rules that no subscription of that subscriber to
-    that source wants any more (rule patterns, ``kinds`` / ``exclude_kinds``)."""
-    wanted: dict[tuple[int, int, str], bool] = {}
-    for t in targets:
-        for _, rule in rules_cache[t.source_id][0]:
-            key = (t.subscriber_id, t.source_id, rule.rule_id)
-            wanted[key] = wanted.get(key, False) or t.wants_rule(rule)
-    return {k for k, v in wanted.items() if not v}
+    that source wants any more (rule patterns, ``kinds`` / ``exclude_kinds``).
+
+    Judged one (subscriber, source) pair at a time, keeping only the answer: a verdict kept for every
+    subscriber × rule held 26 MiB at 20,000 subscribers × 10 rules, the largest part of what planning
+    memory still grew by per subscriber."""
+    def pair(t: Target) -> tuple[int, int]:
+        return t.subscriber_id, t.source_id
+
+    out: set[tuple[int, int, str]] = set()
+    for (subscriber_id, source_id), group in groupby(sorted(targets, key=pair), key=pair):
+        mine = list(group)
+        out.update((subscriber_id, source_id, rule.rule_id) for _, rule in rules_cache[source_id][0]
+                   if not any(t.wants_rule(rule) for t in mine))
+    return out
 
 
 def time_data_cause(stored: dict, ob: PlannedObligation) -> str | None:
