@@ -147,6 +147,28 @@ def test_rule_wanted_by_one_of_two_subscriptions_is_not_filtered_out(engine, tmp
     assert out.cancellation_notices == 1, out
 
 
+def test_offset_taken_out_cancels_its_open_reminder_and_putting_it_back_restores_it(engine, tmp_path):
+    """A subscription's offsets go from -P7D, -P1D to -P1D: the -P7D reminders nobody asks for any
+    more are cancelled (they stayed pending and were sent, and fanout_complete stayed red); the
+    delivered one stays delivered. Put back, the open ones are pending again."""
+    _ingest_plan(engine, _configure(tmp_path, [A, B, C, D]), T0)
+    _deliver_all(engine, T0)  # A's -P7D reminder (8 Jan, folded late) went out
+
+    def week_before():
+        return sorted((r["rule_id"], r["status"]) for r in _alerts(engine) if r["offset_seconds"] == -7 * 86400)
+
+    out = _ingest_plan(engine, _configure(tmp_path, [A, B, C, D], offsets=["-P1D"]), T0 + timedelta(hours=1))
+    assert (out.alerts_cancelled, out.alerts_written, out.obligations_withdrawn) == (3, 0, 0)
+    assert week_before() == [("a@test", "delivered"), ("b@test", "cancelled"), ("c@test", "cancelled"),
+                             ("d@test", "cancelled")]
+    assert {r["status"] for r in _alerts(engine) if r["offset_seconds"] == -86400} == {"pending"}
+    again = plan_all(engine, _configure(tmp_path, [A, B, C, D], offsets=["-P1D"]), T0 + timedelta(hours=2))
+    assert (again.alerts_cancelled, again.alerts_written) == (0, 0)
+    _ingest_plan(engine, _configure(tmp_path, [A, B, C, D]), T0 + timedelta(hours=3))
+    assert week_before() == [("a@test", "delivered"), ("b@test", "pending"), ("c@test", "pending"),
+                             ("d@test", "pending")]
+
+
 def test_removed_subscriber_is_cancelled_silently(engine, tmp_path):
     two = [{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"},
            {"id": "bob", "tenant": "t", "email": "bob@example.org", "timezone": "Asia/Tokyo"}]

@@ -666,6 +666,7 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
+    out.alerts_cancelled += sql.cancel_unwanted_reminders(conn, now)
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
     _count_moved_despite_skip(conn, diff.moved, chunk, out)
 
@@ -1005,7 +1006,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
                and (r.subscriber_id, r.source_id, r.rule_id) not in filtered]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
     out.obligations_withdrawn = len(stale)
-    out.alerts_cancelled = sql.withdraw_obligations(
+    out.alerts_cancelled += sql.withdraw_obligations(
         conn, [r.id for r in stale], "the rule, subscription or subscriber no longer asks for this obligation", now)
     notices = []
     for r in by_rule:

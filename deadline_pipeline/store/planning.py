@@ -751,6 +751,41 @@ def _upsert_counted(conn: Connection, stmt) -> tuple[int, int]:
     return inserted, moved
 
 
+# Why a reminder no subscription asks for any more is cancelled. It starts with the withdrawal
+# prefix on purpose: the merge revives such a reminder when a later plan asks for it again (an
+# offset removed and put back must not stay cancelled, which would be a silent miss).
+UNWANTED_REASON = WITHDRAWN_REASON_PREFIX + "no subscription asks for this reminder any more"
+
+
+def cancel_unwanted_reminders(conn: Connection, now: datetime) -> int:
+    """Cancel the open reminders (:data:`~deadline_pipeline.states.REVISABLE`) of the staged
+    obligations, planned for their current due instant, whose (offset, channel) the staged reminders
+    no longer contain: an offset or channel taken out of the subscription, a rule pattern narrowed
+    while another subscription still wants the obligation. Call after :func:`merge_alerts`, with
+    ``stage_alerts`` holding every reminder of each obligation it names. A leased alert is mid-send
+    and left alone; delivered ones are history. Returns alerts cancelled.
+
+    Before, such a reminder stayed pending and was sent although nobody asked for it (an offset
+    removed from ``-P30D, -P7D`` still mailed its ``-P30D`` reminder), and ``fanout_complete`` stayed
+    red with no run able to clear it."""
+    sa, o, a = stage_alerts, obligations, alerts
+    staged_obligations = select(o.c.id).where(o.c.obligation_key.in_(select(sa.c.obligation_key)))
+    mine = o.alias("mine")
+    still_wanted = exists().where(
+        mine.c.id == a.c.obligation_id, sa.c.obligation_key == mine.c.obligation_key,
+        sa.c.offset_seconds == a.c.offset_seconds, sa.c.channel == a.c.channel, sa.c.kind == a.c.kind
+    ).correlate(a)
+    current = select(o.c.due_at).where(o.c.id == a.c.obligation_id).scalar_subquery()
+    return len(conn.execute(
+        update(a)
+        .where(a.c.obligation_id.in_(staged_obligations), a.c.kind == "reminder", a.c.status.in_(REVISABLE),
+               a.c.due_at == current, or_(a.c.lease_expires_at.is_(None), a.c.lease_expires_at <= now),
+               ~still_wanted)
+        .values(status=AlertState.CANCELLED, status_reason=UNWANTED_REASON, updated_at=now)
+        .returning(a.c.id)
+    ).all())
+
+
 def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
     """Reminder alerts of these obligations (every state), for re-folding after a move."""
     out: list[dict] = []
