@@ -666,7 +666,8 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
-    out.alerts_cancelled += sql.cancel_unwanted_reminders(conn, now)
+    out.alerts_cancelled += sql.cancel_unwanted_reminders(
+        conn, [key for key in diff.need_alerts if key not in new and key not in old_due], now)
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
     _count_moved_despite_skip(conn, diff.moved, chunk, out)
 

@@ -757,33 +757,39 @@ def _upsert_counted(conn: Connection, stmt) -> tuple[int, int]:
 UNWANTED_REASON = WITHDRAWN_REASON_PREFIX + "no subscription asks for this reminder any more"
 
 
-def cancel_unwanted_reminders(conn: Connection, now: datetime) -> int:
-    """Cancel the open reminders (:data:`~deadline_pipeline.states.REVISABLE`) of the staged
-    obligations, planned for their current due instant, whose (offset, channel) the staged reminders
-    no longer contain: an offset or channel taken out of the subscription, a rule pattern narrowed
-    while another subscription still wants the obligation. Call after :func:`merge_alerts`, with
-    ``stage_alerts`` holding every reminder of each obligation it names. A leased alert is mid-send
-    and left alone; delivered ones are history. Returns alerts cancelled.
+def cancel_unwanted_reminders(conn: Connection, keys: Sequence[str], now: datetime) -> int:
+    """Cancel the open reminders (:data:`~deadline_pipeline.states.REVISABLE`) of the obligations with
+    these ``keys``, planned for their current due instant, whose (offset, channel) the staged
+    reminders no longer contain: an offset or channel taken out of the subscription, a rule pattern
+    narrowed while another subscription still wants the obligation. Call after :func:`merge_alerts`,
+    with ``stage_alerts`` holding every reminder of each of these obligations, and only for
+    obligations that kept their due instant (a moved one's current-instant reminders are the staged
+    ones; its old ones are superseded). A leased alert is mid-send and left alone; delivered ones are
+    history. Returns alerts cancelled.
 
     Before, such a reminder stayed pending and was sent although nobody asked for it (an offset
     removed from ``-P30D, -P7D`` still mailed its ``-P30D`` reminder), and ``fanout_complete`` stayed
-    red with no run able to clear it."""
+    red with no run able to clear it. The comparison is made here, per batch of keys, not as one
+    anti-join: PostgreSQL planned that as a nested loop over the unindexed staging table (3 s for a
+    chunk of 9,600 reminders, quadratic in the chunk)."""
     sa, o, a = stage_alerts, obligations, alerts
-    staged_obligations = select(o.c.id).where(o.c.obligation_key.in_(select(sa.c.obligation_key)))
-    mine = o.alias("mine")
-    still_wanted = exists().where(
-        mine.c.id == a.c.obligation_id, sa.c.obligation_key == mine.c.obligation_key,
-        sa.c.offset_seconds == a.c.offset_seconds, sa.c.channel == a.c.channel, sa.c.kind == a.c.kind
-    ).correlate(a)
-    current = select(o.c.due_at).where(o.c.id == a.c.obligation_id).scalar_subquery()
-    return len(conn.execute(
-        update(a)
-        .where(a.c.obligation_id.in_(staged_obligations), a.c.kind == "reminder", a.c.status.in_(REVISABLE),
-               a.c.due_at == current, or_(a.c.lease_expires_at.is_(None), a.c.lease_expires_at <= now),
-               ~still_wanted)
-        .values(status=AlertState.CANCELLED, status_reason=UNWANTED_REASON, updated_at=now)
-        .returning(a.c.id)
-    ).all())
+    unwanted: list[int] = []
+    for part in chunks(list(keys), 500):
+        wanted = set(conn.execute(select(sa.c.obligation_key, sa.c.offset_seconds, sa.c.channel)
+                                  .where(sa.c.obligation_key.in_(part), sa.c.kind == "reminder")).all())
+        unwanted.extend(i for i, *slot in conn.execute(
+            select(a.c.id, o.c.obligation_key, a.c.offset_seconds, a.c.channel)
+            .join(o, o.c.id == a.c.obligation_id)
+            .where(o.c.obligation_key.in_(part), a.c.kind == "reminder", a.c.status.in_(REVISABLE),
+                   a.c.due_at == o.c.due_at, or_(a.c.lease_expires_at.is_(None), a.c.lease_expires_at <= now))
+        ) if tuple(slot) not in wanted)
+    cancelled = 0
+    for part in chunks(unwanted, 500):
+        cancelled += len(conn.execute(
+            update(a).where(a.c.id.in_(part), a.c.status.in_(REVISABLE))
+            .values(status=AlertState.CANCELLED, status_reason=UNWANTED_REASON, updated_at=now)
+            .returning(a.c.id)).all())
+    return cancelled
 
 
 def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
