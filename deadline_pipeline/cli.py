@@ -110,9 +110,49 @@ def db() -> None:
 @db.command("upgrade")
 @click.option("--db-url", envvar="DEADLINE_DB_URL", help="Store URL (default: the embedded SQLite file).")
 def db_upgrade(db_url: str | None) -> None:
-    """Apply the Alembic migrations (idempotent)."""
+    """Apply the Alembic migrations (idempotent) and say which: the revisions before and after, or
+    that the store was already at the latest one (the same line for both read as if nothing ran)."""
+    from deadline_pipeline.store.db import migration_heads
+
+    before = _heads_before_upgrade(db_url)
     engine = open_store(db_url)  # applies the migrations
-    click.echo(f"store at {engine.url.render_as_string(hide_password=True)} is at the latest migration")
+    after = migration_heads(engine)
+    shown = engine.url.render_as_string(hide_password=True)
+    at = ", ".join(after)
+    if before == after:
+        click.echo(f"store at {shown} was already at the latest migration ({at}); nothing to apply")
+    elif not before:
+        click.echo(f"store at {shown} created at the latest migration ({at})")
+    else:
+        click.echo(f"store at {shown} migrated from {', '.join(before)} to the latest migration ({at})")
+
+
+def _heads_before_upgrade(db_url: str | None) -> tuple[str, ...] | None:
+    """The store's migration revisions before `db upgrade` (empty for a new store); ``None`` when they
+    cannot be read (bad URL, server down): :func:`open_store` then names the reason and exits."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from deadline_pipeline.store.db import (
+        StoreUrlError,
+        check_store_url,
+        default_db_url,
+        make_engine,
+        migration_heads,
+        normalise_url,
+    )
+
+    try:
+        url = normalise_url(db_url) if db_url else default_db_url()
+        check_store_url(url)
+        engine = make_engine(url)
+    except (StoreUrlError, SQLAlchemyError, ValueError):
+        return None
+    try:
+        return migration_heads(engine)
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
 
 
 def quiet_dagster() -> None:
@@ -232,15 +272,15 @@ def this_run_text(delivery: dict[str, int] | None, before: dict[str, int], after
     The delivery figures are this run's alone: store differences taken around the run counted the
     sends of any other run or sweep on the same store meanwhile as this run's. Failed attempts are
     counted because a run whose every send failed (a closed port, a refused address) otherwise read
-    "sent this run: 0" like a run with nothing due. No per-run source gives the planning figures as
+    "sent 0" like a run with nothing due. No per-run source gives the planning figures as
     rows, so they stay differences, labelled as the store's growth."""
     if delivery is None:
         # Said, not left out: a missing line read like a run with nothing due.
         lines = ["this run: its delivery sweep recorded no counts (the delivery step failed without "
                  "recording them; see the failed step below)"]
     else:
-        lines = [f"this run: sent this run: {delivery.get('sent', 0)}, failed attempts this run: "
-                 f"{delivery.get('failed', 0)}, escalated this run: {delivery.get('escalated', 0)}"]
+        lines = [f"this run: sent {delivery.get('sent', 0)}, failed attempts {delivery.get('failed', 0)}, "
+                 f"escalated {delivery.get('escalated', 0)}"]
         unsent = delivery.get("escalation_notice_failures", 0)
         if unsent:
             lines.append(f"WARNING: {unsent} escalation notice(s) could not be sent this run: the on-call was "

@@ -128,6 +128,28 @@ def test_store_url_that_cannot_be_a_store_is_refused_naming_it(tmp_path, command
     assert "ModuleNotFoundError" not in res.output and "MySQLdb" not in res.output
 
 
+def test_db_upgrade_says_whether_it_created_migrated_or_found_the_store_current(tmp_path):
+    """`db upgrade` printed "is at the latest migration" whether it had just migrated the store or
+    found nothing to do: an operator checking a deploy could not tell which happened."""
+    from deadline_pipeline.store.db import migration_heads, upgrade
+
+    (tmp_path / "home").mkdir()
+    url = f"sqlite:///{tmp_path / 'home' / 'store.sqlite3'}"
+    latest = _run(["db", "upgrade", "--db-url", url], tmp_path)
+    assert latest.exit_code == 0, latest.output
+    heads = ", ".join(migration_heads(make_engine(url)))
+    assert f"created at the latest migration ({heads})" in latest.output
+    again = _run(["db", "upgrade", "--db-url", url], tmp_path)
+    assert again.exit_code == 0, again.output
+    assert f"was already at the latest migration ({heads}); nothing to apply" in again.output
+
+    older = f"sqlite:///{tmp_path / 'home' / 'older.sqlite3'}"
+    upgrade(older, "0015")
+    migrated = _run(["db", "upgrade", "--db-url", older], tmp_path)
+    assert migrated.exit_code == 0, migrated.output
+    assert f"migrated from 0015 to the latest migration ({heads})" in migrated.output
+
+
 @pytest.mark.parametrize("uri", [False, True])
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["run"]])
 def test_sqlite_store_in_a_missing_folder_names_the_folder(tmp_path, command, uri):
@@ -397,7 +419,7 @@ def test_webhook_url_variable_is_resolved_at_start_up(tmp_path, monkeypatch):
 
 
 def test_run_counts_failed_sends_and_the_red_check_says_why(tmp_path):
-    """A webhook on a closed port: the run's own line counts the failed attempt ("sent this run: 0"
+    """A webhook on a closed port: the run's own line counts the failed attempt ("sent 0"
     alone read like a run with nothing due) and the red alerts_reconciled row carries the receiver's
     error, which was only in the sweep's log lines; the URL's token stays masked."""
     port = free_port()  # nothing listens on it
@@ -414,7 +436,7 @@ def test_run_counts_failed_sends_and_the_red_check_says_why(tmp_path):
 
     run("2027-01-10T00:00:00Z")
     sending = run("2027-01-14T11:05:00Z")
-    assert "sent this run: 0, failed attempts this run: 1, escalated this run: 0" in sending
+    assert "this run: sent 0, failed attempts 1, escalated 0" in sending
     later = run("2027-01-14T12:00:00Z")
     row = next(ln for ln in later.splitlines() if ln.strip().startswith("alerts_reconciled"))
     assert "FAIL" in row and "(retry_wait; attempt 2 failed: channel 'hook' (webhook " in row, row

@@ -382,11 +382,11 @@ def test_run_summary_says_what_this_run_did(tmp_path):
     cmd = [sys.executable, "-m", "deadline_pipeline.cli", "demo", "--as-of", "2026-12-01T00:00:00Z"]
     first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr + first.stdout
-    sent = int(re.search(r"sent this run: (\d+)", first.stdout).group(1))
+    sent = int(re.search(r"this run: sent (\d+)", first.stdout).group(1))
     assert sent > 0 and f"holds {sent} message(s), {sent} new this run" in first.stdout
     second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    assert "sent this run: 0, failed attempts this run: 0, escalated this run: 0\n" in second.stdout
+    assert "this run: sent 0, failed attempts 0, escalated 0\n" in second.stdout
     assert "store grew by (every writer during the run, this one included): rule versions 0," in second.stdout
     assert f"holds {sent} message(s), 0 new this run" in second.stdout
     assert re.search(rf"alerts: delivered {sent}\b", second.stdout)  # the totals, labelled as such

@@ -56,7 +56,7 @@ def test_unsent_escalation_notices_are_named_by_run_status_and_watchdog(tmp_path
     late = "2027-01-15T12:00:00Z"
     res = _cli(["run", "--config", str(path), "--db-url", url, "--as-of", late], tmp_path)
     assert res.exit_code == 1, res.output  # escalations_acknowledged is red
-    assert "sent this run: 0, failed attempts this run: 0, escalated this run: 1" in res.output
+    assert "this run: sent 0, failed attempts 0, escalated 1" in res.output
     assert ("WARNING: 1 escalation notice(s) could not be sent this run: the on-call was not told of those "
             "escalated alerts") in res.output
     assert "`deadline-pipeline alerts acknowledge ID`" in res.output
@@ -148,7 +148,7 @@ def test_run_counts_its_own_sweep_not_another_sweep_meanwhile(tmp_path, pg_url, 
             run.kill()
             run.communicate()
     assert run.returncode in (0, 1), err + out  # 1: carol's escalation is not acknowledged
-    assert "sent this run: 1, failed attempts this run: 0, escalated this run: 0" in out, out
+    assert "this run: sent 1, failed attempts 0, escalated 0" in out, out
     # The planning figures are labelled as what they are.
     assert "store grew by (every writer during the run, this one included): rule versions 0, obligations 0, " \
            "alerts 0" in out, out

@@ -133,6 +133,16 @@ def alembic_config(url: str):
     return cfg
 
 
+def migration_heads(engine: Engine) -> tuple[str, ...]:
+    """The Alembic revisions the store is at (sorted; empty for a store no migration has touched).
+
+    Raises what the driver raises when the store cannot be reached (``sqlalchemy.exc.DBAPIError``)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return tuple(sorted(MigrationContext.configure(conn).get_current_heads()))
+
+
 # Key of the PostgreSQL advisory lock every migration run takes (any constant bigint; this one is
 # the first 8 bytes of sha256("deadline_pipeline migrations"), unlikely to meet another tool's key).
 MIGRATION_LOCK_KEY = 0x1B8C_4E2A_77D1_5F03
