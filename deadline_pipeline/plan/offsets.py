@@ -30,7 +30,7 @@ from deadline_pipeline.wording import duration_words
 DAY_SECONDS = 86400
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Offset:
     """A reminder offset: ``days`` calendar days (weeks × 7) and ``seconds`` exact seconds, both
     signed alike (negative: before the deadline). Build it with :meth:`parse` or :meth:`exact`."""

@@ -39,9 +39,12 @@ REFUSED_FREQUENCIES = ("SECONDLY", "MINUTELY")
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
-    """One active subscription of one subscriber to one source."""
+    """One active subscription of one subscriber to one source.
+
+    Slotted: a plan holds one per subscription for the whole run (20,000 at 20,000 subscribers),
+    and a ``__dict__`` each doubled what they took."""
 
     subscriber_id: int
     subscriber: str  # external id
