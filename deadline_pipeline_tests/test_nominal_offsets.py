@@ -275,3 +275,19 @@ def test_a_subscription_edited_since_planning_is_read_as_stored_seconds_loudly(e
     assert by["ann"].offsets == (Offset(0, -604800), Offset(0, -129600))
     assert [p.source for p in out.problems] == ["cal"] and "exact seconds" in out.problems[0].message
     assert "do not match the stored" in caplog.text and "'nominal'" in caplog.text
+
+
+def test_targets_sharing_equal_offsets_keep_each_subscriptions_text(engine, tmp_path):
+    """Planning shares one offsets tuple between targets with equal offsets; offsets compare by length
+    only, so ``-P1W`` and ``-P7D`` are equal, and a shared tuple keyed on that would show one
+    subscription's reminders with the other's text."""
+    from deadline_pipeline.plan.service import PlanOutcome, targets_from_rows
+    from deadline_pipeline.store.planning import active_targets
+
+    cfg, _ = _configure(tmp_path, ann_offsets=("-P1W",), bob_offsets=("-P7D",))
+    _ingest_plan(engine, cfg)
+    with engine.connect() as conn:
+        by = {t.subscriber: t for t in targets_from_rows(cfg, active_targets(conn), PlanOutcome(), {})}
+    assert by["ann"].offsets == by["bob"].offsets == (Offset(-7, 0),)
+    assert [o.written for o in by["ann"].offsets] == ["-P1W"]
+    assert [o.written for o in by["bob"].offsets] == ["-P7D"]
