@@ -129,23 +129,16 @@ def db_upgrade(db_url: str | None) -> None:
 
 def _heads_before_upgrade(db_url: str | None) -> tuple[str, ...] | None:
     """The store's migration revisions before `db upgrade` (empty for a new store); ``None`` when they
-    cannot be read (bad URL, server down): :func:`open_store` then names the reason and exits."""
+    cannot be read (server down, unusable file): :func:`open_store` then names the reason and exits.
+    A URL that cannot be a store exits 2 here, as :func:`open_store` would."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from deadline_pipeline.store.db import (
-        StoreUrlError,
-        check_store_url,
-        default_db_url,
-        make_engine,
-        migration_heads,
-        normalise_url,
-    )
+    from deadline_pipeline.commands.common import store_url
+    from deadline_pipeline.store.db import make_engine, migration_heads
 
     try:
-        url = normalise_url(db_url) if db_url else default_db_url()
-        check_store_url(url)
-        engine = make_engine(url)
-    except (StoreUrlError, SQLAlchemyError, ValueError):
+        engine = make_engine(store_url(db_url))
+    except SQLAlchemyError:
         return None
     try:
         return migration_heads(engine)

@@ -70,25 +70,27 @@ def option_instant(text: str, option: str = "--as-of") -> datetime:
         fail_input(f"{option} {text!r}: {exc}")
 
 
-def open_store(db_url: str | None):
-    """A migrated engine, or exit 2 with a one-line reason (bad URL, server down, unwritable file)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
-
-    from deadline_pipeline.store.db import (
-        StoreMigrationError,
-        StoreUrlError,
-        check_store_url,
-        default_db_url,
-        get_engine,
-        normalise_url,
-    )
+def store_url(db_url: str | None) -> str:
+    """The store URL ``--db-url`` / ``DEADLINE_DB_URL`` names (default: the embedded SQLite file),
+    normalised and checked (:func:`~deadline_pipeline.store.db.check_store_url`), or exit 2 naming it."""
+    from deadline_pipeline.store.db import StoreUrlError, check_store_url, default_db_url, normalise_url
 
     url = normalise_url(db_url) if db_url else default_db_url()
     try:
         check_store_url(url)
     except StoreUrlError as exc:
         fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
+    return url
+
+
+def open_store(db_url: str | None):
+    """A migrated engine, or exit 2 with a one-line reason (bad URL, server down, unwritable file)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from deadline_pipeline.store.db import StoreMigrationError, get_engine
+
+    url = store_url(db_url)
     shown = make_url(url).render_as_string(hide_password=True)
     try:
         return get_engine(db_url)
