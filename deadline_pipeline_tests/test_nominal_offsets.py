@@ -266,7 +266,7 @@ def test_a_subscription_edited_since_planning_is_read_as_stored_seconds_loudly(e
     cfg, _ = _configure(tmp_path)
     _ingest_plan(engine, cfg)
     with engine.connect() as conn:
-        rows = active_targets(conn)
+        rows = list(active_targets(conn))
     by = {t.subscriber: t for t in targets_from_rows(cfg, rows, PlanOutcome(), {})}
     assert by["ann"].offsets == (Offset(-7, 0), Offset(0, -129600)) and by["bob"].offsets == (Offset(0, -604800),)
     edited, _ = _configure(tmp_path, ann_offsets=("-P2D",))  # not planned yet: the store still says -P7D/-PT36H

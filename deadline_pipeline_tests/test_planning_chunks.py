@@ -284,3 +284,51 @@ def test_a_bulk_plan_refreshes_the_statistics_of_what_it_wrote(engine, tmp_path,
             "WHERE tablename = 'alerts' AND attname = 'dedup_key'").scalar()
         assert bounds == sql.ANALYZE_WRITTEN_TARGET + 1
         assert conn.exec_driver_sql("SHOW default_statistics_target").scalar() == "100"
+
+
+def _mirror(engine):
+    from deadline_pipeline.store.schema import subscribers, subscriptions
+
+    with engine.connect() as conn:
+        subs = sorted(conn.execute(select(subscribers.c.external_id, subscribers.c.email, subscribers.c.active)).all())
+        rows = sorted(conn.execute(
+            select(subscriptions.c.name, subscribers.c.external_id, subscriptions.c.offsets, subscriptions.c.active)
+            .join(subscribers, subscribers.c.id == subscriptions.c.subscriber_id)).all())
+    return subs, rows
+
+
+def _edited(cfg):
+    """``cfg`` with u3's address changed, u2 removed and the ``hook`` subscription (u0's second,
+    the last row built) removed."""
+    subscribers = [s.model_copy(update={"email": "new3@example.org"}) if s.id == "u3" else s
+                   for s in cfg.subscribers if s.id != "u2"]
+    return cfg.model_copy(update={"subscribers": subscribers,
+                                  "subscriptions": [s for s in cfg.subscriptions if s.name != "hook"]})
+
+
+@pytest.mark.parametrize("page", [1, 2, 3])
+def test_the_configuration_mirror_in_pages_equals_one_page(engine, tmp_path, monkeypatch, page):
+    """The mirror reads and writes the configuration's rows a page at a time: an edit, a removed
+    subscriber and a removed subscription on any page are mirrored as one page mirrors them, and a
+    subscriber whose subscriptions fall on two pages keeps both."""
+    cfg = _config(tmp_path, [MONTHLY])
+    monkeypatch.setattr(sql, "MIRROR_PAGE", 10**6)
+    service.sync_configuration(engine, cfg)
+    whole = _mirror(engine)
+    assert [r[1:] for r in whole[1] if r[0] == "hook"] == [("u0", [-172800], True)]
+    service.sync_configuration(engine, _edited(cfg))
+    whole_edited = _mirror(engine)
+    assert ("u2", "u2@example.org", False) in whole_edited[0] and ("u3", "new3@example.org", True) in whole_edited[0]
+    assert [r[1:] for r in whole_edited[1] if r[0] == "hook" or r[1] == "u2"] == [
+        ("u2", [-604800, -86400], False), ("u0", [-172800], False)]
+
+    fresh = make_engine(f"sqlite:///{tmp_path / f'paged{page}.db'}")
+    upgrade(fresh)
+    monkeypatch.setattr(sql, "MIRROR_PAGE", page)
+    service.sync_configuration(fresh, cfg)
+    assert _mirror(fresh) == whole
+    service.sync_configuration(fresh, _edited(cfg))
+    assert _mirror(fresh) == whole_edited
+    service.sync_configuration(fresh, cfg)  # everything back, u2 and the hook subscription active again
+    assert _mirror(fresh) == whole
+    fresh.dispose()

@@ -11,6 +11,7 @@ subscription's offsets together, references between sections). A validator raise
 from __future__ import annotations
 
 import re
+import sys
 from datetime import timedelta
 from typing import Annotated, Literal
 from urllib.parse import urlparse
@@ -199,6 +200,48 @@ class SubscriberConfig(Section):
         if v is not None:
             refuse_legacy_ipv4(v)
         return v
+
+    def model_post_init(self, context: object, /) -> None:
+        """Share what thousands of subscribers hold alike: the set of keys each was given (pydantic
+        keeps a fresh set per model, 728 bytes of a subscriber's 1,330 when five keys are given) and
+        the zone and tenant names (one string each per subscriber, as the file's parser made them).
+        20,000 subscribers held 25 MiB, which planning carried for its whole run."""
+        given = frozenset(self.__pydantic_fields_set__)
+        shared = _GIVEN_KEYS.get(given)
+        if shared is None:
+            shared = _GIVEN_KEYS[given] = _SharedKeys(given)
+        object.__setattr__(self, "__pydantic_fields_set__", shared)
+        for key in ("timezone", "tenant"):
+            self.__dict__[key] = sys.intern(self.__dict__[key])
+
+    def __copy__(self) -> SubscriberConfig:
+        # model_copy(update=...) adds the updated keys to the copy's set of given keys: the copy
+        # gets a set of its own, or the update would be refused by the shared one.
+        copied = super().__copy__()
+        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        return copied
+
+    def __deepcopy__(self, memo: dict | None = None) -> SubscriberConfig:
+        copied = super().__deepcopy__(memo)
+        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        return copied
+
+
+class _SharedKeys(set):
+    """A set of given keys that many subscribers share: read only, because a change would change
+    every subscriber's. (A ``set``, not a ``frozenset``: pydantic's ``model_dump(exclude_unset=True)``
+    accepts only a set.)"""
+
+    def _refuse(self, *args: object) -> None:
+        raise TypeError("a subscriber's set of given keys is shared by others; change a copy of the model")
+
+    add = discard = remove = pop = clear = update = _refuse
+    difference_update = intersection_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse
+
+
+# The distinct sets of keys subscribers were given: a handful, each shared by every subscriber given it.
+_GIVEN_KEYS: dict[frozenset[str], _SharedKeys] = {}
 
 
 class SubscriptionConfig(Section):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -248,24 +248,30 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
             row = sync_source(conn, name=s.name, tenant=s.tenant, fmt=s.format, location=s.location,
                               freshness_seconds=int(s.freshness_window.total_seconds()))
             src_ids[s.name] = row.id
-        sub_ids = sql.sync_subscribers(conn, [
+        # Generators: the store reads and writes them a page at a time (sql.MIRROR_PAGE).
+        sub_ids = sql.sync_subscribers(conn, (
             dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone,
                  quiet_hours=s.quiet_hours, caldav_url=s.caldav_url, apprise_target=s.apprise_target)
             for s in cfg.subscribers
-        ])
-        rows = []
-        for sub in cfg.subscriptions:
-            # The subscription's own values, once: every member's row shares them (read only), instead
-            # of parsing the offsets and copying the lists once per subscriber (20,000 rows' worth).
-            same = dict(name=sub.name, rule_patterns=list(sub.rules), offsets=offsets_seconds(sub),
-                        channels=list(sub.channels), late_policy=sub.late_policy,
-                        kinds=list(sub.kinds) if sub.kinds else None,
-                        exclude_kinds=list(sub.exclude_kinds) or None)
-            for src_name in sub.sources:
-                src = cfg.source(src_name)
-                rows.extend({**same, "subscriber_id": sub_ids[member.id], "source_id": src_ids[src_name]}
-                            for member in cfg.subscribers if subscribes(sub, member, src))
-        sql.sync_subscriptions(conn, rows)
+        ))
+        sql.sync_subscriptions(conn, _subscription_rows(cfg, src_ids, sub_ids))
+
+
+def _subscription_rows(cfg: DeadlinesConfig, src_ids: dict[str, int], sub_ids: dict[str, int]) -> Iterator[dict]:
+    """The store's subscription rows of the configuration: one per subscription, source and member
+    subscriber (``subscribes``), built as they are read."""
+    for sub in cfg.subscriptions:
+        # The subscription's own values, once: every member's row shares them (read only), instead
+        # of parsing the offsets and copying the lists once per subscriber (20,000 rows' worth).
+        same = dict(name=sub.name, rule_patterns=list(sub.rules), offsets=offsets_seconds(sub),
+                    channels=list(sub.channels), late_policy=sub.late_policy,
+                    kinds=list(sub.kinds) if sub.kinds else None,
+                    exclude_kinds=list(sub.exclude_kinds) or None)
+        for src_name in sub.sources:
+            src = cfg.source(src_name)
+            for member in cfg.subscribers:
+                if subscribes(sub, member, src):
+                    yield {**same, "subscriber_id": sub_ids[member.id], "source_id": src_ids[src_name]}
 
 
 def fold_overrides(rules: list[tuple[int, RuleRecord]], source: str, out: PlanOutcome) -> list[tuple[int, RuleRecord]]:

@@ -34,6 +34,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     MetaData,
+    RowMapping,
     String,
     Table,
     Text,
@@ -62,7 +63,7 @@ from deadline_pipeline.store.schema import (
     subscriptions,
 )
 from deadline_pipeline.store.sources import latest_versions
-from deadline_pipeline.store.upsert import chunks, dialect_insert, upsert
+from deadline_pipeline.store.upsert import chunks, dialect_insert, pages, upsert
 
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
@@ -119,48 +120,76 @@ def _differing(rows: list[dict], stored: dict, key, fields: list[str]) -> list[d
     return out
 
 
-def sync_subscribers(conn: Connection, rows: list[dict]) -> dict[str, int]:
+# Rows compared and written per page by the mirror: the configuration's rows are built, compared
+# with their stored rows and upserted a page at a time, so syncing 20,000 subscribers does not hold
+# every row three times over (as built, as stored, as differing); held whole, they lifted a plan's
+# memory by 28 MiB, 16 of which it kept for the rest of the run.
+MIRROR_PAGE = 2_000
+
+
+def sync_subscribers(conn: Connection, rows: Iterable[dict]) -> dict[str, int]:
     """Upsert subscribers (``external_id, tenant, email, webhook_url, timezone, quiet_hours`` and
-    optionally ``caldav_url, apprise_target``);
-    subscribers absent from ``rows`` become inactive (never deleted). Returns external_id → id."""
-    for r in rows:
-        r.setdefault("active", True)
-        r.setdefault("caldav_url", None)
-        r.setdefault("apprise_target", None)
-    stored = {r.external_id: r._mapping for r in conn.execute(select(subscribers))}
-    upsert(conn, subscribers, _differing(rows, stored, lambda r: r["external_id"], SUBSCRIBER_FIELDS),
-           conflict=["external_id"], update=SUBSCRIBER_FIELDS, count=False)
-    ids = {r["external_id"] for r in rows}
-    existing = conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)).all()
-    gone = [i for i, ext, active in existing if ext not in ids and active]
+    optionally ``caldav_url, apprise_target``), read from ``rows`` a page of :data:`MIRROR_PAGE` at
+    a time; subscribers absent from ``rows`` become inactive (never deleted). Returns external_id → id."""
+    wanted: set[str] = set()
+    for page in pages(rows, MIRROR_PAGE):
+        for r in page:
+            r.setdefault("active", True)
+            r.setdefault("caldav_url", None)
+            r.setdefault("apprise_target", None)
+        ids = [r["external_id"] for r in page]
+        wanted.update(ids)
+        stored = {r.external_id: r._mapping
+                  for r in conn.execute(select(subscribers).where(subscribers.c.external_id.in_(ids)))}
+        upsert(conn, subscribers, _differing(page, stored, lambda r: r["external_id"], SUBSCRIBER_FIELDS),
+               conflict=["external_id"], update=SUBSCRIBER_FIELDS, count=False)
+    out: dict[str, int] = {}
+    gone = []
+    for i, ext, active in conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)):
+        if ext in wanted:
+            out[ext] = i
+        elif active:
+            gone.append(i)
     for part in chunks(gone, 500):
         conn.execute(update(subscribers).where(subscribers.c.id.in_(part)).values(active=False))
-    return {ext: i for i, ext, _ in existing if ext in ids}
+    return out
 
 
-def sync_subscriptions(conn: Connection, rows: list[dict]) -> None:
+def sync_subscriptions(conn: Connection, rows: Iterable[dict]) -> None:
     """Upsert subscription rows (``name, subscriber_id, source_id, rule_patterns, offsets, channels,
-    late_policy``, optional ``kinds`` / ``exclude_kinds``); rows absent from ``rows`` become inactive."""
-    for r in rows:
-        r.setdefault("active", True)
-        r.setdefault("kinds", None)
-        r.setdefault("exclude_kinds", None)
+    late_policy``, optional ``kinds`` / ``exclude_kinds``), read from ``rows`` a page of
+    :data:`MIRROR_PAGE` at a time; rows absent from ``rows`` become inactive."""
 
     def key(r):
         return r["name"], r["subscriber_id"], r["source_id"]
 
-    stored = {key(r._mapping): r._mapping for r in conn.execute(select(subscriptions))}
-    upsert(conn, subscriptions, _differing(rows, stored, key, SUBSCRIPTION_FIELDS),
-           conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS, count=False)
-    wanted = {key(r) for r in rows}
-    gone = [r["id"] for k, r in stored.items() if k not in wanted and r["active"]]
+    wanted: set[tuple[str, int, int]] = set()
+    for page in pages(rows, MIRROR_PAGE):
+        for r in page:
+            r.setdefault("active", True)
+            r.setdefault("kinds", None)
+            r.setdefault("exclude_kinds", None)
+        wanted.update(key(r) for r in page)
+        # A subscriber's other subscriptions may be on another page: they are read there too, and
+        # only the keys of this page's rows are looked up.
+        who = sorted({r["subscriber_id"] for r in page})
+        stored = {key(r._mapping): r._mapping
+                  for r in conn.execute(select(subscriptions).where(subscriptions.c.subscriber_id.in_(who)))}
+        upsert(conn, subscriptions, _differing(page, stored, key, SUBSCRIPTION_FIELDS),
+               conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS, count=False)
+    active = conn.execute(select(subscriptions.c.id, subscriptions.c.name, subscriptions.c.subscriber_id,
+                                 subscriptions.c.source_id).where(subscriptions.c.active.is_(True)))
+    gone = [i for i, name, subscriber_id, source_id in active if (name, subscriber_id, source_id) not in wanted]
     for part in chunks(gone, 500):
         conn.execute(update(subscriptions).where(subscriptions.c.id.in_(part)).values(active=False))
 
 
-def active_targets(conn: Connection):
-    """Rows of active subscriptions joined with their active subscriber and source."""
-    return conn.execute(
+def active_targets(conn: Connection) -> Iterator[RowMapping]:
+    """Rows of active subscriptions joined with their active subscriber and source, streamed: read
+    a page of :data:`TARGET_PAGE` rows at a time (a server-side cursor on PostgreSQL), once, when
+    the caller iterates. Read whole, 20,000 subscriptions' rows lifted a plan's memory by 15 MiB,
+    which it kept for the rest of the run."""
+    result = conn.execute(
         select(subscriptions.c.name, subscriptions.c.rule_patterns, subscriptions.c.offsets,
                subscriptions.c.channels, subscriptions.c.late_policy, subscriptions.c.kinds,
                subscriptions.c.exclude_kinds, subscribers.c.id.label("subscriber_id"), subscribers.c.external_id,
@@ -174,7 +203,15 @@ def active_targets(conn: Connection):
         # Deterministic order: a subscriber's several subscriptions to one source merge the same way
         # on every run, so the merged fingerprint is stable.
         .order_by(subscribers.c.external_id, sources.c.name, subscriptions.c.id)
-    ).mappings().all()
+        .execution_options(yield_per=TARGET_PAGE)
+    ).mappings()
+    try:
+        yield from result
+    finally:
+        result.close()  # a caller that stops early must not leave the cursor open on the connection
+
+
+TARGET_PAGE = 1_000
 
 
 def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, RuleRecord]], dict[str, frozenset[str]]]:

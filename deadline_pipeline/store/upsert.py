@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 from sqlalchemy import Connection, Table, or_
 
@@ -21,6 +22,14 @@ def dialect_insert(conn: Connection, table: Table):
 def chunks(rows: Sequence, size: int) -> Iterable[Sequence]:
     for i in range(0, len(rows), size):
         yield rows[i : i + size]
+
+
+def pages(rows: Iterable, size: int) -> Iterator[list]:
+    """``rows`` (any iterable, read lazily) as lists of at most ``size``: :func:`chunks` for a
+    generator, so its caller never holds more than one page of it."""
+    it = iter(rows)
+    while page := list(islice(it, size)):
+        yield page
 
 
 def upsert(
