@@ -142,15 +142,18 @@ def test_star_reaching_no_subscriber_turns_plan_complete_red(engine, tmp_path):
     ingest(engine, cfg, T0)
     assert _plan(engine, cfg, T0).obligations_planned == 0
     out = w.plan_complete(engine, T0)
-    assert not out.passed and out.count == 1, out.summary
+    # Seen from both sides: the subscription reaches no one, and no one is reached.
+    assert not out.passed and out.count == 2, out.summary
     assert "subscription 'all' reaches no subscriber" in out.summary, out.summary
     assert "tenant 't1'" in out.summary and "['t2']" in out.summary, out.summary
+    assert "2 subscriber(s) of tenant 't2' reached by no subscription get no reminder: 'ann', 'bob'" in out.summary
 
 
 def test_a_listed_subscriber_of_another_tenant_is_planned_and_reported(engine, tmp_path):
     """bob (tenant t2) listed by id for a source of tenant t1: his reminders are planned (dropping
     them would be a silent miss), and plan_complete is red naming him and both tenants."""
     cfg, _ = _config(tmp_path, tenant="t2", subscribers=["bob"])
+    cfg = cfg.model_copy(update={"subscribers": cfg.subscribers[1:]})  # ann would be reached by nothing
     ingest(engine, cfg, T0)
     assert _plan(engine, cfg, T0).obligations_planned > 0
     out = w.plan_complete(engine, T0)
@@ -168,10 +171,49 @@ def test_star_reaching_no_one_is_reported_next_to_a_listed_subscriber(engine, tm
     out = _plan(engine, cfg, T0)
     assert out.obligations_planned > 0
     messages = [p.message for p in out.problems]
-    assert len(messages) == 2, messages
+    assert len(messages) == 3, messages
+    assert "1 subscriber(s) of tenant 't2' reached by no subscription get no reminder: 'ann';" in messages[2]
     assert any("'*' in subscribers ['*', 'bob'] reaches no subscriber" in m and "tenant 't1'" in m
                for m in messages), messages
     assert any("'bob' (tenant 't2')" in m for m in messages), messages
+
+
+def test_a_subscriber_no_subscription_reaches_turns_plan_complete_red(engine, tmp_path):
+    """ann is listed, bob (same tenant) is not and there is no "*": bob gets no reminder, and the
+    run reports him (one problem per tenant, naming at most ten ids and counting the rest)."""
+    cfg, _ = _config(tmp_path, subscribers=["ann"])
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    assert out.obligations_planned > 0, out
+    assert [p.message.split(":")[0] for p in out.problems] == [
+        "1 subscriber(s) of tenant 't1' reached by no subscription get no reminder"], out.problems
+    check = w.plan_complete(engine, T0)
+    assert not check.passed and check.count == 1 and "'bob'" in check.summary, check.summary
+    many = cfg.model_copy(update={"subscribers": [*cfg.subscribers, *(
+        cfg.subscribers[1].model_copy(update={"id": f"s{i:02}", "tenant": "t9"}) for i in range(12))]})
+    messages = [p.message for p in _plan(engine, many, T0).problems]
+    assert len(messages) == 2 and "12 subscriber(s) of tenant 't9'" in messages[1], messages
+    assert "'s09' and 2 more" in messages[1] and "'s10'" not in messages[1], messages
+
+
+def test_a_subscriber_with_an_empty_tenant_cell_is_reported(tmp_path, db_url):
+    """An empty tenant cell in subscribers_csv means tenant ``default``: carl was never planned
+    beside a source of tenant t1 while "*" still reached ann, and every check stayed green. `run`
+    now exits 1 and plan_complete names carl and why his tenant is ``default``."""
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A, EVENT_B), newline="")
+    (tmp_path / "subs.csv").write_text("id,tenant,email,timezone\nann,t1,ann@example.org,UTC\n"
+                                       "carl,,carl@example.org,UTC\n")
+    path = write_config(
+        tmp_path,
+        sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1", "freshness": "P1D"}],
+        subscribers=[], subscriptions=[{"name": "all", "sources": ["cal"], "channels": ["box"]}],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}}, subscribers_csv="subs.csv")
+    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path)
+    assert res.exit_code == 1, res.output
+    failing = [line for line in res.output.splitlines() if "plan_complete" in line]
+    assert any("'carl'" in line for line in failing), res.output
+    assert "of tenant 'default' reached by no subscription" in res.output, res.output
+    assert "an empty tenant cell in subscribers_csv" in res.output, res.output
 
 
 def _two_sources(tmp_path, rules, **subscription):

@@ -197,6 +197,44 @@ def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
                                             f"{', '.join(others)} of another tenant than source {src.name!r} "
                                             f"(tenant {src.tenant!r}); planned as listed: give them the source's "
                                             "tenant, or remove them from the subscription"))
+    return problems + unreached_subscribers(cfg)
+
+
+#: Subscribers named in one "reached by no subscription" problem; the rest are counted.
+UNREACHED_SHOWN = 10
+
+
+def unreached_subscribers(cfg: DeadlinesConfig) -> list[PlanProblem]:
+    """One problem per tenant of subscribers that no subscription reaches: listed by no subscription
+    and of a tenant no ``"*"`` subscription's source has. Such a subscriber gets no reminder.
+
+    An empty ``tenant`` cell in ``subscribers_csv`` (or no ``tenant`` key) means tenant ``default``:
+    beside sources of tenant ``acme``, that subscriber was never planned, while the ``"*"``
+    subscription still reached the other subscribers, so planning reported nothing and every check
+    stayed green. The message names up to :data:`UNREACHED_SHOWN` ids, the tenant and the sources'
+    tenants. Cost: one pass over the subscriptions and one over the subscribers."""
+    listed: set[str] = set()
+    star_tenants: set[str] = set()
+    for sub in cfg.subscriptions:
+        listed.update(sub.subscribers)
+        if "*" in sub.subscribers:
+            star_tenants.update(cfg.source(name).tenant for name in sub.sources)
+    missed: dict[str, list[str]] = {}
+    for m in cfg.subscribers:
+        if m.id not in listed and m.tenant not in star_tenants:
+            missed.setdefault(m.tenant, []).append(m.id)
+    source_tenants = sorted({s.tenant for s in cfg.sources})
+    problems = []
+    for tenant, ids in sorted(missed.items()):
+        shown = ", ".join(repr(i) for i in ids[:UNREACHED_SHOWN])
+        more = f" and {len(ids) - UNREACHED_SHOWN:,} more" if len(ids) > UNREACHED_SHOWN else ""
+        unset = (" (tenant 'default' is what a subscriber without a tenant gets, e.g. an empty tenant cell in "
+                 "subscribers_csv)" if tenant == "default" else "")
+        problems.append(PlanProblem("*", "*", f"{len(ids):,} subscriber(s) of tenant {tenant!r} reached by no "
+                                    f"subscription get no reminder: {shown}{more}{unset}; '*' reaches the "
+                                    f"subscribers of its sources' tenant, and the sources' tenants are "
+                                    f"{source_tenants}: give them a source's tenant, list them in a "
+                                    "subscription, or remove them"))
     return problems
 
 
