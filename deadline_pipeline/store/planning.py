@@ -63,7 +63,7 @@ from deadline_pipeline.store.schema import (
     subscriptions,
 )
 from deadline_pipeline.store.sources import latest_versions
-from deadline_pipeline.store.upsert import chunks, dialect_insert, pages, upsert
+from deadline_pipeline.store.upsert import dialect_insert, pages, upsert
 
 # Cancellations made by planning carry this prefix; only those are undone when an obligation returns.
 WITHDRAWN_REASON_PREFIX = "withdrawn: "
@@ -150,7 +150,7 @@ def sync_subscribers(conn: Connection, rows: Iterable[dict]) -> dict[str, int]:
             out[ext] = i
         elif active:
             gone.append(i)
-    for part in chunks(gone, 500):
+    for part in pages(gone, 500):
         conn.execute(update(subscribers).where(subscribers.c.id.in_(part)).values(active=False))
     return out
 
@@ -180,8 +180,12 @@ def sync_subscriptions(conn: Connection, rows: Iterable[dict]) -> None:
     active = conn.execute(select(subscriptions.c.id, subscriptions.c.name, subscriptions.c.subscriber_id,
                                  subscriptions.c.source_id).where(subscriptions.c.active.is_(True)))
     gone = [i for i, name, subscriber_id, source_id in active if (name, subscriber_id, source_id) not in wanted]
-    for part in chunks(gone, 500):
+    for part in pages(gone, 500):
         conn.execute(update(subscriptions).where(subscriptions.c.id.in_(part)).values(active=False))
+
+
+#: Rows of :func:`active_targets` read from the cursor at a time.
+TARGET_PAGE = 1_000
 
 
 def active_targets(conn: Connection) -> Iterator[RowMapping]:
@@ -209,9 +213,6 @@ def active_targets(conn: Connection) -> Iterator[RowMapping]:
         yield from result
     finally:
         result.close()  # a caller that stops early must not leave the cursor open on the connection
-
-
-TARGET_PAGE = 1_000
 
 
 def active_rules(conn: Connection, source_id: int) -> tuple[list[tuple[int, RuleRecord]], dict[str, frozenset[str]]]:
@@ -811,7 +812,7 @@ def cancel_unwanted_reminders(conn: Connection, keys: Sequence[str], now: dateti
     chunk of 9,600 reminders, quadratic in the chunk)."""
     sa, o, a = stage_alerts, obligations, alerts
     unwanted: list[int] = []
-    for part in chunks(list(keys), 500):
+    for part in pages(keys, 500):
         wanted = set(conn.execute(select(sa.c.obligation_key, sa.c.offset_seconds, sa.c.channel)
                                   .where(sa.c.obligation_key.in_(part), sa.c.kind == "reminder")).all())
         unwanted.extend(i for i, *slot in conn.execute(
@@ -821,7 +822,7 @@ def cancel_unwanted_reminders(conn: Connection, keys: Sequence[str], now: dateti
                    a.c.due_at == o.c.due_at, or_(a.c.lease_expires_at.is_(None), a.c.lease_expires_at <= now))
         ) if tuple(slot) not in wanted)
     cancelled = 0
-    for part in chunks(unwanted, 500):
+    for part in pages(unwanted, 500):
         cancelled += len(conn.execute(
             update(a).where(a.c.id.in_(part), a.c.status.in_(REVISABLE))
             .values(status=AlertState.CANCELLED, status_reason=UNWANTED_REASON, updated_at=now)
@@ -832,7 +833,7 @@ def cancel_unwanted_reminders(conn: Connection, keys: Sequence[str], now: dateti
 def reminders_of(conn: Connection, obligation_ids: list[int]) -> list[dict]:
     """Reminder alerts of these obligations (every state), for re-folding after a move."""
     out: list[dict] = []
-    for part in chunks(obligation_ids, 500):
+    for part in pages(obligation_ids, 500):
         out.extend(dict(r) for r in conn.execute(
             select(alerts.c.id, alerts.c.obligation_id, alerts.c.offset_seconds, alerts.c.channel, alerts.c.kind,
                    alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.due_at)
@@ -847,7 +848,7 @@ def pending_reminders_noting(conn: Connection, obligation_ids: list[int], note: 
     Read after a merge: what the merge really left to send, not what was staged (a reminder already
     delivered for that instant stays delivered and is not counted)."""
     out: list[tuple[int, datetime]] = []
-    for part in chunks(obligation_ids, 500):
+    for part in pages(obligation_ids, 500):
         out.extend(tuple(r) for r in conn.execute(
             select(alerts.c.obligation_id, alerts.c.due_at)
             .join(obligations, obligations.c.id == alerts.c.obligation_id)
@@ -867,7 +868,7 @@ def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: d
     n = 0
     current = (select(obligations.c.due_at).where(obligations.c.id == alerts.c.obligation_id)
                .scalar_subquery())
-    for part in chunks(obligation_ids, 500):
+    for part in pages(obligation_ids, 500):
         n += len(conn.execute(
             update(alerts)
             .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
@@ -891,7 +892,7 @@ def insert_notices(conn: Connection, rows: list[dict]) -> int:
     if not rows:
         return 0
     n = 0
-    for part in chunks(rows, 500):
+    for part in pages(rows, 500):
         stmt = dialect_insert(conn, alerts).values(list(part)).on_conflict_do_nothing().returning(alerts.c.id)
         n += len(conn.execute(stmt).all())
     return n
@@ -933,7 +934,7 @@ def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule
 def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int, set[str]]:
     """obligation id → channels on which a reminder was already delivered."""
     out: dict[int, set[str]] = {}
-    for part in chunks(obligation_ids, 500):
+    for part in pages(obligation_ids, 500):
         for ob, ch in conn.execute(
             select(alerts.c.obligation_id, alerts.c.channel).distinct()
             .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
@@ -950,7 +951,7 @@ def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: dat
     cancellation notice (if any) follows it.
     """
     cancelled = 0
-    for part in chunks(ids, 500):
+    for part in pages(ids, 500):
         conn.execute(update(obligations).where(obligations.c.id.in_(part)).values(status=ObligationState.WITHDRAWN,
                                                                                  planned_at=now))
         cancelled += len(conn.execute(
@@ -967,7 +968,7 @@ def planned_pairs(conn: Connection, source_ids: Sequence[int]) -> set[tuple[int,
     """(subscriber_id, source_id) of every stored obligation of these sources: who has been planned
     for, per source. No source, no read (the read scans every obligation of its sources)."""
     out: set[tuple[int, int]] = set()
-    for part in chunks(list(source_ids), 500):
+    for part in pages(source_ids, 500):
         out.update((a, b) for a, b in conn.execute(
             select(obligations.c.subscriber_id, obligations.c.source_id).distinct()
             .where(obligations.c.source_id.in_(part))).all())
@@ -978,7 +979,7 @@ def insert_obligations_if_new(conn: Connection, rows: list[dict]) -> dict[str, i
     """Insert obligation rows (``obligations`` columns) whose key is not stored yet; an existing key
     is left as it is. Returns obligation_key → id of the rows inserted."""
     out: dict[str, int] = {}
-    for part in chunks(rows, 500):
+    for part in pages(rows, 500):
         stmt = (dialect_insert(conn, obligations).values(list(part)).on_conflict_do_nothing()
                 .returning(obligations.c.id, obligations.c.obligation_key))
         out.update({key: i for i, key in conn.execute(stmt).all()})

@@ -19,14 +19,10 @@ def dialect_insert(conn: Connection, table: Table):
     return insert(table)
 
 
-def chunks(rows: Sequence, size: int) -> Iterable[Sequence]:
-    for i in range(0, len(rows), size):
-        yield rows[i : i + size]
-
-
 def pages(rows: Iterable, size: int) -> Iterator[list]:
-    """``rows`` (any iterable, read lazily) as lists of at most ``size``: :func:`chunks` for a
-    generator, so its caller never holds more than one page of it."""
+    """``rows`` (any iterable: a list, a set, a generator read lazily) as lists of at most ``size``
+    rows; a generator's caller never holds more than one page of it. Statements with ``IN`` lists
+    and bulk writes take their rows a page at a time (SQLite allows 32,766 bound values a statement)."""
     it = iter(rows)
     while page := list(islice(it, size)):
         yield page
@@ -69,6 +65,6 @@ def upsert(
     # "insertmanyvalues" pages them), rather than a literal multi-row VALUES compiled for every batch.
     # RETURNING counts exactly the rows written (rowcount is -1 for multi-row inserts on psycopg).
     touched = 0
-    for part in chunks(list(rows), batch):
-        touched += len(conn.execute(stmt, list(part)).all())
+    for part in pages(rows, batch):
+        touched += len(conn.execute(stmt, part).all())
     return touched
