@@ -132,6 +132,22 @@ def test_pipeline_end_to_end(config_path, db_url, smtp_server, webhook_server, t
         assert obs and all(len(r.asset_observation.tags["dagster/data_version"]) == 64 for r in obs)
 
 
+def test_a_subscriber_no_subscription_reaches_turns_the_asset_check_red(config_path, db_url, tmp_path):
+    """carl (tenant t1, his tenant cell left empty would give 'default' alike) is listed by neither
+    subscription: the plan job succeeds, its obligations materialization counts the planning
+    problem, and the plan_complete asset check is red."""
+    import yaml
+
+    doc = yaml.safe_load(config_path.read_text())
+    doc["subscribers"].append({"id": "carl", "email": "carl@example.org", "timezone": "UTC"})
+    config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with dg.instance_for_test() as instance:
+        _, checks = _cycle(config_path, db_url, "2027-01-10T00:00:00Z", instance)
+        event = instance.get_latest_materialization_event(dg.AssetKey("obligations"))
+    assert checks["plan_complete"] is False, checks
+    assert event.asset_materialization.metadata["planning_problems"].value == 1
+
+
 def test_overdue_alert_turns_the_check_red(config_path, db_url, tmp_path, smtp_server):
     """With the mail server gone, the due reminders stay undelivered past the grace window: red."""
     controller, _ = smtp_server

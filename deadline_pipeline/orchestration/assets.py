@@ -288,12 +288,14 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         log_first(context.log.error, [f"source {p.source} rule {p.rule_id}: {p.message}" for p in out.problems],
-                  what="skipped rule(s)")
+                  what="planning problem(s)")
         yield dg.MaterializeResult(asset_key=OBLIGATIONS, metadata={
             "planned": out.obligations_planned, "inserted": out.obligations_inserted,
             "moved": out.obligations_moved, "updated": out.obligations_updated,
             "unchanged": out.obligations_unchanged, "withdrawn": out.obligations_withdrawn,
-            "rules_skipped": len(out.problems), "dagster/row_count": out.obligations_planned,
+            # Not only skipped rules: a subscriber without a channel's contact, a subscriber or a
+            # subscription that reaches no one (plan_complete lists them).
+            "planning_problems": len(out.problems), "dagster/row_count": out.obligations_planned,
             "direct_write_fallbacks": out.direct_write_fallbacks,
             "scope": out.scope or "every rule",
             # Which time rules computed these instants, and how many moved only because they changed.
