@@ -540,6 +540,32 @@ def test_two_subscriptions_of_one_subscriber_to_one_source_both_plan(engine, tmp
     assert (again.obligations_updated, again.alerts_written) == (0, 0)
 
 
+@pytest.mark.parametrize("order", ["skip first", "send_latest first"])
+def test_a_late_reminder_one_subscription_sends_is_not_skipped_by_another(engine, tmp_path, order):
+    """ann is in "quiet" (everyone, late_policy skip) and "urgent" (ann, send_latest), both -P1D by
+    mail. Report A is due 5 days after planning with its -P1D reminder ahead, and E 12 hours after,
+    its -P1D reminder past: E's reminder goes out at once whichever subscription is written first.
+    It was skipped when "quiet" came first: ann got nothing, by the order of two YAML entries."""
+    soon = {"uid": "e@test", "tzid": "UTC", "dtstart": "20270110T120000", "summary": "Report E"}
+    (tmp_path / "cal.ics").write_text(ics(A, soon), newline="")
+    quiet = {"name": "quiet", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"], "late_policy": "skip"}
+    urgent = {"name": "urgent", "subscribers": ["ann"], "sources": ["cal"], "offsets": ["-P1D"],
+              "channels": ["mail"], "late_policy": "send_latest"}
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org"}],
+        subscriptions=[quiet, urgent] if order == "skip first" else [urgent, quiet],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}},
+    ))[0]
+    out = _ingest_plan(engine, cfg, T0)
+    assert out.obligations_planned == 2 and out.alerts_planned == 2, out
+    (late,) = _alerts(engine, "e@test")
+    # Pending at its past instant: the next sweep sends it at once.
+    assert (late["status"], late["send_at"]) == ("pending", datetime(2027, 1, 9, 12, tzinfo=UTC)), late
+    (ahead,) = _alerts(engine, "a@test")
+    assert ahead["status"] == "pending" and ahead["send_at"] == datetime(2027, 1, 14, 11, tzinfo=UTC), ahead
+
+
 def test_recurring_occurrence_moved_to_another_day_sends_a_cancellation_notice(engine, tmp_path):
     """BYMONTHDAY 15 → 20: the delivered reminder of the 15th gets one cancellation notice; the 20th
     gets its own reminders."""

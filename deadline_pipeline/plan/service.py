@@ -624,11 +624,23 @@ def _alerts_of(p: _Planned, now: datetime, cache: dict, moved: bool = False) -> 
             if i is None:
                 at[(slot[0], slot[1])] = len(rows)
                 rows.append((slot, key))
-            elif slot[2] < rows[i][0][2]:
-                # One identity, two spellings ('-P7D' here, '-PT168H' there): the earlier instant,
-                # because a reminder may come early but never late.
+            elif _wins(slot, rows[i][0]):
                 rows[i] = (slot, key)
     return rows
+
+
+def _wins(slot: tuple, kept: tuple) -> bool:
+    """Whether a later subscription's reminder ``slot`` replaces the ``kept`` one of the same
+    (offset, channel) of one obligation (slots as :func:`~deadline_pipeline.plan.planner.reminder_rows`
+    makes them). A reminder one subscription sends beats one another subscription skips: with
+    ``late_policy: skip`` in the first subscription and ``send_latest`` in the second, the late
+    reminder was skipped and the subscriber got nothing, or got it, depending only on the order the
+    subscriptions were written in. Otherwise the earlier instant (one identity, two spellings:
+    ``-P7D`` here, ``-PT168H`` there), because a reminder may come early but never late."""
+    sends, sent_kept = slot[3] == AlertState.PENDING, kept[3] == AlertState.PENDING
+    if sends != sent_kept:
+        return sends
+    return slot[2] < kept[2]
 
 
 @dataclass
