@@ -96,10 +96,27 @@ def test_an_offset_longer_than_the_planning_horizon_is_refused(tmp_path):
     with pytest.raises(ConfigError) as info:
         _load(tmp_path, {"plan.horizon_days": 30, "subscriptions.0.offsets": ["-P90D", "-P7D"]})
     msg = str(info.value)
-    assert "subscriptions[0].offsets[0]: is longer than plan.horizon_days (30 days)" in msg, msg
+    assert "subscriptions[0].offsets[0]: is longer than plan.horizon_days (30 days) less one day (29 days)" in msg
     assert "offsets[1]" not in msg
-    cfg, _ = _load(tmp_path, {"plan.horizon_days": 90, "subscriptions.0.offsets": ["-P90D", "-P7D"]})
-    assert cfg.plan.horizon_days == 90
+    cfg, _ = _load(tmp_path, {"plan.horizon_days": 91, "subscriptions.0.offsets": ["-P90D", "-P7D"]})
+    assert cfg.plan.horizon_days == 91
+
+
+@pytest.mark.parametrize(("offset", "refused"), [("-P7D", True), ("-P1W", True), ("-PT145H", True),
+                                                 ("-PT144H", False), ("-P6D", False)])
+def test_an_offset_as_long_as_the_planning_horizon_is_refused(tmp_path, offset, refused):
+    """``horizon_days: 7`` with ``-P7D``: a deadline enters the plan at the first hourly run after it
+    comes 7 days near, when that reminder's time has just passed, so every one was late at planning
+    and, under ``late_policy: skip``, skipped, while every check stayed green. An offset must be a day
+    shorter than the horizon (``-P6D``, ``-PT144H``)."""
+    changes = {"plan.horizon_days": 7, "subscriptions.0.offsets": [offset]}
+    if not refused:
+        assert _load(tmp_path, changes)[0].subscriptions[0].offsets == [offset]
+        return
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, changes)
+    assert "offsets[0]: is longer than plan.horizon_days (7 days) less one day (6 days)" in str(info.value)
+    assert "shorten the offset to at most 6 days" in str(info.value)
 
 
 def test_the_defaults_pass(tmp_path):

@@ -566,6 +566,25 @@ def test_a_late_reminder_one_subscription_sends_is_not_skipped_by_another(engine
     assert ahead["status"] == "pending" and ahead["send_at"] == datetime(2027, 1, 14, 11, tzinfo=UTC), ahead
 
 
+def test_a_reminder_a_day_inside_the_horizon_is_planned_ahead_of_its_time(engine, tmp_path):
+    """``horizon_days: 7`` and ``-P6D`` under ``late_policy: skip`` (``-P7D`` is refused at load): a
+    deadline 7 days and 30 minutes ahead is outside the horizon; an hour later it enters it, and its
+    reminder, a day ahead, is planned pending, not skipped as late."""
+    (tmp_path / "cal.ics").write_text(ics({"uid": "h@test", "tzid": "UTC", "dtstart": "20270117T003000",
+                                           "summary": "Horizon"}), newline="")
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P6D"], "channels": ["mail"],
+                        "late_policy": "skip"}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "m")}}, plan={"horizon_days": 7},
+    ))[0]
+    assert _ingest_plan(engine, cfg, T0).obligations_planned == 0
+    assert plan_all(engine, cfg, T0 + timedelta(hours=1)).obligations_planned == 1
+    (alert,) = _alerts(engine)
+    assert (alert["status"], alert["send_at"]) == ("pending", datetime(2027, 1, 11, 0, 30, tzinfo=UTC)), alert
+
+
 def test_recurring_occurrence_moved_to_another_day_sends_a_cancellation_notice(engine, tmp_path):
     """BYMONTHDAY 15 → 20: the delivered reminder of the 15th gets one cancellation notice; the 20th
     gets its own reminders."""

@@ -3,8 +3,8 @@
 * ``delivery.time_budget_seconds`` < ``delivery.lease_seconds``: a sweep that outlives its own lease
   may find its own batch claimable again while it still holds unfinished attempts of it;
 * ``delivery.backoff_base_seconds`` ≤ ``delivery.backoff_cap_seconds``;
-* every reminder offset at most ``plan.horizon_days`` long: planning sees a deadline only that far
-  ahead;
+* every reminder offset at least :data:`HORIZON_MARGIN` shorter than ``plan.horizon_days``:
+  planning sees a deadline only that far ahead;
 * ``delivery.lease_seconds`` > ``timeout_seconds + lease_margin_seconds`` of every channel: a send
   starts only while its whole timeout plus the channel's margin fits in the lease (a second sweep
   must never claim an alert whose send may still be in flight). With ``lease_seconds: 30`` and an
@@ -51,19 +51,28 @@ def delivery_problems(d) -> list[InitErrorDetails]:
     return out
 
 
+#: How much shorter than ``plan.horizon_days`` an offset must be. A deadline enters the plan at the
+#: first planning run after it comes within the horizon: up to an hour later (the hourly schedule),
+#: and a reminder counted in calendar days is up to an hour longer across a DST change. With
+#: ``horizon_days: 7`` and ``-P7D`` every reminder was therefore already past when first planned:
+#: sent late, and under ``late_policy: skip`` never, while every check stayed green. A day also
+#: covers a planning run that starts late.
+HORIZON_MARGIN = timedelta(days=1)
+
+
 def offset_problems(cfg) -> list[InitErrorDetails]:
-    """Every subscription offset of ``cfg`` longer than ``plan.horizon_days``, at its key path
-    (``subscriptions.0.offsets.1``)."""
-    horizon = timedelta(days=cfg.plan.horizon_days)
-    # Planning sees a deadline only plan.horizon_days ahead: a reminder further ahead than that is
-    # already past when its deadline is first planned, so it went out late for every deadline, and
-    # under late_policy: skip never, with no word at load.
+    """Every subscription offset of ``cfg`` longer than ``plan.horizon_days`` less
+    :data:`HORIZON_MARGIN`, at its key path (``subscriptions.0.offsets.1``)."""
+    longest = timedelta(days=cfg.plan.horizon_days) - HORIZON_MARGIN
+    days = longest.days
     return [_problem(("subscriptions", i, "offsets", j), item,
-                     f"is longer than plan.horizon_days ({cfg.plan.horizon_days} days): planning sees a deadline "
-                     "only that far ahead, so this reminder would be planned after its time for every deadline "
-                     "(sent late, or never with late_policy: skip); shorten the offset or raise plan.horizon_days")
+                     f"is longer than plan.horizon_days ({cfg.plan.horizon_days} days) less one day ({days} days): "
+                     "planning sees a deadline only plan.horizon_days ahead and runs hourly, so this reminder "
+                     "would be planned after its time for deadlines entering the horizon (sent late, or never "
+                     f"with late_policy: skip); shorten the offset to at most {days} days or raise "
+                     "plan.horizon_days")
             for i, sub in enumerate(cfg.subscriptions) for j, item in enumerate(sub.offsets)
-            if -parse_duration(item) > horizon]
+            if -parse_duration(item) > longest]
 
 
 def lease_problems(cfg) -> list[InitErrorDetails]:
