@@ -216,6 +216,60 @@ def test_a_subscriber_with_an_empty_tenant_cell_is_reported(tmp_path, db_url):
     assert "an empty tenant cell in subscribers_csv" in res.output, res.output
 
 
+def test_a_rule_renamed_out_of_the_patterns_turns_plan_complete_red(engine, tmp_path):
+    """``rules: ["filing-*"]`` and the publisher renames ``filing-1@x`` to ``irs-filing-1@x`` (same
+    instant and title: a rename, not a withdrawal). The rule's reminders are withdrawn, as the
+    patterns say, but no longer in silence: the old id matching only a withdrawn rule passed for
+    "the source dropped it". Renamed once more, to ``tax-1@x``, the id in between still counts; with
+    the new id in the patterns the problem is gone and the reminders are back."""
+    others = [dict(uid=f"other-{c}@x", tzid="UTC", dtstart=f"2027040{i}T120000", summary=c.upper())
+              for i, c in enumerate("abc", start=1)]
+
+    def write(uid, patterns):
+        (tmp_path / "cal.ics").write_text(ics(dict(uid=uid, tzid="UTC", dtstart="20270301T120000",
+                                                   summary="Q1 filing"), *others), newline="")
+        path = write_config(
+            tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+            subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org"}],
+            subscriptions=[{"name": "filings", "sources": ["cal"], "rules": patterns, "offsets": ["-P7D"],
+                            "channels": ["box"]}],
+            channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+        return load_config(path)[0]
+
+    cfg = write("filing-1@x", ["filing-*"])
+    ingest(engine, cfg, T0)
+    assert _plan(engine, cfg, T0).obligations_planned == 1 and w.plan_complete(engine, T0).passed
+    for n, uid in enumerate(["irs-filing-1@x", "tax-1@x"], start=1):
+        cfg = write(uid, ["filing-*"])
+        ingest(engine, cfg, T0 + timedelta(hours=n))
+        out = _plan(engine, cfg, T0 + timedelta(hours=n))
+        assert out.obligations_withdrawn == (1 if n == 1 else 0), out
+        (p,) = out.problems
+        assert p.source == "cal" and p.message.startswith(
+            f"subscription 'filings': rule patterns ['filing-*'] select rules of source 'cal' by ids it has "
+            f"renamed ('filing-1@x' is now {uid!r})"), p.message
+        assert not w.plan_complete(engine, T0 + timedelta(hours=n)).passed
+    cfg = write("tax-1@x", ["filing-*", "tax-*"])
+    out = _plan(engine, cfg, T0 + timedelta(hours=3))
+    assert out.problems == [] and w.plan_complete(engine, T0 + timedelta(hours=3)).passed, out.problems
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.rule_id, obligations.c.status)).all() == [("tax-1@x", "active")]
+
+
+def test_an_id_between_two_renames_counts_as_the_rules_own():
+    """a → b → c with ``rules: ["b"]`` (the patterns followed the first rename, not the second):
+    reported, naming b. Patterns matching c, or no id the rule had, are no problem."""
+    from deadline_pipeline.plan.planner import Target, renamed_out_problem
+
+    def target(*patterns):
+        return Target(1, "ann", "t", "UTC", 1, "cal", None, patterns, (-86400,), ("box",), subscription="s")
+
+    lineage, recorded = {"c": "a"}, {"b": "a", "c": "a"}
+    assert "('b' is now 'c')" in renamed_out_problem(target("b"), lineage, recorded).message
+    assert renamed_out_problem(target("b", "c"), lineage, recorded) is None
+    assert renamed_out_problem(target("x*"), lineage, recorded) is None
+
+
 def _two_sources(tmp_path, rules, **subscription):
     """ann of tenant t1 and one subscription ``both`` with ``rules`` (and ``subscription``'s other
     keys) over ``cal`` (a@test, b@test) and ``conf`` (c@conf)."""

@@ -339,6 +339,37 @@ def subscription_selection_problems(
     return [p for p in found if p is not None]
 
 
+def renamed_out_problem(target: Target, lineage: dict[str, str],
+                        recorded_lineage: dict[str, str]) -> PlanProblem | None:
+    """The problem of rules of ``target``'s source that were renamed out of its rule patterns: the
+    patterns match an id the rule had (its first id, or one between) but not the id it has now, so
+    its obligations are withdrawn although the source still states the deadline. ``None`` when there
+    is none. ``lineage``: active rule id → the first id of a renamed rule
+    (:attr:`~deadline_pipeline.store.planning.SourceRules.lineage`); ``recorded_lineage``: every
+    renamed id, active or withdrawn → its first id, which gives the ids between.
+
+    A publisher moving ``filing-1@x`` to ``irs-filing-1@x`` under ``rules: ["filing-*"]`` had every
+    reminder of it cancelled as "no longer asked for" while every check stayed green: a pattern
+    matching only withdrawn ids counts as "the source dropped it", and this one was not dropped."""
+    earlier: dict[str, list[str]] = {}
+    for rid, first in recorded_lineage.items():
+        earlier.setdefault(first, []).append(rid)
+    out = []
+    for rid, first in sorted(lineage.items()):
+        if target.wants(rid):
+            continue
+        matched = sorted(old for old in {first, *earlier.get(first, ())} if old != rid and target.wants(old))
+        if matched:
+            out.append(f"{matched[0]!r} is now {rid!r}")
+    if not out:
+        return None
+    more = f", … ({len(out)} in all)" if len(out) > RULE_ID_SAMPLE else ""
+    return PlanProblem(target.source, "*", f"{_name(target)}rule patterns {list(target.rule_patterns)} select "
+                       f"rules of source {target.source!r} by ids it has renamed ({'; '.join(out[:RULE_ID_SAMPLE])}"
+                       f"{more}): their reminders are withdrawn although the source still states them; add "
+                       "the new ids to the patterns (or remove the old ones if the rules are not wanted)")
+
+
 def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: datetime,
                 horizon: timedelta = HORIZON, *, after: datetime | None = None, before: datetime | None = None,
                 cache: dict | None = None,

@@ -58,6 +58,7 @@ from deadline_pipeline.plan.planner import (
     plan_obligations,
     plan_target,
     reminder_rows,
+    renamed_out_problem,
     subscription_selection_problems,
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
@@ -443,6 +444,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
         out.add_problems(subscriptions_selection_problems(targets, rules_cache))
+        out.add_problems(renamed_out_problems(targets, lineage, recorded_lineage))
         scoped_ids = _scoped_rule_ids(scope, rules_cache, recorded_lineage)
         if scoped_ids is not None:
             rules_cache = {sid: ([(v, r) for v, r in rules if ids is None or r.rule_id in ids], withdrawn)
@@ -535,6 +537,26 @@ def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[in
     for per_source in by_subscription.values():
         problems.extend(subscription_selection_problems(
             (t, *rules_cache[sid]) for sid, t in sorted(per_source.items(), key=lambda i: i[1].source)))
+    return problems
+
+
+def renamed_out_problems(targets: list[Target], lineage: dict[int, dict[str, str]],
+                         recorded_lineage: dict[int, dict[str, str]]) -> list[PlanProblem]:
+    """Each subscription's rules renamed out of its patterns, per source
+    (:func:`~deadline_pipeline.plan.planner.renamed_out_problem`), judged once per subscription and
+    source, not per subscriber. ``lineage`` / ``recorded_lineage``: source id → that source's
+    :class:`~deadline_pipeline.store.planning.SourceRules` maps. Nothing to judge (no renamed rule,
+    the usual case) costs one look-up per target."""
+    seen: set[tuple] = set()
+    problems = []
+    for t in targets:
+        key = (t.subscription, t.rule_patterns, t.source_id)
+        if not lineage.get(t.source_id) or key in seen:
+            continue
+        seen.add(key)
+        found = renamed_out_problem(t, lineage[t.source_id], recorded_lineage.get(t.source_id, {}))
+        if found is not None:
+            problems.append(found)
     return problems
 
 
