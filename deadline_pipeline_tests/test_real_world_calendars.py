@@ -614,3 +614,84 @@ def test_the_overrides_of_an_endless_dense_series_are_checked_without_a_truncati
     assert [r.rule_id for r in result.rules] == ["dense", "dense#2020-01-05T12:00:00Z", "dense#2026-03-01T12:00:00Z"]
     assert [p.record_id for p in result.problems] == ["dense#2026-03-01T12:15:00Z"]
     assert (expanded["horizon_truncations"], expanded["occurrence_cap"], vanished["vanished_overrides"]) == (0, 0, 1)
+
+
+# --- class 12: a to-do's DURATION (RFC 5545 §3.6.2, §3.8.2.5; nominal days, exact hours: §3.3.6) --
+
+
+def test_a_todo_with_dtstart_and_duration_is_due_at_their_sum():
+    """DTSTART 17:00 Berlin + P1D is due 17:00 the next day. Before, DURATION was not read and the to-do
+    was due at its DTSTART: reminders came a day early, and a PT0S one said "due now" a day early."""
+    content = calendar(*todo("i2", "DTSTART;TZID=Europe/Berlin:20270302T170000", "DURATION:P1D"))
+    result = parse_ics(content, source="t")
+    [rule] = result.rules
+    assert (rule.start, rule.tz, result.problems) == ("2027-03-03T17:00:00", "Europe/Berlin", [])
+    assert ics_instants(content) == [("i2", utc("2027-03-03T16:00:00Z"))]
+
+
+@pytest.mark.parametrize(("dtstart", "duration", "head", "start", "due"), [
+    # Nominal days keep the wall time across the spring-forward night of 2027-03-28 (23 hours)...
+    ("DTSTART;TZID=Europe/Berlin:20270327T170000", "P1D", (), "2027-03-28T17:00:00", "2027-03-28T15:00:00Z"),
+    # ...exact hours do not: 24 hours after 16:00Z is 16:00Z, 18:00 summer time.
+    ("DTSTART;TZID=Europe/Berlin:20270327T170000", "PT24H", (), "2027-03-28T18:00:00", "2027-03-28T16:00:00Z"),
+    # Days first, then hours (§3.3.6): 17:00 the next day, then one hour.
+    ("DTSTART;TZID=Europe/Berlin:20270327T170000", "P1DT1H", (), "2027-03-28T18:00:00", "2027-03-28T16:00:00Z"),
+    ("DTSTART:20270302T170000Z", "PT2H", (), "2027-03-02T19:00:00", "2027-03-02T19:00:00Z"),
+    # Two exact hours over the skipped hour are 04:30 summer time, not the wall clock's 03:30.
+    ("DTSTART;TZID=Europe/Berlin:20270328T013000", "PT2H", (), "2027-03-28T04:30:00", "2027-03-28T02:30:00Z"),
+    # A floating time: the same, read in the calendar's zone (the rule stays floating in it).
+    ("DTSTART:20270328T013000", "PT2H", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-28T04:30:00",
+     "2027-03-28T02:30:00Z"),
+    ("DTSTART;VALUE=DATE:20270302", "P2D", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-04", "2027-03-04T22:59:59Z"),
+    ("DTSTART;VALUE=DATE:20270302", "P1W", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-09", "2027-03-09T22:59:59Z"),
+])
+def test_duration_days_are_calendar_days_and_hours_are_exact(dtstart, duration, head, start, due):
+    content = calendar(*todo("d", dtstart, f"DURATION:{duration}"), head=head)
+    result = parse_ics(content, source="t")
+    assert ([r.start for r in result.rules], result.problems) == ([start], [])
+    assert ics_instants(content) == [("d", utc(due))]
+
+
+def test_a_recurring_todo_with_a_duration_recurs_from_its_due_time_and_its_overrides_name_their_dtstart():
+    """As for a DUE: the series is planned from the first due time, and a RECURRENCE-ID (an instance's
+    DTSTART, §3.8.4.4) names the occurrence a DURATION later. Before, each was reminded a day early,
+    and the completed occurrence too."""
+    content = calendar(
+        *todo("w", "DTSTART;TZID=Europe/Berlin:20270301T170000", "DURATION:P1D", "RRULE:FREQ=WEEKLY;COUNT=3"),
+        *todo("w", "RECURRENCE-ID;TZID=Europe/Berlin:20270308T170000", "DTSTART;TZID=Europe/Berlin:20270308T170000",
+              "DURATION:P1D", "STATUS:COMPLETED"))
+    assert ics_instants(content) == [("w", utc("2027-03-02T16:00:00Z")), ("w", utc("2027-03-16T16:00:00Z"))]
+
+
+@pytest.mark.parametrize(("props", "message"), [
+    (("DTSTART:20270302T170000Z", "DUE:20270303T170000Z", "DURATION:P1D"),
+     "DUE (line 9) and DURATION (line 10) in one to-do, which RFC 5545 §3.6.2 forbids (due at the DUE, or at "
+     "DTSTART + DURATION?); the due instant is ambiguous"),
+    (("DTSTART:20270302T170000Z", "DURATION:-P1D"),
+     "DURATION -P1D is negative: the to-do would be due before its DTSTART, which RFC 5545 §3.8.2.3 forbids; the "
+     "due instant is unknown"),
+    (("DTSTART;VALUE=DATE:20270302", "DURATION:PT12H"),
+     "DURATION PT12H has hours, minutes or seconds but DTSTART 2027-03-02 is a DATE, whose due time is a date too "
+     "(RFC 5545 §3.8.2.3); the due instant is unknown"),
+    (("DTSTART:20270302T170000Z", "DURATION:P1D", "DURATION:P2D"),
+     "DURATION appears 2 times (RFC 5545 allows it once); the due instant is ambiguous"),
+])
+def test_a_todo_whose_duration_leaves_its_due_instant_unknown_is_a_skipped_record(props, message):
+    """Not planned at either reading (before, at its DTSTART, or at its DUE without a word): skipped,
+    so its last good version stays in force, and the publisher is told which lines to fix."""
+    content = calendar(*todo("bad", *props), *todo("good", "DUE:20270401T170000Z"))
+    result = parse_ics(content, source="t")
+    assert [r.rule_id for r in result.rules] == ["good"]
+    [problem] = result.problems
+    assert (problem.position, problem.record_id, problem.skipped) == ("VTODO UID=bad (line 4)", "bad", True)
+    assert problem.message == message
+
+
+def test_a_todo_with_a_due_is_due_then_whatever_durations_its_alarms_have():
+    """A VALARM's DURATION (its repeat interval, §3.8.6.1) is not the to-do's: DUE alone still decides."""
+    content = calendar(*todo("due", "DTSTART;TZID=Europe/Berlin:20270302T090000",
+                             "DUE;TZID=Europe/Berlin:20270302T170000", "BEGIN:VALARM", "ACTION:DISPLAY",
+                             "DESCRIPTION:s", "TRIGGER:-PT15M", "REPEAT:2", "DURATION:PT5M", "END:VALARM"))
+    result = parse_ics(content, source="t")
+    assert ([r.start for r in result.rules], result.problems) == (["2027-03-02T17:00:00"], [])
+    assert ics_instants(content) == [("due", utc("2027-03-02T16:00:00Z"))]
