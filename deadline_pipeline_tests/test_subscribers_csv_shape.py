@@ -43,10 +43,20 @@ def test_short_and_long_rows_are_each_named_by_the_line_they_start_on(tmp_path):
 
 
 def test_empty_cells_and_blank_lines_are_still_accepted(tmp_path):
-    config, _ = _load(tmp_path, HEADER + "\na,demo,a@example.org,,\n\n   \nb,demo,,,Europe/Paris\n")
+    config, _ = _load(tmp_path, HEADER + "\na,,a@example.org,,UTC\n\n   \nb,demo,,,Europe/Paris\n")
     cfg, _ = load_config(config)
-    assert [(s.id, s.email, s.timezone) for s in cfg.subscribers] == [
-        ("a", "a@example.org", "UTC"), ("b", None, "Europe/Paris")]
+    assert [(s.id, s.tenant, s.email, s.timezone) for s in cfg.subscribers] == [
+        ("a", "default", "a@example.org", "UTC"), ("b", "demo", None, "Europe/Paris")]
+
+
+def test_an_empty_timezone_cell_is_refused(tmp_path):
+    """The timezone column is required, yet an empty cell gave the subscriber UTC without a word: a
+    date-only deadline fell due at 23:59 UTC, half a day late for a subscriber in Auckland. Refused,
+    naming each row's line and id."""
+    message, _, csv_path = _error(tmp_path, HEADER + "a,demo,a@example.org,,\nb,demo,,,Europe/Paris\nc,demo,,, \n")
+    assert message == "\n".join(
+        f"{csv_path}: line {line} (id {sid!r}), column timezone: empty; write the subscriber's IANA zone (UTC if "
+        "that is meant): date-only and floating deadlines fall due in it" for line, sid in ((2, "a"), (4, "c")))
 
 
 @pytest.mark.parametrize("text", [HEADER, HEADER.rstrip("\n"), HEADER + "\n\n  \n", "\ufeff" + HEADER])

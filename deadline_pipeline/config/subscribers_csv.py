@@ -30,7 +30,8 @@ def _csv_layout(data: bytes, path: Path) -> tuple[int, list[str], list[int]]:
     row's index and shifts every other value one column left, so the error named the wrong column (an
     id read as a tenant, an address as a zone), or none at all. With fewer, pandas left the missing
     cells empty and the subscriber silently got their defaults (timezone UTC for a row cut short); a
-    cell present but empty (``a,demo,a@example.org,,``) still stands for "not given".
+    cell present but empty (``a,demo,,,UTC``) still stands for "not given" (not for ``timezone``:
+    :func:`_refuse_empty_zones`).
     ``data`` is UTF-8 (:func:`_refuse_undecodable` has refused any other file)."""
     import csv
     import io
@@ -125,6 +126,7 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
                           f"the columns are {', '.join(SubscriberConfig.model_fields)}")
     rows = [(line, clean_row(dict(zip(columns, values, strict=True)), line, path))
             for line, values in zip(lines, records, strict=True)]
+    _refuse_empty_zones(rows, path)
     repeats = repeated_ids(rows, path)
     if repeats:
         # Named here, with lines: checked after merging, a repeat was reported against the
@@ -132,6 +134,19 @@ def read_subscribers_csv(path: Path, config_path: Path) -> list[tuple[int, dict]
         raise ConfigError("\n".join(repeats[:20]) + (f"\n… and {len(repeats) - 20} more" if len(repeats) > 20
                                                      else ""))
     return rows
+
+
+def _refuse_empty_zones(rows: list[tuple[int, dict]], path: Path) -> None:
+    """Raise :class:`ConfigError` naming ``path``, the line and the id of every row (``(line, row)``)
+    whose ``timezone`` cell is empty. The column is required, but an empty cell stood for "not given"
+    and the subscriber silently got UTC: a subscriber in Auckland had a date-only deadline fall due at
+    23:59 UTC, 12:59 the next day in Auckland, so its reminders came half a day late."""
+    empty = [f"{path}: line {line} (id {row.get('id')!r}), column timezone: empty; write the subscriber's IANA "
+             "zone (UTC if that is meant): date-only and floating deadlines fall due in it"
+             for line, row in rows if "timezone" not in row]
+    if empty:
+        raise ConfigError("\n".join(empty[:20]) + (f"\n… and {len(empty) - 20} more row(s)" if len(empty) > 20
+                                                   else ""))
 
 
 def _refuse_no_rows(header_line: int, lines: list[int], path: Path, config_path: Path) -> None:
