@@ -601,6 +601,61 @@ def test_recurring_occurrence_moved_to_another_day_sends_a_cancellation_notice(e
                     T0 + timedelta(hours=2)).cancellation_notices == 0
 
 
+def test_an_occurrence_a_revision_moved_to_another_day_is_not_skipped_as_new(engine, tmp_path):
+    """``late_policy: skip``, ``-P7D``: a monthly filing due on the 15th is revised to the 10th on 5
+    March. Occurrences are identified by their day, so the 10 March one is a new obligation, and its
+    reminder (3 March) was skipped as late while the 15 March one was withdrawn: ann, who knew of the
+    filing, got nothing. It now goes out at once, as for a moved deadline. bob, a new subscriber
+    in the same run, keeps ``skip``: the filing is new to him."""
+    from deadline_pipeline.plan.planner import MOVED_DESPITE_SKIP
+
+    monthly = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270115T120000", "summary": "Monthly filing",
+               "rrule": "FREQ=MONTHLY;COUNT=6"}
+    ann = {"id": "ann", "tenant": "t", "email": "ann@example.org"}
+    bob = {"id": "bob", "tenant": "t", "email": "bob@example.org"}
+    first = datetime(2027, 3, 1, tzinfo=UTC)
+    _ingest_plan(engine, _configure(tmp_path, [monthly, B, C, D], [ann], offsets=["-P7D"], late_policy="skip"),
+                 first)
+    later = datetime(2027, 3, 5, tzinfo=UTC)
+    moved = dict(monthly, dtstart="20270110T120000")
+    out = _ingest_plan(engine, _configure(tmp_path, [moved, B, C, D], [ann, bob], offsets=["-P7D"],
+                                          late_policy="skip"), later)
+    assert out.moved_sent_despite_skip == 1, out
+    q = (select(subscribers.c.external_id, alerts.c.status, alerts.c.status_reason)
+         .join(obligations, obligations.c.id == alerts.c.obligation_id)
+         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+         .where(obligations.c.rule_id == "m@test", alerts.c.due_at == datetime(2027, 3, 10, 12, tzinfo=UTC)))
+    with engine.connect() as conn:
+        rows = {sid: (status, reason) for sid, status, reason in conn.execute(q)}
+    assert rows["ann"][0] == "pending" and rows["ann"][1].endswith(MOVED_DESPITE_SKIP), rows
+    assert rows["bob"][0] == "skipped", rows
+
+
+def test_a_deadline_withdrawn_and_restored_by_its_source_is_not_skipped_as_new(engine, tmp_path):
+    """``late_policy: skip``, ``-P1D``: A's reminder (14 Jan 11:00Z) is pending; the source drops A,
+    then restores it after the reminder's time. The reminder was skipped as late, as for a deadline
+    new to ann, though she was planned for it: it now goes out at once. A subscriber removed and
+    added back (the rule unchanged) is new to it and keeps ``skip``."""
+    ann = {"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "Europe/Berlin"}
+    bob = {"id": "bob", "tenant": "t", "email": "bob@example.org"}
+    f = {"uid": "f@test", "tzid": "UTC", "dtstart": "20270114T180000", "summary": "Report F"}  # -P1D: 13 Jan
+
+    def plan(evs, subs, now):
+        return _ingest_plan(engine, _configure(tmp_path, evs, subs, offsets=["-P1D"], late_policy="skip"), now)
+
+    plan([A, B, C, D, f], [ann, bob], T0)
+    plan([B, C, D, f], [ann], datetime(2027, 1, 14, tzinfo=UTC))  # A withdrawn; bob removed
+    plan([A, B, C, D, f], [ann, bob], datetime(2027, 1, 14, 12, tzinfo=UTC))  # A back; bob back
+    q = (select(subscribers.c.external_id, obligations.c.rule_id, alerts.c.status)
+         .join(obligations, obligations.c.id == alerts.c.obligation_id)
+         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+         .where(obligations.c.rule_id.in_(["a@test", "f@test"])))
+    with engine.connect() as conn:
+        status = {(sid, rid): st for sid, rid, st in conn.execute(q)}
+    assert status[("ann", "a@test")] == "pending", status
+    assert status[("bob", "f@test")] == "skipped", status  # f@test unchanged: bob is back as a new subscriber
+
+
 def test_late_reminder_waits_for_the_end_of_quiet_hours():
     target = Target(1, "ann", "t", "America/New_York", 1, "cal", None, ("*",), (-7 * 86400,), ("mail",),
                     quiet_hours="20:00-08:00")

@@ -135,6 +135,10 @@ class PlanProblem:
 # (``PlanOutcome.moved_sent_despite_skip``) and the store is searched for.
 MOVED_DESPITE_SKIP = "this subscription skips late reminders, but not those of a deadline that moved"
 
+# The reason of a late reminder ``skip`` left unsent (what planning looks for when it re-folds the
+# reminders of a deadline the subscriber already knew: ``plan.service._fold_as_known``).
+SKIPPED_BY_POLICY = "late reminders are skipped by this subscription's policy"
+
 
 def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "send_latest",
               reason_prefix: str = "late at planning", *, moved: bool = False) -> None:
@@ -171,8 +175,8 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
                     f"; {MOVED_DESPITE_SKIP}" if late_policy == "skip" else "")
             else:
                 a.status = AlertState.SKIPPED
-                a.status_reason = past + ("late reminders are skipped by this subscription's policy"
-                                          if skip else "a later reminder of the same deadline is sent instead")
+                a.status_reason = past + (SKIPPED_BY_POLICY if skip
+                                          else "a later reminder of the same deadline is sent instead")
 
 
 def _sent_at_once(due_at: datetime | None, now: datetime) -> str:

@@ -52,6 +52,7 @@ from deadline_pipeline.plan.occurrences import GRACE, window
 from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.planner import (
     MOVED_DESPITE_SKIP,
+    SKIPPED_BY_POLICY,
     PlannedObligation,
     PlanProblem,
     Target,
@@ -734,12 +735,15 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     merging = pool.submit(sql.merge_obligations, conn, now) if pool is not None else None
     try:
         # New obligations' alert rows, built while the database merges (or before, without a pool).
-        new_rows = [(key, chunk[key].ob.due_at, _alerts_of(chunk[key], now, cache)) for key in diff.new]
+        built = [_alerts_of(chunk[key], now, cache) for key in diff.new]
     finally:
         # Never leave the merge running on the connection, even when building the rows failed.
         ids = merging.result() if merging is not None else None
     if ids is None:
         ids = sql.merge_obligations(conn, now)
+    _fold_as_known(conn, [chunk[key] for key in diff.new], built, now, cache, out)
+    new_rows = [(key, chunk[key].ob.due_at, rows) for key, rows in zip(diff.new, built, strict=True)]
+    del built
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
     new = set(diff.new)
     direct = sql.insert_new_alerts(conn, (
@@ -750,8 +754,8 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
          chunk[key].ob.due_at)
         for key in diff.need_alerts if key not in new
-        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(chunk[key], now, cache,
-                                                                              moved=key in old_due)
+        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(
+            chunk[key], now, cache, moved=key in old_due or key in diff.restored)
     ))
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
@@ -799,12 +803,39 @@ def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome,
             ids = copying.result() if copying is not None else None
         if ids is None:
             ids = sql.copy_new_obligations(conn, rows, now)
+    _fold_as_known(conn, list(chunk.values()), built, now, cache, out)
     written = sql.insert_new_alerts(conn, (
         (ids[key], slot, dedup, p.ob.due_at)
         for (key, p), alerts_ in zip(chunk.items(), built, strict=True) for slot, dedup in alerts_
     ), now)
     out.obligations_inserted += len(chunk)
     out.alerts_inserted += written
+
+
+def _fold_as_known(conn, planned: list[_Planned], built: list[list[tuple[tuple, str]]], now: datetime, cache: dict,
+                   out: PlanOutcome) -> None:
+    """Re-fold, in place, the reminder rows (``built``, one list per obligation of ``planned``) of new
+    obligations whose subscriber was planned for their rule under an older version: a revision made
+    them (a weekly series moved from Wednesdays to Tuesdays, a monthly one from the 15th to the
+    10th), so ``late_policy: skip`` does not skip their late reminders — as for a deadline that moved
+    (:func:`~deadline_pipeline.plan.planner.fold_late`, ``moved``). Planned as new, the 10th's
+    reminder was skipped as late while the 15th's was withdrawn: its subscriber got nothing, or a
+    "Cancelled" notice. A new subscriber, or a deadline new to a rule nobody was planned for, keeps
+    ``skip``. Reads the store only when some row was skipped by that policy."""
+    maybe = [i for i, rows in enumerate(built)
+             if any(slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)]
+    if not maybe:
+        return
+    stored = sql.planned_rule_versions(conn, {(planned[i].ob.subscriber_id, planned[i].ob.source_id,
+                                               planned[i].ob.rule_id) for i in maybe}, now)
+    for i in maybe:
+        ob = planned[i].ob
+        version = stored.get((ob.subscriber_id, ob.source_id, ob.rule_id))
+        if version is None or version >= ob.rule_version:
+            continue
+        built[i] = _alerts_of(planned[i], now, cache, moved=True)
+        out.moved_sent_despite_skip += sum(1 for slot, _ in built[i]
+                                           if slot[3] == AlertState.PENDING and slot[2] <= now)
 
 
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:

@@ -647,6 +647,10 @@ class StagedDiff:
     moved: list[dict] = field(default_factory=list)
     changed: int = 0
     need_alerts: set[str] = field(default_factory=set)
+    # Withdrawn obligations back under a newer rule version (the source withdrew the deadline and
+    # restored it): their subscribers knew them. Not one back under the same version (its subscriber
+    # or subscription came back: new to them).
+    restored: set[str] = field(default_factory=set)
 
 
 def _differs(o, s):
@@ -665,10 +669,10 @@ def compare_staged(conn: Connection) -> StagedDiff:
     fingerprint changed, or coming back from withdrawn). Unchanged rows are not returned at all."""
     s, o = stage_obligations, obligations
     diff = StagedDiff()
-    for key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal in conn.execute(
+    for key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal, new_version in conn.execute(
         select(s.c.obligation_key, o.c.id, o.c.revision, o.c.due_at, s.c.due_at,
                o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != ObligationState.ACTIVE,
-               o.c.rule_version, o.c.zone_data, o.c.calendar_data)
+               o.c.rule_version, o.c.zone_data, o.c.calendar_data, s.c.rule_version)
         .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), _differs(o, s.c)))
     ):
@@ -684,7 +688,31 @@ def compare_staged(conn: Connection) -> StagedDiff:
             diff.changed += 1
         if fp_differs or inactive:
             diff.need_alerts.add(key)
+        if inactive and version < new_version:
+            diff.restored.add(key)
     return diff
+
+
+def planned_rule_versions(conn: Connection, triples: set[tuple[int, int, str]],
+                          before: datetime) -> dict[tuple[int, int, str], int]:
+    """``(subscriber_id, source_id, rule_id)`` → the newest rule version any obligation of that
+    subscriber, source and rule (any status) was last planned with before ``before`` (aware UTC: the
+    planning run's instant, so what this run wrote does not count), for those of ``triples`` that
+    have one. One read per 500 subscribers, by the ``(source_id, rule_id)`` index: it reads every
+    obligation of the rules asked about (a row-value ``IN`` was planned as one index scan per triple)."""
+    o = obligations
+    sources_, rules_ = {t[1] for t in triples}, {t[2] for t in triples}
+    found: dict[tuple[int, int, str], int] = {}
+    for part in pages(sorted({t[0] for t in triples}), 500):
+        for sub, src, rid, version in conn.execute(
+            select(o.c.subscriber_id, o.c.source_id, o.c.rule_id, func.max(o.c.rule_version))
+            .where(o.c.source_id.in_(sources_), o.c.rule_id.in_(rules_), o.c.subscriber_id.in_(part),
+                   o.c.planned_at < before)
+            .group_by(o.c.subscriber_id, o.c.source_id, o.c.rule_id)
+        ):
+            if (sub, src, rid) in triples:
+                found[(sub, src, rid)] = version
+    return found
 
 
 def merge_obligations(conn: Connection, now: datetime) -> dict[str, int]:
