@@ -1,4 +1,6 @@
-"""Business-day conventions and holiday calendars (the ``holidays`` library, or an ingested date set)."""
+"""Business-day conventions and holiday calendars (the ``holidays`` library, or an ingested date set),
+and the years an ingested holiday file covers: a due date rolled past them is a planning problem
+(real store and planning, SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -183,3 +185,139 @@ def test_a_source_spec_names_the_holiday_source_and_its_division():
     assert holiday_source_of("source:hols").name == "hols"
     assert holiday_source_of("GB-ENG") is None
     assert holiday_source_of("US-IRS") is None
+
+
+def test_a_calendar_knows_the_years_it_covers_and_reports_the_earliest_due_date_past_them():
+    """A date set covering 2026-2027: rolled due dates past 2027 are rolled for weekends alone, the
+    report is published once and names the earliest, whatever order they are rolled in. Only the
+    date a roll settles on counts: Saturday 1 January 2028 rolled back over a holiday on Friday 31
+    December to Thursday 30 December 2027 is covered, and so is a modified-following roll from that
+    Friday into January 2028, sent back into December."""
+    from types import SimpleNamespace
+
+    published = []
+    report = SimpleNamespace(message="")
+    cal = DateSetCalendar(frozenset({date(2026, 5, 4), date(2027, 5, 3), date(2027, 12, 31)}), coverage=(
+        cov := business_days.Coverage(2026, 2027, "source:ukh/england-and-wales", report, published.append)))
+    assert cal == DateSetCalendar(cal.dates)  # the coverage is no part of the calendar's identity
+    assert adjust(date(2027, 5, 3), "preceding", cal) == date(2027, 4, 30)
+    assert adjust(date(2028, 1, 1), "preceding", cal) == date(2027, 12, 30)
+    assert adjust(date(2027, 12, 31), "modified-following", cal) == date(2027, 12, 30)
+    assert cov.uncovered is None and published == [] and report.message == ""
+    assert adjust(date(2028, 6, 3), "following", cal) == date(2028, 6, 5)  # weekend only
+    assert adjust(date(2028, 6, 30), "preceding", cal) == date(2028, 6, 30)
+    assert adjust(date(2028, 5, 1), "preceding", cal) == date(2028, 5, 1)  # Early May 2028: unknown
+    assert published == [report] and cov.uncovered == date(2028, 5, 1)
+    assert report.message == (
+        "business-day calendar 'source:ukh/england-and-wales' has holidays for 2026-2027 only; due dates from "
+        "2028-05-01 on are rolled for weekends alone: ingest a newer holiday file, or shorten plan.horizon_days")
+    assert adjust(date(2028, 5, 1), "none", cal) == date(2028, 5, 1)
+    assert adjust(date(2025, 1, 1), "preceding", cal) == date(2025, 1, 1)  # before the data: not judged
+    assert published == [report] and cov.uncovered == date(2028, 5, 1)
+
+
+# GOV.UK's bank-holidays.json ended 2027-12-28 while planning reached Monday 1 May 2028 (Early May
+# bank holiday): a ``preceding`` filing stayed on the holiday, its PT0S reminder three days after the
+# real deadline (Friday 28 April), with no log line and every check green. A small file in the
+# current GOV.UK schema: England & Wales to 2027, Scotland to 2028 (the years are the division's own).
+GOVUK_TO_2027 = {
+    "england-and-wales": {"division": "england-and-wales", "events": [
+        {"title": title, "date": day, "notes": "", "bunting": True} for title, day in [
+            ("New Year’s Day", "2026-01-01"), ("Early May bank holiday", "2026-05-04"),
+            ("Christmas Day", "2026-12-25"), ("Boxing Day", "2026-12-28"), ("New Year’s Day", "2027-01-01"),
+            ("Early May bank holiday", "2027-05-03"), ("Christmas Day", "2027-12-27"),
+            ("Boxing Day", "2027-12-28")]]},
+    "scotland": {"division": "scotland", "events": [
+        {"title": "New Year’s Day", "date": "2028-01-03", "notes": "Substitute day", "bunting": True}]},
+}
+
+
+def _rolled_over_govuk(tmp_path, filings: str):
+    """A ``govuk-bank-holidays`` source of :data:`GOVUK_TO_2027` and a ``filings`` CSV (``filings``: its
+    rows, ``id,due``, 12:00 Europe/London) rolled ``preceding`` over its England & Wales holidays."""
+    import json
+
+    from deadline_pipeline.config import load_config
+    from deadline_pipeline_tests.factories import write_config
+
+    (tmp_path / "holidays.json").write_text(json.dumps(GOVUK_TO_2027))
+    rows = "".join(f"{rid},Filing {rid},{due}T12:00:00,Europe/London\n" for rid, due in
+                   (line.split(",") for line in filings.split()))
+    (tmp_path / "filings.csv").write_text("id,title,due,timezone\n" + rows)
+    return load_config(write_config(
+        tmp_path,
+        sources=[{"name": "ukh", "format": "govuk-bank-holidays", "location": "holidays.json"},
+                 {"name": "filings", "format": "csv", "location": "filings.csv",
+                  "business_days": {"calendar": "source:ukh/england-and-wales", "convention": "preceding"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"},
+                     {"id": "bob", "email": "bob@example.org", "timezone": "Europe/London"}],
+        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    ))[0]
+
+
+def _plan_and_record(engine, cfg, now):
+    """Ingest every source, plan, and record the run as the ``plan_obligations`` asset does."""
+    from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+    from deadline_pipeline.plan.service import plan_all, record_plan_run
+
+    for src in cfg.sources:
+        fetch_snapshot(engine, src, now)
+        apply_latest_snapshot(engine, src, now)
+    out = plan_all(engine, cfg, now)
+    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="test", problems=out.problems)
+    return out
+
+
+def _dues(engine) -> dict[str, set[str]]:
+    """rule id → the London dates of its obligations' due instants."""
+    from sqlalchemy import select
+
+    from deadline_pipeline.store.schema import obligations
+    from deadline_pipeline.timezones import resolve_zone
+
+    london = resolve_zone("Europe/London")
+    with engine.connect() as conn:
+        rows = conn.execute(select(obligations.c.rule_id, obligations.c.due_at)).all()
+    dues: dict[str, set[str]] = {}
+    for rule_id, due in rows:
+        dues.setdefault(rule_id, set()).add(due.astimezone(london).date().isoformat())
+    return dues
+
+
+def test_a_due_date_past_the_holiday_files_last_year_is_reported_not_rolled_silently(engine, tmp_path):
+    """Holidays of England & Wales to 2027 (Scotland's 2028 day is another division's). Christmas 2027
+    (Monday 27 December, a holiday) rolls back to Friday 24 December: no problem. Monday 1 May 2028
+    and Saturday 3 June 2028 are past the data: rolled for weekends alone (1 May stays, 3 June goes
+    to Friday 2 June), and planning reports it once for the source, for two subscribers and two
+    rules, naming the calendar, its years and the first uncovered due date (1 May, though the June
+    filing comes first); plan_complete is red. A due date on Saturday 1 January 2028 rolls back to
+    Friday 31 December 2027, which the data covers: no problem from it alone."""
+    from datetime import UTC, datetime
+
+    from deadline_pipeline.watch import checks as w
+
+    now = datetime(2027, 7, 1, tzinfo=UTC)
+    cfg = _rolled_over_govuk(tmp_path, "a-jun,2028-06-03 b-may,2028-05-01 xmas,2027-12-27 ny,2028-01-01")
+    out = _plan_and_record(engine, cfg, now)
+    assert _dues(engine) == {"a-jun": {"2028-06-02"}, "b-may": {"2028-05-01"}, "xmas": {"2027-12-24"},
+                             "ny": {"2027-12-31"}}
+    assert [(p.source, p.rule_id) for p in out.problems] == [("filings", "*")], out.problems
+    assert out.problems[0].message == (
+        "business-day calendar 'source:ukh/england-and-wales' has holidays for 2026-2027 only; due dates from "
+        "2028-05-01 on are rolled for weekends alone: ingest a newer holiday file, or shorten plan.horizon_days")
+    check = w.plan_complete(engine, now)
+    assert not check.passed and "2026-2027" in check.summary and "2028-05-01" in check.summary, check.summary
+
+
+def test_due_dates_the_holiday_file_covers_raise_no_problem(engine, tmp_path):
+    """The same source with due dates in 2027 only (Tuesday 28 December 2027, Boxing Day, rolls back
+    to Friday 24 December) and one whose weekend roll ends in 2027: no problem, plan_complete green."""
+    from datetime import UTC, datetime
+
+    from deadline_pipeline.watch import checks as w
+
+    now = datetime(2027, 7, 1, tzinfo=UTC)
+    out = _plan_and_record(engine, _rolled_over_govuk(tmp_path, "boxing,2027-12-28 ny,2028-01-01"), now)
+    assert _dues(engine) == {"boxing": {"2027-12-24"}, "ny": {"2027-12-31"}}
+    assert out.problems == [] and w.plan_complete(engine, now).passed

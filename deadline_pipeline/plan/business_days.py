@@ -15,6 +15,12 @@ days, so ``following`` leaves Saturday 27 April 2024 where it is. China, Belarus
 Uzbekistan publish such days too. A plain date set has no such notion: its business days are the
 days neither on its ``weekend`` (Saturday/Sunday unless it says otherwise) nor in the set.
 
+Covered years. A ``holidays`` calendar computes any year it is asked for (to 2100). A calendar built
+from an ingested holiday file knows only the years the file lists: GOV.UK's bank-holidays.json ended
+2027-12-28, so Monday 1 May 2028 (Early May bank holiday) was a business day to it. Such a calendar
+carries a :class:`Coverage`, and :func:`adjust` tells it each due date it settles on past the last
+covered year, so planning can report that the date was rolled for weekends alone.
+
 Conventions (the ISDA names used for payment and filing dates):
 
 * ``none`` — the date stays as it is;
@@ -36,7 +42,7 @@ observed Emancipation Day, so the return is due Tuesday 18 April 2028.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Protocol, runtime_checkable
@@ -66,13 +72,69 @@ class HolidayCalendar(Protocol):
     def __contains__(self, day: object) -> bool: ...
 
 
+@dataclass(eq=False)
+class Coverage:
+    """The calendar years ``first`` to ``last`` (inclusive) a holiday calendar's dates cover, and the
+    earliest due date rolled past them (``uncovered``; ``None`` until :func:`adjust` settles on one).
+
+    After ``last`` the calendar answers "not a holiday" for lack of data, not knowledge: GOV.UK's file
+    ended 2027-12-28, and a ``preceding`` filing due Monday 1 May 2028 (Early May bank holiday) stayed
+    on the holiday instead of Friday 28 April, its PT0S reminder three days late, silently. A due
+    date the roll settles on is the one date whose holiday status decided the roll (the dates it
+    passed were holidays, so covered, or weekend days, which need no data), so :meth:`note` judges
+    that date alone: Saturday 1 January 2028 rolled back to Friday 31 December 2027 is covered.
+
+    ``report``: any object with a writable ``message`` (a planning problem); ``publish(report)`` is
+    called once, at the first due date past ``last``, with ``report.message`` set by
+    :meth:`describe`; an earlier due date met later (another rule) rewrites ``report.message`` in
+    place, so one report per calendar names the earliest (the log line of ``publish`` names the
+    first met). The planner rolls dates up to :data:`MAX_ROLL_DAYS` + 1 days beyond its window too,
+    so a report may come up to a month before its date is planned: a warning, not a false alarm.
+    Dates before ``first`` are not judged: a holiday file may drop its past years (it is applied,
+    not quarantined), and the rolls that reach before the window (at dates never planned) would then
+    report them each January.
+    """
+
+    first: int
+    last: int
+    spec: str = ""
+    report: object = None
+    publish: Callable[[object], object] | None = None
+    uncovered: date | None = None
+
+    def note(self, due: date) -> None:
+        """Record ``due`` (a rolled due date) when it is past :attr:`last` and earlier than
+        :attr:`uncovered`; O(1): one year comparison for a covered date."""
+        if due.year <= self.last or (self.uncovered is not None and due >= self.uncovered):
+            return
+        first_time = self.uncovered is None
+        self.uncovered = due
+        if self.report is not None:
+            self.report.message = self.describe()
+            if first_time and self.publish is not None:
+                self.publish(self.report)
+
+    def describe(self) -> str:
+        """``"business-day calendar 'source:ukh/england-and-wales' has holidays for 2019-2027 only; due
+        dates from 2028-05-01 on are rolled for weekends alone: …"``, from :attr:`uncovered`."""
+        years = f"{self.first}" if self.first == self.last else f"{self.first}-{self.last}"
+        since = self.uncovered.isoformat() if self.uncovered else f"{self.last + 1}-01-01"
+        return (f"business-day calendar {self.spec!r} has holidays for {years} only; due dates from {since} on "
+                "are rolled for weekends alone: ingest a newer holiday file, or shorten plan.horizon_days")
+
+
 @dataclass(frozen=True)
 class DateSetCalendar:
-    """A holiday calendar from explicit dates (e.g. an ingested holiday source)."""
+    """A holiday calendar from explicit dates (e.g. an ingested holiday source).
+
+    ``coverage``: the years the dates cover (:class:`Coverage`), told each due date :func:`adjust`
+    rolls with this calendar; ``None``: the dates are taken as complete (a plain set of dates).
+    """
 
     dates: frozenset[date]
     weekend: frozenset[int] = WEEKEND
     name: str = "dates"
+    coverage: Coverage | None = field(default=None, compare=False, repr=False)
 
     def __contains__(self, day: object) -> bool:
         return day in self.dates
@@ -181,6 +243,7 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
     """Move ``day`` to a business day by ``convention`` (one of :data:`CONVENTIONS`).
 
     ``calendar``: a :class:`HolidayCalendar` (resolve a spec with :func:`calendar`). Returns a date.
+    A :class:`DateSetCalendar` with a :class:`Coverage` is told the result (:meth:`Coverage.note`).
     Raises ``ValueError`` for an unknown convention, or when no business day lies within
     :data:`MAX_ROLL_DAYS` days (a calendar that marks everything as a holiday is a data error).
     """
@@ -188,11 +251,18 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
     if name == "none":
         return day
     if name == "following":
-        return _roll(day, calendar, 1)
-    if name == "preceding":
-        return _roll(day, calendar, -1)
-    following = _roll(day, calendar, 1)
-    return following if following.month == day.month else _roll(day, calendar, -1)
+        due = _roll(day, calendar, 1)
+    elif name == "preceding":
+        due = _roll(day, calendar, -1)
+    else:
+        # A following roll into the next month is judged by its month alone, whatever its holidays:
+        # only the date kept is noted below.
+        due = _roll(day, calendar, 1)
+        due = due if due.month == day.month else _roll(day, calendar, -1)
+    if isinstance(calendar, DateSetCalendar) and calendar.coverage is not None:
+        # A holiday file's last year passed silently (GOV.UK's ended 2027: 1 May 2028 not rolled).
+        calendar.coverage.note(due)
+    return due
 
 
 def check_convention(convention: str) -> str:
@@ -268,8 +338,8 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
     return f"{_day(nominal)} {_why_moved(nominal, cal)}; due {_due_words(due, cal)} ({rule} {convention})"
 
 
-__all__ = ["CONVENTIONS", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar", "adjust",
-           "calendar", "calendar_data_of", "calendar_data_version", "check_convention", "describe_roll",
+__all__ = ["CONVENTIONS", "Coverage", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar",
+           "adjust", "calendar", "calendar_data_of", "calendar_data_version", "check_convention", "describe_roll",
            "holiday_name", "holiday_source_of", "is_business_day"]
 
 

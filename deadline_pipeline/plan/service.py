@@ -371,11 +371,15 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
     A ``source:NAME[/DIVISION]`` calendar is built from that holiday source's active rules, so a
     revised holiday (GOV.UK moving a bank holiday) moves the obligations rolled over it. A calendar
     that cannot be built leaves the source's dates unrolled and is reported: a due date one business
-    day early is far better than none.
+    day early is far better than none. Such a calendar covers the years of its first to its last
+    holiday (of the division); a due date rolled past them is rolled for weekends alone and reported
+    once per source (:class:`~deadline_pipeline.plan.business_days.Coverage`, told by the roll
+    itself, so only when a due date falls there): GOV.UK's file ended 2027, and Monday 1 May 2028
+    (Early May bank holiday) was not rolled, with no log line and every check green.
     """
     from datetime import date
 
-    from deadline_pipeline.plan.business_days import calendar
+    from deadline_pipeline.plan.business_days import Coverage, DateSetCalendar, calendar
 
     out_map: dict[str, tuple] = {}
     for src in cfg.sources:
@@ -394,7 +398,11 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
                         if not division or r.rule_id.startswith(division + "/")}
                 if not days:
                     raise ValueError(f"holiday source {name!r} has no holidays{' for ' + division if division else ''}")
-                cal = calendar(days)
+                # One problem per source, added by the roll (this run's planning) at its first due
+                # date past the data, narrowed in place to the earliest.
+                cal = DateSetCalendar(frozenset(days), name=bd.calendar, coverage=Coverage(
+                    min(days).year, max(days).year, bd.calendar, PlanProblem(src.name, "*", ""),
+                    lambda problem: out.add_problems([problem], "planning")))
             else:
                 cal = calendar(bd.calendar)
         except ValueError as exc:
