@@ -656,6 +656,36 @@ def test_a_deadline_withdrawn_and_restored_by_its_source_is_not_skipped_as_new(e
     assert status[("bob", "f@test")] == "skipped", status  # f@test unchanged: bob is back as a new subscriber
 
 
+def test_a_deadline_moved_into_another_partition_keeps_its_move_when_the_old_month_is_planned_first(
+        engine, tmp_path):
+    """``late_policy: skip``, ``-P7D``: a deadline due 20 May moves to 12 March, and the revision's two
+    partition runs (the sensor requests both months) plan May first. That run moves the obligation to
+    12 March (outside its window) and supersedes the May reminders; the March run then saw the
+    obligation already at 12 March, folded its late reminder (5 March) as a new deadline's and
+    skipped it: nobody was told. It now goes out at once, saying the deadline moved from 20 May."""
+    from deadline_pipeline.plan.planner import MOVED_DESPITE_SKIP
+
+    now = datetime(2027, 3, 10, tzinfo=UTC)
+    may = {"uid": "m@test", "tzid": "UTC", "dtstart": "20270520T120000", "summary": "Filing"}
+
+    def cfg(event):
+        return _configure(tmp_path, [event, B, C, D], offsets=["-P7D"], late_policy="skip")
+
+    _ingest_plan(engine, cfg(may), now)
+    moved = cfg(dict(may, dtstart="20270312T120000"))
+    for s in moved.sources:
+        fetch_snapshot(engine, s, now + timedelta(hours=1))
+        apply_latest_snapshot(engine, s, now + timedelta(hours=1))
+    for first, last in ((datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+                        (datetime(2027, 3, 1, tzinfo=UTC), datetime(2027, 4, 1, tzinfo=UTC))):
+        plan_all(engine, moved, now + timedelta(hours=1), after=first, before=last)
+    rows = {(r["due_at"], r["status"]): r["status_reason"] for r in _alerts(engine, "m@test")}
+    assert set(rows) == {(datetime(2027, 5, 20, 12, tzinfo=UTC), "superseded"),
+                         (datetime(2027, 3, 12, 12, tzinfo=UTC), "pending")}, rows
+    reason = rows[(datetime(2027, 3, 12, 12, tzinfo=UTC), "pending")]
+    assert reason.startswith("deadline moved from 2027-05-20") and reason.endswith(MOVED_DESPITE_SKIP), reason
+
+
 def test_late_reminder_waits_for_the_end_of_quiet_hours():
     target = Target(1, "ann", "t", "America/New_York", 1, "cal", None, ("*",), (-7 * 86400,), ("mail",),
                     quiet_hours="20:00-08:00")

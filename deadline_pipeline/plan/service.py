@@ -753,17 +753,21 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     new_rows = [(key, chunk[key].ob.due_at, rows) for key, rows in zip(diff.new, built, strict=True)]
     del built
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
+    # Moved here by a run of another partition (the old instant's month planned first): without
+    # this its late reminders were folded as a new deadline's and, under late_policy skip, never
+    # sent, while the old instant's had been superseded.
+    moved_from = {**diff.moved_before, **old_due}
     new = set(diff.new)
     direct = sql.insert_new_alerts(conn, (
         (ids[key], slot, dedup, due) for key, due, rows in new_rows for slot, dedup in rows
     ), now)
     del new_rows
     sql.stage_rows(conn, sql.stage_alerts, (
-        (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, old_due.get(key)),
+        (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, moved_from.get(key)),
          chunk[key].ob.due_at)
         for key in diff.need_alerts if key not in new
         for (seconds, channel, send_at, status, reason), dedup in _alerts_of(
-            chunk[key], now, cache, moved=key in old_due or key in diff.restored)
+            chunk[key], now, cache, moved=key in moved_from or key in diff.restored)
     ))
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged

@@ -651,6 +651,10 @@ class StagedDiff:
     # restored it): their subscribers knew them. Not one back under the same version (its subscriber
     # or subscription came back: new to them).
     restored: set[str] = field(default_factory=set)
+    # obligation_key → the instant it was due before: obligations a run of another partition moved
+    # here (:func:`move_obligation`, fingerprint cleared) without planning their new instant's
+    # reminders, which this run plans as those of a moved deadline.
+    moved_before: dict[str, datetime] = field(default_factory=dict)
 
 
 def _differs(o, s):
@@ -669,10 +673,12 @@ def compare_staged(conn: Connection) -> StagedDiff:
     fingerprint changed, or coming back from withdrawn). Unchanged rows are not returned at all."""
     s, o = stage_obligations, obligations
     diff = StagedDiff()
-    for key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal, new_version in conn.execute(
+    for (key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal, new_version,
+         moved_from) in conn.execute(
         select(s.c.obligation_key, o.c.id, o.c.revision, o.c.due_at, s.c.due_at,
                o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != ObligationState.ACTIVE,
-               o.c.rule_version, o.c.zone_data, o.c.calendar_data, s.c.rule_version)
+               o.c.rule_version, o.c.zone_data, o.c.calendar_data, s.c.rule_version,
+               case((o.c.fingerprint.is_(None), o.c.previous_due_at), else_=None))
         .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), _differs(o, s.c)))
     ):
@@ -690,6 +696,8 @@ def compare_staged(conn: Connection) -> StagedDiff:
             diff.need_alerts.add(key)
         if inactive and version < new_version:
             diff.restored.add(key)
+        if moved_from is not None and old_due == new_due:
+            diff.moved_before[key] = moved_from
     return diff
 
 
@@ -952,7 +960,9 @@ def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime,
 def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule_version: int,
                     now: datetime) -> None:
     """Move one obligation to ``due_at`` (aware UTC) outside the planning window (a move into the
-    past): the revision is bumped and the old instant kept, exactly as a merge does for a move."""
+    past, or into a month another partition plans): the revision is bumped and the old instant kept,
+    exactly as a merge does for a move. The fingerprint is cleared: the new instant's reminders are
+    not planned yet, and the run that plans them reads that as a move (:attr:`StagedDiff.moved_before`)."""
     o = obligations
     conn.execute(update(o).where(o.c.id == obligation_id).values(
         due_at=due_at, previous_due_at=o.c.due_at, revision=o.c.revision + 1, rule_version=rule_version,
