@@ -270,6 +270,30 @@ def test_an_id_between_two_renames_counts_as_the_rules_own():
     assert renamed_out_problem(target("x*"), lineage, recorded) is None
 
 
+def test_a_clean_backfill_does_not_hide_the_full_runs_problems(engine):
+    """The hourly run reports a rule cut at the expansion cap; five minutes later a one-month
+    backfill, clean in its month, turned plan_complete green while the cut months stayed unplanned.
+    A backfill turns it red, never green: only the next clean full run does."""
+    from deadline_pipeline.plan.planner import PlanProblem
+
+    cut = [PlanProblem("cal", "h@test", "more than 5000 occurrences (the expansion cap)")]
+
+    def run(component, minutes, problems=()):
+        at = T0 + timedelta(minutes=minutes)
+        record_plan_run(engine, component, started_at=at, completed_at=at, label=component, problems=list(problems))
+        return w.plan_complete(engine, at)
+
+    assert not run("plan", 0, cut).passed
+    out = run("plan:backfill", 5)
+    assert not out.passed and "expansion cap" in out.summary and out.offenders[0]["component"] == "plan", out
+    out = run("plan:backfill", 10, [PlanProblem("cal", "x@test", "no email")])
+    assert not out.passed and out.count == 2 and [o["component"] for o in out.offenders] == [
+        "plan:backfill", "plan"], out
+    # A clean full run after both: the backfill is older, so only the full run is judged.
+    assert run("plan", 60).passed
+    assert not run("plan:backfill", 65, cut).passed
+
+
 def _two_sources(tmp_path, rules, **subscription):
     """ann of tenant t1 and one subscription ``both`` with ``rules`` (and ``subscription``'s other
     keys) over ``cal`` (a@test, b@test) and ``conf`` (c@conf)."""

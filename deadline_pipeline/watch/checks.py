@@ -29,8 +29,10 @@ Checks and what exactly they promise:
     A channel is usable when it is configured and the subscriber has its contact (email for smtp
     and maildir, webhook_url for webhook).
 ``plan_complete``
-    the last planning run (the newest of the heartbeats ``plan`` and ``plan:backfill``) reported no
-    planning problem: its outcome is not ``partial``. A problem is a reminder planning knowingly
+    the last full planning run (heartbeat ``plan``), and a backfill run (``plan:backfill``) newer
+    than it, reported no planning problem: neither outcome is ``partial``. A backfill can turn the
+    check red, never green: a one-month backfill clean in its month hid the full run's problems
+    (reminders past an expansion cap, months away) until the next full run. A problem is a reminder planning knowingly
     did not plan (a subscriber without the contact a channel needs, ``kinds`` matching no rule, a
     rule the planner refuses or cannot expand within its work budget, a rule whose expansion was cut
     at the occurrence cap — planned up to the cut only); the heartbeat's ``detail``
@@ -190,20 +192,27 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     done = [beats[c] for c in PLAN_COMPONENTS if c in beats and beats[c].get("last_completed_at")]
     if not done:
         return CheckOutcome("plan_complete", True, 0, "planning has not completed yet (see horizon_planned)")
-    last = max(done, key=lambda b: b["last_completed_at"])
-    detail = last.get("detail") or ""
-    offender = {"component": last["component"], "last_completed_at": _iso(last["last_completed_at"]),
-                "last_outcome": last.get("last_outcome"), "detail": detail[:2000]}
-    if last.get("last_outcome") == "partial":
-        found = _PROBLEM_COUNT.search(detail)
-        count = int(found.group(1)) if found else 1
-        # Not "left reminders unplanned": some problems plan every reminder (a subscriber of another
-        # tenant is planned as listed), so the summary says what is known — the run's problems.
-        run = detail[:found.start()].rstrip("; ") if found else ""
-        listed = detail[found.start():] if found else detail
-        return CheckOutcome("plan_complete", False, max(count, 1),
-                            f"the planning run completed {instant_text(last['last_completed_at'])}"
-                            f"{f' ({run})' if run else ''} reported {listed[:500]}", [offender])
+    full = beats.get("plan") if beats.get("plan", {}).get("last_completed_at") else None
+    judged = [b for b in done if b is full or full is None or b["last_completed_at"] > full["last_completed_at"]]
+    partial = sorted((b for b in judged if b.get("last_outcome") == "partial"),
+                     key=lambda b: b["last_completed_at"], reverse=True)
+    if partial:
+        counts, texts = [], []
+        for beat in partial:
+            detail = beat.get("detail") or ""
+            found = _PROBLEM_COUNT.search(detail)
+            counts.append(max(int(found.group(1)) if found else 1, 1))
+            # Not "left reminders unplanned": some problems plan every reminder (a subscriber of another
+            # tenant is planned as listed), so the summary says what is known — the run's problems.
+            run = detail[:found.start()].rstrip("; ") if found else ""
+            listed = detail[found.start():] if found else detail
+            texts.append(f"the planning run completed {instant_text(beat['last_completed_at'])}"
+                         f"{f' ({run})' if run else ''} reported {listed[:500]}")
+        offenders = [{"component": b["component"], "last_completed_at": _iso(b["last_completed_at"]),
+                      "last_outcome": b.get("last_outcome"), "detail": (b.get("detail") or "")[:2000]}
+                     for b in partial]
+        return CheckOutcome("plan_complete", False, sum(counts), "; ".join(texts), offenders)
+    last = max(judged, key=lambda b: b["last_completed_at"])
     return CheckOutcome("plan_complete", True, 0, f"the planning run completed "
                         f"{instant_text(last['last_completed_at'])} reported no problem", [])
 
