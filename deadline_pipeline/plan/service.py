@@ -436,6 +436,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     out = PlanOutcome(zone_data=zone_data.version(), calendar_data=calendar_data_version())
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
+        if sql.lock_planning(conn):
+            log.info("planning: waited for another planning run of this store to finish")
         sql.without_jit(conn)
         targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
         if scope is not None:
@@ -467,35 +469,36 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         judged = _judge_sources(conn, targets, now)
         watched = sql.planned_pairs(conn, [sid for sid, found in judged.items() if found])
         sql.create_stage(conn)
-        try:
-            failed_rules: set[tuple[int, str]] = set()
-            cache: dict = {}
-            # A store without obligations gets new chunks only, until one turns out not to be new:
-            # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
-            # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
-            expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
-            chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
-                targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
-                start_small=expect_new["new"]))
-            # Two helper threads overlap the client's Python with the database's work (the driver
-            # releases the GIL while it waits): the next chunk is planned (and, expected new, made
-            # ready to COPY) while this one is written, and a chunk's alert rows are built while its
-            # obligations merge. The connection is only ever used by one thread at a time; the
-            # shared ``cache`` holds deterministic values.
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
+        failed_rules: set[tuple[int, str]] = set()
+        cache: dict = {}
+        # A store without obligations gets new chunks only, until one turns out not to be new:
+        # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
+        # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
+        expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
+        chunks = (_prepare(chunk, now, cache, expect_new["new"]) for chunk in _planned_chunks(
+            targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
+            start_small=expect_new["new"]))
+        # Two helper threads overlap the client's Python with the database's work (the driver
+        # releases the GIL while it waits): the next chunk is planned (and, expected new, made
+        # ready to COPY) while this one is written, and a chunk's alert rows are built while its
+        # obligations merge. The connection is only ever used by one thread at a time; the
+        # shared ``cache`` holds deterministic values.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
+            pending = pool.submit(next, chunks, None)
+            while (chunk := pending.result()) is not None:
                 pending = pool.submit(next, chunks, None)
-                while (chunk := pending.result()) is not None:
-                    pending = pool.submit(next, chunks, None)
-                    expect_new["new"] = _write_chunk(conn, chunk, now, out, cache, pool)
-            sql.analyze_planned(conn)
-            if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
-                sql.analyze_written(conn)
-            _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, judged, out)
-            _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
-                      {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
-                      filtered=_filtered_out(targets, rules_cache), rule_ids=scoped_ids)
-        finally:
-            sql.drop_stage(conn)
+                expect_new["new"] = _write_chunk(conn, chunk, now, out, cache, pool)
+        sql.analyze_planned(conn)
+        if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
+            sql.analyze_written(conn)
+        _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, judged, out)
+        _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
+                  {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
+                  filtered=_filtered_out(targets, rules_cache), rule_ids=scoped_ids)
+        # Not in a `finally`: on an error the transaction rolls back, and the staging tables made in it
+        # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
+        # the error (a concurrent run's KeyError read "current transaction is aborted").
+        sql.drop_stage(conn)
     return out
 
 

@@ -281,6 +281,27 @@ def _claimed_lineage(latest: dict[str, dict]) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- staging
 
+#: The advisory lock key one planning run holds for its transaction (PostgreSQL).
+PLANNING_LOCK = 0x646c706c616e  # "dlplan"
+
+
+def lock_planning(conn: Connection) -> bool:
+    """Hold the planning lock (a transaction-level advisory lock on PostgreSQL) until ``conn``'s
+    transaction ends, waiting for a planning run that holds it. Returns whether another run held it
+    (the caller logs the wait). SQLite has one writer at a time already: nothing to do, ``False``.
+
+    Two planning runs on one store (the hourly run, a revision sensor's runs: ``dagster.yaml``
+    allows four at once) each compared staged obligations, then merged them; rows the other run
+    merged in between were neither new nor returned by the merge, and the run failed with a
+    ``KeyError`` on an obligation key. Runs now plan one after another."""
+    if conn.dialect.name != "postgresql":
+        return False
+    if conn.exec_driver_sql("SELECT pg_try_advisory_xact_lock(%(k)s)", {"k": PLANNING_LOCK}).scalar():
+        return False
+    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": PLANNING_LOCK})
+    return True
+
+
 def without_jit(conn: Connection) -> None:
     """Turn PostgreSQL's JIT compilation off for the rest of ``conn``'s transaction (nothing elsewhere).
 
@@ -571,11 +592,11 @@ def key_lookups(conn: Connection) -> Iterator[None]:
         return
     conn.exec_driver_sql("SET LOCAL enable_hashjoin = off")
     conn.exec_driver_sql("SET LOCAL enable_mergejoin = off")
-    try:
-        yield
-    finally:
-        conn.exec_driver_sql("RESET enable_hashjoin")
-        conn.exec_driver_sql("RESET enable_mergejoin")
+    yield
+    # Not in a `finally`: the settings are the transaction's (SET LOCAL), which an error rolls back,
+    # and a RESET on the aborted transaction failed and hid that error.
+    conn.exec_driver_sql("RESET enable_hashjoin")
+    conn.exec_driver_sql("RESET enable_mergejoin")
 
 
 def store_has_no_obligations(conn: Connection) -> bool:
