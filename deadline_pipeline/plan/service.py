@@ -454,8 +454,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
                 recorded_lineage[t.source_id] = read.recorded_lineage
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
-        out.add_problems(subscriptions_selection_problems(targets, rules_cache))
-        out.add_problems(renamed_out_problems(targets, lineage, recorded_lineage))
+        out.add_problems(subscriptions_selection_problems(targets, rules_cache, lineage, recorded_lineage))
         scoped_ids = _scoped_rule_ids(scope, rules_cache, recorded_lineage)
         if scoped_ids is not None:
             rules_cache = {sid: ([(v, r) for v, r in rules if ids is None or r.rule_id in ids], withdrawn)
@@ -536,39 +535,27 @@ def changed_rules(engine: Engine, since_version_id: int, until_version_id: int) 
                      since_version_id + 1, until_version_id)
 
 
-def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[int, tuple]) -> list[PlanProblem]:
-    """Each subscription's selection problem (:func:`~deadline_pipeline.plan.planner.subscription_selection_problems`),
-    judged once per subscription over its sources — not per subscriber, whose targets differ only in
-    who is reminded. ``rules_cache``: source id → (active rules, withdrawn rules) of every target's
-    source. Costs one dict look-up per target."""
+def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[int, tuple],
+                                     lineage: dict[int, dict[str, str]],
+                                     recorded_lineage: dict[int, dict[str, str]]) -> list[PlanProblem]:
+    """Each subscription's selection problem (:func:`~deadline_pipeline.plan.planner.subscription_selection_problems`)
+    and, per source, its rules renamed out of its patterns
+    (:func:`~deadline_pipeline.plan.planner.renamed_out_problem`), judged once per subscription over
+    its sources — not per subscriber, whose targets differ only in who is reminded. ``rules_cache``:
+    source id → (active rules, withdrawn rules) of every target's source; ``lineage`` /
+    ``recorded_lineage``: source id → that source's :class:`~deadline_pipeline.store.planning.SourceRules`
+    maps. Costs one dict look-up per target."""
     by_subscription: dict[tuple, dict[int, Target]] = {}
     for t in targets:
         key = (t.subscription, t.rule_patterns, t.kinds, t.exclude_kinds)
         by_subscription.setdefault(key, {}).setdefault(t.source_id, t)
     problems = []
     for per_source in by_subscription.values():
-        problems.extend(subscription_selection_problems(
-            (t, *rules_cache[sid]) for sid, t in sorted(per_source.items(), key=lambda i: i[1].source)))
-    return problems
-
-
-def renamed_out_problems(targets: list[Target], lineage: dict[int, dict[str, str]],
-                         recorded_lineage: dict[int, dict[str, str]]) -> list[PlanProblem]:
-    """Each subscription's rules renamed out of its patterns, per source
-    (:func:`~deadline_pipeline.plan.planner.renamed_out_problem`), judged once per subscription and
-    source, not per subscriber. ``lineage`` / ``recorded_lineage``: source id → that source's
-    :class:`~deadline_pipeline.store.planning.SourceRules` maps. Nothing to judge (no renamed rule,
-    the usual case) costs one look-up per target."""
-    seen: set[tuple] = set()
-    problems = []
-    for t in targets:
-        key = (t.subscription, t.rule_patterns, t.source_id)
-        if not lineage.get(t.source_id) or key in seen:
-            continue
-        seen.add(key)
-        found = renamed_out_problem(t, lineage[t.source_id], recorded_lineage.get(t.source_id, {}))
-        if found is not None:
-            problems.append(found)
+        ordered = sorted(per_source.items(), key=lambda i: i[1].source)
+        problems.extend(subscription_selection_problems((t, *rules_cache[sid]) for sid, t in ordered))
+        renamed = (renamed_out_problem(t, lineage[sid], recorded_lineage.get(sid, {}))
+                   for sid, t in ordered if lineage.get(sid))
+        problems.extend(p for p in renamed if p is not None)
     return problems
 
 

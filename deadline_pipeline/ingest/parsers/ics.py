@@ -73,7 +73,6 @@ from zoneinfo import ZoneInfo
 import icalendar
 from icalendar.parser import Contentline
 
-from deadline_pipeline.durations import DURATION_PATTERN
 from deadline_pipeline.ingest.parsers.base import (
     ParseError,
     ParseProblem,
@@ -83,6 +82,7 @@ from deadline_pipeline.ingest.parsers.base import (
     drop_duplicate_ids,
 )
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.rules import RuleRecord, format_local, year_problem
 from deadline_pipeline.timezones import (
     EQUIVALENCE_YEARS,
@@ -725,17 +725,6 @@ def _due_offset(todo: icalendar.cal.Component, due: _When) -> dict:
     return {"due_offset_seconds": seconds} if seconds else {}
 
 
-@dataclass(frozen=True)
-class _Duration:
-    """A DURATION value (RFC 5545 §3.3.6) split by how it is added to a start: ``days`` nominal (weeks × 7
-    + days: calendar days, 23 or 25 hours across a DST change), ``seconds`` exact (hours, minutes and
-    seconds), and ``text`` as written."""
-
-    text: str
-    days: int
-    seconds: int
-
-
 def _todo_due(todo: icalendar.cal.Component, key: str, start: _When, scan: _ScannedComponent | None,
               floating_zone: str | None) -> _When:
     """A to-do's due time: ``start`` (its ``key`` value, DUE or else DTSTART), moved by its DURATION when
@@ -765,8 +754,9 @@ def _named_lines(scan: _ScannedComponent | None, name: str) -> str:
     return f"{name} (line{'s' if len(numbers) > 1 else ''} {', '.join(numbers)})"
 
 
-def _duration(prop: icalendar.prop.vDDDTypes | list, scan: _ScannedComponent | None) -> _Duration:
-    """A to-do's DURATION property (a vDDDTypes, or a list when repeated) as a :class:`_Duration`.
+def _duration(prop: icalendar.prop.vDDDTypes | list, scan: _ScannedComponent | None) -> Offset:
+    """A to-do's DURATION property (a vDDDTypes, or a list when repeated) as an
+    :class:`~deadline_pipeline.plan.offsets.Offset` (``days`` nominal, ``seconds`` exact, ``written``).
 
     Read from the raw text the scan kept (``scan``): the library reads ``P1D`` and ``PT24H`` as one
     ``timedelta``, and across a DST change they are due an hour apart. Without a scan paired with the
@@ -782,18 +772,19 @@ def _duration(prop: icalendar.prop.vDDDTypes | list, scan: _ScannedComponent | N
     else:
         raw = prop.to_ical()
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    match = DURATION_PATTERN.match(text.upper())
-    if match is None:
-        raise _Skip(f"DURATION {text!r} is not a duration of weeks, days, hours, minutes and seconds (RFC 5545 §3.3.6)")
-    n = {k: int(v or 0) for k, v in match.groupdict().items() if k != "sign"}
-    duration = _Duration(text, n["weeks"] * 7 + n["days"], n["hours"] * 3600 + n["minutes"] * 60 + n["seconds"])
-    if match.group("sign") == "-" and (duration.days or duration.seconds):
+    try:
+        # Split as a reminder offset is (plan.offsets): weeks and days nominal, the rest exact.
+        duration = Offset.parse(text.upper())
+    except ValueError:
+        raise _Skip(f"DURATION {text!r} is not a duration of weeks, days, hours, minutes and seconds "
+                    "(RFC 5545 §3.3.6)") from None
+    if duration.days < 0 or duration.seconds < 0:
         raise _Skip(f"DURATION {text} is negative: the to-do would be due before its DTSTART, which RFC 5545 "
                     "§3.8.2.3 forbids; the due instant is unknown")
     return duration
 
 
-def _plus_duration(start: _When, duration: _Duration, floating_zone: str | None) -> _When:
+def _plus_duration(start: _When, duration: Offset, floating_zone: str | None) -> _When:
     """``start`` (a to-do's DTSTART) + ``duration``, in the form ``start`` has: a date stays a date, a wall
     time stays a wall time in the same zone (or floating).
 
@@ -808,7 +799,7 @@ def _plus_duration(start: _When, duration: _Duration, floating_zone: str | None)
     """
     value = start.value
     if not isinstance(value, datetime) and duration.seconds:
-        raise _Skip(f"DURATION {duration.text} has hours, minutes or seconds but DTSTART {value.isoformat()} is a "
+        raise _Skip(f"DURATION {duration.written} has hours, minutes or seconds but DTSTART {value.isoformat()} is a "
                     "DATE, whose due time is a date too (RFC 5545 §3.8.2.3); the due instant is unknown")
     try:
         due = value + timedelta(days=duration.days)
@@ -820,10 +811,10 @@ def _plus_duration(start: _When, duration: _Duration, floating_zone: str | None)
             else:  # aware + timedelta in Python is wall-clock arithmetic: add in UTC, read back in the zone
                 due = (due.replace(tzinfo=zone, fold=0).astimezone(UTC) + exact).astimezone(zone).replace(tzinfo=None)
     except OverflowError:  # P99999999D: beyond any date, not a traceback failing the component
-        raise _Skip(f"DTSTART + DURATION {duration.text} is beyond any representable date") from None
+        raise _Skip(f"DTSTART + DURATION {duration.written} is beyond any representable date") from None
     problem = year_problem(due)
     if problem:
-        raise _Skip(f"DTSTART + DURATION {duration.text} = {format_local(due)}: {problem}")
+        raise _Skip(f"DTSTART + DURATION {duration.written} = {format_local(due)}: {problem}")
     return replace(start, value=due)
 
 
