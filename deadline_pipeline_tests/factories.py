@@ -22,11 +22,12 @@ SUMMARY:{summary}\r
 
 
 def ics(*events: dict) -> str:
-    """An ICS calendar of VEVENTs given as dicts with uid, tzid, dtstart, summary and optional rrule
-    and status (``CANCELLED``)."""
+    """An ICS calendar of VEVENTs given as dicts with uid, tzid, dtstart, summary and optional rrule,
+    recurrence_id (local, in ``tzid``: an override of that occurrence) and status (``CANCELLED``)."""
     body = ""
     for e in events:
         extra = f"RRULE:{e['rrule']}\r\n" if e.get("rrule") else ""
+        extra += f"RECURRENCE-ID;TZID={e['tzid']}:{e['recurrence_id']}\r\n" if e.get("recurrence_id") else ""
         extra += f"STATUS:{e['status']}\r\n" if e.get("status") else ""
         body += EVENT_TEMPLATE.format(uid=e["uid"], tzid=e["tzid"], dtstart=e["dtstart"], summary=e["summary"],
                                       extra=extra)

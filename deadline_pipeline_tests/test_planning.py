@@ -631,6 +631,36 @@ def test_an_occurrence_a_revision_moved_to_another_day_is_not_skipped_as_new(eng
     assert rows["bob"][0] == "skipped", rows
 
 
+def test_an_occurrence_moved_by_a_recurrence_id_override_is_not_skipped_as_new(engine, tmp_path):
+    """``late_policy: skip``, ``-P7D``: ann is planned for a weekly series on 1 May; on 3 May the
+    source adds a RECURRENCE-ID override moving the 18 May occurrence to 8 May. The override is a
+    rule of its own (``UID#<RECURRENCE-ID>``), new at version 1, so its reminder (1 May, late) was
+    skipped as a new deadline's while the 18 May one was withdrawn: ann, who knew of that occurrence,
+    got nothing. It now goes out at once, as for a moved deadline. bob, new in the same run, keeps
+    ``skip``: the series is new to him."""
+    from deadline_pipeline.plan.planner import MOVED_DESPITE_SKIP
+
+    weekly = {"uid": "weekly@test", "tzid": "America/New_York", "dtstart": "20270511T170000",
+              "summary": "Weekly filing", "rrule": "FREQ=WEEKLY;COUNT=6"}
+    ann = {"id": "ann", "tenant": "t", "email": "ann@example.org"}
+    bob = {"id": "bob", "tenant": "t", "email": "bob@example.org"}
+    _ingest_plan(engine, _configure(tmp_path, [weekly, B, C, D], [ann], offsets=["-P7D"], late_policy="skip"),
+                 datetime(2027, 5, 1, 12, tzinfo=UTC))
+    override = dict(weekly, dtstart="20270508T170000", recurrence_id="20270518T170000", rrule=None)
+    out = _ingest_plan(engine, _configure(tmp_path, [weekly, override, B, C, D], [ann, bob], offsets=["-P7D"],
+                                          late_policy="skip"), datetime(2027, 5, 3, 12, tzinfo=UTC))
+    assert out.moved_sent_despite_skip == 1, out
+    q = (select(subscribers.c.external_id, obligations.c.rule_id, alerts.c.status, alerts.c.status_reason)
+         .join(obligations, obligations.c.id == alerts.c.obligation_id)
+         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+         .where(alerts.c.due_at == datetime(2027, 5, 8, 21, tzinfo=UTC)))
+    with engine.connect() as conn:
+        rows = {sid: (rid, status, reason) for sid, rid, status, reason in conn.execute(q)}
+    assert rows["ann"][0].startswith("weekly@test#"), rows
+    assert rows["ann"][1] == "pending" and rows["ann"][2].endswith(MOVED_DESPITE_SKIP), rows
+    assert rows["bob"][1] == "skipped", rows
+
+
 def test_a_deadline_withdrawn_and_restored_by_its_source_is_not_skipped_as_new(engine, tmp_path):
     """``late_policy: skip``, ``-P1D``: A's reminder (14 Jan 11:00Z) is pending; the source drops A,
     then restores it after the reminder's time. The reminder was skipped as late, as for a deadline

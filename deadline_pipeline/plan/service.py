@@ -823,21 +823,37 @@ def _fold_as_known(conn, planned: list[_Planned], built: list[list[tuple[tuple, 
     (:func:`~deadline_pipeline.plan.planner.fold_late`, ``moved``). Planned as new, the 10th's
     reminder was skipped as late while the 15th's was withdrawn: its subscriber got nothing, or a
     "Cancelled" notice. A new subscriber, or a deadline new to a rule nobody was planned for, keeps
-    ``skip``. Reads the store only when some row was skipped by that policy."""
+    ``skip``. Reads the store only when some row was skipped by that policy.
+
+    A RECURRENCE-ID override (``UID#<RECURRENCE-ID>``, RFC 5545 §3.8.4.4) is a rule of its own, new
+    at version 1 when the source adds it, but the occurrence it replaces was its series': an override
+    new to a subscriber planned for its series (the master ``UID``) before this run moved a deadline
+    the subscriber knew. Judged by its rule alone, an override moving the 18th to the 8th had its late
+    reminder skipped while the 18th's was withdrawn: nobody was told."""
     maybe = [i for i, rows in enumerate(built)
              if any(slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)]
     if not maybe:
         return
-    stored = sql.planned_rule_versions(conn, {(planned[i].ob.subscriber_id, planned[i].ob.source_id,
-                                               planned[i].ob.rule_id) for i in maybe}, now)
+    asked = {(planned[i].ob.subscriber_id, planned[i].ob.source_id, rule_id)
+             for i in maybe for rule_id in {planned[i].ob.rule_id, series_of(planned[i].ob.rule_id)}}
+    stored = sql.planned_rule_versions(conn, asked, now)
     for i in maybe:
-        ob = planned[i].ob
-        version = stored.get((ob.subscriber_id, ob.source_id, ob.rule_id))
-        if version is None or version >= ob.rule_version:
+        if not _known_before(planned[i].ob, stored):
             continue
         built[i] = _alerts_of(planned[i], now, cache, moved=True)
         out.moved_sent_despite_skip += sum(1 for slot, _ in built[i]
                                            if slot[3] == AlertState.PENDING and slot[2] <= now)
+
+
+def _known_before(ob: PlannedObligation, stored: dict[tuple[int, int, str], int]) -> bool:
+    """Whether ``ob``'s subscriber was planned, before this run, for its rule under an older version
+    (``stored``: :func:`~deadline_pipeline.store.planning.planned_rule_versions`), or, for an override
+    never planned for them, for its series."""
+    version = stored.get((ob.subscriber_id, ob.source_id, ob.rule_id))
+    if version is not None:
+        return version < ob.rule_version
+    series = series_of(ob.rule_id)
+    return series != ob.rule_id and (ob.subscriber_id, ob.source_id, series) in stored
 
 
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
