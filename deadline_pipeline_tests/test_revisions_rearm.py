@@ -325,6 +325,57 @@ def test_deadline_moved_into_the_past_before_any_reminder_is_escalated_as_missed
     assert len(kinds(engine)) == 2 and len(mails(tmp_path, "oncall")) == 1 and mails(tmp_path) == []
 
 
+def test_recurring_occurrence_moved_into_the_past_on_another_day_is_escalated_as_missed(engine, tmp_path):
+    """A weekly filing due on Wednesdays (-P1D) is revised on Tuesday 11 May to Mondays: the Monday
+    of that week (10 May) passed before anyone knew of it. The Wednesday ahead is withdrawn and the
+    Mondays ahead get their reminders; the 10 May one was never planned and nobody was told, every
+    check green. It is now escalated as missed, naming the Wednesday it replaced; the Mondays before
+    the last Wednesday ann knew (3 May) are history, and bob, subscribed in the same run, is owed
+    nothing that passed before. Later runs add nothing."""
+    from deadline_pipeline.plan.service import MOVED_INTO_PAST
+    from deadline_pipeline.watch import checks as w
+    from deadline_pipeline_tests.factories import ics
+    from deadline_pipeline_tests.test_watch_checks import deliver, plan
+
+    weekly = {"uid": "w@test", "tzid": "UTC", "dtstart": "20270505T120000", "summary": "Weekly filing",
+              "rrule": "FREQ=WEEKLY;COUNT=8"}
+
+    def configure(event, subscribers):
+        (tmp_path / "cal.ics").write_text(ics(event), newline="")
+        return load_config(write_config(
+            tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+            subscribers=[{"id": sid, "tenant": "t", "email": f"{sid}@example.org", "timezone": "UTC"}
+                         for sid in subscribers],
+            subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")},
+                      "ops": {"type": "maildir", "path": str(tmp_path / "oncall")}},
+            escalation={"channels": ["ops"], "email": "ops@example.org"},
+        ))[0]
+
+    for day in ("2027-05-03", "2027-05-04", "2027-05-06"):
+        cycle(engine, configure(weekly, ["ann"]), at(f"{day}T13:00:00"))
+    assert len(mails(tmp_path)) == 1  # the reminder of Wednesday 5 May
+    now = at("2027-05-11T12:00:00")
+    revised = configure(dict(weekly, dtstart="20270503T120000"), ["ann", "bob"])
+    ingest(engine, revised, now)
+    out = plan(engine, revised, now)
+    assert out.moved_into_past_missed == 1, out
+    monday = at("2027-05-10T12:00:00")
+    with engine.connect() as conn:
+        missed = conn.execute(select(alerts.c.status, alerts.c.status_reason, alerts.c.previous_due_at)
+                              .where(alerts.c.due_at < now, alerts.c.due_at > at("2027-05-06T00:00:00"))).all()
+    assert [(status, prev) for status, _, prev in missed] == [("pending", at("2027-05-12T12:00:00"))], missed
+    assert MOVED_INTO_PAST in missed[0][1], missed
+    with engine.connect() as conn:
+        assert conn.execute(select(obligations.c.due_at).where(obligations.c.due_at == monday)).all() == [(monday,)]
+    swept = deliver(engine, revised, now)
+    assert swept.escalated == 1, swept
+    assert len(mails(tmp_path, "oncall")) == 1
+    assert not w.escalations_acknowledged(engine, now).passed
+    again = plan(engine, revised, now + timedelta(hours=1))
+    assert (again.moved_into_past_missed, again.alerts_inserted) == (0, 0), again
+
+
 def test_deadline_moved_before_a_partition_but_still_ahead_is_not_a_miss(engine, tmp_path):
     """Planning April alone sees an April deadline moved to 21 March as moved before its window; the
     deadline is still ahead, so nothing is left to escalate: March's planning gives it its reminder."""

@@ -12,7 +12,8 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 * deadline moved into the past (before the planning window) → a move as above, but no reminder of
   the new instant can go out: each channel with a delivered reminder gets its correction ("the new
   instant has already passed"), each channel without one gets a reminder for the passed instant that
-  the delivery sweep escalates as missed (:func:`missed_row`);
+  the delivery sweep escalates as missed (:func:`missed_row`); an occurrence of a recurring series a
+  revision moved to another day already past is escalated alike (:mod:`.series_moved`);
 * deadline first seen after it had passed while its source was not fetched (no fetch with parsed
   content within the source's freshness window before it: :mod:`~deadline_pipeline.plan.first_seen`)
   → its obligation and one reminder per channel that the delivery sweep escalates as missed, naming
@@ -45,6 +46,7 @@ from deadline_pipeline.config import (
     parse_duration,
 )
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan import series_moved
 from deadline_pipeline.plan.business_days import calendar_data_version, holiday_source_of
 from deadline_pipeline.plan.first_seen import LOOKBACK, MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
@@ -493,7 +495,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         _write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, judged, out)
         _withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                   {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
-                  filtered=_filtered_out(targets, rules_cache), rule_ids=scoped_ids)
+                  filtered=_filtered_out(targets, rules_cache), rule_ids=scoped_ids, lineage=lineage)
         # Not in a `finally`: on an error the transaction rolls back, and the staging tables made in it
         # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
         # the error (a concurrent run's KeyError read "current transaction is aborted").
@@ -1039,13 +1041,16 @@ def _write_missed_while_unwatched(conn, targets: list[Target], rules_cache: dict
         _insert_missed_while_unwatched(conn, found, now, out)
 
 
+def _new_obligation_row(ob: PlannedObligation, now: datetime) -> dict:
+    """The ``obligations`` row of ``ob`` written outside the chunks' merge (an escalated miss)."""
+    return dict(obligation_key=ob.key, tenant=ob.tenant, subscriber_id=ob.subscriber_id, source_id=ob.source_id,
+                rule_id=ob.rule_id, rule_version=ob.rule_version, period=ob.period, title=ob.title, due_at=ob.due_at,
+                status=ObligationState.ACTIVE, planned_at=now, revision=0, fingerprint=ob.fingerprint)
+
+
 def _insert_missed_while_unwatched(conn, found: dict, now: datetime, out: PlanOutcome) -> None:
     """Insert the obligations and escalation reminders :func:`_write_missed_while_unwatched` found."""
-    ids = sql.insert_obligations_if_new(conn, [dict(
-        obligation_key=ob.key, tenant=ob.tenant, subscriber_id=ob.subscriber_id, source_id=ob.source_id,
-        rule_id=ob.rule_id, rule_version=ob.rule_version, period=ob.period, title=ob.title, due_at=ob.due_at,
-        status=ObligationState.ACTIVE, planned_at=now, revision=0, fingerprint=ob.fingerprint)
-        for ob, _, _ in found.values()])
+    ids = sql.insert_obligations_if_new(conn, [_new_obligation_row(ob, now) for ob, _, _ in found.values()])
     rows = [missed_row(ids[key], key, ch, seconds, None, ob.due_at, now, passed_unwatched_reason(j))
             for key, (ob, j, latest) in found.items() if key in ids for ch, seconds in sorted(latest.items())]
     written = sql.insert_notices(conn, rows)
@@ -1090,9 +1095,42 @@ def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -
     return out
 
 
+def _escalate_series_moved_into_past(conn, stale, subscribed: dict, rules_cache: dict, lo: datetime,
+                                     now: datetime, lineage: dict[int, dict[str, str]], out: PlanOutcome) -> None:
+    """For recurring rules whose occurrences ahead this run withdraws (``stale``) from subscribers
+    still subscribed: write each new occurrence of the revised series that is already past and that
+    the subscriber was never told of (:mod:`~deadline_pipeline.plan.series_moved`), as an obligation
+    and one reminder per channel (the latest offset) that the delivery sweep escalates as missed;
+    counted in ``out.moved_into_past_missed``, logged at ERROR. A re-plan writes nothing again: the
+    withdrawn occurrences are no longer active, and a stored key is never written twice."""
+    withdrawn = series_moved.moved_series_triples(stale, subscribed)
+    if not withdrawn:
+        return
+    known = sql.series_known_until(conn, set(withdrawn), lo)
+    found = series_moved.passed_unplanned(withdrawn, known, subscribed,
+                                          {sid: rules for sid, (rules, _) in rules_cache.items()}, lo, now, lineage)
+    if not found:
+        return
+    ids = sql.insert_obligations_if_new(conn, [_new_obligation_row(ob, now) for ob, _, _ in found])
+    top = {id(t): max(o.nominal_seconds for o in t.offsets) for _, _, t in found}
+    rows = [missed_row(ids[ob.key], ob.key, ch, top[id(t)], old_due, ob.due_at, now)
+            for ob, old_due, t in found if ob.key in ids for ch in sorted(t.channels)]
+    written = sql.insert_notices(conn, rows)
+    out.obligations_inserted += len(ids)
+    out.alerts_inserted += written
+    out.moved_into_past_missed += written
+    if written:
+        first = rows[0]
+        log.error("planning: %d reminder(s) of %d occurrence(s) of recurring rules a revision moved into the past are "
+                  "left to the delivery sweep, which escalates them as missed; first: obligation %s channel %s "
+                  "moved from %s to %s", written, len(ids), first["obligation_id"], first["channel"],
+                  instant_text(first["previous_due_at"]), instant_text(first["due_at"]))
+
+
 def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cache: dict, now,
               out: PlanOutcome, *, filtered: set[tuple[int, int, str]] = frozenset(),
-              rule_ids: dict[int, frozenset[str] | None] | None = None) -> None:
+              rule_ids: dict[int, frozenset[str] | None] | None = None,
+              lineage: dict[int, dict[str, str]] | None = None) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
@@ -1101,9 +1139,11 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
     notice would claim the source withdrew a deadline it still publishes. A one-off
     deadline moved into the past is moved instead (open reminders superseded, one correction per
     channel where a reminder was delivered, saying the new instant has passed, and where none was,
-    a reminder the delivery sweep escalates as missed: :func:`missed_row`). ``rule_ids`` (a scoped
-    re-plan): source id → the only rule ids whose obligations this run planned, and so may withdraw
-    (``None``: every rule of that source)."""
+    a reminder the delivery sweep escalates as missed: :func:`missed_row`); a recurring rule whose
+    revision withdrew an occurrence ahead leaves its new occurrences already past escalated alike
+    (:func:`_escalate_series_moved_into_past`). ``rule_ids`` (a scoped re-plan): source id → the only
+    rule ids whose obligations this run planned, and so may withdraw (``None``: every rule of that
+    source); ``lineage``: source id → rule id → the id obligations are keyed on."""
     stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi, rule_ids=rule_ids)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
@@ -1142,6 +1182,7 @@ def _withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_ca
         stale = [r for r in stale if r.id not in past]
         if not stale:
             return
+    _escalate_series_moved_into_past(conn, stale, subscribed, rules_cache, lo, now, lineage or {}, out)
     by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed
                and (r.subscriber_id, r.source_id, r.rule_id) not in filtered]
     delivered = sql.delivered_channels(conn, [r.id for r in by_rule])

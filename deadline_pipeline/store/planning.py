@@ -47,6 +47,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    type_coerce,
     update,
 )
 
@@ -741,6 +742,30 @@ def planned_rule_versions(conn: Connection, triples: set[tuple[int, int, str]],
         ):
             if (sub, src, rid) in triples:
                 found[(sub, src, rid)] = version
+    return found
+
+
+def series_known_until(conn: Connection, triples: set[tuple[int, int, str]],
+                       before: datetime) -> dict[tuple[int, int, str], datetime]:
+    """``(subscriber_id, source_id, rule_id)`` → the instant (aware UTC) up to which the subscriber
+    knew that rule's occurrences before ``before`` (the planning window's start): the latest due
+    instant before it of any stored obligation of theirs (any status), or, if later, the first time
+    one was planned (``min(planned_at)``: occurrences before they watched the rule were never theirs
+    to know). Triples without a stored obligation are left out. One read per 500 subscribers, by the
+    ``(source_id, rule_id)`` index."""
+    o = obligations
+    sources_, rules_ = {t[1] for t in triples}, {t[2] for t in triples}
+    found: dict[tuple[int, int, str], datetime] = {}
+    for part in pages(sorted({t[0] for t in triples}), 500):
+        for sub, src, rid, last_due, first_planned in conn.execute(
+            select(o.c.subscriber_id, o.c.source_id, o.c.rule_id,
+                   type_coerce(func.max(case((o.c.due_at < before, o.c.due_at))), UtcDateTime),
+                   type_coerce(func.min(o.c.planned_at), UtcDateTime))
+            .where(o.c.source_id.in_(sources_), o.c.rule_id.in_(rules_), o.c.subscriber_id.in_(part))
+            .group_by(o.c.subscriber_id, o.c.source_id, o.c.rule_id)
+        ):
+            if (sub, src, rid) in triples:
+                found[(sub, src, rid)] = max(first_planned, last_due) if last_due is not None else first_planned
     return found
 
 
