@@ -675,14 +675,16 @@ def test_a_deadline_withdrawn_and_restored_by_its_source_is_not_skipped_as_new(e
 
     plan([A, B, C, D, f], [ann, bob], T0)
     plan([B, C, D, f], [ann], datetime(2027, 1, 14, tzinfo=UTC))  # A withdrawn; bob removed
-    plan([A, B, C, D, f], [ann, bob], datetime(2027, 1, 14, 12, tzinfo=UTC))  # A back; bob back
+    back = plan([A, B, C, D, f], [ann, bob], datetime(2027, 1, 14, 12, tzinfo=UTC))  # A back; bob back
+    # Counted in the plan's metadata, not only in the reasons: ann's A, and bob's (he was planned for A too).
+    assert back.moved_sent_despite_skip == 2, back
     q = (select(subscribers.c.external_id, obligations.c.rule_id, alerts.c.status)
          .join(obligations, obligations.c.id == alerts.c.obligation_id)
          .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
          .where(obligations.c.rule_id.in_(["a@test", "f@test"])))
     with engine.connect() as conn:
         status = {(sid, rid): st for sid, rid, st in conn.execute(q)}
-    assert status[("ann", "a@test")] == "pending", status
+    assert status[("ann", "a@test")] == status[("bob", "a@test")] == "pending", status
     assert status[("bob", "f@test")] == "skipped", status  # f@test unchanged: bob is back as a new subscriber
 
 
@@ -706,9 +708,10 @@ def test_a_deadline_moved_into_another_partition_keeps_its_move_when_the_old_mon
     for s in moved.sources:
         fetch_snapshot(engine, s, now + timedelta(hours=1))
         apply_latest_snapshot(engine, s, now + timedelta(hours=1))
-    for first, last in ((datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
-                        (datetime(2027, 3, 1, tzinfo=UTC), datetime(2027, 4, 1, tzinfo=UTC))):
-        plan_all(engine, moved, now + timedelta(hours=1), after=first, before=last)
+    runs = [plan_all(engine, moved, now + timedelta(hours=1), after=first, before=last)
+            for first, last in ((datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+                                (datetime(2027, 3, 1, tzinfo=UTC), datetime(2027, 4, 1, tzinfo=UTC)))]
+    assert [r.moved_sent_despite_skip for r in runs] == [0, 1], runs
     rows = {(r["due_at"], r["status"]): r["status_reason"] for r in _alerts(engine, "m@test")}
     assert set(rows) == {(datetime(2027, 5, 20, 12, tzinfo=UTC), "superseded"),
                          (datetime(2027, 3, 12, 12, tzinfo=UTC), "pending")}, rows

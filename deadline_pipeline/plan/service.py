@@ -767,13 +767,19 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     out.alerts_cancelled += sql.cancel_unwanted_reminders(
         conn, [key for key in diff.need_alerts if key not in new and key not in old_due], now)
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
-    _count_moved_despite_skip(conn, diff.moved, chunk, out)
+    # Restored, or moved by another partition's run: their late reminders go out despite skip too.
+    also = [{"id": ids[key], "obligation_key": key, "old_due_at": diff.moved_before.get(key),
+             "new_due_at": chunk[key].ob.due_at}
+            for key in sorted((diff.restored | set(diff.moved_before)) - set(old_due)) if key in ids]
+    _count_moved_despite_skip(conn, diff.moved + also, chunk, out)
 
 
 def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, _Planned], out: PlanOutcome) -> None:
-    """Count and log the late reminders of moved obligations that go out at once although their
-    subscription skips late reminders: a deliberate exception to the configured policy, so it is
-    visible in the plan's metadata and log, not only in each alert's reason."""
+    """Count and log the late reminders of moved obligations (``moved``: dicts with ``id``,
+    ``obligation_key``, ``old_due_at`` — None for one its source withdrew and restored — and
+    ``new_due_at``) that go out at once although their subscription skips late reminders: a
+    deliberate exception to the configured policy, so it is visible in the plan's metadata and log,
+    not only in each alert's reason."""
     ids = {m["id"]: m for m in moved
            if any(t.late_policy == "skip" for t in chunk[m["obligation_key"]].targets)}
     if not ids:
@@ -783,10 +789,12 @@ def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, _Planned
         return
     out.moved_sent_despite_skip += len(found)
     first = ids[found[0][0]]
+    how = (f"moved from {instant_text(first['old_due_at'])} to" if first["old_due_at"] is not None
+           else "withdrawn and restored by its source, due")
     log.warning("planning: %d late reminder(s) of %d moved deadline(s) sent at once although their subscription "
-                "has late_policy skip (its subscriber knew only the old date); first: obligation %s moved from %s "
-                "to %s", len(found), len({oid for oid, _ in found}), first["obligation_key"],
-                instant_text(first["old_due_at"]), instant_text(first["new_due_at"]))
+                "has late_policy skip (its subscriber knew only the old date); first: obligation %s %s %s",
+                len(found), len({oid for oid, _ in found}), first["obligation_key"], how,
+                instant_text(first["new_due_at"]))
 
 
 def _write_new_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cache: dict,
