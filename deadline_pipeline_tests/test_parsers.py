@@ -383,6 +383,101 @@ def test_doubled_start_is_named_as_doubled_not_missing(component, key):
                                           "is ambiguous")
 
 
+def around(*bad: str) -> bytes:
+    """A calendar of a good event (lines 4-7), the component ``bad`` (from line 8) and a good to-do after it."""
+    body = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//test//EN",
+            "BEGIN:VEVENT", "UID:before", "DTSTART:20300101T100000Z", "END:VEVENT",
+            *bad,
+            "BEGIN:VTODO", "UID:after", "DUE:20300103T100000Z", "END:VTODO", "END:VCALENDAR"]
+    return ("\r\n".join(body) + "\r\n").encode()
+
+
+@pytest.mark.parametrize(("component", "lines", "named"), [
+    # A VTODO's values: the library reads a to-do strictly, and one bad value refused the whole payload
+    # with "position unknown".
+    ("VTODO", ("DTSTART:20300102T100000Z", "DURATION:P1Y"), "DURATION (line 11) 'P1Y'"),  # years: not a dur-value
+    ("VTODO", ("DTSTART:20300102T100000Z", "DURATION:soon"), "DURATION (line 11) 'soon'"),
+    ("VTODO", ("DUE:2030XX01",), "DUE (line 10) '2030XX01'"),
+    ("VTODO", ("DUE;VALUE=DATE:20301301",), "DUE (line 10) '20301301'"),
+    ("VTODO", ("DTSTART:2030XX01T100000Z", "DUE:20300105T100000Z"), "DTSTART (line 10) '2030XX01T100000Z'"),
+    ("VTODO", ("DUE:20300105T100000Z", "RRULE:FREQ=DAILY;UNTIL=2030XX01"),
+     "RRULE (line 11) 'FREQ=DAILY;UNTIL=2030XX01'"),
+    ("VTODO", ("DUE:20300105T100000Z", "RRULE:FREQ=DAILY;COUNT=3", "EXDATE:2030XX06T100000Z"),
+     "EXDATE (line 12) '2030XX06T100000Z'"),
+    ("VTODO", ("DUE:20300105T100000Z", "RDATE:20300106T100000Z,soon"), "RDATE (line 11) '20300106T100000Z,soon'"),
+    ("VTODO", ("DUE:20300105T100000Z", "RECURRENCE-ID:2030XX05T100000Z"), "RECURRENCE-ID (line 11) '2030XX05T100000Z'"),
+    ("VTODO", ("DUE:20300105T100000Z", "COMPLETED:yesterday"), "COMPLETED (line 11) 'yesterday'"),
+    ("VTODO", ("DUE:20300105T100000Z", "PERCENT-COMPLETE:most"), "PERCENT-COMPLETE (line 11) 'most'"),
+    # A line the library cannot split, in a to-do's date: refused the payload (naming the line) instead of
+    # skipping the to-do as it does an event's.
+    ("VTODO", ('DUE;TZID="Europe/Berlin:20300105T100000',), "DUE;TZID=\"Europe/Berlin:20300105T100000"),
+    # An event's values were already skipped alone; the record now names the line and the value too.
+    ("VEVENT", ("DTSTART:2030XX02T100000Z",), "DTSTART (line 10) '2030XX02T100000Z'"),
+    ("VEVENT", ("DTSTART:20300102T100000Z", "RRULE:FREQ=DAILY;UNTIL=2030XX01"),
+     "RRULE (line 11) 'FREQ=DAILY;UNTIL=2030XX01'"),
+    ("VEVENT", ("DTSTART:20300102T100000Z", "RRULE:FREQ=DAILY;COUNT=3", "EXDATE:2030XX03T100000Z"),
+     "EXDATE (line 12) '2030XX03T100000Z'"),
+    ("VEVENT", ("DTSTART:20300102T100000Z", "RECURRENCE-ID:2030XX02T100000Z"),
+     "RECURRENCE-ID (line 11) '2030XX02T100000Z'"),
+])
+def test_a_bad_value_skips_its_component_alone_naming_line_and_value(component, lines, named):
+    payload = around(f"BEGIN:{component}", "UID:bad", *lines, f"END:{component}")
+    result = parse_payload("ics", payload, source="s")
+    assert sorted(r.rule_id for r in result.rules) == ["after", "before"]
+    (problem,) = result.problems
+    assert (problem.position, problem.record_id, problem.skipped) == (f"{component} UID=bad (line 8)", "bad", True)
+    assert problem.message.startswith("component skipped: ") and named in problem.message
+
+
+@pytest.mark.parametrize(("lines", "position", "named"), [
+    # An alarm is not read (reminders come from the deadline itself): its bad TRIGGER refused the payload.
+    (("BEGIN:VTODO", "UID:bad", "DUE:20300105T100000Z", "BEGIN:VALARM", "ACTION:DISPLAY", "DESCRIPTION:s",
+      "TRIGGER:P1Y", "END:VALARM", "END:VTODO"), "VTODO UID=bad (line 8)", "VALARM TRIGGER (line 14) 'P1Y'"),
+    (("BEGIN:VEVENT", "UID:bad", "DTSTART:20300105T100000Z", "BEGIN:VALARM", "ACTION:DISPLAY", "DESCRIPTION:s",
+      "TRIGGER;VALUE=DATE-TIME:2030XX05T090000Z", "END:VALARM", "END:VEVENT"), "VEVENT UID=bad (line 8)",
+     "VALARM TRIGGER (line 14) '2030XX05T090000Z'"),
+    # Components the pipeline does not read.
+    (("BEGIN:VJOURNAL", "UID:j", "DTSTART:2030XX05", "END:VJOURNAL"), "line 10", "VJOURNAL DTSTART '2030XX05'"),
+])
+def test_a_bad_value_in_a_part_not_read_is_a_note(lines, position, named):
+    payload = around(*lines)
+    result = parse_payload("ics", payload, source="s")
+    expected = ["after", "bad", "before"] if "UID=bad" in position else ["after", "before"]
+    assert sorted(r.rule_id for r in result.rules) == expected
+    (problem,) = result.problems
+    assert (problem.position, problem.skipped) == (position, False)
+    assert named in problem.message and "ignored" in problem.message
+
+
+def test_a_bad_value_of_the_calendar_itself_is_a_note():
+    payload = around().replace(b"PRODID:-//test//EN", b"PRODID:-//test//EN\r\nREFRESH-INTERVAL;VALUE=DURATION:P1Y")
+    result = parse_payload("ics", payload, source="s")
+    assert sorted(r.rule_id for r in result.rules) == ["after", "before"]
+    (problem,) = result.problems
+    assert (problem.position, problem.skipped) == ("line 4", False)
+    assert "VCALENDAR REFRESH-INTERVAL 'P1Y'" in problem.message
+
+
+def test_a_bad_value_in_a_time_zone_definition_refuses_the_payload_naming_its_line():
+    """A zone the calendar defines decides every instant written in it: read without the bad line it
+    would give wrong instants, so the payload is refused, with the line (before: "position unknown")."""
+    vtz = ["BEGIN:VTIMEZONE", "TZID:Odd", "BEGIN:STANDARD", "DTSTART:16010101T030000", "TZOFFSETFROM:+0100",
+           "TZOFFSETTO:+01x0", "END:STANDARD", "END:VTIMEZONE"]
+    with pytest.raises(ParseError, match=r"^source 's': line 13: not a usable iCalendar payload: .*\+01x0"):
+        parse_payload("ics", around(*vtz), source="s")
+
+
+def test_a_week_duration_with_days_is_read_with_a_note():
+    """RFC 5545 §3.3.6 writes weeks alone (dur-week); P1W2D still says 9 calendar days without doubt, and
+    reminder offsets read it so (plan.offsets.Offset.parse): planned at that, the line noted."""
+    payload = around("BEGIN:VTODO", "UID:w", "DTSTART:20300102T100000Z", "DURATION:P1W2D", "END:VTODO")
+    result = parse_payload("ics", payload, source="s")
+    assert by_id(result)["w"].start == "2030-01-11T10:00:00"
+    (problem,) = result.problems
+    assert (problem.position, problem.record_id, problem.skipped) == ("VTODO UID=w (line 8)", "w", False)
+    assert "DURATION (line 11) 'P1W2D'" in problem.message and "9 days" in problem.message
+
+
 def test_utc_and_tzid_times():
     utc_rule = parse_payload("ics", ics("UID:u", "DTSTART:20300101T100000Z"), source="s").rules[0]
     assert (utc_rule.start, utc_rule.tz) == ("2030-01-01T10:00:00", "UTC")

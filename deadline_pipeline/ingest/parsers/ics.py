@@ -11,7 +11,12 @@ What becomes of each component (section numbers are RFC 5545's):
   DTSTART's form: a date, a wall time in its zone, or a floating time (exact parts read in the
   calendar's zone, see ``tz``; without one added to the wall time). A to-do with both DUE and
   DURATION (§3.6.2 forbids it), a negative DURATION, or hours on a DATE DTSTART is a skipped record
-  naming the lines: its due instant is unknown.
+  naming the lines: its due instant is unknown. Weeks written with other parts (``P1W2D``; §3.3.6
+  writes weeks alone) are read as the days they add up to, with a note naming the line.
+* A value the library cannot read (``DUE:2026XX01``, ``DURATION:P1Y``) skips its VEVENT or VTODO alone,
+  a skipped record naming the property, its line and the value; one in a VALARM is a note on its
+  component, one of the calendar itself or of a VJOURNAL (no rule comes from either) a note naming the
+  line (:func:`_from_library`). One in a VTIMEZONE refuses the payload, naming the line.
 * ``tz``: the TZID parameter as written (§3.2.19), checked with
   :func:`~deadline_pipeline.timezones.resolve_zone`, which also maps Windows zone names; a UTC time
   (``Z`` suffix, §3.3.5 form 2) gives ``"UTC"``; a floating time (§3.3.5 form 1) and an all-day date
@@ -113,6 +118,9 @@ class _ScannedComponent:
     #: ``{property name: [(physical line number, text after the first colon), …]}`` for :data:`_SCANNED`
     #: properties of the component itself (not of a VALARM inside it), in document order.
     raw: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    #: ``{property name: [physical line number, …]}`` for every property of the component itself: a value
+    #: the library cannot read is reported with its line.
+    lines: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def rrules(self) -> list[str]:
@@ -167,8 +175,8 @@ def _unfold(content: bytes) -> list[tuple[int, bytes]]:
 
 
 def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
-    """Check BEGIN/END nesting and note each VEVENT/VTODO's line and raw RRULE, DUE and DURATION lines, in
-    document order.
+    """Check BEGIN/END nesting and note each VEVENT/VTODO's line, the lines of its properties and its raw
+    RRULE, DUE and DURATION lines, in document order.
 
     ``lines``: the unfolded logical lines with their physical line numbers. Raises ParseError for a
     payload without any BEGIN line, an END that closes nothing or the wrong component, and a
@@ -202,8 +210,11 @@ def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
                 )
             if name in COMPONENTS:
                 current.pop()
-        elif (prop := head.split(";", 1)[0]) in _SCANNED and current and stack and stack[-1][0] in COMPONENTS:
-            current[-1].raw.setdefault(prop, []).append((number, rest))
+        elif current and stack and stack[-1][0] in COMPONENTS:
+            prop = head.split(";", 1)[0]
+            current[-1].lines.setdefault(prop, []).append(number)
+            if prop in _SCANNED:
+                current[-1].raw.setdefault(prop, []).append((number, rest))
     if stack:
         opened, opened_at = stack[-1]
         last = lines[-1][0]
@@ -341,36 +352,213 @@ def _calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
     return default_tz
 
 
-def _utc_values_without_tzid(lines: list[tuple[int, str]]) -> tuple[list[str], list[ParseProblem]]:
-    """The logical lines to hand to the library (:func:`_tzid_off_utc_values` applied to each) and
-    a note per rewritten line, positioned at its physical line (``"line N"``). ``lines``: the
-    unfolded lines with their physical line numbers. Pure."""
-    bodies: list[str] = []
+def _utc_values_without_tzid(lines: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], list[ParseProblem]]:
+    """The logical lines to hand to the library (:func:`_tzid_off_utc_values` applied to each), each with
+    its physical line number, and a note per rewritten line, positioned at its physical line (``"line
+    N"``). ``lines``: the unfolded lines with their physical line numbers. Pure."""
+    bodies: list[tuple[int, str]] = []
     notes: list[ParseProblem] = []
     for number, body in lines:
         rewritten = _tzid_off_utc_values(body)
         if rewritten is None:
-            bodies.append(body)
+            bodies.append((number, body))
             continue
-        bodies.extend(rewritten[0])
+        bodies.extend((number, line) for line in rewritten[0])
         notes.append(ParseProblem(f"line {number}", rewritten[1], skipped=False))
     return bodies, notes
 
 
-def _from_library(lines: list[tuple[int, str]], bodies: list[str], source: str) -> list:
-    """The library's reading of ``bodies`` (the lines as handed over, see :func:`_utc_values_without_tzid`).
+@dataclass(frozen=True)
+class _Unreadable:
+    """A content line the library refuses inside a component it reads strictly (every one but VEVENT)."""
 
-    Raises :class:`ParseError` naming the first of ``lines`` the library cannot split, when it fails.
+    index: int  # its place in the lines handed to the library
+    number: int  # its physical line
+    name: str  # the property name, upper case ("" when even that is unreadable)
+    value: str  # the value as written; the whole line when the line cannot be split
+    error: str  # the library's message
+    inner: str  # the innermost component it is in: "VTODO", "VALARM", "VCALENDAR", "STANDARD"…
+    owner: int | None  # the VEVENT/VTODO it belongs to (its index in document order, as :func:`_scan`'s)
+    zone: bool  # inside a VTIMEZONE
+    split: bool  # False: the line cannot be split into name, parameters and value
+
+    def described(self) -> str:
+        """``"DUE (line 10) '2026XX01': Wrong date format 2026XX01"``; for a line that cannot be split,
+        ``"line 10: Content line could not be parsed into parts: …"``."""
+        if not self.split:
+            return f"line {self.number}: {self.error}"
+        return f"{self.name} (line {self.number}) {self.value!r}: {self.error}"
+
+
+def _library_read(bodies: list[str]) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return icalendar.Calendar.from_ical("\r\n".join(bodies), multiple=True)
+
+
+def _unreadable_lines(bodies: list[tuple[int, str]]) -> list[_Unreadable]:
+    """The lines of ``bodies`` (``(physical line number, logical line)`` as handed to the library) that the
+    library cannot read and that make it refuse the whole payload: every line of a component other than
+    a VEVENT (the only one it reads tolerantly, listing what it could not read in ``errors``).
+
+    Each such property line is read by the library itself, alone in a VEVENT of a calendar made of them
+    (a property's value type depends on its name and VALUE parameter only, not on its component), so
+    what is refused is exactly what the library refuses. One pass; ``[]`` when that reading fails.
+    """
+    candidates = _strictly_read(bodies)
+    if not candidates:
+        return []
+    probe = ["BEGIN:VCALENDAR"]
+    for _index, _number, body, *_rest in candidates:
+        probe += ["BEGIN:VEVENT", body, "END:VEVENT"]
+    try:
+        (calendar,) = _library_read([*probe, "END:VCALENDAR"])
+    except Exception:  # noqa: BLE001 — no finer reading than the caller's own failure
+        return []
+    events = calendar.subcomponents
+    if len(events) != len(candidates):
+        return []
+    out: list[_Unreadable] = []
+    for (index, number, body, inner, owner, zone), event in zip(candidates, events, strict=True):
+        for prop, message in (getattr(event, "errors", ()) or ())[:1]:  # one line, one report
+            try:
+                name, _params, value = Contentline(body).parts()
+            except Exception:  # noqa: BLE001 — the line itself is what cannot be read
+                named = _NAME.match(body)
+                name, value = (named.group(0) if named else ""), body
+            out.append(_Unreadable(index, number, str(name).upper(), str(value), str(message), inner, owner,
+                                   zone, prop is not None))
+    return out
+
+
+def _strictly_read(bodies: list[tuple[int, str]]) -> list[tuple[int, int, str, str, int | None, bool]]:
+    """The property lines of ``bodies`` inside a component other than VEVENT: ``(index, physical line
+    number, line, innermost component, owner, in a VTIMEZONE)`` (see :class:`_Unreadable`)."""
+    stack: list[tuple[str, int | None]] = []  # (component name, owner) from the outermost
+    ordinal = -1
+    candidates: list[tuple[int, int, str, str, int | None, bool]] = []
+    for index, (number, body) in enumerate(bodies):
+        head, _, rest = body.partition(":")
+        key = head.strip().upper()
+        if key == "BEGIN":  # the same reading of BEGIN/END as _scan's, so owners number alike
+            name = rest.strip().upper()
+            owner = stack[-1][1] if stack else None
+            if name in COMPONENTS:
+                ordinal += 1
+                owner = ordinal
+            stack.append((name, owner))
+        elif key == "END":
+            if stack:
+                stack.pop()
+        elif stack and stack[-1][0] != "VEVENT":
+            zone = any(name == "VTIMEZONE" for name, _owner in stack)
+            candidates.append((index, number, body, stack[-1][0], stack[-1][1], zone))
+    return candidates
+
+
+def _from_library(lines: list[tuple[int, str]], bodies: list[tuple[int, str]],
+                  source: str) -> tuple[list, list[_Unreadable]]:
+    """The library's reading of ``bodies`` (the lines as handed over, with their physical line numbers,
+    see :func:`_utc_values_without_tzid`), and the lines left out of it (:func:`_unreadable_lines`).
+
+    The library reads every component but a VEVENT strictly: one value it refuses in a VTODO, a VALARM
+    or the VCALENDAR (``DURATION:P1Y``, ``DUE:2026XX01``) made it refuse the whole payload, "position
+    unknown", and every other component of the feed with it. When it fails, it reads again without the
+    lines it cannot read in a VEVENT or VTODO (with their alarms) and of the calendar's own values, and
+    the caller reports each with its component. Raises :class:`ParseError` naming the line when that
+    is not enough: a line of a VTIMEZONE (instants written in the zone depend on it), a line outside
+    any VEVENT/VTODO that cannot even be split, or a failure no line explains.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return icalendar.Calendar.from_ical("\r\n".join(bodies), multiple=True)
+        return _library_read([body for _n, body in bodies]), []
     except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError, IndexError…
-        bad = _locate_library_error(lines)
-        where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
-        raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
-                         f"{exc.__class__.__name__}: {exc}") from None
+        failure = exc
+    unreadable = _unreadable_lines(bodies)
+    fatal = [u for u in unreadable if u.zone or (u.owner is None and not u.split)]
+    if unreadable and not fatal:
+        left_out = {u.index for u in unreadable}
+        try:
+            return _library_read([body for i, (_n, body) in enumerate(bodies) if i not in left_out]), unreadable
+        except Exception as exc:  # noqa: BLE001 — as above
+            failure = exc
+    if fatal:
+        u = fatal[0]
+        what = (f"{u.inner} {u.name} {u.value!r} in a VTIMEZONE, which the instants written in its zone depend on: "
+                f"{u.error}" if u.zone and u.split else u.error)
+        raise ParseError(f"source {source!r}: line {u.number}: not a usable iCalendar payload: {what}")
+    bad = _locate_library_error(lines)
+    where = f"line {lines[bad][0]}" if bad is not None else "position unknown"
+    raise ParseError(f"source {source!r}: {where}: not a usable iCalendar payload: "
+                     f"{failure.__class__.__name__}: {failure}") from None
+
+
+def _lost_by_component(unreadable: list[_Unreadable], paired: bool, problems: list[ParseProblem],
+                       source: str) -> dict[int, list[_Unreadable]]:
+    """The lines :func:`_from_library` left out, by the VEVENT/VTODO they belong to (its index in document
+    order); a note appended to ``problems`` for each of the others (a value of the calendar itself, of a
+    VJOURNAL…: no rule is read from it). Raises :class:`ParseError` naming the first line when some
+    belong to a component but the scan is not ``paired`` with the library's components: which component
+    lost the line cannot be told, and read without it a to-do that lost its DUE would be planned at its
+    DTSTART."""
+    lost: dict[int, list[_Unreadable]] = {}
+    for u in unreadable:
+        if u.owner is None:
+            problems.append(ParseProblem(f"line {u.number}", (
+                f"{u.inner} {u.name} {u.value!r} ignored: {u.error} (no VEVENT or VTODO is read from it)"),
+                skipped=False))
+        else:
+            lost.setdefault(u.owner, []).append(u)
+    if lost and not paired:
+        u = next(u for u in unreadable if u.owner is not None)
+        raise ParseError(f"source {source!r}: line {u.number}: not a usable iCalendar payload: {u.described()}")
+    return lost
+
+
+def _unreadable_skips(component: icalendar.cal.Component, scan: _ScannedComponent | None, lost: list[_Unreadable],
+                      problems: list[ParseProblem], position: str, uid: str | None) -> bool:
+    """Report the lines of ``component`` the library could not read and say whether they skip it.
+
+    The library keeps going past a line it cannot read in a VEVENT and lists it in ``errors``; in any
+    other component it refused the payload, and :func:`_from_library` read it again without the line
+    (``lost``). Neither passes silently, and a component whose dates or rule lost a line is not read:
+    a line lost from its dates or rule (:data:`_MEANINGFUL`), any value the library refused (its meaning
+    is unknown) and a line whose name is unreadable skip it — a problem appended to ``problems``, its
+    last good version stays in force; any other line that cannot be split is a note that skips nothing.
+    A line of a VALARM of the component is a note too: the alarm is not read.
+    """
+    for u in lost:
+        if u.inner not in COMPONENTS:
+            problems.append(ParseProblem(position, f"{u.inner} {u.described()}; ignored, the {u.inner} is not read",
+                                         uid, skipped=False))
+    own = [u for u in lost if u.inner in COMPONENTS]
+    described = [u.described() for u in own]
+    names = {u.name if not u.split else "" for u in own}
+    for prop, message in getattr(component, "errors", ()) or ():
+        described.append(_library_error(component, scan, prop, str(message)))
+        if prop is not None:  # a value the library refused
+            names.add("")
+        else:  # a line it could not split: its name, when the message quotes it
+            names.add(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(str(message))) else "")
+    if not described:
+        return False
+    fatal = bool(names & _MEANINGFUL) or "" in names
+    problems.append(ParseProblem(position, ("component skipped: " if fatal else "") + "; ".join(described), uid,
+                                 skipped=fatal))
+    return fatal
+
+
+def _library_error(component: icalendar.cal.Component, scan: _ScannedComponent | None, prop: str | None,
+                   message: str) -> str:
+    """One entry of a VEVENT's ``errors`` in words: ``"DTSTART (line 10) '2026XX01': Wrong date format
+    2026XX01"`` for a value the library refused (its lines from ``scan``, its value as written from the
+    library's ``vBroken``); the library's message alone for a line it could not split (it quotes it)."""
+    if prop is None:
+        return message
+    numbers = scan.lines.get(prop.upper(), []) if scan is not None else []
+    where = f" (line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})" if numbers else ""
+    broken = [str(v) for v in _prop_list(component, prop) if isinstance(v, icalendar.prop.vBroken)]
+    written = f" {broken[0]!r}" if len(broken) == 1 else ""
+    return f"{prop}{where}{written}: {message}"
 
 
 def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
@@ -383,10 +571,12 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     zones or malformed RRULEs are problems with position ``"VEVENT UID=… (line N)"``. Components
     found outside a VCALENDAR are read too, with a problem noting it. Raises :class:`ParseError`
     (naming source and line) for undecodable, empty, HTML, truncated or mis-nested payloads, payloads
-    without any calendar component and content lines the library cannot parse at all. A content
-    line the library skips inside a VEVENT/VTODO is a problem of that component alone (with its
-    position); when the line is one of its dates or its rule, the component is skipped — its
-    instants are unknown — and the other components are read.
+    without any calendar component, content lines the library cannot parse at all outside a
+    VEVENT/VTODO and values it cannot read in a VTIMEZONE. A content line the library cannot split
+    inside a VEVENT/VTODO is a problem of that component alone (with its position); when the line is
+    one of its dates or its rule, the component is skipped — its instants are unknown — and the other
+    components are read. A value it cannot read there skips the component, naming the property, line
+    and value (:func:`_unreadable_skips`).
     """
     if not isinstance(content, (bytes, bytearray)):
         raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
@@ -401,7 +591,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     scanned = _scan(lines, source)
     result = ParseResult()
     bodies, result.problems = _utc_values_without_tzid(lines)
-    tops = _from_library(lines, bodies, source)
+    tops, unreadable = _from_library(lines, bodies, source)
     components: list[tuple[icalendar.cal.Component, str | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
@@ -420,6 +610,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     paired = len(scanned) == len(components) and all(
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
+    lost = _lost_by_component(unreadable, paired, result.problems, source)
     ranks: list[tuple] = []  # per rule read: its revision rank
     for n, (component, zone) in enumerate(components):
         scan = scanned[n] if paired else None
@@ -427,19 +618,8 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         position = f"{component.name} UID={uid}" if uid else f"{component.name} #{n + 1} (no UID)"
         if scan is not None:
             position += f" (line {scan.line})"
-        # The library keeps going past a line it cannot split and lists it in ``errors``: never let
-        # that pass silently, and never read a component whose dates or rule lost a line.
-        unreadable = [str(message) for _prop, message in getattr(component, "errors", ()) or ()]
-        if unreadable:
-            names = {(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(text)) else "")
-                     for text in unreadable}
-            fatal = bool(names & _MEANINGFUL) or "" in names
-            # A line lost from the dates or the rule skips the component (its last good version stays
-            # in force); any other lost line is a note that skips nothing.
-            result.problems.append(ParseProblem(position, ("component skipped: " if fatal else "")
-                                                + "; ".join(unreadable), uid, skipped=fatal))
-            if fatal:
-                continue
+        if _unreadable_skips(component, scan, lost.get(n, []), result.problems, position, uid):
+            continue
         try:
             rule = _component_rule(component, zone, uid, scan, result.problems, position)
             result.add(rule, position)
@@ -586,7 +766,7 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         raise _Skip("no DUE or DTSTART" if is_todo else "no DTSTART")
     start = _when(prop, key)
     if is_todo:
-        start = _todo_due(component, key, start, scan, floating_zone)
+        start = _todo_due(component, key, start, scan, floating_zone, problems, position, uid)
 
     rrule = _rrule(component, scan)
     rdates = _dates(component, "RDATE", problems, position)
@@ -726,7 +906,7 @@ def _due_offset(todo: icalendar.cal.Component, due: _When) -> dict:
 
 
 def _todo_due(todo: icalendar.cal.Component, key: str, start: _When, scan: _ScannedComponent | None,
-              floating_zone: str | None) -> _When:
+              floating_zone: str | None, problems: list[ParseProblem], position: str, uid: str | None) -> _When:
     """A to-do's due time: ``start`` (its ``key`` value, DUE or else DTSTART), moved by its DURATION when
     it has one (RFC 5545 §3.6.2: "dur" only with DTSTART, the to-do then due at DTSTART + DURATION,
     §3.8.2.5); ``floating_zone``: the calendar's zone for floating times (see the module docstring).
@@ -735,7 +915,9 @@ def _todo_due(todo: icalendar.cal.Component, key: str, start: _When, scan: _Scan
     came a day early. Raises :class:`_Skip` for a to-do with DUE and DURATION (§3.6.2: they "MUST NOT
     occur in the same 'todo'"), naming both lines, and for a DURATION :func:`_duration` or
     :func:`_plus_duration` refuses: which instant the publisher meant cannot be told, so the record is
-    skipped (its last good version stays in force) rather than planned at either reading.
+    skipped (its last good version stays in force) rather than planned at either reading. A DURATION
+    writing weeks with other parts (``P1W2D``) is read (:func:`_duration`) with a note appended to
+    ``problems`` at ``position``.
     """
     prop = todo.get("DURATION")
     if prop is None:
@@ -743,7 +925,21 @@ def _todo_due(todo: icalendar.cal.Component, key: str, start: _When, scan: _Scan
     if key == "DUE":
         raise _Skip(f"{_named_lines(scan, 'DUE')} and {_named_lines(scan, 'DURATION')} in one to-do, which RFC "
                     "5545 §3.6.2 forbids (due at the DUE, or at DTSTART + DURATION?); the due instant is ambiguous")
-    return _plus_duration(start, _duration(prop, scan), floating_zone)
+    duration = _duration(prop, scan)
+    if _WEEKS_WITH_MORE.match(duration.written or ""):
+        # RFC 5545 §3.3.6 writes weeks alone (dur-week), but P1W2D can mean nothing but 9 calendar days, and
+        # reminder offsets read it so (plan.offsets.Offset.parse): refusing it would leave the to-do unplanned
+        # for a spelling, so it is planned and the publisher told.
+        exact = f" and {duration.seconds} seconds" if duration.seconds else ""
+        problems.append(ParseProblem(position, (
+            f"{_named_lines(scan, 'DURATION')} {duration.written!r} writes weeks with other parts, which RFC 5545 "
+            f"§3.3.6 does not allow (weeks stand alone: P1W); read as {duration.days} days{exact}"), uid,
+            skipped=False))
+    return _plus_duration(start, duration, floating_zone)
+
+
+#: A DURATION with weeks and any other part (``P1W2D``, ``P1WT1H``): not an RFC 5545 dur-value (§3.3.6).
+_WEEKS_WITH_MORE = re.compile(r"[+-]?P\d+W.", re.IGNORECASE)
 
 
 def _named_lines(scan: _ScannedComponent | None, name: str) -> str:
