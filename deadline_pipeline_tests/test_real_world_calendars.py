@@ -642,8 +642,11 @@ def test_a_todo_with_dtstart_and_duration_is_due_at_their_sum():
     # A floating time: the same, read in the calendar's zone (the rule stays floating in it).
     ("DTSTART:20270328T013000", "PT2H", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-28T04:30:00",
      "2027-03-28T02:30:00Z"),
-    ("DTSTART;VALUE=DATE:20270302", "P2D", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-04", "2027-03-04T22:59:59Z"),
-    ("DTSTART;VALUE=DATE:20270302", "P1W", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-09", "2027-03-09T22:59:59Z"),
+    # A date start + P1D spans that day and ends as the next begins (as an all-day event's DTEND): due at
+    # the end of the start day; P2D at the end of the day after; P1W at the end of its seventh day.
+    ("DTSTART;VALUE=DATE:20270302", "P1D", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-02", "2027-03-02T22:59:59Z"),
+    ("DTSTART;VALUE=DATE:20270302", "P2D", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-03", "2027-03-03T22:59:59Z"),
+    ("DTSTART;VALUE=DATE:20270302", "P1W", ("X-WR-TIMEZONE:Europe/Berlin",), "2027-03-08", "2027-03-08T22:59:59Z"),
 ])
 def test_duration_days_are_calendar_days_and_hours_are_exact(dtstart, duration, head, start, due):
     content = calendar(*todo("d", dtstart, f"DURATION:{duration}"), head=head)
@@ -652,15 +655,41 @@ def test_duration_days_are_calendar_days_and_hours_are_exact(dtstart, duration, 
     assert ics_instants(content) == [("d", utc(due))]
 
 
-def test_a_recurring_todo_with_a_duration_recurs_from_its_due_time_and_its_overrides_name_their_dtstart():
-    """As for a DUE: the series is planned from the first due time, and a RECURRENCE-ID (an instance's
-    DTSTART, §3.8.4.4) names the occurrence a DURATION later. Before, each was reminded a day early,
-    and the completed occurrence too."""
+def test_a_recurring_todo_with_a_duration_is_due_a_duration_after_each_start_and_its_overrides_name_their_dtstart():
+    """Each instance is due a DURATION after its start, and a RECURRENCE-ID (an instance's DTSTART,
+    §3.8.4.4) names the occurrence due a DURATION later. Before, each was reminded a day early, and
+    the completed occurrence too."""
     content = calendar(
         *todo("w", "DTSTART;TZID=Europe/Berlin:20270301T170000", "DURATION:P1D", "RRULE:FREQ=WEEKLY;COUNT=3"),
         *todo("w", "RECURRENCE-ID;TZID=Europe/Berlin:20270308T170000", "DTSTART;TZID=Europe/Berlin:20270308T170000",
               "DURATION:P1D", "STATUS:COMPLETED"))
     assert ics_instants(content) == [("w", utc("2027-03-02T16:00:00Z")), ("w", utc("2027-03-16T16:00:00Z"))]
+
+
+@pytest.mark.parametrize("props", [
+    ("DUE;TZID=America/New_York:20260306T170000", "RRULE:FREQ=WEEKLY;UNTIL=20260316T130000Z"),
+    ("DURATION:P4DT8H", "RRULE:FREQ=WEEKLY;UNTIL=20260316T130000Z"),
+    ("DUE;TZID=America/New_York:20260306T170000", "RRULE:FREQ=WEEKLY;BYDAY=MO;COUNT=3"),
+    ("DUE;TZID=America/New_York:20260306T170000", "RRULE:FREQ=WEEKLY;COUNT=3",
+     "EXDATE;TZID=America/New_York:20260309T090000", "RDATE;TZID=America/New_York:20260325T090000"),
+    ("DUE;TZID=America/New_York:20260306T170000", "RRULE:FREQ=MONTHLY;BYDAY=1MO;COUNT=4"),
+])
+def test_a_recurring_todo_recurs_from_its_dtstart_and_is_due_the_same_span_after_each(props):
+    """RFC 5545 §3.8.5.3: the recurrence set is generated from DTSTART (the RRULE's UNTIL and BYxxx, RDATE
+    and EXDATE name starts), and the span DUE or DURATION gives applies to every instance; compared with
+    recurring-ical-events. Stepped from the first due time, the instance starting at UNTIL was cut
+    (its due time is after it, so the last week was never reminded), BYDAY=MO made Monday the due day
+    of a task due on Fridays, an EXDATE naming a start excluded nothing and an RDATE was due at its start."""
+    import icalendar
+    import recurring_ical_events
+
+    content = calendar(*todo("w", "DTSTART;TZID=America/New_York:20260302T090000", *props))
+    reference = recurring_ical_events.of(icalendar.Calendar.from_ical(content), components=["VTODO"]).between(
+        datetime(2026, 1, 1), datetime(2027, 1, 1))
+    expected = sorted(("w", (o.get("DUE").dt if o.get("DUE") else o.get("DTSTART").dt + o.get("DURATION").dt)
+                       .astimezone(UTC)) for o in reference)
+    assert len(expected) >= 3, expected
+    assert ics_instants(content) == expected
 
 
 @pytest.mark.parametrize(("props", "message"), [
@@ -685,6 +714,16 @@ def test_a_todo_whose_duration_leaves_its_due_instant_unknown_is_a_skipped_recor
     [problem] = result.problems
     assert (problem.position, problem.record_id, problem.skipped) == ("VTODO UID=bad (line 4)", "bad", True)
     assert problem.message == message
+
+
+def test_a_date_written_with_a_tzid_is_an_all_day_date():
+    """``DTSTART;TZID=America/New_York;VALUE=DATE:20260320``: a TZID does not apply to a DATE (§3.2.19);
+    the library read it as midnight in New York, and the all-day deadline was due at 00:00, a day early."""
+    content = calendar(*event("d", "DTSTART;TZID=America/New_York;VALUE=DATE:20270320"),
+                       head=("X-WR-TIMEZONE:America/New_York",))
+    [rule] = parse_ics(content, source="t").rules
+    assert rule.start == "2027-03-20"
+    assert ics_instants(content) == [("d", utc("2027-03-21T03:59:59Z"))]
 
 
 def test_a_todo_with_a_due_is_due_then_whatever_durations_its_alarms_have():

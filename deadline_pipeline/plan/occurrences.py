@@ -74,7 +74,7 @@ import re
 import warnings
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import lru_cache
 from itertools import islice
@@ -84,6 +84,7 @@ from dateutil.rrule import rrule, rruleset
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
 from deadline_pipeline.plan.recurrence import (
+    DUE_OFFSET,
     FREQS,
     SHIFT_SECONDS,
     SPLIT_BEFORE,
@@ -91,7 +92,9 @@ from deadline_pipeline.plan.recurrence import (
     Lenient,
     Recur,
     RRuleError,
+    due_offset,
     parse_rrule,
+    shifted_label,
     to_instant,
     until_bound,
     validate_rrule,
@@ -587,7 +590,7 @@ def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool
     Raises as :func:`expand` does: ``ValueError`` (:class:`ExpansionBudgetExceeded` included) for a
     rule that cannot be expanded.
     """
-    span = _span(rule, zone, label)
+    span = _span(rule, zone, shifted_label(label, due_offset(rule)))
     end = span.lo + _LATER_SPAN if or_later else span.hi
     # limit=1: the window holds nothing but matches, so one is enough, and a dense rule is never cut.
     return bool(expand(rule, zone, after=span.lo, before=end, limit=1))
@@ -600,7 +603,8 @@ def present_labels(rule: RuleRecord, zone: tzinfo, labels: list[str]) -> set[str
     overrides was expanded from its DTSTART a thousand times (15 s for a daily series of ten years).
     Labels past :data:`MAX_OCCURRENCES` occurrences are checked one by one. Raises as :func:`expand`.
     """
-    spans = {label: _span(rule, zone, label) for label in labels}
+    offset = due_offset(rule)
+    spans = {label: _span(rule, zone, shifted_label(label, offset)) for label in labels}
     if not spans:
         return set()
     # A limit, not the cap: this span is no planning window, so a dense or endless series must neither
@@ -703,12 +707,47 @@ def expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: dateti
     if problem:
         raise ValueError(f"rule {rule.rule_id!r}: {problem}")
     try:
+        if due_offset(rule):
+            return _due_after_start(rule, zone, after=after, before=before, until=until,
+                                    business_days=business_days, limit=limit, strict=strict)
         return _expansion(rule, zone, after=after, before=before, until=until, business_days=business_days,
                           limit=limit, strict=strict)
     except OverflowError:
         low, high = RULE_YEARS
         raise ValueError(f"rule {rule.rule_id!r}: an instant computed from it is outside Python's calendar; "
                          f"its dates must lie in the supported range (years {low} to {high})") from None
+
+
+def _due_after_start(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,
+                     business_days: BusinessDays | None, limit: int | None, strict: bool) -> Expansion:
+    """:func:`expansion` of a recurring to-do due a fixed span after each instance's DTSTART
+    (:data:`~deadline_pipeline.plan.recurrence.DUE_OFFSET`; its record starts at the first due time).
+
+    RFC 5545 §3.8.5.3: the recurrence set is generated from DTSTART (the RRULE with its UNTIL and BYxxx
+    parts, RDATE and EXDATE all name starts), and a span given by DUE or DURATION applies to every
+    instance. Stepped from the due time instead, an instance starting at UNTIL was cut (its due time
+    is after it), ``BYDAY=MO`` made Monday the due day of a task due on Fridays, and an EXDATE naming a
+    start excluded nothing. Each start is moved by the span in wall-clock time, labelled by its due
+    time (the identity its obligations always had), and rolled to a business day after the move."""
+    offset = due_offset(rule)
+    starts = replace(rule, start=shifted_label(rule.start, -offset),
+                     extra={k: v for k, v in rule.extra.items() if k != DUE_OFFSET})
+    span, slack = timedelta(seconds=offset), _DAY  # slack: wall-clock vs elapsed time across a DST change
+    inner = _expansion(starts, zone, after=after - span - slack, before=before - span + slack, until=until,
+                       business_days=None, limit=None, strict=strict)
+    business = _business(business_days)
+    out: list[Occurrence] = []
+    for o in inner.occurrences:
+        period = shifted_label(o.period, offset)
+        if period.endswith("Z"):  # an elapsed-time series: its label is the UTC instant
+            due = datetime.fromisoformat(period[:-1]).replace(tzinfo=UTC)
+        else:
+            local = parse_local(period)
+            due = _adjusted(local, zone, business) if business is not None else to_instant(local, zone)
+        if after <= due <= before:
+            out.append(Occurrence(period, due))
+    out.sort(key=lambda o: o.due_at)
+    return Expansion(out if limit is None else out[:max(limit, 0)], inner.cut_at, inner.collapsed, inner.counts)
 
 
 def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,

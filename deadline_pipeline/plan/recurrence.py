@@ -402,17 +402,28 @@ def _rid_local(rid: str, zone: tzinfo | None) -> str:
     return rid
 
 
-#: Key of ``RuleRecord.extra``: a recurring to-do's DUE − DTSTART in wall-clock seconds (set by the ICS parser).
+#: Key of ``RuleRecord.extra``: a recurring to-do's DUE − DTSTART in wall-clock seconds (set by the ICS
+#: parser, whose record starts at the first due time). Its series steps in DTSTARTs, the due times a fixed
+#: span after each (:func:`~deadline_pipeline.plan.occurrences.expansion`).
 DUE_OFFSET = "due_offset_seconds"
 
 
-def _shifted(local: str, seconds: int) -> str:
-    """A local ISO date-time (or date) moved by ``seconds`` of wall-clock time (a date by whole days)."""
+def due_offset(rule: RuleRecord) -> int:
+    """``rule``'s :data:`DUE_OFFSET` in seconds when it recurs (RRULE or RDATE), else 0."""
+    return int(rule.extra.get(DUE_OFFSET) or 0) if rule.rrule or rule.rdates else 0
+
+
+def shifted_label(label: str, seconds: int) -> str:
+    """An occurrence label moved by ``seconds``: a local ISO date-time by wall-clock time, a date by whole
+    days, a UTC label (``…Z``, an elapsed-time series') by elapsed time."""
     if not seconds:
-        return local
-    if "T" in local:
-        return format_local(parse_local(local) + timedelta(seconds=seconds))
-    return (date.fromisoformat(local) + timedelta(days=seconds // 86400)).isoformat()
+        return label
+    if label.endswith("Z"):
+        moved = datetime.fromisoformat(label[:-1]) + timedelta(seconds=seconds)
+        return moved.isoformat(timespec="seconds") + "Z"
+    if "T" in label:
+        return format_local(parse_local(label) + timedelta(seconds=seconds))
+    return (date.fromisoformat(label) + timedelta(days=seconds // 86400)).isoformat()
 
 
 def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | None) -> str:
@@ -421,16 +432,15 @@ def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | No
 
     RFC 5545 §3.8.4.4: a RECURRENCE-ID is the DTSTART of the instance it names. An all-day master's
     occurrence is named by the RECURRENCE-ID's date as written, also when it is a DATE-TIME
-    (``extra["recurrence_id_date"]``; Outlook writes one in any zone). A to-do is planned at its DUE,
-    so the instance's DTSTART is moved by the master's DUE − DTSTART (``extra["due_offset_seconds"]``).
+    (``extra["recurrence_id_date"]``; Outlook writes one in any zone). For a to-do due a span after its
+    DTSTART (:data:`DUE_OFFSET`) the label is the instance's DTSTART, as its master's EXDATEs are: the
+    expansion steps in DTSTARTs and names each occurrence by its due time (``occurrences.expansion``).
     Raises ``ValueError`` for a RECURRENCE-ID that is an instant when the master is floating.
     """
     rid = str(override.extra["recurrence_id"])
     if master.all_day:
-        local = str(override.extra.get("recurrence_id_date") or rid[:10])
-    else:
-        local = _rid_local(rid, zone)
-    return _shifted(local, int(master.extra.get(DUE_OFFSET) or 0))
+        return str(override.extra.get("recurrence_id_date") or rid[:10])
+    return _rid_local(rid, zone)
 
 
 def range_of(rule: RuleRecord) -> str:
@@ -570,7 +580,8 @@ def _tail(master: RuleRecord, override: RuleRecord, local: str, following: str |
     if override.rrule:
         # The override states its own series: it starts at its DTSTART, no shift.
         return replace(override, exdates=tuple(dict.fromkeys((*override.exdates, *master.exdates))), extra=extra)
-    shift = override.start_local() - parse_local(local)
+    # Due time to due time: ``local`` names the instance's DTSTART, the override's record its due time.
+    shift = override.start_local() - parse_local(shifted_label(local, due_offset(master)))
     extra[SHIFT_SECONDS] = int(shift.total_seconds())
     return replace(master, rule_id=override.rule_id, title=override.title, url=override.url or master.url,
                    note=override.note or master.note, kind=override.kind, extra=extra)
@@ -602,7 +613,7 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "DUE_OFFSET", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "master_id_of",
-    "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of", "to_instant", "until_bound",
-    "validate_rrule",
+    "DUE_OFFSET", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "due_offset",
+    "master_id_of", "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of", "shifted_label",
+    "to_instant", "until_bound", "validate_rrule",
 ]
