@@ -688,6 +688,37 @@ def test_a_deadline_withdrawn_and_restored_by_its_source_is_not_skipped_as_new(e
     assert status[("bob", "f@test")] == "skipped", status  # f@test unchanged: bob is back as a new subscriber
 
 
+@pytest.mark.parametrize("edit", ["offset", "channel"])
+def test_a_reminder_owed_before_a_configuration_edit_is_not_skipped_as_late_after_it(engine, tmp_path, edit):
+    """``late_policy: skip``: B's -P3D reminder (26 Feb 09:00Z) is pending at 08:50. At 08:55 its
+    offset is replaced and at 09:05 put back, or at 09:05, before a sweep sent it, its channel is
+    renamed: it came back ``skipped`` as late (or the renamed channel's was), as if the deadline were
+    new to ann, and nothing was sent, every check green (``skip`` spares only the reminders already past when
+    a deadline is first planned for a subscriber). It now goes out at once."""
+    from deadline_pipeline.plan.planner import OWED_DESPITE_SKIP
+
+    def cfg(offset, channel):
+        (tmp_path / "cal.ics").write_text(ics(B), newline="")
+        return load_config(write_config(
+            tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+            subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org"}],
+            subscriptions=[{"name": "s", "sources": ["cal"], "offsets": [offset], "channels": [channel],
+                            "late_policy": "skip"}],
+            channels={name: {"type": "maildir", "path": str(tmp_path / name)} for name in ("mail", "mail2")}))[0]
+
+    at = datetime(2027, 2, 26, 8, 50, tzinfo=UTC)
+    _ingest_plan(engine, cfg("-P3D", "mail"), at)
+    if edit == "offset":
+        plan_all(engine, cfg("-P1D", "mail"), at + timedelta(minutes=5))
+        plan_all(engine, cfg("-P3D", "mail"), at + timedelta(minutes=15))
+    else:  # renamed while the reminder was due but not yet swept
+        plan_all(engine, cfg("-P3D", "mail2"), at + timedelta(minutes=15))
+    rows = [r for r in _alerts(engine) if r["offset_seconds"] == -3 * 86400 and r["status"] != "cancelled"]
+    assert [r["status"] for r in rows] == ["pending"], rows
+    assert rows[0]["send_at"] == datetime(2027, 2, 26, 9, tzinfo=UTC)
+    assert rows[0]["status_reason"].endswith(OWED_DESPITE_SKIP), rows
+
+
 def test_a_deadline_moved_into_another_partition_keeps_its_move_when_the_old_month_is_planned_first(
         engine, tmp_path):
     """``late_policy: skip``, ``-P7D``: a deadline due 20 May moves to 12 March, and the revision's two

@@ -135,13 +135,21 @@ class PlanProblem:
 # (``PlanOutcome.moved_sent_despite_skip``) and the store is searched for.
 MOVED_DESPITE_SKIP = "this subscription skips late reminders, but not those of a deadline that moved"
 
+# The end of the reason of a late reminder sent at once under ``late_policy: skip`` because it was owed
+# before it was late: its send time came after the deadline was first planned for the subscriber, and
+# a configuration edit (an offset taken out and put back, a channel renamed) cancelled it before it
+# went out. Skipped as late when asked for again, it was never sent, every check green.
+OWED_DESPITE_SKIP = ("this subscription skips late reminders, but not one owed since before its time, "
+                     "when the deadline was already planned for its subscriber")
+
 # The reason of a late reminder ``skip`` left unsent (what planning looks for when it re-folds the
 # reminders of a deadline the subscriber already knew: ``plan.service._fold_as_known``).
 SKIPPED_BY_POLICY = "late reminders are skipped by this subscription's policy"
 
 
 def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "send_latest",
-              reason_prefix: str = "late at planning", *, moved: bool = False) -> None:
+              reason_prefix: str = "late at planning", *, moved: bool = False,
+              owed_since: datetime | None = None) -> None:
     """Set the status of reminders already past at ``now`` (aware UTC), per channel.
 
     ``send_latest``: the most recent past reminder stays ``pending`` (it goes out at once); earlier
@@ -154,18 +162,16 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
     (``due_at``) is still ahead or has just passed (planning looks back
     :data:`~deadline_pipeline.plan.occurrences.GRACE`, and delivery still sends within its own
     grace after the deadline).
+
+    ``owed_since`` (aware UTC): when the deadline was first planned for the subscriber (a stored
+    obligation). Under ``skip``, a late reminder whose time came after it was owed then, not new: the
+    most recent such one per channel goes out at once, its reason ending in :data:`OWED_DESPITE_SKIP`.
     """
     skip = late_policy == "skip" and not moved
-    by_channel: dict[str, list[PlannedAlert]] = {}
-    for a in alerts:
-        if a.kind != "reminder":
-            continue
-        if a.send_at > now:
-            a.status = AlertState.PENDING
-        else:
-            by_channel.setdefault(a.channel, []).append(a)
-    for late in by_channel.values():
-        late.sort(key=lambda a: a.send_at)
+    if skip and owed_since is not None:
+        _fold_owed(alerts, now, reason_prefix, owed_since)
+        return
+    for late in _late_by_channel(alerts, now):
         keep = None if skip else late[-1]
         for a in late:
             past = f"{reason_prefix}: reminder time {instant_text(a.send_at)} already past; "
@@ -176,6 +182,40 @@ def fold_late(alerts: list[PlannedAlert], now: datetime, late_policy: str = "sen
             else:
                 a.status = AlertState.SKIPPED
                 a.status_reason = past + (SKIPPED_BY_POLICY if skip
+                                          else "a later reminder of the same deadline is sent instead")
+
+
+def _late_by_channel(alerts: list[PlannedAlert], now: datetime) -> list[list[PlannedAlert]]:
+    """Set the reminders of ``alerts`` still ahead of ``now`` ``pending``; return the late ones, per
+    channel, oldest first."""
+    by_channel: dict[str, list[PlannedAlert]] = {}
+    for a in alerts:
+        if a.kind != "reminder":
+            continue
+        if a.send_at > now:
+            a.status = AlertState.PENDING
+        else:
+            by_channel.setdefault(a.channel, []).append(a)
+    for late in by_channel.values():
+        late.sort(key=lambda a: a.send_at)
+    return list(by_channel.values())
+
+
+def _fold_owed(alerts: list[PlannedAlert], now: datetime, reason_prefix: str, owed_since: datetime) -> None:
+    """:func:`fold_late` under ``skip`` for a deadline planned for the subscriber since ``owed_since``:
+    per channel, the most recent late reminder whose time came after it is sent at once; every other
+    late one is skipped (by the policy when its time came before)."""
+    for late in _late_by_channel(alerts, now):
+        owed = [a for a in late if a.send_at >= owed_since]
+        keep = owed[-1] if owed else None
+        for a in late:
+            past = f"{reason_prefix}: reminder time {instant_text(a.send_at)} already past; "
+            if a is keep:
+                a.status = AlertState.PENDING
+                a.status_reason = f"{past}{_sent_at_once(a.due_at, now)}; {OWED_DESPITE_SKIP}"
+            else:
+                a.status = AlertState.SKIPPED
+                a.status_reason = past + (SKIPPED_BY_POLICY if a.send_at < owed_since
                                           else "a later reminder of the same deadline is sent instead")
 
 
@@ -495,29 +535,31 @@ def reminder_alerts(ob: PlannedObligation, target: Target, now: datetime,
 
 
 def reminder_rows(ob: PlannedObligation, target: Target, now: datetime,
-                  cache: dict | None = None, *, moved: bool = False) -> list[tuple[tuple, str]]:
+                  cache: dict | None = None, *, moved: bool = False,
+                  owed_since: datetime | None = None) -> list[tuple[tuple, str]]:
     """:func:`reminder_alerts` as ``(slot, dedup_key)`` pairs, ``slot`` = ``(offset_seconds, channel,
     send_at, status, status_reason)``: what a large plan writes, without an object per alert. The
     slot tuples are shared by every obligation with the same due instant and subscription shape
-    (do not mutate them). ``moved`` as for :func:`reminder_alerts`."""
-    template = _template(ob, target, now, cache, moved)
+    (do not mutate them). ``moved`` as for :func:`reminder_alerts`, ``owed_since`` as for
+    :func:`fold_late`."""
+    template = _template(ob, target, now, cache, moved, owed_since)
     slots = [slot for slot, _ in template]
     return list(zip(slots, reminder_dedup_keys(ob.key, ob.due_at, slots), strict=True))
 
 
 def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None,
-              moved: bool = False) -> list[tuple]:
-    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now, moved)
+              moved: bool = False, owed_since: datetime | None = None) -> list[tuple]:
+    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now, moved, owed_since)
     template = cache.get(ckey) if cache is not None else None
     if template is None:
-        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved)
+        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved, owed_since)
         if cache is not None:
             cache[ckey] = template
     return template
 
 
 def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime,
-                    moved: bool = False) -> list[tuple]:
+                    moved: bool = False, owed_since: datetime | None = None) -> list[tuple]:
     """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
     due instant for ``target``'s subscription shape (``moved``: see :func:`fold_late`)."""
     subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
@@ -529,7 +571,7 @@ def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetim
         for channel in target.channels:
             alerts.append(PlannedAlert(seconds, channel, "reminder", "", send_at, status_reason=reason,
                                        due_at=due_at, offset=offset))
-    fold_late(alerts, now, target.late_policy, moved=moved)
+    fold_late(alerts, now, target.late_policy, moved=moved, owed_since=owed_since)
     if target.quiet_hours:
         for a in alerts:
             if a.status == AlertState.PENDING and a.send_at <= now:

@@ -632,17 +632,19 @@ def _planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome
         yield chunk
 
 
-def _alerts_of(p: _Planned, now: datetime, cache: dict, moved: bool = False) -> list[tuple[tuple, str]]:
+def _alerts_of(p: _Planned, now: datetime, cache: dict, moved: bool = False,
+               owed_since: datetime | None = None) -> list[tuple[tuple, str]]:
     """The reminder rows (:func:`~deadline_pipeline.plan.planner.reminder_rows`: ``(slot,
     dedup_key)``) of one planned obligation: those of its first subscription, then any (offset,
     channel) only a later subscription asks for. ``moved``: a stored obligation whose due instant
-    changed (see :func:`~deadline_pipeline.plan.planner.fold_late`)."""
-    rows = reminder_rows(p.ob, p.targets[0], now, cache, moved=moved)
+    changed; ``owed_since``: when a stored one was first planned (both: see
+    :func:`~deadline_pipeline.plan.planner.fold_late`)."""
+    rows = reminder_rows(p.ob, p.targets[0], now, cache, moved=moved, owed_since=owed_since)
     if len(p.targets) == 1:
         return rows
     at = {(slot[0], slot[1]): i for i, (slot, _) in enumerate(rows)}
     for t in p.targets[1:]:
-        for slot, key in reminder_rows(p.ob, t, now, cache, moved=moved):
+        for slot, key in reminder_rows(p.ob, t, now, cache, moved=moved, owed_since=owed_since):
             i = at.get((slot[0], slot[1]))
             if i is None:
                 at[(slot[0], slot[1])] = len(rows)
@@ -754,13 +756,15 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
         (ids[key], slot, dedup, due) for key, due, rows in new_rows for slot, dedup in rows
     ), now)
     del new_rows
+    stored = {key: _alerts_of(chunk[key], now, cache, moved=key in moved_from or key in diff.restored)
+              for key in diff.need_alerts if key not in new}
+    _fold_as_owed(conn, stored, chunk, ids, diff.reactivated, now, cache)
     sql.stage_rows(conn, sql.stage_alerts, (
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, moved_from.get(key)),
          chunk[key].ob.due_at)
-        for key in diff.need_alerts if key not in new
-        for (seconds, channel, send_at, status, reason), dedup in _alerts_of(
-            chunk[key], now, cache, moved=key in moved_from or key in diff.restored)
+        for key, rows in stored.items() for (seconds, channel, send_at, status, reason), dedup in rows
     ))
+    del stored
     merged, moved_alerts = sql.merge_alerts(conn, now)
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
@@ -864,6 +868,28 @@ def _known_before(ob: PlannedObligation, stored: dict[tuple[int, int, str], int]
         return version < ob.rule_version
     series = series_of(ob.rule_id)
     return series != ob.rule_id and (ob.subscriber_id, ob.source_id, series) in stored
+
+
+def _fold_as_owed(conn, stored: dict[str, list[tuple[tuple, str]]], chunk: dict[str, _Planned], ids: dict[str, int],
+                  reactivated: set[str], now: datetime, cache: dict) -> None:
+    """Re-fold, in place, the reminder rows (``stored``: obligation key → rows) of stored obligations
+    that ``late_policy: skip`` skipped as late although their time came after the obligation was
+    first planned (its first alert row, ``ids``: key → obligation id): they were owed, and a
+    configuration edit (an offset taken out and put back, a channel renamed, a contact blanked and
+    fixed) had cancelled them before they went out. Skipped as a new deadline's, they were never
+    sent and every check stayed green (:func:`~deadline_pipeline.plan.planner.fold_late`,
+    ``owed_since``). Not for obligations coming back from withdrawn (``reactivated``): a subscriber
+    removed and added back was owed nothing meanwhile. Reads the store only when some row was skipped
+    by that policy."""
+    maybe = [key for key, rows in stored.items() if key in ids and key not in reactivated and any(
+        slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)]
+    if not maybe:
+        return
+    first = sql.first_planned(conn, [ids[key] for key in maybe])
+    for key in maybe:
+        since = first.get(ids[key])
+        if since is not None:
+            stored[key] = _alerts_of(chunk[key], now, cache, owed_since=since)
 
 
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:

@@ -677,6 +677,9 @@ class StagedDiff:
     # here (:func:`move_obligation`, fingerprint cleared) without planning their new instant's
     # reminders, which this run plans as those of a moved deadline.
     moved_before: dict[str, datetime] = field(default_factory=dict)
+    # Every obligation coming back from withdrawn (``restored`` or not): while withdrawn, its subscriber
+    # was owed none of its reminders.
+    reactivated: set[str] = field(default_factory=set)
 
 
 def _differs(o, s):
@@ -716,6 +719,8 @@ def compare_staged(conn: Connection) -> StagedDiff:
             diff.changed += 1
         if fp_differs or inactive:
             diff.need_alerts.add(key)
+        if inactive:
+            diff.reactivated.add(key)
         if inactive and version < new_version:
             diff.restored.add(key)
         if moved_from is not None and old_due == new_due:
@@ -766,6 +771,17 @@ def series_known_until(conn: Connection, triples: set[tuple[int, int, str]],
         ):
             if (sub, src, rid) in triples:
                 found[(sub, src, rid)] = max(first_planned, last_due) if last_due is not None else first_planned
+    return found
+
+
+def first_planned(conn: Connection, obligation_ids: list[int]) -> dict[int, datetime]:
+    """obligation id → when its first alert row was written (aware UTC: when the obligation was first
+    planned with reminders), for those of ``obligation_ids`` that have one. One read per 500 ids."""
+    found: dict[int, datetime] = {}
+    for part in pages(obligation_ids, 500):
+        found.update(conn.execute(
+            select(alerts.c.obligation_id, type_coerce(func.min(alerts.c.created_at), UtcDateTime))
+            .where(alerts.c.obligation_id.in_(part)).group_by(alerts.c.obligation_id)).all())
     return found
 
 
