@@ -376,6 +376,44 @@ def test_recurring_occurrence_moved_into_the_past_on_another_day_is_escalated_as
     assert (again.moved_into_past_missed, again.alerts_inserted) == (0, 0), again
 
 
+def test_a_deadline_withdrawn_with_a_notice_and_restored_gets_a_correction(engine, tmp_path):
+    """x26 (-P3D) is reminded, then withdrawn by its source (one of six editions: applied, not held
+    back), and ann gets "Cancelled: … no further reminders will be sent". The source restores it at
+    the same instant: with its only reminder already delivered nothing more was sent, and
+    "Cancelled" stayed the last word on a deadline that stands, every check green. A correction now
+    says it is due as before; later runs send nothing more."""
+    editions = [entry("2026-03-18 23:59:59")] + [entry(f"2026-04-{d:02d} 23:59:59", id=f"y{d}") for d in range(1, 6)]
+    cfg = setup(tmp_path, *editions, offsets=("-P3D",))
+    cycle(engine, cfg, at("2026-03-16T12:00:00"))
+    assert len(mails(tmp_path)) == 1
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*editions[1:]))
+    cycle(engine, cfg, at("2026-03-16T14:00:00"))
+    assert mails(tmp_path)[-1].startswith("Cancelled:"), mails(tmp_path)
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*editions))
+    cycle(engine, cfg, at("2026-03-16T16:00:00"))
+    sent = mails(tmp_path)
+    assert len(sent) == 3 and sent[-1].startswith("Correction:") and "now due" in sent[-1], sent
+    cycle(engine, cfg, at("2026-03-17T12:00:00"))
+    assert len(mails(tmp_path)) == 3
+
+
+def test_a_cancellation_notice_not_yet_sent_when_its_deadline_is_restored_is_not_sent(engine, tmp_path):
+    """Withdrawn and restored between two sweeps: the cancellation notice, still pending, is cancelled
+    (it would have been the last word), and no correction is owed (none went out)."""
+    from deadline_pipeline_tests.test_watch_checks import plan
+
+    editions = [entry("2026-03-18 23:59:59")] + [entry(f"2026-04-{d:02d} 23:59:59", id=f"y{d}") for d in range(1, 6)]
+    cfg = setup(tmp_path, *editions, offsets=("-P3D",))
+    cycle(engine, cfg, at("2026-03-16T12:00:00"))
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*editions[1:]))
+    ingest(engine, cfg, at("2026-03-16T14:00:00"))
+    assert plan(engine, cfg, at("2026-03-16T14:00:00")).cancellation_notices == 1
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*editions))
+    cycle(engine, cfg, at("2026-03-16T16:00:00"))
+    assert len(mails(tmp_path)) == 1
+    assert ("cancellation", "cancelled") in {(k, st) for k, _d, _o, st in kinds(engine)}
+
+
 def test_deadline_moved_before_a_partition_but_still_ahead_is_not_a_miss(engine, tmp_path):
     """Planning April alone sees an April deadline moved to 21 March as moved before its window; the
     deadline is still ahead, so nothing is left to escalate: March's planning gives it its reminder."""

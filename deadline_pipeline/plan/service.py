@@ -771,6 +771,7 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     out.alerts_cancelled += sql.cancel_unwanted_reminders(
         conn, [key for key in diff.need_alerts if key not in new and key not in old_due], now)
     _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
+    _tell_restored(conn, [key for key in sorted(diff.reactivated) if key not in old_due], ids, chunk, now, out)
     # Restored, or moved by another partition's run: their late reminders go out despite skip too.
     also = [{"id": ids[key], "obligation_key": key, "old_due_at": diff.moved_before.get(key),
              "new_due_at": chunk[key].ob.due_at}
@@ -890,6 +891,48 @@ def _fold_as_owed(conn, stored: dict[str, list[tuple[tuple, str]]], chunk: dict[
         since = first.get(ids[key])
         if since is not None:
             stored[key] = _alerts_of(chunk[key], now, cache, owed_since=since)
+
+
+# The status reason of a cancellation notice not sent because its deadline came back first.
+RESTORED_BEFORE_NOTICE = "withdrawn: the source published the deadline again before this notice went out"
+
+
+def _tell_restored(conn, keys: list[str], ids: dict[str, int], chunk: dict[str, _Planned], now: datetime,
+                   out: PlanOutcome) -> None:
+    """For obligations coming back from withdrawn at the same due instant (``keys``; ``ids``: key →
+    id): a cancellation notice of the withdrawal not yet sent is cancelled, and each channel where
+    one was sent (or is being sent) gets a correction saying the deadline stands again
+    (:func:`restored_row`). Before, "Cancelled … no further reminders will be sent" was the
+    subscriber's last word on a deadline its source had restored, with every reminder already
+    delivered: nothing more was sent, every check green. A subscriber removed and added back got no
+    notice when removed, so gets none now."""
+    oids = {ids[key]: key for key in keys if key in ids}
+    if not oids:
+        return
+    notices = sql.cancellation_notices(conn, sorted(oids))
+    if not notices:
+        return
+    unsent = [aid for aid, _oid, _ch, status, _rev in notices if status in (AlertState.PENDING, AlertState.RETRY_WAIT)]
+    out.alerts_cancelled += sql.cancel_unsent_notices(conn, unsent, RESTORED_BEFORE_NOTICE, now)
+    rows = [restored_row(oid, oids[oid], channel, revision, chunk[oids[oid]].ob.due_at, now)
+            for _aid, oid, channel, status, revision in notices
+            if status in (AlertState.DELIVERED, AlertState.CLAIMED)]
+    written = sql.insert_notices(conn, rows)
+    out.corrections += written
+    if written:
+        log.warning("planning: %d correction(s) tell subscribers that %d deadline(s) withdrawn with a cancellation "
+                    "notice are back", written, len({r["obligation_id"] for r in rows}))
+
+
+def restored_row(obligation_id: int, key: str, channel: str, revision: int, due: datetime, now: datetime) -> dict:
+    """The alert row of a correction saying a deadline (due ``due``, aware UTC) stands again after a
+    cancellation notice of its withdrawal went out on ``channel``; one per revision and channel, as
+    the cancellation notices are, so a re-plan never writes a second one."""
+    row = correction_row(obligation_id, key, channel, revision, due, due, now)
+    row.update(dedup_key=alert_dedup_key(key, 0, channel, "restored", revision), previous_due_at=None,
+               status_reason=f"deadline restored at {instant_text(due)} after a cancellation notice was delivered"
+                             f"{MOVE_CAUSE}its source withdrew it and published it again: it is due as before")
+    return row
 
 
 def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:

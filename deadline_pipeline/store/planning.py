@@ -1044,6 +1044,31 @@ def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int,
     return out
 
 
+def cancellation_notices(conn: Connection, obligation_ids: list[int]) -> list[tuple[int, int, str, str, int]]:
+    """``(alert id, obligation id, channel, status, revision)`` of the cancellation notices of these
+    obligations for their current revision (the withdrawal they announced), in id order."""
+    a, o = alerts, obligations
+    out: list[tuple[int, int, str, str, int]] = []
+    for part in pages(obligation_ids, 500):
+        out.extend(tuple(r) for r in conn.execute(
+            select(a.c.id, a.c.obligation_id, a.c.channel, a.c.status, a.c.revision)
+            .join(o, o.c.id == a.c.obligation_id)
+            .where(a.c.obligation_id.in_(part), a.c.kind == "cancellation", a.c.revision == o.c.revision)
+            .order_by(a.c.id)).all())
+    return out
+
+
+def cancel_unsent_notices(conn: Connection, alert_ids: list[int], reason: str, now: datetime) -> int:
+    """Cancel these alerts where no send has begun (``pending`` or ``retry_wait``; a ``claimed`` one is
+    its sender's), with ``reason``. Returns how many."""
+    n = 0
+    for part in pages(alert_ids, 500):
+        n += conn.execute(update(alerts).where(
+            alerts.c.id.in_(part), alerts.c.status.in_((AlertState.PENDING, AlertState.RETRY_WAIT))
+        ).values(status=AlertState.CANCELLED, status_reason=reason, updated_at=now)).rowcount
+    return n
+
+
 def withdraw_obligations(conn: Connection, ids: list[int], reason: str, now: datetime) -> int:
     """Mark obligations withdrawn and cancel their revisable alerts (never delete). Returns alerts cancelled.
 
