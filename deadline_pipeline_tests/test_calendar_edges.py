@@ -83,6 +83,26 @@ def test_an_rdate_or_exdate_at_the_edge_of_the_calendar_is_ignored_with_a_note(p
         f"VEVENT UID=yearly (line 4): {prop} 9999-12-31T23:59:59: year 9999 {RANGE}; that {prop} value is ignored"]
 
 
+@pytest.mark.parametrize(("props", "shown"), [
+    # Read as 12:00 wall time in each subscriber's zone, it was due at 23:00Z in Pago Pago, with a note.
+    (("DTSTART;VALUE=DATE:20270305", "RDATE:20270312T120000Z"),
+     "RDATE 2027-03-12T12:00:00 in UTC is an instant but the rule is floating"),
+    (("DTSTART:20270305T090000", "RDATE;TZID=America/New_York:20270312T090000"),
+     "RDATE 2027-03-12T09:00:00 in America/New_York is an instant but the rule is floating"),
+    # Ignored with a note, the occurrence it names was never planned.
+    (("DTSTART;TZID=America/New_York:20270305T090000", "RDATE;TZID=Mars/Olympus:20270312T090000"),
+     "RDATE has TZID 'Mars/Olympus'"),
+])
+def test_an_rdate_whose_instant_cannot_be_planned_skips_its_record(props, shown):
+    """An RDATE is an occurrence: one the rule cannot hold skips the record (its last good version stays
+    in force and rules_complete names it), never a note beside a rule planned without it or off by hours."""
+    payload = _calendar(*_event("r", *props), *_event("ok", "DTSTART:20270301T090000Z"))
+    result = parse_payload("ics", payload, source="s")
+    assert [r.rule_id for r in result.rules] == ["ok"]
+    (problem,) = result.problems
+    assert problem.skipped and problem.record_id == "r" and shown in problem.message, problem
+
+
 # --- ingest, planning and the checks over a feed with such records --------------------------------
 
 def _configure(tmp_path, fmt: str, payload: str):

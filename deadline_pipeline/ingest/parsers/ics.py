@@ -1057,10 +1057,18 @@ def _rrule(component: icalendar.cal.Component, scan: _ScannedComponent | None) -
 
 def _dates(component: icalendar.cal.Component, name: str, problems: list[ParseProblem],
            position: str) -> list[_When]:
-    """Every value of every EXDATE/RDATE property, each read with its own TZID."""
+    """Every value of every EXDATE/RDATE property, each read with its own TZID.
+
+    An EXDATE value that cannot be read is ignored with a note (at worst a reminder too many). An RDATE
+    value is an occurrence: one beyond :data:`~deadline_pipeline.rules.RULE_YEARS` is ignored with a
+    note (never within a plan), any other unreadable one (an unknown TZID, not a date list) raises
+    :class:`_Skip`: ignored with a note, its deadline was never planned and every check stayed green;
+    skipped, the component keeps its last good version and ``rules_complete`` names the line."""
     out: list[_When] = []
     for prop in _prop_list(component, name):
         if isinstance(prop, icalendar.prop.vBroken):
+            if name == "RDATE":
+                raise _Skip(f"RDATE {str(prop)!r} is not a valid date list: the occurrences it names are unknown")
             problems.append(ParseProblem(position, f"{name} {str(prop)!r} ignored: not a valid date list",
                                          skipped=False))
             continue
@@ -1069,16 +1077,27 @@ def _dates(component: icalendar.cal.Component, name: str, problems: list[ParsePr
             try:
                 out.append(_value_when(item.dt, params, name))
             except _Skip as exc:
+                if name == "RDATE" and not (isinstance(item.dt, date) and year_problem(item.dt)):
+                    raise _Skip(f"{exc}: an occurrence of this rule cannot be planned") from None
                 problems.append(ParseProblem(position, f"{exc}; that {name} value is ignored", skipped=False))
     return out
 
 
 def _in_zone(when: _When, rule_zone: tzinfo | None, problems: list[ParseProblem], position: str,
              what: str) -> str:
-    """An EXDATE/RDATE as wall-clock time in the rule's zone (floating ones are already in it)."""
+    """An EXDATE/RDATE as wall-clock time in the rule's zone (floating ones are already in it).
+
+    Raises :class:`_Skip` for an RDATE instant (UTC or zoned) of a floating or all-day rule: each
+    subscriber reads the rule in their own zone, so the instant cannot be kept, and as a wall time it
+    was due up to a day off (12:00Z read as 12:00 in Pago Pago: 23:00Z) with only a note. An EXDATE
+    so written is kept as wall time with a note (at worst it excludes nothing)."""
     aware = when.aware
     if aware is None:
         return format_local(when.value)
+    if rule_zone is None and what == "RDATE":
+        raise _Skip(f"RDATE {format_local(when.value)} in {when.tz} is an instant but the rule is floating (its "
+                    "DTSTART has no TZID and is read in each subscriber's zone); give DTSTART a TZID, or write the "
+                    "RDATE as a floating time")
     if rule_zone is None:
         problems.append(ParseProblem(
             position, f"{what} {format_local(when.value)} in {when.tz} kept as wall time: the rule is floating",
