@@ -739,10 +739,12 @@ def _due_after_start(rule: RuleRecord, zone: tzinfo, *, after: datetime, before:
     out: list[Occurrence] = []
     for o in inner.occurrences:
         period = shifted_label(o.period, offset)
-        if period.endswith("Z"):  # an elapsed-time series: its label is the UTC instant
-            due = datetime.fromisoformat(period[:-1]).replace(tzinfo=UTC)
+        # From the start's instant, not its label: a THISANDFUTURE piece's starts are shifted
+        # (SHIFT_SECONDS) while their labels stay the original ones.
+        if period.endswith("Z"):  # an elapsed-time series: stepped in elapsed time
+            due = o.due_at + span
         else:
-            local = parse_local(period)
+            local = o.due_at.astimezone(zone).replace(tzinfo=None) + span
             due = _adjusted(local, zone, business) if business is not None else to_instant(local, zone)
         if after <= due <= before:
             out.append(Occurrence(period, due))
