@@ -741,3 +741,154 @@ def test_a_todo_with_a_due_is_due_then_whatever_durations_its_alarms_have():
     result = parse_ics(content, source="t")
     assert ([r.start for r in result.rules], result.problems) == (["2027-03-02T17:00:00"], [])
     assert ics_instants(content) == [("due", utc("2027-03-02T16:00:00Z"))]
+
+
+def reference_instants(content: bytes) -> list[datetime]:
+    """The instants recurring-ical-events plans for ``content`` (cancelled instances left out)."""
+    import icalendar
+    import recurring_ical_events
+
+    found = recurring_ical_events.of(icalendar.Calendar.from_ical(content)).between(FAR_PAST, FAR_FUTURE)
+    return sorted(e["DTSTART"].dt.astimezone(UTC) for e in found if str(e.get("STATUS", "")).upper() != "CANCELLED")
+
+
+# A daily 02:30 series in New York: 2026-03-08 02:30 does not exist there (02:00 → 03:00), and that
+# instance is at 07:30Z (RFC 5545 §3.3.5); 2026-03-07 is an ordinary day, 2026-11-01 01:30 is repeated.
+_GAP_SERIES = ("DTSTART;TZID=America/New_York:20260306T023000", "RRULE:FREQ=DAILY;COUNT=6")
+_FALL_SERIES = ("DTSTART;TZID=America/New_York:20261030T013000", "RRULE:FREQ=DAILY;COUNT=4")
+
+
+@pytest.mark.parametrize(("series", "rid", "moved"), [
+    (_GAP_SERIES, "RECURRENCE-ID;TZID=America/New_York:20260308T023000", "20260308T010000"),
+    (_GAP_SERIES, "RECURRENCE-ID:20260308T073000Z", "20260308T010000"),
+    (_GAP_SERIES, "RECURRENCE-ID;TZID=Europe/Berlin:20260308T083000", "20260308T010000"),
+    (_GAP_SERIES, "RECURRENCE-ID;TZID=America/New_York:20260307T023000", "20260307T010000"),
+    (_FALL_SERIES, "RECURRENCE-ID;TZID=America/New_York:20261101T013000", "20261101T000000"),
+])
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_an_override_of_an_instance_in_a_spring_forward_gap_replaces_it(series, rid, moved, cancelled):
+    """The series names its gap instance by its nominal start (02:30), a RECURRENCE-ID arrives as the
+    instant 07:30Z, which reads as 03:30 in New York: the override was added and the original kept
+    (two reminders), and a cancelled one stayed planned. Compared with recurring-ical-events."""
+    status = ("STATUS:CANCELLED",) if cancelled else ()
+    content = calendar(*event("g", *series),
+                       *event("g", rid, f"DTSTART;TZID=America/New_York:{moved}", *status))
+    expected = reference_instants(content)
+    assert len(expected) == (5 if series is _GAP_SERIES else 3) + (not cancelled), expected
+    assert [due for _rid, due in ics_instants(content)] == expected
+    assert vanished_mod.vanished_overrides(parse_ics(content, source="t").rules) == {}
+
+
+@pytest.mark.parametrize(("series", "rid", "moved"), [
+    (_GAP_SERIES, "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=America/New_York:20260308T023000", "20260308T010000"),
+    (_GAP_SERIES, "RECURRENCE-ID;RANGE=THISANDFUTURE:20260308T073000Z", "20260308T010000"),
+    (_GAP_SERIES, "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=America/New_York:20260307T023000", "20260307T010000"),
+    (_FALL_SERIES, "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=America/New_York:20261101T013000", "20261101T000000"),
+])
+def test_a_thisandfuture_override_of_an_instance_in_a_spring_forward_gap_moves_it_and_the_rest(series, rid, moved):
+    """RFC 5545 §3.8.4.4: the series splits at the named instance, each later one shifted by DTSTART −
+    RECURRENCE-ID. Split at 03:30 instead of 02:30, the gap instance stayed at 07:30Z, the moved
+    deadline (06:00Z) got no obligation (a -PT1H reminder came after it), and the later ones were
+    shifted by 2 h 30 instead of 1 h 30. Compared with recurring-ical-events."""
+    content = calendar(*event("g", *series), *event("g", rid, f"DTSTART;TZID=America/New_York:{moved}"))
+    expected = reference_instants(content)
+    assert [due for _rid, due in ics_instants(content)] == expected
+    assert vanished_mod.vanished_overrides(parse_ics(content, source="t").rules) == {}
+
+
+def test_the_gap_thisandfuture_override_plans_the_expected_instants():
+    """The case as found, written out: 8 March moved to 01:00 EST (06:00Z), then 01:00 EDT (05:00Z) daily."""
+    content = calendar(*event("g", *_GAP_SERIES), *event(
+        "g", "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=America/New_York:20260308T023000",
+        "DTSTART;TZID=America/New_York:20260308T010000"))
+    tail = "g#2026-03-08T07:30:00Z"
+    assert ics_instants(content) == [
+        ("g", utc("2026-03-06T07:30:00Z")), ("g", utc("2026-03-07T07:30:00Z")), (tail, utc("2026-03-08T06:00:00Z")),
+        (tail, utc("2026-03-09T05:00:00Z")), (tail, utc("2026-03-10T05:00:00Z")), (tail, utc("2026-03-11T05:00:00Z"))]
+
+
+@pytest.mark.parametrize("exdate", [
+    "EXDATE;TZID=America/New_York:20260308T023000",  # the instance's DTSTART as the series states it
+    "EXDATE;TZID=America/New_York:20260308T033000",  # the same instant, read on the wall clock
+    "EXDATE:20260308T073000Z",
+    "EXDATE;TZID=Europe/Berlin:20260308T083000",
+    "EXDATE;TZID=America/New_York:20260307T023000",
+])
+def test_an_exdate_naming_the_instant_of_a_gap_instance_excludes_it(exdate):
+    """RFC 5545 §3.8.5.1, §3.3.5: an EXDATE excludes the instance whose start is the same DATE-TIME, and
+    02:30 on a 02:00 → 03:00 night is the instant 07:30Z, as 03:30 is. Matched by instant, as a
+    RECURRENCE-ID is; by wall time, only an EXDATE written as 02:30 in New York excluded it. Compared
+    with recurring-ical-events."""
+    content = calendar(*event("g", *_GAP_SERIES, exdate))
+    expected = reference_instants(content)
+    assert len(expected) == 5, expected
+    assert [due for _rid, due in ics_instants(content)] == expected
+
+
+def test_the_gap_instance_keeps_its_label_and_an_override_names_it():
+    """The occurrence label (the obligation's identity) stays the nominal 02:30, and the override's
+    RECURRENCE-ID, read as an instant, names that label (not 03:30)."""
+    content = calendar(*event("g", *_GAP_SERIES), *event(
+        "g", "RECURRENCE-ID;TZID=America/New_York:20260308T023000", "DTSTART;TZID=America/New_York:20260308T010000"))
+    rules = parse_ics(content, source="t").rules
+    master = next(r for r in rules if r.rule_id == "g")
+    override = next(r for r in rules if r.rule_id != "g")
+    zone = resolve_zone("America/New_York")
+    labels = [o.period for o in expand(master, zone, after=FAR_PAST, before=FAR_FUTURE)]
+    assert "2026-03-08T02:30:00" in labels
+    from deadline_pipeline.plan.recurrence import occurrence_named
+    assert occurrence_named(master, override, zone) == "2026-03-08T02:30:00"
+
+
+@pytest.mark.parametrize("components", [
+    # BYHOUR=2,3: the gap's 02:30 falls on the instant of 03:30, which the series has and which keeps it;
+    # the override names 03:30 however it is written (an override of 02:30 must not split off a ghost).
+    (event("g", "DTSTART;TZID=America/New_York:20260307T023000", "RRULE:FREQ=DAILY;BYHOUR=2,3;BYMINUTE=30;COUNT=6"),
+     event("g", "RECURRENCE-ID;TZID=America/New_York:20260308T023000",
+           "DTSTART;TZID=America/New_York:20260308T010000")),
+    # Every other hour from 00:30: the series has 02:30 (in the gap), not 03:30.
+    (event("g", "DTSTART;TZID=America/New_York:20260308T003000", "RRULE:FREQ=HOURLY;INTERVAL=2;BYMINUTE=30;COUNT=4"),
+     event("g", "RECURRENCE-ID:20260308T073000Z", "DTSTART;TZID=America/New_York:20260308T010000")),
+    # A daily 03:30 series: an override or EXDATE written as 02:30 names its 03:30 instance (same instant).
+    (event("g", "DTSTART;TZID=America/New_York:20260306T033000", "RRULE:FREQ=DAILY;COUNT=5"),
+     event("g", "RECURRENCE-ID;TZID=America/New_York:20260308T023000",
+           "DTSTART;TZID=America/New_York:20260308T010000")),
+    (event("g", "DTSTART;TZID=America/New_York:20260306T033000", "RRULE:FREQ=DAILY;COUNT=5",
+           "EXDATE;TZID=America/New_York:20260308T023000"),),
+    # An RDATE in the gap, and a weekly series split at Berlin's gap instance.
+    (event("g", "DTSTART;TZID=America/New_York:20260306T090000", "RDATE;TZID=America/New_York:20260308T023000"),
+     event("g", "RECURRENCE-ID:20260308T073000Z", "DTSTART;TZID=America/New_York:20260308T010000")),
+    (event("g", "DTSTART;TZID=Europe/Berlin:20260315T023000", "RRULE:FREQ=WEEKLY;COUNT=4"),
+     event("g", "RECURRENCE-ID;RANGE=THISANDFUTURE;TZID=Europe/Berlin:20260329T023000",
+           "DTSTART;TZID=Europe/Berlin:20260329T040000")),
+], ids=["both-times", "hourly-interval", "override-03:30-series", "exdate-03:30-series", "rdate", "weekly-split"])
+def test_gap_instances_are_named_as_the_series_has_them(components):
+    """Which of 02:30 (in the gap) and 03:30 names the instance at 07:30Z is the series' call: the one
+    it has, and 03:30 when it has both (once_per_instant keeps the time that exists). Compared with
+    recurring-ical-events; no override is dropped as vanished."""
+    content = calendar(*[line for component in components for line in component])
+    expected = reference_instants(content)
+    assert [due for _rid, due in ics_instants(content)] == expected
+    assert vanished_mod.vanished_overrides(parse_ics(content, source="t").rules) == {}
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_an_override_of_a_recurring_todo_starting_in_a_spring_forward_gap_replaces_it(cancelled):
+    """A to-do steps in DTSTARTs (its RECURRENCE-IDs name starts): read as 03:30, the override named a
+    start the series does not have, was dropped as vanished, and the moved due time (16:00Z) was never
+    planned while the original (21:00Z) stayed. Compared with recurring-ical-events."""
+    import icalendar
+    import recurring_ical_events
+
+    status = ("STATUS:CANCELLED",) if cancelled else ()
+    content = calendar(
+        *todo("w", "DTSTART;TZID=America/New_York:20260306T023000", "DUE;TZID=America/New_York:20260306T170000",
+              "RRULE:FREQ=DAILY;COUNT=5"),
+        *todo("w", "RECURRENCE-ID;TZID=America/New_York:20260308T023000",
+              "DTSTART;TZID=America/New_York:20260308T010000", "DUE;TZID=America/New_York:20260308T120000", *status))
+    reference = recurring_ical_events.of(icalendar.Calendar.from_ical(content), components=["VTODO"]).between(
+        datetime(2026, 1, 1), datetime(2027, 1, 1))
+    expected = sorted(o["DUE"].dt.astimezone(UTC) for o in reference if str(o.get("STATUS", "")) != "CANCELLED")
+    assert len(expected) == 4 + (not cancelled), expected
+    assert [due for _rid, due in ics_instants(content)] == expected
+    assert vanished_mod.vanished_overrides(parse_ics(content, source="t").rules) == {}

@@ -823,3 +823,27 @@ def test_c30_day_month_order_is_never_guessed(cases):
     assert result.rules == [] and len(result.problems) == len(values)
     iso = "title,due,timezone\n" + "".join(f"row{i},{d},UTC\n" for i, d in enumerate(case["expected"]))
     assert [r.start for r in parse_csv(iso.encode(), source="c30").rules] == case["expected"]
+
+
+@pytest.mark.parametrize(("zone", "local", "twin"), [
+    ("America/New_York", datetime(2026, 3, 8, 2, 30), datetime(2026, 3, 8, 3, 30)),  # in the gap
+    ("America/New_York", datetime(2026, 3, 8, 3, 30), datetime(2026, 3, 8, 2, 30)),  # the time after it
+    ("America/New_York", datetime(2026, 3, 8, 3, 0), datetime(2026, 3, 8, 2, 0)),
+    ("America/New_York", datetime(2026, 3, 8, 4, 0), None),  # an hour on: no twin
+    ("America/New_York", datetime(2026, 3, 8, 1, 59), None),
+    ("America/New_York", datetime(2026, 11, 1, 1, 30), None),  # repeated by the fall-back: one wall time
+    ("America/New_York", datetime(2026, 3, 7, 2, 30), None),
+    ("Pacific/Apia", datetime(2011, 12, 30, 9, 0), datetime(2011, 12, 31, 9, 0)),  # the skipped day
+    ("Pacific/Apia", datetime(2011, 12, 31, 9, 0), datetime(2011, 12, 30, 9, 0)),
+    ("Australia/Lord_Howe", datetime(2026, 10, 4, 2, 15), datetime(2026, 10, 4, 2, 45)),  # a 30-minute gap
+    ("UTC", datetime(2026, 3, 8, 2, 30), None),
+])
+def test_gap_alias_pairs_a_nonexistent_time_with_the_existing_one_on_its_instant(zone, local, twin):
+    """RFC 5545 §3.3.5: a time in a gap is read with the offset before it, so it and the time the gap's
+    length later are one instant. Override and EXDATE matching rely on this pairing."""
+    from deadline_pipeline.plan.recurrence import gap_alias
+
+    z = ZoneInfo(zone)
+    assert gap_alias(local, z) == twin
+    if twin is not None:
+        assert to_instant(local, z) == to_instant(twin, z)

@@ -11,7 +11,12 @@ C16, C17, C18):
   reminder fires exactly once per local day across both transitions (never 24 h after the last one).
 * A local time inside a spring-forward gap is shifted forward by the gap's length (RFC 5545 §3.3.5
   for DATE-TIME values that do not exist: 02:30 on a 02:00→03:00 night becomes 03:30); the day still
-  counts towards COUNT. A local time repeated by a fall-back takes its *first* occurrence.
+  counts towards COUNT. A local time repeated by a fall-back takes its *first* occurrence. A gap
+  occurrence keeps its nominal local start (02:30) as its label, and an EXDATE or RECURRENCE-ID names
+  it by instant, as written in any zone (07:30Z, or 03:30, which the parser reads it as):
+  :func:`_exclusions` excludes both wall times of a gap's instant
+  (:func:`~deadline_pipeline.plan.recurrence.gap_alias`), and
+  :func:`~deadline_pipeline.plan.recurrence.occurrence_named` gives an override the series' label.
 * A shifted time can land on the instant of another occurrence of the same rule: Samoa skipped
   2011-12-30 (UTC-10 → UTC+14), so a daily 09:00 there yields the nonexistent 2011-12-30 09:00,
   read with the offset before the gap as 2011-12-30T19:00Z — the instant of 2011-12-31 09:00. An
@@ -93,6 +98,7 @@ from deadline_pipeline.plan.recurrence import (
     Recur,
     RRuleError,
     due_offset,
+    gap_alias,
     parse_rrule,
     shifted_label,
     to_instant,
@@ -969,6 +975,14 @@ def _exclusions(exdates: list, all_day: bool, frame: _Frame) -> tuple[set[date],
     for x in exdates:
         if isinstance(x, datetime) and not all_day:
             ex_moments.append(frame.of(x))
+            # An EXDATE excludes the instance whose start is the same DATE-TIME (RFC 5545 §3.8.5.1), and
+            # 02:30 in a 02:00 → 03:00 gap is the instant of 03:30 (§3.3.5). EXDATEs arrive as wall
+            # times converted from their own TZID, so 07:30Z reads 03:30 and excluded nothing from a
+            # series naming that instance 02:30. Both names go in; the series has one instance there
+            # (once_per_instant). An elapsed frame compares instants already.
+            twin = None if frame.elapsed else gap_alias(x, frame.zone)
+            if twin is not None:
+                ex_moments.append(twin)
         else:
             ex_days.add(x.date() if isinstance(x, datetime) else x)
     return ex_days, ex_moments

@@ -393,13 +393,40 @@ SHIFT_SECONDS = "shift_seconds"   # wall-clock shift of each occurrence of a THI
 
 
 def _rid_local(rid: str, zone: tzinfo | None) -> str:
-    """A RECURRENCE-ID as the parser stores it (UTC ``…Z``, a date, or local ISO) → local ISO in ``zone``."""
+    """A RECURRENCE-ID as the parser stores it (UTC ``…Z``, a date, or local ISO) → local ISO in ``zone``.
+
+    An instant reads as the wall time that exists: one inside a spring-forward gap reads as the time
+    after it (:func:`occurrence_named` tells which of the two the series names it by)."""
     if rid.endswith("Z"):
         instant = datetime.strptime(rid, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         if zone is None:
             raise ValueError(f"RECURRENCE-ID {rid} is an instant but its master is floating")
         return format_local(instant.astimezone(zone).replace(tzinfo=None))
     return rid
+
+
+def gap_alias(local: datetime, zone: tzinfo) -> datetime | None:
+    """The other wall time (naive, in ``zone``) that names the same instant as ``local``, or None.
+
+    RFC 5545 §3.3.5 reads a DATE-TIME inside a spring-forward gap "using the UTC offset before the
+    gap": on a 02:00 → 03:00 night, 02:30 (which does not exist) is the instant of 03:30 (which does).
+    For ``local`` = 02:30 this returns 03:30, for 03:30 it returns 02:30; for any wall time with no
+    such twin (the usual case, a fall-back hour included), None. Works with ``zoneinfo`` zones
+    (``fold=0``, as :func:`to_instant` reads times).
+    """
+    instant = to_instant(local, zone)
+    existing = instant.astimezone(zone).replace(tzinfo=None)
+    if existing != local:
+        return existing  # ``local`` is in a gap: its instant reads back as the time after it
+    # ``local`` exists: it has a twin when the offset before the last transition (at most a day back:
+    # the longest gap, Samoa's skipped day) puts the same instant at a wall time that does not exist.
+    try:
+        nominal = (instant + (instant - timedelta(days=1)).astimezone(zone).utcoffset()).replace(tzinfo=None)
+    except OverflowError:
+        return None
+    if nominal == local or to_instant(nominal, zone) != instant:
+        return None
+    return nominal if to_instant(nominal, zone).astimezone(zone).replace(tzinfo=None) != nominal else None
 
 
 #: Key of ``RuleRecord.extra``: a recurring to-do's DUE − DTSTART in wall-clock seconds (set by the ICS
@@ -435,12 +462,74 @@ def occurrence_named(master: RuleRecord, override: RuleRecord, zone: tzinfo | No
     (``extra["recurrence_id_date"]``; Outlook writes one in any zone). For a to-do due a span after its
     DTSTART (:data:`DUE_OFFSET`) the label is the instance's DTSTART, as its master's EXDATEs are: the
     expansion steps in DTSTARTs and names each occurrence by its due time (``occurrences.expansion``).
+    A RECURRENCE-ID names its instance by instant, whatever its TZID: an instant that a time inside a
+    spring-forward gap and the existing time after it share (02:30 and 03:30, §3.3.5; :func:`gap_alias`)
+    is labelled as the series has it — 02:30 for a series that steps to 02:30 (its nominal start), 03:30
+    when the series may start at 03:30 (:func:`_starts_at`).
     Raises ``ValueError`` for a RECURRENCE-ID that is an instant when the master is floating.
     """
     rid = str(override.extra["recurrence_id"])
     if master.all_day:
         return str(override.extra.get("recurrence_id_date") or rid[:10])
-    return _rid_local(rid, zone)
+    local = _rid_local(rid, zone)
+    if zone is None or "T" not in local:
+        return local
+    # A series names an instance inside a spring-forward gap by its nominal start (02:30, due at the
+    # instant of 03:30: occurrences' DST policy), and a RECURRENCE-ID arrives as that instant, read
+    # back as 03:30: matched by wall time, the override was planned next to the original (two
+    # reminders), a cancelled instance stayed planned and a THISANDFUTURE split missed it.
+    existing = parse_local(local)
+    nominal = gap_alias(existing, zone)
+    if nominal is None or _starts_at(master, existing) or not _starts_at(master, nominal):
+        return local
+    return format_local(nominal)
+
+
+def _starts_at(master: RuleRecord, local: datetime) -> bool:
+    """Whether ``master``'s series may have an instance starting at the wall time ``local`` (naive):
+    its DTSTART or an RDATE there, or an RRULE stepped in wall-clock time whose times of day
+    (DTSTART's, or BYHOUR/BYMINUTE/BYSECOND, RFC 5545 §3.3.10) and sub-daily INTERVAL reach it.
+
+    Only the time of day is judged, which is what tells a gap instance (02:30) from the existing time
+    sharing its instant (03:30): when both may start, the existing one is the series' (a nonexistent
+    time on the instant of an existing one is dropped, ``occurrences.once_per_instant``). An RRULE
+    stepped in elapsed time (sub-daily without BYxxx) never yields a nonexistent wall time, so for it
+    every time that exists counts as reached."""
+    start = parse_local(shifted_label(master.start, -due_offset(master)))
+    if local == start or format_local(local) in master.rdates:
+        return True
+    if not master.rrule:
+        return False
+    try:
+        recur = validate_rrule(master.rrule)
+    except RRuleError:
+        return False
+    if recur.sub_daily and not recur.has_by_parts:
+        return True  # stepped in elapsed time: its instances are at wall times that exist
+    kwargs = recur.kwargs
+    # dateutil's defaults: a part not given is DTSTART's, except the unit a sub-daily FREQ steps in.
+    units = (("byhour", "hour", "HOURLY", 3600), ("byminute", "minute", "MINUTELY", 60),
+             ("bysecond", "second", "SECONDLY", 1))
+    for part, field, freq, seconds in units:
+        allowed = kwargs.get(part)
+        value = getattr(local, field)
+        if allowed is not None:
+            if value not in allowed:
+                return False
+        elif recur.freq == freq:
+            step = int(kwargs.get("interval", 1)) * seconds
+            if int((local - start).total_seconds()) // seconds * seconds % step:
+                return False
+        elif value != getattr(start, field) and not _finer(recur.freq, freq):
+            return False
+    return True
+
+
+def _finer(freq: str, unit_freq: str) -> bool:
+    """Whether ``freq`` steps in a unit finer than ``unit_freq``'s (MINUTELY than HOURLY…), so that
+    every value of the coarser field is reached."""
+    order = ("SECONDLY", "MINUTELY", "HOURLY")
+    return freq in order and order.index(freq) < order.index(unit_freq)
 
 
 def range_of(rule: RuleRecord) -> str:
@@ -489,7 +578,9 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
     * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
     * The occurrence an override names is :func:`occurrence_named`'s: an all-day master's by the
-      RECURRENCE-ID's date as written, a to-do's shifted from its DTSTART to its DUE.
+      RECURRENCE-ID's date as written, a to-do's shifted from its DTSTART to its DUE, one inside a
+      spring-forward gap by its nominal start (02:30, not the 03:30 its instant reads as), so a
+      THISANDFUTURE piece is shifted by DTSTART − 02:30.
     * A cancelled override (``extra["cancelled"]``: STATUS:CANCELLED, or a completed to-do with
       ``extra["completed"]``) removes the occurrence it names (with ``RANGE=THISANDFUTURE``, every
       later one) and is not planned itself; logged and counted (``cancelled_occurrences``, completed
@@ -614,6 +705,6 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 __all__ = [
     "DUE_OFFSET", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "due_offset",
-    "master_id_of", "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of", "shifted_label",
-    "to_instant", "until_bound", "validate_rrule",
+    "gap_alias", "master_id_of", "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of",
+    "shifted_label", "to_instant", "until_bound", "validate_rrule",
 ]
