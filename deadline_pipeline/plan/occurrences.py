@@ -105,7 +105,7 @@ from deadline_pipeline.plan.recurrence import (
     until_bound,
     validate_rrule,
 )
-from deadline_pipeline.rules import RULE_YEARS, RuleRecord, dates_problem, parse_local
+from deadline_pipeline.rules import RULE_YEARS, RuleRecord, dates_problem, format_local, parse_local
 
 log = logging.getLogger(__name__)
 
@@ -584,6 +584,18 @@ def _span(rule: RuleRecord, zone: tzinfo, label: str) -> _Span:
     return _Span(False, to_instant(datetime.combine(day, time.min), zone), following - timedelta(microseconds=1), day)
 
 
+def _due_label(rule: RuleRecord, zone: tzinfo, label: str) -> str:
+    """The label of the due time of the occurrence whose start ``label`` names, for a to-do due a span
+    after each start (:func:`_due_after_start`, which moves each start's instant, read in ``zone``, by
+    the span in wall-clock time: a start in a spring-forward gap counts from the time after it);
+    ``label`` itself for any other rule."""
+    offset = due_offset(rule)
+    if not offset or "T" not in label or label.endswith("Z"):
+        return shifted_label(label, offset)
+    start = to_instant(parse_local(label), zone).astimezone(zone).replace(tzinfo=None)
+    return format_local(start + timedelta(seconds=offset))
+
+
 def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool = False) -> bool:
     """Whether the expansion of ``rule`` in ``zone`` has the occurrence ``label`` names: a local ISO
     date-time (the occurrence due at that instant), or a date (any occurrence on that local date, as
@@ -596,7 +608,7 @@ def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool
     Raises as :func:`expand` does: ``ValueError`` (:class:`ExpansionBudgetExceeded` included) for a
     rule that cannot be expanded.
     """
-    span = _span(rule, zone, shifted_label(label, due_offset(rule)))
+    span = _span(rule, zone, _due_label(rule, zone, label))
     end = span.lo + _LATER_SPAN if or_later else span.hi
     # limit=1: the window holds nothing but matches, so one is enough, and a dense rule is never cut.
     return bool(expand(rule, zone, after=span.lo, before=end, limit=1))
@@ -609,8 +621,7 @@ def present_labels(rule: RuleRecord, zone: tzinfo, labels: list[str]) -> set[str
     overrides was expanded from its DTSTART a thousand times (15 s for a daily series of ten years).
     Labels past :data:`MAX_OCCURRENCES` occurrences are checked one by one. Raises as :func:`expand`.
     """
-    offset = due_offset(rule)
-    spans = {label: _span(rule, zone, shifted_label(label, offset)) for label in labels}
+    spans = {label: _span(rule, zone, _due_label(rule, zone, label)) for label in labels}
     if not spans:
         return set()
     # A limit, not the cap: this span is no planning window, so a dense or endless series must neither
