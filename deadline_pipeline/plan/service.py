@@ -725,7 +725,12 @@ def _write_chunk(conn, prepared: _Prepared, now: datetime, out: PlanOutcome, cac
 
 def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutcome, cache: dict,
                  pool: Executor | None) -> None:
-    """The staged chunk: compare, merge what differs, write the alert rows of what changed."""
+    """The staged chunk: compare, merge what differs, write the alert rows of what changed.
+
+    Order of the writes: the obligations' merge; the moved obligations' old-instant reminders
+    superseded; the new obligations' reminders and the moved ones' new-instant reminders written
+    straight in (PostgreSQL); every other changed obligation's reminders staged and merged; the
+    corrections last (after the reminders, as the sweep's (send_at, id) order has always had them)."""
     diff = sql.compare_staged(conn)
     out.obligations_inserted += len(diff.new)
     out.obligations_moved += len(diff.moved)
@@ -734,49 +739,99 @@ def _merge_chunk(conn, chunk: dict[str, _Planned], now: datetime, out: PlanOutco
     sql.remember_staged(conn)
     if not diff.need_alerts and not diff.moved and not diff.changed:
         return  # nothing differs: no merge, no alert rows
-    merging = pool.submit(sql.merge_obligations, conn, now) if pool is not None else None
-    try:
-        # New obligations' alert rows, built while the database merges (or before, without a pool).
-        built = [_alerts_of(chunk[key], now, cache) for key in diff.new]
-    finally:
-        # Never leave the merge running on the connection, even when building the rows failed.
-        ids = merging.result() if merging is not None else None
-    if ids is None:
-        ids = sql.merge_obligations(conn, now)
-    _fold_as_known(conn, [chunk[key] for key in diff.new], built, now, cache, out)
-    new_rows = [(key, chunk[key].ob.due_at, rows) for key, rows in zip(diff.new, built, strict=True)]
-    del built
     old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
     # Moved here by a run of another partition (the old instant's month planned first): without
     # this its late reminders were folded as a new deadline's and, under late_policy skip, never
     # sent, while the old instant's had been superseded.
     moved_from = {**diff.moved_before, **old_due}
     new = set(diff.new)
+    moved_ids = {m["obligation_key"]: m["id"] for m in diff.moved}
+
+    def write_obligations() -> tuple[dict[str, int], tuple[int, dict[int, set[str]]]]:
+        # The moved obligations' old-instant reminders are superseded before the new instants' are
+        # written: the update skips the current instant's rows, so it finds the same rows either way.
+        return sql.merge_obligations(conn, now), sql.supersede_moved(conn, list(moved_ids.values()), now)
+
+    def moved_records(stored: dict[str, list[tuple[tuple, str]]]) -> list[bytes]:
+        # The moved obligations' new-instant reminders as binary COPY records (PostgreSQL).
+        if conn.dialect.name != "postgresql":
+            return []
+        return list(sql.new_alert_records((
+            (moved_ids[key], (seconds, channel, send_at, status, _moved_reason(reason, moved_from[key])), dedup,
+             chunk[key].ob.due_at)
+            for key, rows in stored.items() if key in moved_ids
+            for (seconds, channel, send_at, status, reason), dedup in rows), now))
+
+    writing = pool.submit(write_obligations) if pool is not None else None
+    try:
+        # Every alert row this chunk writes, built while the database merges and supersedes (or
+        # before, without a pool): a new obligation's, each other changed one's, and the moved ones'
+        # COPY records. A set's order varies per process: sorted, a chunk writes its rows in the
+        # same order on every run, the moved obligations' by obligation id.
+        built = [_alerts_of(chunk[key], now, cache) for key in diff.new]
+        stored = {key: _alerts_of(chunk[key], now, cache, moved=key in moved_from or key in diff.restored)
+                  for key in sorted(diff.need_alerts - new, key=lambda k: (moved_ids.get(k, 0), k))}
+        records = moved_records(stored)
+    finally:
+        # Never leave the writes running on the connection, even when building the rows failed.
+        written = writing.result() if writing is not None else None
+    ids, (superseded, delivered) = written if written is not None else write_obligations()
+    out.alerts_superseded += superseded
+    _fold_as_known(conn, [chunk[key] for key in diff.new], built, now, cache, out)
+    new_rows = [(key, chunk[key].ob.due_at, rows) for key, rows in zip(diff.new, built, strict=True)]
+    del built
     direct = sql.insert_new_alerts(conn, (
         (ids[key], slot, dedup, due) for key, due, rows in new_rows for slot, dedup in rows
     ), now)
     del new_rows
-    stored = {key: _alerts_of(chunk[key], now, cache, moved=key in moved_from or key in diff.restored)
-              for key in diff.need_alerts if key not in new}
+    before_fold = {key: stored[key] for key in moved_ids if key in stored}
     _fold_as_owed(conn, stored, chunk, ids, diff.reactivated, now, cache)
-    sql.stage_rows(conn, sql.stage_alerts, (
+    if any(stored[key] is not rows for key, rows in before_fold.items()):
+        records = moved_records(stored)  # a moved obligation's rows were re-folded: encode them again
+    del before_fold
+    if _insert_moved_alerts(conn, records):
+        direct += len(records)
+        stored = {key: rows for key, rows in stored.items() if key not in moved_ids}
+    del records
+    staged = sql.stage_rows(conn, sql.stage_alerts, (
         (key, seconds, channel, "reminder", dedup, send_at, status, _moved_reason(reason, moved_from.get(key)),
          chunk[key].ob.due_at)
         for key, rows in stored.items() for (seconds, channel, send_at, status, reason), dedup in rows
     ))
     del stored
-    merged, moved_alerts = sql.merge_alerts(conn, now)
+    merged, moved_alerts = sql.merge_alerts(conn, now) if staged else (0, 0)
     out.alerts_inserted += direct + merged
     out.alerts_moved += moved_alerts
     out.alerts_cancelled += sql.cancel_unwanted_reminders(
         conn, [key for key in diff.need_alerts if key not in new and key not in old_due], now)
-    _after_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, now, out)
+    _correct_moves(conn, diff.moved, {key: p.ob for key, p in chunk.items()}, delivered, now, out)
     _tell_restored(conn, [key for key in sorted(diff.reactivated) if key not in old_due], ids, chunk, now, out)
     # Restored, or moved by another partition's run: their late reminders go out despite skip too.
     also = [{"id": ids[key], "obligation_key": key, "old_due_at": diff.moved_before.get(key),
              "new_due_at": chunk[key].ob.due_at}
             for key in sorted((diff.restored | set(diff.moved_before)) - set(old_due)) if key in ids]
     _count_moved_despite_skip(conn, diff.moved + also, chunk, out)
+
+
+def _insert_moved_alerts(conn, records: list[bytes]) -> bool:
+    """Write the new instants' reminders of moved obligations (their binary COPY ``records``,
+    :func:`~deadline_pipeline.store.planning.new_alert_records`; PostgreSQL) straight into ``alerts``
+    under a savepoint. False when the caller must merge them instead: no records (SQLite), or one
+    already stored (a deadline moved back to an instant it had: its superseded reminders are
+    revived by the merge, never duplicated). The unique indexes tell the second case, as they do for
+    a chunk guessed new, and the savepoint undoes the COPY. Written directly, they skip the staging
+    table, its join and the per-row conflict check of the merge."""
+    if not records:
+        return False
+    try:
+        with conn.begin_nested():
+            sql.copy_new_alerts(conn, records)
+        return True
+    except (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError):
+        # (The COPY runs on the driver's cursor, so its error arrives unwrapped.) Expected, not a
+        # wrong guess of a chunk: not counted in ``direct_write_fallbacks``.
+        log.info("planning: a moved deadline's new instant already has reminders (moved back); merged instead")
+        return False
 
 
 def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, _Planned], out: PlanOutcome) -> None:
@@ -942,15 +997,14 @@ def _moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
     return reason
 
 
-def _after_moves(conn, moved: list[dict], by_key: dict, now: datetime, out: PlanOutcome) -> None:
-    """After the merge: supersede the open reminders planned for a moved obligation's old instant
-    (the merge has planned the new instant's reminders, late ones folded by the subscription's late
-    policy) and send one correction per channel where a reminder was already delivered."""
+def _correct_moves(conn, moved: list[dict], by_key: dict, delivered: dict[int, set[str]], now: datetime,
+                   out: PlanOutcome) -> None:
+    """After the merge and the supersession of their old instants' open reminders
+    (:func:`~deadline_pipeline.store.planning.supersede_moved`, which read ``delivered``: obligation id →
+    channels with a delivered reminder): log each move's time-data cause and send one correction per
+    channel where a reminder was already delivered."""
     if not moved:
         return
-    ids = [m["id"] for m in moved]
-    out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
-    delivered = sql.delivered_channels(conn, ids)
     notices = []
     for m in moved:
         ob = by_key[m["obligation_key"]]

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import (
+    ARRAY,
+    BigInteger,
     Boolean,
     Column,
     Connection,
@@ -39,6 +41,7 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    any_,
     case,
     exists,
     func,
@@ -48,6 +51,7 @@ from sqlalchemy import (
     select,
     true,
     type_coerce,
+    union_all,
     update,
 )
 
@@ -468,34 +472,45 @@ def insert_new_alerts(conn: Connection, rows: Iterable[tuple], now: datetime) ->
     ``(offset_seconds, channel, send_at, status, status_reason)`` (instants aware UTC); ``now`` is
     their created/updated instant. Returns the rows written.
 
-    PostgreSQL: one binary ``COPY``, each record an id, the key and the fields of its slot — encoded
-    once per distinct (slot, due instant), because a plan repeats them for every subscriber with the
-    same subscription shape. SQLite: batched inserts."""
+    PostgreSQL: one binary ``COPY`` of :func:`new_alert_records`, streamed as they are encoded.
+    SQLite: batched inserts."""
     if conn.dialect.name != "postgresql":
         return stage_rows(conn, alerts, (
             (oid, seconds, channel, "reminder", 0, dedup, send_at, status, reason, 0, now, now, due)
             for oid, (seconds, channel, send_at, status, reason), dedup, due in rows
         ), NEW_ALERT_COLUMNS, analyze=False)
+    return copy_new_alerts(conn, new_alert_records(rows, now))
+
+
+def new_alert_records(rows: Iterable[tuple], now: datetime) -> Iterator[bytes]:
+    """The binary COPY records (:data:`NEW_ALERT_COLUMNS`) of new reminder rows (``rows`` as
+    :func:`insert_new_alerts` takes them), lazily: each record an id, the key and the fields of its
+    slot, encoded once per distinct (slot, due instant), because a plan repeats them for every
+    subscriber with the same subscription shape. Pure: a planning thread may encode them while the
+    database works."""
     parts: dict[tuple, tuple[bytes, bytes]] = {}
     width = len(NEW_ALERT_COLUMNS)
+    last_oid, first = None, b""
+    for oid, slot, dedup, due in rows:
+        part = parts.get((slot, due))
+        if part is None:
+            seconds, channel, send_at, status, reason = slot
+            (head,) = _binary_fields([(seconds, channel, "reminder", 0)], _NEW_ALERT_KINDS[1:5])
+            (tail,) = _binary_fields([(send_at, status, reason, 0, now, now, due)], _NEW_ALERT_KINDS[6:])
+            part = parts[(slot, due)] = (head, tail)
+        if oid != last_oid:  # an obligation's reminders come one after another
+            if type(oid) is not int:
+                raise TypeError(f"obligation id {oid!r} is not an int")
+            last_oid, first = oid, _pack_row_id(width, 8, oid)
+        key = dedup.encode()
+        yield b"".join((first, part[0], _pack_length(len(key)), key, part[1]))
 
-    def records() -> Iterator[bytes]:
-        last_oid, first = None, b""
-        for oid, slot, dedup, due in rows:
-            part = parts.get((slot, due))
-            if part is None:
-                seconds, channel, send_at, status, reason = slot
-                (head,) = _binary_fields([(seconds, channel, "reminder", 0)], _NEW_ALERT_KINDS[1:5])
-                (tail,) = _binary_fields([(send_at, status, reason, 0, now, now, due)], _NEW_ALERT_KINDS[6:])
-                part = parts[(slot, due)] = (head, tail)
-            if oid != last_oid:  # an obligation's reminders come one after another
-                if type(oid) is not int:
-                    raise TypeError(f"obligation id {oid!r} is not an int")
-                last_oid, first = oid, _pack_row_id(width, 8, oid)
-            key = dedup.encode()
-            yield b"".join((first, part[0], _pack_length(len(key)), key, part[1]))
 
-    return copy_binary(conn, alerts.name, NEW_ALERT_COLUMNS, records())
+def copy_new_alerts(conn: Connection, records: Iterable[bytes]) -> int:
+    """``COPY`` :func:`new_alert_records` into ``alerts`` (PostgreSQL only). Returns the rows written.
+    A row whose identity or dedup key is stored already fails the whole ``COPY`` with a unique
+    violation (``IntegrityError``): the caller holds a savepoint and merges instead."""
+    return copy_binary(conn, alerts.name, NEW_ALERT_COLUMNS, records)
 
 
 # COPY binary format (PostgreSQL): a header; per row a 16-bit field count, then per field a 32-bit
@@ -958,25 +973,68 @@ def pending_reminders_noting(conn: Connection, obligation_ids: list[int], note: 
     return out
 
 
-def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
-    """Supersede the revisable reminders (:data:`~deadline_pipeline.states.REVISABLE`) of these
-    obligations that were planned for another due instant than the obligation's current one (call
-    after the merge). Delivered ones are history and stay.
-    An alert whose lease is live is mid-send and is left alone. Returns rows superseded."""
-    n = 0
+def _supersede(which, now: datetime):
+    """The update that supersedes the revisable reminders (:data:`~deadline_pipeline.states.REVISABLE`)
+    of the obligations ``which`` selects (a condition on ``alerts.obligation_id``) planned for another
+    due instant than the obligation's current one, unleased, returning their ids."""
     current = (select(obligations.c.due_at).where(obligations.c.id == alerts.c.obligation_id)
                .scalar_subquery())
-    for part in pages(obligation_ids, 500):
-        n += len(conn.execute(
-            update(alerts)
-            .where(alerts.c.obligation_id.in_(part), alerts.c.kind == "reminder",
+    return (update(alerts)
+            .where(which, alerts.c.kind == "reminder",
                    alerts.c.status.in_(REVISABLE), alerts.c.due_at.is_distinct_from(current),
                    or_(alerts.c.lease_expires_at.is_(None), alerts.c.lease_expires_at <= now))
             .values(status=AlertState.SUPERSEDED, updated_at=now,
                     status_reason=MOVED_REASON_PREFIX + "planned for an instant the deadline no longer has")
-            .returning(alerts.c.id)
-        ).all())
+            .returning(alerts.c.id))
+
+
+def _any_id(ids: Sequence[int]):
+    """``alerts.obligation_id = ANY(:ids)`` (PostgreSQL): any number of ids in one array parameter, so
+    one statement does what took one per page of 500 ids (each an ``IN`` list of 500 parameters)."""
+    return alerts.c.obligation_id == any_(literal(list(ids), ARRAY(BigInteger)))
+
+
+def supersede_other_instants(conn: Connection, obligation_ids: list[int], now: datetime) -> int:
+    """Supersede the revisable reminders (:data:`~deadline_pipeline.states.REVISABLE`) of these
+    obligations that were planned for another due instant than the obligation's current one (call
+    after the obligations' merge; before or after their alerts' merge, which writes only the current
+    instant's rows). Delivered ones are history and stay.
+    An alert whose lease is live is mid-send and is left alone. Returns rows superseded."""
+    if not obligation_ids:
+        return 0
+    if conn.dialect.name == "postgresql":
+        return len(conn.execute(_supersede(_any_id(obligation_ids), now)).all())
+    n = 0
+    for part in pages(obligation_ids, 500):
+        n += len(conn.execute(_supersede(alerts.c.obligation_id.in_(part), now)).all())
     return n
+
+
+def supersede_moved(conn: Connection, obligation_ids: list[int], now: datetime) -> tuple[int, dict[int, set[str]]]:
+    """:func:`supersede_other_instants` and :func:`delivered_channels` of these obligations: (rows
+    superseded, obligation id → channels on which a reminder was already delivered). On PostgreSQL
+    one statement (a data-modifying ``WITH``) where 2,400 moved obligations took ten (an update and
+    a read per 500 ids; 0.29 s of a 0.95 s scoped re-plan, profiled). The update never touches a
+    delivered row, so reading them in the update's snapshot gives what a read after it gives."""
+    if not obligation_ids:
+        return 0, {}
+    if conn.dialect.name != "postgresql":
+        return supersede_other_instants(conn, obligation_ids, now), delivered_channels(conn, obligation_ids)
+    superseded = _supersede(_any_id(obligation_ids), now).cte("superseded")
+    a = alerts
+    rows = conn.execute(union_all(
+        select(literal(None, BigInteger), literal(None, String), func.count()).select_from(superseded),
+        select(a.c.obligation_id, a.c.channel, literal(None, Integer)).distinct()
+        .where(_any_id(obligation_ids), a.c.kind == "reminder", a.c.status == AlertState.DELIVERED),
+    )).all()
+    n = 0
+    delivered: dict[int, set[str]] = {}
+    for ob, ch, count in rows:
+        if count is not None:
+            n = count
+        else:
+            delivered.setdefault(ob, set()).add(ch)
+    return n, delivered
 
 
 def set_alert_status(conn: Connection, alert_id: int, status: str, reason: str | None, now: datetime) -> None:
