@@ -669,3 +669,44 @@ def test_csv_malformed_raises_with_line():
 def cases(shared_dir: Path) -> dict:
     items = json.loads((shared_dir / "cases" / "recurrence_and_delivery_cases.json").read_text())
     return {c["id"]: c for c in items}
+
+
+# --- a misspelt name that would lose deadlines without a word -------------------------------------
+
+def test_a_csv_header_with_a_misspelt_rrule_column_is_refused():
+    """``rrul``: ignored as an unknown column, each yearly row was planned once and validate said OK."""
+    payload = b"id,title,due,timezone,rrul\nq1,Q1,2027-04-15T23:59,America/New_York,FREQ=YEARLY\n"
+    with pytest.raises(ParseError, match="column 'rrul' is not one this reader knows; did you mean 'rrule'"):
+        parse_payload("csv", payload, source="s")
+    assert len(parse_payload("csv", payload.replace(b",rrul\n", b",rrule\n"), source="s").rules) == 1
+
+
+@pytest.mark.parametrize(("entry", "shown"), [
+    ("{title: X, year: 2027, id: x27, deadline: '2027-03-01 23:59:59', abstract_deadlin: '2027-02-20 23:59:59', "
+     "timezone: UTC}", "'abstract_deadlin' (did you mean 'abstract_deadline'?)"),
+    ("{title: X, year: 2027, id: x27, deadline: '2027-03-01 23:59:59', timezone: UTC, "
+     "deadlnes: [{type: supplementary, label: S, date: '2027-03-08 23:59:59'}]}",
+     "'deadlnes' (did you mean 'deadlines'?)"),
+])
+def test_an_ai_deadlines_entry_with_a_misspelt_deadline_key_is_skipped(entry, shown):
+    """Ignored as unknown keys, the abstract or supplementary deadline was never planned and validate
+    said OK; skipped, the entry keeps its last good version and rules_complete names the key."""
+    payload = f"- {entry}\n- {{title: Y, year: 2027, id: y27, deadline: '2027-03-01 23:59:59', timezone: UTC}}\n"
+    result = parse_payload("ai-deadlines", payload.encode(), source="s")
+    assert [r.rule_id for r in result.rules] == ["y27/submission/deadline"]
+    (problem,) = result.problems
+    assert problem.skipped and problem.record_id == "x27" and shown in problem.message, problem
+
+
+@pytest.mark.parametrize(("line", "shown"), [
+    ("RDATE;VALUE=DATE 20270301", "RDATE (line 8) could not be read"),  # a space for the colon: dropped
+    ("RRLUE:FREQ=YEARLY", "RRLUE (line 8) is no iCalendar property; did you mean RRULE?"),  # a one-off
+])
+def test_an_ics_rule_line_the_library_drops_or_a_misspelt_one_skips_its_component(line, shown):
+    """The library dropped the RDATE line and kept ``RRLUE`` as an unknown property: the rule was
+    planned without them, validate said OK and every check stayed green."""
+    payload = ics("UID:a@x", "DTSTAMP:20260101T000000Z", "DTSTART;VALUE=DATE:20270115", line, "SUMMARY:a")
+    result = parse_payload("ics", payload, source="s")
+    assert result.rules == []
+    (problem,) = result.problems
+    assert problem.skipped and shown in problem.message, problem

@@ -163,8 +163,11 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
             if len(r.path) > 2 and r.path[0] == "deadlines" and isinstance(r.path[1], int):
                 in_items.setdefault(r.path[1] + 1, []).append(r)
         at_entry = [r for r in repeats if r.path[0] != "deadlines" or len(r.path) <= 2]
+        misspelt = _misspelt_keys(entry)
         if at_entry:
             result.problems.append(ParseProblem(position, _repeated_message(at_entry, "entry")))
+        elif misspelt:
+            result.problems.append(ParseProblem(position, misspelt))
         else:
             _read_entry(entry, node, edition, position, default_tz, result, in_items)
         for p in result.problems[before:]:
@@ -172,6 +175,31 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
             # edition it is cannot be told, so it may be any rule the snapshot lacks.
             p.record_id = None if any(r.path == ("id",) for r in at_entry) else edition
     return drop_duplicate_ids(result)
+
+
+#: The keys whose values are deadlines or their zone: one misspelt is a deadline lost.
+_DEADLINE_KEYS = ("deadline", "abstract_deadline", "deadlines", "timezone")
+
+
+def _misspelt_keys(entry: dict) -> str | None:
+    """Why an entry with a key close to one of :data:`_DEADLINE_KEYS` it lacks (``abstract_deadlin``,
+    ``deadlnes``) is skipped, else None. Keys this reader does not know are ignored, so the deadline
+    under such a key was never planned while ``validate`` and every check said OK; skipped, the
+    entry's rules keep their last good version and ``rules_complete`` names the key. No key of the
+    published ai-deadlines files is that close to one of them."""
+    import difflib
+
+    found = []
+    for key in entry:
+        if not isinstance(key, str) or key in _DEADLINE_KEYS:
+            continue
+        close = difflib.get_close_matches(key, [k for k in _DEADLINE_KEYS if k not in entry], n=1, cutoff=0.8)
+        if close:
+            found.append(f"{key!r} (did you mean {close[0]!r}?)")
+    if not found:
+        return None
+    return (f"unknown key {', '.join(found)}: what it holds would be ignored and its deadline never planned, "
+            "so the entry is skipped - correct the key")
 
 
 def _repeated_message(repeats: list[RepeatedKey], what: str) -> str:

@@ -94,6 +94,7 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
             f"source {source!r}: line 1: CSV header lacks required column(s) {', '.join(missing)}; "
             f"found {', '.join(frame.columns)}"
         )
+    _refuse_misspelt_rrule(frame.columns, source)
     line_of = _row_lines(text)
     result = ParseResult()
     for index, row in enumerate(frame.to_dict("records")):
@@ -173,6 +174,23 @@ def _refuse_repeated_columns(text: str, source: str) -> None:
         raise ParseError(f"source {source!r}: line {number}: CSV header names a column twice: {', '.join(repeats)} "
                          "(names are compared ignoring case and surrounding spaces); which one holds the data "
                          "cannot be told, so the payload is refused")
+
+
+def _refuse_misspelt_rrule(columns, source: str) -> None:
+    """Raise :class:`ParseError` for a header without ``rrule`` but with a column close to it (``rrul``,
+    ``rule``, ``rrules``). Columns this reader does not know are ignored, so with ``rrul`` every
+    recurring row was planned once, at its first date, and ``validate`` and every check said OK: the
+    later occurrences were never reminded. The header governs every row, so the payload is refused."""
+    import difflib
+
+    if "rrule" in columns:
+        return
+    close = [c for c in columns if c not in REQUIRED + OPTIONAL
+             and difflib.get_close_matches(c, ["rrule"], n=1, cutoff=0.75)]
+    if close:
+        raise ParseError(f"source {source!r}: line 1: CSV header column {close[0]!r} is not one this reader knows; did "
+                         "you mean 'rrule'? Its cells would be ignored and each row planned once, so the payload is "
+                         "refused (rename the column)")
 
 
 def _row_lines(text: str) -> list[int]:

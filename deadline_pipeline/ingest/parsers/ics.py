@@ -122,6 +122,17 @@ class _ScannedComponent:
     #: ``{property name: [physical line number, …]}`` for every property of the component itself: a value
     #: the library cannot read is reported with its line.
     lines: dict[str, list[int]] = field(default_factory=dict)
+    #: ``{property name: [physical line number, …]}`` of its lines without a colon (no value at all).
+    colonless: dict[str, list[int]] = field(default_factory=dict)
+
+    def note(self, prop: str, number: int, value: str | None) -> None:
+        """Note property ``prop`` (upper case) of physical line ``number``; ``value``: the text after the
+        first colon, None for a line without one."""
+        self.lines.setdefault(prop, []).append(number)
+        if value is None:
+            self.colonless.setdefault(prop, []).append(number)
+        elif prop in _SCANNED:
+            self.raw.setdefault(prop, []).append((number, value))
 
     @property
     def rrules(self) -> list[str]:
@@ -190,7 +201,7 @@ def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
     found: list[_ScannedComponent] = []
     current: list[_ScannedComponent] = []
     for number, body in lines:
-        head, _, rest = body.partition(":")
+        head, colon, rest = body.partition(":")
         head = head.strip().upper()
         if head == "BEGIN":
             name = rest.strip().upper()
@@ -212,10 +223,7 @@ def _scan(lines: list[tuple[int, str]], source: str) -> list[_ScannedComponent]:
             if name in COMPONENTS:
                 current.pop()
         elif current and stack and stack[-1][0] in COMPONENTS:
-            prop = head.split(";", 1)[0]
-            current[-1].lines.setdefault(prop, []).append(number)
-            if prop in _SCANNED:
-                current[-1].raw.setdefault(prop, []).append((number, rest))
+            current[-1].note(head.split(";", 1)[0], number, rest if colon else None)
     if stack:
         opened, opened_at = stack[-1]
         last = lines[-1][0]
@@ -766,9 +774,49 @@ def _latest_revisions(result: ParseResult, ranks: list[tuple]) -> ParseResult:
     return result
 
 
+#: The properties a rule is read from, which a misspelt property name is compared with.
+_TIMING = ("DTSTART", "DUE", "DTEND", "DURATION", "RRULE", "RDATE", "EXDATE", "RECURRENCE-ID")
+
+
+def _refuse_lost_properties(component: icalendar.cal.Component, scan: _ScannedComponent | None) -> None:
+    """Raise :class:`_Skip` for a component whose dates or rule lost a line without a word: one the scan
+    found without a colon (``scan.colonless``) and the library dropped (``RDATE;VALUE=DATE 20270301``, a
+    space for the colon: the library kept no RDATE at all), or a property name that is no iCalendar property but
+    close to one of :data:`_TIMING` (``RRLUE``: ignored as unknown, the yearly rule became a one-off).
+    Either way ``validate`` and every check said OK while occurrences were never planned."""
+    import difflib
+
+    present = {str(name).upper() for name in component.keys()}
+    lines = {str(name).upper(): numbers for name, numbers in (scan.lines if scan is not None else {}).items()}
+    colonless = {str(name).upper(): numbers for name, numbers in (scan.colonless if scan is not None else {}).items()}
+    for name in _TIMING:
+        # Only a line without a colon: an empty ``RDATE:`` names no occurrence, and dropping it loses none.
+        if name in colonless and name not in present:
+            raise _Skip(f"{name} (line {colonless[name][0]}) could not be read (a content line is "
+                        "NAME;PARAMS:VALUE); the occurrences it names are unknown")
+    for name in present:
+        if name.startswith("X-") or name in _TIMING:
+            continue
+        close = difflib.get_close_matches(name, _TIMING, n=1, cutoff=0.75)
+        if close and name not in _KNOWN_PROPERTIES:
+            where = f" (line {lines[name][0]})" if name in lines else ""
+            raise _Skip(f"{name}{where} is no iCalendar property; did you mean {close[0]}? Ignored, the rule would be "
+                        "planned without it")
+
+
+#: RFC 5545 properties of a VEVENT or VTODO (§3.6.1, §3.6.2) that are not :data:`_TIMING`, and RFC 7986's.
+_KNOWN_PROPERTIES = frozenset({
+    "DTSTAMP", "UID", "CLASS", "CREATED", "DESCRIPTION", "GEO", "LAST-MODIFIED", "LOCATION", "ORGANIZER",
+    "PRIORITY", "SEQUENCE", "STATUS", "SUMMARY", "TRANSP", "URL", "ATTACH", "ATTENDEE", "CATEGORIES", "COMMENT",
+    "CONTACT", "RELATED-TO", "RESOURCES", "RSTATUS", "RRULE", "COMPLETED", "PERCENT-COMPLETE", "COLOR",
+    "CONFERENCE", "IMAGE", "REQUEST-STATUS",
+})
+
+
 def _component_rule(component: icalendar.cal.Component, floating_zone: str | None, uid: str | None,
                     scan: _ScannedComponent | None, problems: list[ParseProblem],
                     position: str) -> RuleRecord:
+    _refuse_lost_properties(component, scan)
     is_todo = component.name == "VTODO"
     key = "DUE" if is_todo and component.get("DUE") is not None else "DTSTART"
     prop = component.get(key)
