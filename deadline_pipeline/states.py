@@ -110,4 +110,13 @@ PLANNED: tuple[AlertState, ...] = (AlertState.PENDING, AlertState.SKIPPED)
 #: an instant the deadline no longer has).
 RETRYABLE: tuple[AlertState, ...] = (AlertState.ESCALATED, AlertState.CANCELLED, AlertState.SKIPPED)
 
-__all__ = ["AlertState", "ObligationState", "OPEN", "CLAIMABLE", "HANDLED", "REVISABLE", "PLANNED", "RETRYABLE"]
+#: Open and held by no sender: no send has begun, so planning can still take it back (a cancellation
+#: notice of a deadline its source restored before the notice went out).
+UNSENT: tuple[AlertState, ...] = (AlertState.PENDING, AlertState.RETRY_WAIT)
+
+#: Reached the subscriber, or is being sent to them right now (a sender holds it): a cancellation
+#: notice in one of them is followed by a correction when its deadline is restored.
+SENT_OR_SENDING: tuple[AlertState, ...] = (AlertState.DELIVERED, AlertState.CLAIMED)
+
+__all__ = ["AlertState", "ObligationState", "OPEN", "CLAIMABLE", "HANDLED", "REVISABLE", "PLANNED", "RETRYABLE",
+           "UNSENT", "SENT_OR_SENDING"]

@@ -67,7 +67,7 @@ from deadline_pipeline.plan.planner import (
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.plan.scope import RuleScope, series_of
 from deadline_pipeline.rules import RuleRecord
-from deadline_pipeline.states import AlertState, ObligationState
+from deadline_pipeline.states import SENT_OR_SENDING, UNSENT, AlertState, ObligationState
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import all_sources, find_source, freshness_window, sync_source
 from deadline_pipeline.wording import MOVE_CAUSE
@@ -967,11 +967,11 @@ def _tell_restored(conn, keys: list[str], ids: dict[str, int], chunk: dict[str, 
     notices = sql.cancellation_notices(conn, sorted(oids))
     if not notices:
         return
-    unsent = [aid for aid, _oid, _ch, status, _rev in notices if status in (AlertState.PENDING, AlertState.RETRY_WAIT)]
+    unsent = [aid for aid, _oid, _ch, status, _rev in notices if status in UNSENT]
     out.alerts_cancelled += sql.cancel_unsent_notices(conn, unsent, RESTORED_BEFORE_NOTICE, now)
     rows = [restored_row(oid, oids[oid], channel, revision, chunk[oids[oid]].ob.due_at, now)
             for _aid, oid, channel, status, revision in notices
-            if status in (AlertState.DELIVERED, AlertState.CLAIMED)]
+            if status in SENT_OR_SENDING]
     written = sql.insert_notices(conn, rows)
     out.corrections += written
     if written:

@@ -56,7 +56,7 @@ from sqlalchemy import (
 )
 
 from deadline_pipeline.rules import RuleRecord, rule_kinds
-from deadline_pipeline.states import PLANNED, REVISABLE, AlertState, ObligationState
+from deadline_pipeline.states import PLANNED, REVISABLE, UNSENT, AlertState, ObligationState
 from deadline_pipeline.store.schema import (
     Id,
     UtcDateTime,
@@ -1122,7 +1122,7 @@ def cancel_unsent_notices(conn: Connection, alert_ids: list[int], reason: str, n
     n = 0
     for part in pages(alert_ids, 500):
         n += conn.execute(update(alerts).where(
-            alerts.c.id.in_(part), alerts.c.status.in_((AlertState.PENDING, AlertState.RETRY_WAIT))
+            alerts.c.id.in_(part), alerts.c.status.in_(UNSENT)
         ).values(status=AlertState.CANCELLED, status_reason=reason, updated_at=now)).rowcount
     return n
 
