@@ -900,8 +900,7 @@ def _fold_as_known(conn, planned: list[_Planned], built: list[list[tuple[tuple, 
     new to a subscriber planned for its series (the master ``UID``) before this run moved a deadline
     the subscriber knew. Judged by its rule alone, an override moving the 18th to the 8th had its late
     reminder skipped while the 18th's was withdrawn: nobody was told."""
-    maybe = [i for i, rows in enumerate(built)
-             if any(slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)]
+    maybe = [i for i, rows in enumerate(built) if _skipped_by_policy(rows)]
     if not maybe:
         return
     asked = {(planned[i].ob.subscriber_id, planned[i].ob.source_id, rule_id)
@@ -913,6 +912,12 @@ def _fold_as_known(conn, planned: list[_Planned], built: list[list[tuple[tuple, 
         built[i] = _alerts_of(planned[i], now, cache, moved=True)
         out.moved_sent_despite_skip += sum(1 for slot, _ in built[i]
                                            if slot[3] == AlertState.PENDING and slot[2] <= now)
+
+
+def _skipped_by_policy(rows: list[tuple[tuple, str]]) -> bool:
+    """Whether one of an obligation's reminder rows (:func:`_alerts_of`) was skipped by ``late_policy:
+    skip`` (not by a later reminder of the same deadline)."""
+    return any(slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)
 
 
 def _known_before(ob: PlannedObligation, stored: dict[tuple[int, int, str], int]) -> bool:
@@ -937,8 +942,7 @@ def _fold_as_owed(conn, stored: dict[str, list[tuple[tuple, str]]], chunk: dict[
     ``owed_since``). Not for obligations coming back from withdrawn (``reactivated``): a subscriber
     removed and added back was owed nothing meanwhile. Reads the store only when some row was skipped
     by that policy."""
-    maybe = [key for key, rows in stored.items() if key in ids and key not in reactivated and any(
-        slot[3] == AlertState.SKIPPED and (slot[4] or "").endswith(SKIPPED_BY_POLICY) for slot, _ in rows)]
+    maybe = [key for key, rows in stored.items() if key in ids and key not in reactivated and _skipped_by_policy(rows)]
     if not maybe:
         return
     first = sql.first_planned(conn, [ids[key] for key in maybe])

@@ -743,26 +743,32 @@ def compare_staged(conn: Connection) -> StagedDiff:
     return diff
 
 
+def _per_triple(conn: Connection, triples: set[tuple[int, int, str]], aggregates: list, *conditions):
+    """``((subscriber_id, source_id, rule_id), (aggregate values…))`` for each of ``triples`` with a stored
+    obligation meeting ``conditions``, the ``aggregates`` taken over its obligations (any status). One
+    read per 500 subscribers, by the ``(source_id, rule_id)`` index: it reads every obligation of the
+    rules asked about (a row-value ``IN`` was planned as one index scan per triple)."""
+    o = obligations
+    sources_, rules_ = {t[1] for t in triples}, {t[2] for t in triples}
+    for part in pages(sorted({t[0] for t in triples}), 500):
+        for sub, src, rid, *values in conn.execute(
+            select(o.c.subscriber_id, o.c.source_id, o.c.rule_id, *aggregates)
+            .where(o.c.source_id.in_(sources_), o.c.rule_id.in_(rules_), o.c.subscriber_id.in_(part), *conditions)
+            .group_by(o.c.subscriber_id, o.c.source_id, o.c.rule_id)
+        ):
+            if (sub, src, rid) in triples:
+                yield (sub, src, rid), values
+
+
 def planned_rule_versions(conn: Connection, triples: set[tuple[int, int, str]],
                           before: datetime) -> dict[tuple[int, int, str], int]:
     """``(subscriber_id, source_id, rule_id)`` → the newest rule version any obligation of that
     subscriber, source and rule (any status) was last planned with before ``before`` (aware UTC: the
     planning run's instant, so what this run wrote does not count), for those of ``triples`` that
-    have one. One read per 500 subscribers, by the ``(source_id, rule_id)`` index: it reads every
-    obligation of the rules asked about (a row-value ``IN`` was planned as one index scan per triple)."""
+    have one (:func:`_per_triple`)."""
     o = obligations
-    sources_, rules_ = {t[1] for t in triples}, {t[2] for t in triples}
-    found: dict[tuple[int, int, str], int] = {}
-    for part in pages(sorted({t[0] for t in triples}), 500):
-        for sub, src, rid, version in conn.execute(
-            select(o.c.subscriber_id, o.c.source_id, o.c.rule_id, func.max(o.c.rule_version))
-            .where(o.c.source_id.in_(sources_), o.c.rule_id.in_(rules_), o.c.subscriber_id.in_(part),
-                   o.c.planned_at < before)
-            .group_by(o.c.subscriber_id, o.c.source_id, o.c.rule_id)
-        ):
-            if (sub, src, rid) in triples:
-                found[(sub, src, rid)] = version
-    return found
+    return {triple: version for triple, (version,) in _per_triple(
+        conn, triples, [func.max(o.c.rule_version)], o.c.planned_at < before)}
 
 
 def series_known_until(conn: Connection, triples: set[tuple[int, int, str]],
@@ -771,22 +777,12 @@ def series_known_until(conn: Connection, triples: set[tuple[int, int, str]],
     knew that rule's occurrences before ``before`` (the planning window's start): the latest due
     instant before it of any stored obligation of theirs (any status), or, if later, the first time
     one was planned (``min(planned_at)``: occurrences before they watched the rule were never theirs
-    to know). Triples without a stored obligation are left out. One read per 500 subscribers, by the
-    ``(source_id, rule_id)`` index."""
+    to know). Triples without a stored obligation are left out (:func:`_per_triple`)."""
     o = obligations
-    sources_, rules_ = {t[1] for t in triples}, {t[2] for t in triples}
-    found: dict[tuple[int, int, str], datetime] = {}
-    for part in pages(sorted({t[0] for t in triples}), 500):
-        for sub, src, rid, last_due, first_planned in conn.execute(
-            select(o.c.subscriber_id, o.c.source_id, o.c.rule_id,
-                   type_coerce(func.max(case((o.c.due_at < before, o.c.due_at))), UtcDateTime),
-                   type_coerce(func.min(o.c.planned_at), UtcDateTime))
-            .where(o.c.source_id.in_(sources_), o.c.rule_id.in_(rules_), o.c.subscriber_id.in_(part))
-            .group_by(o.c.subscriber_id, o.c.source_id, o.c.rule_id)
-        ):
-            if (sub, src, rid) in triples:
-                found[(sub, src, rid)] = max(first_planned, last_due) if last_due is not None else first_planned
-    return found
+    return {triple: max(first_planned, last_due) if last_due is not None else first_planned
+            for triple, (last_due, first_planned) in _per_triple(
+                conn, triples, [type_coerce(func.max(case((o.c.due_at < before, o.c.due_at))), UtcDateTime),
+                                type_coerce(func.min(o.c.planned_at), UtcDateTime)])}
 
 
 def first_planned(conn: Connection, obligation_ids: list[int]) -> dict[int, datetime]:
