@@ -578,7 +578,7 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
     * A plain override that carries its own RRULE is still one instance: the RRULE is dropped
       (logged, counted in ``override_rrule_ignored``), never expanded as a second series.
     * The occurrence an override names is :func:`occurrence_named`'s: an all-day master's by the
-      RECURRENCE-ID's date as written, a to-do's shifted from its DTSTART to its DUE, one inside a
+      RECURRENCE-ID's date as written, a to-do's by its DTSTART (its series steps in starts), one inside a
       spring-forward gap by its nominal start (02:30, not the 03:30 its instant reads as), so a
       THISANDFUTURE piece is shifted by DTSTART − 02:30.
     * A cancelled override (``extra["cancelled"]``: STATUS:CANCELLED, or a completed to-do with
