@@ -18,7 +18,7 @@ from deadline_pipeline.plan.first_seen import (
     passed_instant,
     verdict,
 )
-from deadline_pipeline.plan.service import PASSED_UNWATCHED
+from deadline_pipeline.plan.notices import PASSED_UNWATCHED
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.schema import alerts
 from deadline_pipeline.watch import checks as w

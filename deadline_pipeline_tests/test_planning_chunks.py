@@ -11,7 +11,7 @@ from sqlalchemy import select, text
 
 from deadline_pipeline.config import load_config
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-from deadline_pipeline.plan import service
+from deadline_pipeline.plan import chunks, service
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.store import planning as sql
@@ -69,7 +69,7 @@ def test_chunked_plan_equals_one_chunk_and_withdraws_across_chunks(engine, tmp_p
     upgrade(reference)
     one = _ingest_plan(reference, cfg, T0)
 
-    monkeypatch.setattr(service, "CHUNK_OBLIGATIONS", 1)
+    monkeypatch.setattr(chunks, "CHUNK_OBLIGATIONS", 1)
     chunked = _ingest_plan(engine, cfg, T0)
     assert (chunked.obligations_planned, chunked.alerts_planned, chunked.obligations_inserted,
             chunked.alerts_inserted) == (one.obligations_planned, one.alerts_planned, one.obligations_inserted,
@@ -197,12 +197,12 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
     assert (first.direct_write_fallbacks, first.obligations_inserted) == (0, 40)
     before = _state(engine)
 
-    monkeypatch.setattr(service, "CHUNK_OBLIGATIONS", 10)
+    monkeypatch.setattr(chunks, "CHUNK_OBLIGATIONS", 10)
     monkeypatch.setattr(sql, "none_stored", lambda conn, keys: True)  # every chunk guessed all new
     monkeypatch.setattr(sql, "store_has_no_obligations", lambda conn: prepared)
     made = []
-    real_prepare = service._prepare
-    monkeypatch.setattr(service, "_prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
+    real_prepare = chunks.prepare
+    monkeypatch.setattr(chunks, "prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
     again = plan_all(engine, cfg, T0 + timedelta(minutes=5))
     # Prepared ahead: the first chunk, and the second (planned while the first was written); no
     # more once a chunk turned out not to be new.
@@ -224,10 +224,10 @@ def test_a_first_plan_prepares_new_chunks_ahead_and_starts_small(engine, tmp_pat
     upgrade(reference)
     _ingest_plan(reference, cfg, T0)
 
-    monkeypatch.setattr(service, "CHUNK_OBLIGATIONS", 80)
+    monkeypatch.setattr(chunks, "CHUNK_OBLIGATIONS", 80)
     made = []
-    real_prepare = service._prepare
-    monkeypatch.setattr(service, "_prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
+    real_prepare = chunks.prepare
+    monkeypatch.setattr(chunks, "prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
     first = _ingest_plan(engine, cfg, T0)
     postgres = engine.dialect.name == "postgresql"
     # 4 subscribers × 10 obligations, cut between subscribers once a chunk holds 10, then 20, then

@@ -292,7 +292,7 @@ def test_deadline_moved_into_the_past_before_any_reminder_is_escalated_as_missed
     subscriber must not simply hear nothing: its reminder is escalated as missed by the sweep (ERROR
     log, the on-call notice, escalations_acknowledged red), counted by planning, and nothing more on
     later runs."""
-    from deadline_pipeline.plan.service import MOVED_INTO_PAST
+    from deadline_pipeline.plan.notices import MOVED_INTO_PAST
     from deadline_pipeline.watch import checks as w
     from deadline_pipeline_tests.test_watch_checks import deliver, plan
 
@@ -332,7 +332,7 @@ def test_recurring_occurrence_moved_into_the_past_on_another_day_is_escalated_as
     check green. It is now escalated as missed, naming the Wednesday it replaced; the Mondays before
     the last Wednesday ann knew (3 May) are history, and bob, subscribed in the same run, is owed
     nothing that passed before. Later runs add nothing."""
-    from deadline_pipeline.plan.service import MOVED_INTO_PAST
+    from deadline_pipeline.plan.notices import MOVED_INTO_PAST
     from deadline_pipeline.watch import checks as w
     from deadline_pipeline_tests.factories import ics
     from deadline_pipeline_tests.test_watch_checks import deliver, plan

@@ -245,8 +245,8 @@ def test_the_cause_of_a_move_names_what_changed():
     to change; a calendar library upgrade is named with both versions; NULL is no version."""
     from zoneinfo import ZoneInfo
 
+    from deadline_pipeline.plan.notices import time_data_cause
     from deadline_pipeline.plan.planner import PlannedObligation
-    from deadline_pipeline.plan.service import time_data_cause
     from deadline_pipeline.timezones import resolve_zone
 
     def ob(zone: str, version: int = 3, cal: str | None = None) -> PlannedObligation:

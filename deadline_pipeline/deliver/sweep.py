@@ -86,7 +86,7 @@ from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.deliver.workers import merge_outcomes, run_in_processes
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.plan.service import PASSED_UNWATCHED
+from deadline_pipeline.plan.notices import PASSED_UNWATCHED
 from deadline_pipeline.store import delivery as sql
 
 log = logging.getLogger(__name__)
@@ -731,13 +731,13 @@ class _Sweep:
                     r.escalate_reason = (f"missed: the deadline {instant_text(row['due_at'])} passed before this "
                                          f"reminder (due {instant_text(row['send_at'])}) could be sent")
                     if row.get("previous_due_at") is not None:
-                        # A deadline a revision moved into the past (plan.service.missed_row): the
+                        # A deadline a revision moved into the past (plan.notices.missed_row): the
                         # on-call must know the subscriber still expects the old date.
                         r.escalate_reason += (f"; a revision moved it there from "
                                               f"{instant_text(row['previous_due_at'])}")
                     elif PASSED_UNWATCHED in (row.get("status_reason") or ""):
                         # A deadline that passed while its source was not fetched
-                        # (plan.service.missed_while_unwatched): the on-call must see the gap.
+                        # (plan.escalations.missed_while_unwatched): the on-call must see the gap.
                         r.escalate_reason += "; " + row["status_reason"].split("; escalated as missed")[0]
                 results.append(r)
         return rows, results

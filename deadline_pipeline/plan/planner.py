@@ -143,7 +143,7 @@ OWED_DESPITE_SKIP = ("this subscription skips late reminders, but not one owed s
                      "when the deadline was already planned for its subscriber")
 
 # The reason of a late reminder ``skip`` left unsent (what planning looks for when it re-folds the
-# reminders of a deadline the subscriber already knew: ``plan.service._fold_as_known``).
+# reminders of a deadline the subscriber already knew: ``plan.chunks._fold_as_known``).
 SKIPPED_BY_POLICY = "late reminders are skipped by this subscription's policy"
 
 

@@ -94,8 +94,9 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     """The reconciliation (module docstring) at ``now`` (aware UTC); ``grace`` and ``lookback`` bound
     the send instants judged. Never raises for what it finds; offenders name subscriber, rule, due
     instant, offset, channel and why the outbox does not explain the reminder."""
+    from deadline_pipeline.plan.outcome import PlanOutcome
     from deadline_pipeline.plan.planner import plan_target
-    from deadline_pipeline.plan.service import PlanOutcome, business_calendars, fold_overrides, targets_from_rows
+    from deadline_pipeline.plan.service import business_calendars, fold_overrides, targets_from_rows
 
     lo, hi = now - lookback, now - grace
     scratch = PlanOutcome()  # planning's own problems are reported by planning, not here

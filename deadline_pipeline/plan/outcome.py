@@ -1,0 +1,76 @@
+"""What one planning run did, in row counts (:class:`PlanOutcome`), shared by every planning step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from deadline_pipeline.plan.planner import PlanProblem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanOutcome:
+    """Counts of one planning run (every number is a row count)."""
+
+    targets: int = 0
+    obligations_planned: int = 0
+    obligations_inserted: int = 0
+    obligations_moved: int = 0
+    obligations_updated: int = 0
+    obligations_unchanged: int = 0
+    obligations_withdrawn: int = 0
+    alerts_planned: int = 0
+    alerts_inserted: int = 0
+    alerts_moved: int = 0
+    alerts_cancelled: int = 0
+    alerts_superseded: int = 0
+    corrections: int = 0
+    cancellation_notices: int = 0
+    # Late reminders left to send at once for moved obligations of ``late_policy: skip``
+    # subscriptions (:data:`~deadline_pipeline.plan.planner.MOVED_DESPITE_SKIP`; logged).
+    moved_sent_despite_skip: int = 0
+    # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline a
+    # revision moved into the past before any reminder of it was delivered on that channel
+    # (:func:`~.notices.missed_row`; logged).
+    moved_into_past_missed: int = 0
+    # Reminders left for the delivery sweep to escalate as missed: one per channel of a deadline that
+    # passed while its source was not fetched (plan.first_seen; :func:`~.escalations.missed_while_unwatched`,
+    # logged at ERROR with the gap).
+    missed_while_unwatched: int = 0
+    # Obligations whose due instant moved although their rule did not: the zone data or the
+    # working-day calendar changed (:func:`~.notices.time_data_cause`; logged, named in the corrections).
+    moved_by_time_data: int = 0
+    # The IANA zone-data version and calendar library this run planned with.
+    zone_data: str = ""
+    calendar_data: str = ""
+    problems: list[PlanProblem] = field(default_factory=list)
+    # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
+    # (logged; shown in the plan's metadata).
+    direct_write_fallbacks: int = 0
+    # A revision re-plan's scope (:meth:`~deadline_pipeline.plan.scope.RuleScope.describe`); empty for a
+    # plan of every rule.
+    scope: str = ""
+    # (source, rule id, message) of each problem in ``problems``: a problem every subscriber of a
+    # subscription meets (a refused rule) is listed and logged once, not once per subscriber.
+    _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)
+
+    def add_problems(self, problems: Iterable[PlanProblem], log_as: str = "planning problem") -> list[PlanProblem]:
+        """Add the problems not already listed (same source, rule id and message), log each new one
+        once (error, prefixed ``log_as``) and return them."""
+        new = []
+        for p in problems:
+            key = (p.source, p.rule_id, p.message)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            self.problems.append(p)
+            new.append(p)
+            log.error("%s: source %s rule %s: %s", log_as, p.source, p.rule_id, p.message)
+        return new
+
+    @property
+    def alerts_written(self) -> int:
+        return self.alerts_inserted + self.alerts_moved
