@@ -365,15 +365,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         if scope is not None:
             scope = scope.with_whole_sources(_rolled_over(conn, cfg, scope.source_ids))
             targets = [t for t in targets if t.source_id in scope.source_ids]
-        rules_cache: dict[int, tuple] = {}
-        lineage: dict[int, dict[str, str]] = {}
-        recorded_lineage: dict[int, dict[str, str]] = {}
-        for t in targets:
-            if t.source_id not in rules_cache:
-                read = sql.source_rules(conn, t.source_id)
-                rules_cache[t.source_id] = (fold_overrides(read.active, t.source, out), read.withdrawn)
-                lineage[t.source_id] = read.lineage
-                recorded_lineage[t.source_id] = read.recorded_lineage
+        rules_cache, lineage, recorded_lineage = _read_rules(conn, targets, out)
         # Judged over every rule of a source, scoped or not: a pattern matching only unchanged rules
         # still matches.
         out.add_problems(subscriptions_selection_problems(targets, rules_cache, lineage, recorded_lineage))
@@ -390,25 +382,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         judged = escalations.judge_sources(conn, targets, now)
         watched = sql.planned_pairs(conn, [sid for sid, found in judged.items() if found])
         sql.create_stage(conn)
-        failed_rules: set[tuple[int, str]] = set()
-        cache: dict = {}
-        # A store without obligations gets new chunks only, until one turns out not to be new:
-        # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
-        # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
-        expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
-        prepared = (chunks.prepare(chunk, now, cache, expect_new["new"]) for chunk in chunks.planned_chunks(
-            targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
-            start_small=expect_new["new"]))
-        # Two helper threads overlap the client's Python with the database's work (the driver
-        # releases the GIL while it waits): the next chunk is planned (and, expected new, made
-        # ready to COPY) while this one is written, and a chunk's alert rows are built while its
-        # obligations merge. The connection is only ever used by one thread at a time; the
-        # shared ``cache`` holds deterministic values.
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
-            pending = pool.submit(next, prepared, None)
-            while (chunk := pending.result()) is not None:
-                pending = pool.submit(next, prepared, None)
-                expect_new["new"] = chunks.write_chunk(conn, chunk, now, out, cache, pool)
+        failed_rules = _plan_in_chunks(conn, targets, rules_cache, lineage, now, horizon, lo, hi, out)
         sql.analyze_planned(conn)
         if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
             sql.analyze_written(conn)
@@ -422,6 +396,52 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # the error (a concurrent run's KeyError read "current transaction is aborted").
         sql.drop_stage(conn)
     return out
+
+
+def _read_rules(conn, targets: list[Target], out: PlanOutcome) -> tuple[dict[int, tuple], dict[int, dict[str, str]],
+                                                                        dict[int, dict[str, str]]]:
+    """The rules of every target's source, read once per source: source id → (active rules with their
+    RECURRENCE-ID overrides folded, :func:`fold_overrides`; withdrawn rule ids), source id →
+    :attr:`~deadline_pipeline.store.planning.SourceRules.lineage` and →
+    :attr:`~deadline_pipeline.store.planning.SourceRules.recorded_lineage`."""
+    rules_cache: dict[int, tuple] = {}
+    lineage: dict[int, dict[str, str]] = {}
+    recorded_lineage: dict[int, dict[str, str]] = {}
+    for t in targets:
+        if t.source_id not in rules_cache:
+            read = sql.source_rules(conn, t.source_id)
+            rules_cache[t.source_id] = (fold_overrides(read.active, t.source, out), read.withdrawn)
+            lineage[t.source_id] = read.lineage
+            recorded_lineage[t.source_id] = read.recorded_lineage
+    return rules_cache, lineage, recorded_lineage
+
+
+def _plan_in_chunks(conn, targets: list[Target], rules_cache: dict[int, tuple], lineage: dict[int, dict[str, str]],
+                    now: datetime, horizon: timedelta, lo: datetime, hi: datetime,
+                    out: PlanOutcome) -> set[tuple[int, str]]:
+    """Plan every target due in ``[lo, hi]`` (aware UTC) and write the plan chunk by chunk
+    (:mod:`.chunks`) into the staging tables made by the caller; returns the (source id, rule id) of
+    rules with a planning problem, whose stored obligations must not be withdrawn."""
+    failed_rules: set[tuple[int, str]] = set()
+    cache: dict = {}
+    # A store without obligations gets new chunks only, until one turns out not to be new:
+    # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
+    # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
+    expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
+    prepared = (chunks.prepare(chunk, now, cache, expect_new["new"]) for chunk in chunks.planned_chunks(
+        targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
+        start_small=expect_new["new"]))
+    # Two helper threads overlap the client's Python with the database's work (the driver
+    # releases the GIL while it waits): the next chunk is planned (and, expected new, made
+    # ready to COPY) while this one is written, and a chunk's alert rows are built while its
+    # obligations merge. The connection is only ever used by one thread at a time; the
+    # shared ``cache`` holds deterministic values.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plan") as pool:
+        pending = pool.submit(next, prepared, None)
+        while (chunk := pending.result()) is not None:
+            pending = pool.submit(next, prepared, None)
+            expect_new["new"] = chunks.write_chunk(conn, chunk, now, out, cache, pool)
+    return failed_rules
 
 
 def _scoped_rule_ids(scope: RuleScope | None, rules_cache: dict[int, tuple],
