@@ -25,12 +25,14 @@ SECONDLY = dict(uid="s@test", tzid="Europe/Berlin", dtstart="20200101T000000", s
 
 
 def _config(tmp_path, *, bob_email="bob@example.org", kinds=None, events=(EVENT_A, EVENT_B), rules=None,
-            subscribers=None, tenant="t1"):
+            subscribers=None, tenant="t1", exclude_kinds=None):
     """ann and bob of ``tenant``, one subscription "all" to the ``cal`` source of tenant t1."""
     (tmp_path / "cal.ics").write_text(ics(*events), newline="")
     sub = {"name": "all", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["box"]}
     if kinds:
         sub["kinds"] = kinds
+    if exclude_kinds:
+        sub["exclude_kinds"] = exclude_kinds
     if rules:
         sub["rules"] = rules
     if subscribers:
@@ -463,20 +465,82 @@ def test_kinds_and_exclude_kinds_are_judged_together():
     assert len(subscription_selection_problems([(target, rules, {"r0/sub": {"deadline", "submission"}})])) == 1
 
 
-def test_run_exits_1_when_kinds_match_no_rule_of_one_named_source(tmp_path, db_url, shared_dir):
-    _, path = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
-    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2026-05-01T00:00:00Z"], tmp_path)
+def test_a_misspelt_kinds_entry_is_named_with_the_kind_meant():
+    """An entry of ``exclude_kinds`` (or of ``kinds`` beside a correct one) that no rule of the
+    subscription's sources has but that is close to a kind one has was accepted without a word:
+    ``exclude_kinds: [submision]`` excluded nothing and every submission deadline was reminded. It is
+    one problem for the subscription, naming each entry, the kind meant and the sources' kinds. An
+    entry near no kind they have (a kind a source may give later), one differing only in case, and
+    one a withdrawn rule had are none."""
+    from deadline_pipeline.plan.planner import Target, subscription_selection_problems
+    from deadline_pipeline.rules import RuleRecord
+
+    def rule(rid, kind):
+        return 1, RuleRecord(rid, rid, "2027-03-01T12:00:00", "UTC", extra={"deadline_type": kind})
+
+    def problems(kinds=None, exclude=(), withdrawn=None):
+        targets = [Target(1, "ann", "t1", "UTC", sid, name, None, ("*",), (-86400,), ("box",), kinds=kinds,
+                          exclude_kinds=exclude, subscription="papers") for sid, name in ((1, "all"), (2, "wacv"))]
+        return subscription_selection_problems([
+            (targets[0], [rule("neurips/paper", "paper"), rule("neurips/abstract", "abstract")], {}),
+            (targets[1], [rule("wacv/submission", "submission"), rule("wacv/notification", "notification")],
+             withdrawn or {})])
+
+    (p,) = problems(exclude=("submision",))
+    assert (p.source, p.rule_id, p.message) == (
+        "all, wacv", "*", "subscription 'papers': exclude_kinds entry 'submision' (did you mean 'submission'?) is no "
+        "kind of a rule of its sources ['all', 'wacv'], so selects or excludes nothing; their kinds are ['abstract', "
+        "'deadline', 'notification', 'paper', 'submission']"), p
+    (p,) = problems(kinds=("abstract", "papr", "submission"), exclude=("notifcation",))
+    assert p.message.startswith("subscription 'papers': kinds entry 'papr' (did you mean 'paper'?), exclude_kinds "
+                                "entry 'notifcation' (did you mean 'notification'?) are no kinds of a rule of its "
+                                "sources ['all', 'wacv']"), p.message
+    assert problems(exclude=("rebuttal", "Notification")) == []
+    assert problems(exclude=("registration",), withdrawn={"wacv/reg": {"deadline", "registration"}}) == []
+
+
+def test_a_misspelt_exclude_kinds_entry_turns_plan_complete_red(engine, tmp_path):
+    """``exclude_kinds: [evnt]`` over a calendar of events excludes nothing: every event is planned,
+    as before, and plan_complete is red naming the entry and the kind meant."""
+    cfg, _ = _config(tmp_path, exclude_kinds=["evnt"])
+    ingest(engine, cfg, T0)
+    out = _plan(engine, cfg, T0)
+    assert out.obligations_planned > 0
+    (problem,) = out.problems
+    assert problem.source == "cal" and "exclude_kinds entry 'evnt' (did you mean 'event'?)" in problem.message
+    check = w.plan_complete(engine, T0)
+    assert not check.passed and check.count == 1, check.summary
+    assert "'evnt'" in check.offenders[0]["detail"], check.offenders
+    cfg, _ = _config(tmp_path, exclude_kinds=["todo"])
+    assert _plan(engine, cfg, T0).problems == []
+    assert w.plan_complete(engine, T0).passed
+
+
+def _failed_plan_complete(path, db_url, tmp_path, as_of: str) -> str:
+    """The plan_complete line of ``run`` on the configuration at ``path``, which must exit 1."""
+    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", as_of], tmp_path)
     assert res.exit_code == 1, res.output
     line = next(ln for ln in res.output.splitlines() if "plan_complete" in ln)
-    assert "FAIL" in line and "'wacv'" in line and "'submission'" in line, res.output
+    assert "FAIL" in line, res.output
+    return line
+
+
+def test_run_exits_1_when_an_exclude_kinds_entry_is_misspelt(tmp_path, db_url):
+    _, path = _config(tmp_path, exclude_kinds=["evnt"])
+    line = _failed_plan_complete(path, db_url, tmp_path, "2027-01-10T00:00:00Z")
+    assert "'evnt'" in line and "did you mean 'event'?" in line, line
+
+
+def test_run_exits_1_when_kinds_match_no_rule_of_one_named_source(tmp_path, db_url, shared_dir):
+    _, path = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
+    line = _failed_plan_complete(path, db_url, tmp_path, "2026-05-01T00:00:00Z")
+    assert "'wacv'" in line and "'submission'" in line, line
 
 
 def test_run_exits_1_when_rule_patterns_match_nothing(tmp_path, db_url):
-    cfg, path = _config(tmp_path, rules=["a"])
-    res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2027-01-10T00:00:00Z"], tmp_path)
-    assert res.exit_code == 1, res.output
-    line = next(ln for ln in res.output.splitlines() if "plan_complete" in ln)
-    assert "FAIL" in line and "['a']" in line and "'a@test'" in line, res.output
+    _, path = _config(tmp_path, rules=["a"])
+    line = _failed_plan_complete(path, db_url, tmp_path, "2027-01-10T00:00:00Z")
+    assert "['a']" in line and "'a@test'" in line, line
 
 
 def test_a_refused_rule_is_red_and_does_not_hang_the_watchers(engine, tmp_path):

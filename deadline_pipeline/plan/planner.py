@@ -338,6 +338,52 @@ def _kinds_problem(target: Target, rules: list[tuple[int, RuleRecord]], withdraw
     return PlanProblem(target.source, "*", f"{_name(target)}{what}; its kinds are {present}")
 
 
+#: How close an entry of ``kinds`` / ``exclude_kinds`` must be to a kind its sources have to be taken for
+#: a misspelling of it (``difflib``'s ratio; the ICS and CSV parsers use the same for misspelt names).
+MISSPELT_KIND_CUTOFF = 0.75
+
+
+def misspelt_kinds_problem(per_source: list[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]], *,
+                           with_kinds: bool = True) -> PlanProblem | None:
+    """The problem of one subscription's ``kinds`` / ``exclude_kinds`` entries that are no kind of any
+    rule of its sources (active or withdrawn; ``per_source`` as for
+    :func:`subscription_selection_problems`, every target of one subscription) but close to one
+    (:data:`MISSPELT_KIND_CUTOFF`): ``exclude_kinds: [submision]`` beside the kind ``submission``;
+    ``with_kinds`` false: the ``exclude_kinds`` entries only. ``None`` when there is none. The
+    message names the subscription, each entry by its key and the kind it nearly matches, and the
+    kinds the sources have.
+
+    Kinds are the sources' data (an ai-deadlines ``type`` is free text), so an entry no rule has is
+    judged here, after ingest, not when the file is loaded. Such an entry matches nothing, so it
+    never changes what is planned; an entry that nearly matches a kind the sources do have is a
+    typo: in ``exclude_kinds`` every deadline of the kind meant was reminded (a conference's
+    notification dates sent to its authors), in ``kinds`` beside a correct entry the kind meant was
+    left out (``kinds: [abstract, papr]`` planned no paper deadline), and no check said a word. An
+    entry near no kind the sources have is left alone: a kind they may give later."""
+    target = per_source[0][0]
+    if not (with_kinds and target.kinds) and not target.exclude_kinds:
+        return None
+    present = {k for _, rules, _ in per_source for _, r in rules for k in rule_kinds(r)}
+    present |= {str(k).lower() for _, _, withdrawn in per_source for had in (withdrawn or {}).values() for k in had}
+    import difflib
+
+    found = []
+    listed = (("kinds", (target.kinds or ()) if with_kinds else ()), ("exclude_kinds", target.exclude_kinds))
+    for key, entries in listed:
+        for entry in entries:
+            if entry.lower() in present:
+                continue
+            close = difflib.get_close_matches(entry.lower(), sorted(present), n=1, cutoff=MISSPELT_KIND_CUTOFF)
+            if close:
+                found.append(f"{key} entry {entry!r} (did you mean {close[0]!r}?)")
+    if not found:
+        return None
+    names = sorted({t.source for t, _, _ in per_source})
+    verb = "is no kind" if len(found) == 1 else "are no kinds"
+    return PlanProblem(", ".join(names), "*", f"{_name(target)}{', '.join(found)} {verb} of a rule of its sources "
+                       f"{names}, so selects or excludes nothing; their kinds are {sorted(present)}")
+
+
 def subscription_selection_problems(
         per_source: Iterable[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]]) -> list[PlanProblem]:
     """The selection problems of one subscription over its sources: rule patterns, or ``kinds`` and
@@ -355,6 +401,10 @@ def subscription_selection_problems(
       there: one problem for each source none of whose selected rules they admit, naming the source,
       the kinds asked for (``submission`` where ``paper`` was asked) or the kinds excluded, and the
       kinds it has.
+    * An entry of ``kinds`` / ``exclude_kinds`` that no rule of the sources has, but close to a kind
+      one has (``submision``), is one more problem for the subscription
+      (:func:`misspelt_kinds_problem`), last; a ``kinds`` entry only when ``kinds`` raised no problem
+      above (which already names the kinds each source has).
 
     Not judged: a source with no rule in force (never ingested, or every rule withdrawn), which its
     own checks report; patterns that match only withdrawn rule ids, and kinds that only a withdrawn
@@ -362,14 +412,25 @@ def subscription_selection_problems(
     conference's paper date; nothing is owed).
     """
     judged = [(t, rules, withdrawn or {}) for t, rules, withdrawn in per_source if rules]
+    patterns, kinds = _selection_problems(judged)
+    # A `kinds` list that admits nothing of a source is reported already, with that source's kinds;
+    # the misspelt entry's own problem would say it twice.
+    misspelt = misspelt_kinds_problem(judged, with_kinds=not kinds) if judged else None
+    return patterns + kinds + ([misspelt] if misspelt else [])
+
+
+def _selection_problems(judged: list[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]]
+                        ) -> tuple[list[PlanProblem], list[PlanProblem]]:
+    """:func:`subscription_selection_problems` of the sources with rules in force (``judged``) but the
+    misspelt kinds (:func:`misspelt_kinds_problem`), as (the rule patterns' problems, the kinds' ones)."""
     patterns = [(t, _pattern_problem(t, rules, withdrawn)) for t, rules, withdrawn in judged]
     if judged and all(found for _, found in patterns):
         if len(judged) == 1:
-            return patterns[0][1]
+            return patterns[0][1], []
         name = _name(judged[0][0])
         names = [t.source for t, _ in patterns]
         each = "; ".join(f"{t.source}: {p.message.removeprefix(name)}" for t, found in patterns for p in found)
-        return [PlanProblem(", ".join(names), "*", f"{name}selects no rule in any of its sources {names} — {each}")]
+        return [PlanProblem(", ".join(names), "*", f"{name}selects no rule in any of its sources {names} — {each}")], []
     # Kinds per source, unlike patterns: every source of a subscription is named in its `sources`
     # (the configuration has no wildcard for sources, and refuses a name it does not know), so each
     # is wanted for the kinds listed. Judged over the whole subscription, `sources: [all, wacv]` with
@@ -380,7 +441,7 @@ def subscription_selection_problems(
     several = len(judged) > 1
     found = (_kinds_problem(t, rules, withdrawn, f"source {t.source!r}" if several else "this source")
              for (t, rules, withdrawn), (_, pattern) in zip(judged, patterns, strict=True) if pattern is None)
-    return [p for p in found if p is not None]
+    return [], [p for p in found if p is not None]
 
 
 def renamed_out_problem(target: Target, lineage: dict[str, str],
