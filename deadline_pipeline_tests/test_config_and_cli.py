@@ -46,7 +46,8 @@ def test_examples_config_is_valid():
          "  - {name: s, sources: [x], channels: []}\n", "subscriptions[0].channels"),
         ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscribers: [{id: ann}]\nsubscriptions:\n"
          "  - {name: s, sources: [x], subscribers: [ann, anne], channels: [m]}\n"
-         "channels: {m: {type: maildir, path: m}}\n", "unknown subscriber(s) ['anne']"),
+         "channels: {m: {type: maildir, path: m}}\n",
+         "subscriptions[0].subscribers[1]: subscription 's': unknown subscriber 'anne' (got 'anne') [line 5]"),
         ("sources:\n  - {name: x, format: ics, location: a.ics}\nsubscriptions:\n"
          "  - {name: s, sources: [x], rules: [], channels: [m]}\nchannels: {m: {type: maildir, path: m}}\n",
          "subscriptions[0].rules: an empty list plans nothing; omit `rules`"),
@@ -242,5 +243,6 @@ def test_an_escalation_channel_without_its_recipient_is_refused_at_load(tmp_path
     path = write_config(tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
                         subscribers=[], subscriptions=[], channels={"oncall": channel},
                         escalation={"channels": ["oncall"]})
-    with pytest.raises(ConfigError, match=rf"escalation: channel 'oncall' \({kind}\) needs escalation\.{needed}"):
+    with pytest.raises(ConfigError, match=rf"escalation\.channels\[0\]: channel 'oncall' \({kind}\) needs "
+                                          rf"escalation\.{needed}.* \[line \d+\]"):
         load_config(path)

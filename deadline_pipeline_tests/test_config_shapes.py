@@ -128,3 +128,45 @@ def test_line_of_steps_over_what_the_file_does_not_write():
     # A subscriber appended from the CSV is not in the file: no line rather than a wrong one.
     assert line_of(root, ("subscribers", 3, "email")) is None
     assert line_of(None, ("channels",)) is None
+
+
+def test_a_reference_to_nothing_names_the_line_it_is_written_on(tmp_path):
+    """A subscription naming a source, subscriber or channel the file does not have, an escalation
+    channel that does not exist, a holiday calendar naming no source and a source name written twice
+    were raised by the whole configuration: the message said ``configuration: … [line 1]``, the top
+    of the file, and only the first was named. Each is named at its key and line, all at once."""
+    got, config = _error(tmp_path, (
+        "sources:\n"
+        "  - {name: conf, format: ics, location: a.ics, tenant: demo}\n"
+        "  - name: cal\n"
+        "    format: ics\n"
+        "    location: b.ics\n"
+        "    business_days: {calendar: 'source:hols'}\n"          # line 6
+        "  - {name: conf, format: ics, location: c.ics}\n"          # line 7
+        + SUBSCRIBER +                                               # lines 8-9
+        "channels:\n"
+        "  box: {type: maildir, path: box}\n"
+        "subscriptions:\n"
+        "  - name: papers\n"
+        "    sources: [conf, cnf]\n"                                # line 14
+        "    subscribers:\n"
+        "      - a\n"
+        "      - b\n"                                               # line 17
+        "    channels: [box,\n"
+        "               bx]\n"                                      # line 19
+        "escalation:\n"
+        "  email: ops@example.org\n"
+        "  channels: [box, bocks]\n"))                              # line 22
+    assert got.splitlines() == [
+        f"{config}: sources[1].business_days.calendar: source 'cal': refers to unknown source 'hols'; known: "
+        "['cal', 'conf'] (got 'source:hols') [line 6]",
+        f"{config}: sources[2].name: source name 'conf' repeats sources[0].name; subscriptions name a source by it, "
+        "so it must be unique (got 'conf') [line 7]",
+        f"{config}: subscriptions[0].sources[1]: subscription 'papers': unknown source 'cnf'; known: ['cal', 'conf'] "
+        "(got 'cnf') [line 14]",
+        f"{config}: subscriptions[0].subscribers[1]: subscription 'papers': unknown subscriber 'b' (got 'b') "
+        "[line 17]",
+        f"{config}: subscriptions[0].channels[1]: subscription 'papers': unknown channel 'bx'; known: ['box'] "
+        "(got 'bx') [line 19]",
+        f"{config}: escalation.channels[1]: unknown channel 'bocks'; known: ['box'] (got 'bocks') [line 22]",
+    ]

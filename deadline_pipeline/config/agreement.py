@@ -31,7 +31,11 @@ def channel_send_window(ch_cfg) -> float:
     return float(getattr(ch_cfg, "timeout_seconds", 0.0) or 0.0) + float(getattr(ch_cfg, "lease_margin_seconds", 0.0))
 
 
-def _problem(loc: tuple, value, message: str) -> InitErrorDetails:
+def problem_at(loc: tuple, value, message: str) -> InitErrorDetails:
+    """A validation problem of the value ``value`` at pydantic location ``loc`` (e.g.
+    ``("subscriptions", 0, "channels", 1)``), worded ``message``: raised together in a
+    ``ValidationError`` (:func:`raise_problems`), the loader reports it at that key path and the line
+    the value is written on, as it does a field's own error."""
     # PydanticCustomError keeps the message as written; "{message}" avoids brace interpretation.
     return InitErrorDetails(type=PydanticCustomError("config_agreement", "{message}", {"message": message}),
                             loc=loc, input=value)
@@ -42,11 +46,11 @@ def delivery_problems(d) -> list[InitErrorDetails]:
     against the lease, the backoff base against its cap."""
     out = []
     if d.time_budget_seconds >= d.lease_seconds:
-        out.append(_problem(("delivery", "time_budget_seconds"), d.time_budget_seconds,
+        out.append(problem_at(("delivery", "time_budget_seconds"), d.time_budget_seconds,
                             f"must be less than delivery.lease_seconds ({d.lease_seconds}): a sweep that "
                             "outlives its own lease can meet its own unfinished batch again"))
     if d.backoff_base_seconds > d.backoff_cap_seconds:
-        out.append(_problem(("delivery", "backoff_base_seconds"), d.backoff_base_seconds,
+        out.append(problem_at(("delivery", "backoff_base_seconds"), d.backoff_base_seconds,
                             f"must not exceed delivery.backoff_cap_seconds ({d.backoff_cap_seconds})"))
     return out
 
@@ -65,7 +69,7 @@ def offset_problems(cfg) -> list[InitErrorDetails]:
     :data:`HORIZON_MARGIN`, at its key path (``subscriptions.0.offsets.1``)."""
     longest = timedelta(days=cfg.plan.horizon_days) - HORIZON_MARGIN
     days = longest.days
-    return [_problem(("subscriptions", i, "offsets", j), item,
+    return [problem_at(("subscriptions", i, "offsets", j), item,
                      f"is longer than plan.horizon_days ({cfg.plan.horizon_days} days) less one day ({days} days): "
                      "planning sees a deadline only plan.horizon_days ahead and runs hourly, so this reminder "
                      "would be planned after its time for deadlines entering the horizon (sent late, or never "
@@ -87,7 +91,7 @@ def lease_problems(cfg) -> list[InitErrorDetails]:
         timeout = getattr(ch, "timeout_seconds", None)
         parts = (f"channels.{name}.timeout_seconds ({timeout:g}) + " if timeout is not None else "") + \
             f"channels.{name}.lease_margin_seconds ({ch.lease_margin_seconds:g})"
-        out.append(_problem(("delivery", "lease_seconds"), lease,
+        out.append(problem_at(("delivery", "lease_seconds"), lease,
                             f"must exceed {parts} = {need:g}: no send on channel {name!r} could start "
                             "and finish within its lease, so its alerts would never be sent"))
     return out
@@ -97,6 +101,11 @@ def disagreements(cfg) -> None:
     """Raise a pydantic ``ValidationError`` listing every disagreement of ``cfg`` (a
     ``DeadlinesConfig`` whose values have passed their own checks), each at its key path, so the
     loader reports them like any other invalid value; return when there is none."""
-    problems = delivery_problems(cfg.delivery) + offset_problems(cfg) + lease_problems(cfg)
+    raise_problems(delivery_problems(cfg.delivery) + offset_problems(cfg) + lease_problems(cfg))
+
+
+def raise_problems(problems: list[InitErrorDetails]) -> None:
+    """Raise a pydantic ``ValidationError`` of the configuration holding ``problems`` (each from
+    :func:`problem_at`, at its own key path); return when the list is empty."""
     if problems:
         raise ValidationError.from_exception_data("DeadlinesConfig", problems)

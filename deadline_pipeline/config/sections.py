@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from deadline_pipeline.config.agreement import disagreements
+from deadline_pipeline.config.agreement import disagreements, problem_at, raise_problems
 from deadline_pipeline.config.base import Section
 from deadline_pipeline.config.channels import (
     ChannelConfig,
@@ -414,58 +414,79 @@ class DeadlinesConfig(Section):
 
     @model_validator(mode="after")
     def _references(self) -> DeadlinesConfig:
+        # Each problem is raised at the key that names what does not exist, all of them at once:
+        # raised by the model as a whole, an error had no key path, and the loader named the top of
+        # the file ("[line 1]") for a typo in a subscription 300 lines down.
+        ids = frozenset(s.id for s in self.subscribers)  # once: 20,000 subscribers made a set per subscription
+        per_subscription = [p for i, sub in enumerate(self.subscriptions)
+                            for p in self._subscription_problems(i, sub, ids)]
+        raise_problems(self._source_problems() + per_subscription + self._escalation_problems())
+        return self
+
+    def _source_problems(self) -> list:
+        """A source name written again (at the repeat's ``name``), and a ``business_days.calendar``
+        of ``source:NAME`` naming no source (at the calendar)."""
         names = [s.name for s in self.sources]
-        dupes = {n for n in names if names.count(n) > 1}
-        if dupes:
-            raise ValueError(f"source names repeat: {sorted(dupes)}")
-        for i, sub in enumerate(self.subscriptions):
-            for src in sub.sources:
-                if src not in names:
-                    raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown source {src!r}; known: {names}")
-            known = {s.id for s in self.subscribers}
-            unknown = [x for x in sub.subscribers if x != "*" and x not in known]
-            if unknown:
-                # A typo here would silently leave someone without reminders.
-                raise ValueError(f"subscriptions[{i}] ({sub.name}): unknown subscriber(s) {unknown}")
-            self._subscription_channels(i, sub)
-        for s in self.sources:
+        first: dict[str, int] = {}
+        out = []
+        for k, s in enumerate(self.sources):
+            if s.name in first:
+                out.append(problem_at(("sources", k, "name"), s.name,
+                                      f"source name {s.name!r} repeats sources[{first[s.name]}].name; subscriptions "
+                                      "name a source by it, so it must be unique"))
+            first.setdefault(s.name, k)
             ref = holiday_source_of(s.business_days.calendar) if s.business_days else None
             if ref is not None and ref.name not in names:
-                raise ValueError(f"sources ({s.name}): business_days.calendar refers to unknown source {ref.name!r}")
-        for ch in self.escalation.channels:
+                out.append(problem_at(("sources", k, "business_days", "calendar"), s.business_days.calendar,
+                                      f"source {s.name!r}: refers to unknown source {ref.name!r}; known: "
+                                      f"{sorted(set(names))}"))
+        return out
+
+    def _subscription_problems(self, i: int, sub: SubscriptionConfig, known: frozenset[str]) -> list:
+        """Subscription ``i``'s sources, subscribers (``known``: every subscriber id, the file's and
+        the subscriber file's) and channels that name nothing in the configuration,
+        each at its place in the list (``subscriptions[i].sources[j]``), and a webhook channel whose
+        body carries pages only (every reminder on it would be refused at send time)."""
+        names = {s.name for s in self.sources}
+        where = f"subscription {sub.name!r}: "
+        out = [problem_at(("subscriptions", i, "sources", j), src,
+                          f"{where}unknown source {src!r}; known: {sorted(names)}")
+               for j, src in enumerate(sub.sources) if src not in names]
+        # A typo here would silently leave someone without reminders.
+        out += [problem_at(("subscriptions", i, "subscribers", j), x, f"{where}unknown subscriber {x!r}")
+                for j, x in enumerate(sub.subscribers) if x != "*" and x not in known]
+        for j, ch in enumerate(sub.channels):
+            at = ("subscriptions", i, "channels", j)
             if ch not in self.channels:
-                raise ValueError(f"escalation: unknown channel {ch!r}; known: {sorted(self.channels)}")
-            if self.channels[ch].type == "caldav":
-                # An escalation notice is a message to an operator, not an event to book.
-                raise ValueError(f"escalation: channel {ch!r} is a caldav (booking) channel; use a message channel")
-            self._escalation_recipient(ch)
-        return self
+                out.append(problem_at(at, ch, f"{where}unknown channel {ch!r}; known: {sorted(self.channels)}"))
+            elif getattr(self.channels[ch], "body", None) in ("pagerduty", "alertmanager"):
+                out.append(problem_at(at, ch, f"{where}channel {ch!r} sends body {self.channels[ch].body!r}, which "
+                                              "carries pages only; use it in escalation.channels"))
+        return out
 
     # The escalation setting each channel type sends an operator's notice to.
     _ESCALATION_RECIPIENT = {"smtp": "email", "maildir": "email", "webhook": "webhook_url"}
 
-    def _escalation_recipient(self, ch: str) -> None:
-        """Raise ``ValueError`` when escalation channel ``ch`` needs a recipient the escalation
-        settings do not give: accepted at load, the first page failed ("has no usable e-mail
-        address"), so the on-call learnt of nothing while every check was green."""
-        kind = self.channels[ch].type
-        needed = self._ESCALATION_RECIPIENT.get(kind)
-        if needed and not getattr(self.escalation, needed):
-            raise ValueError(f"escalation: channel {ch!r} ({kind}) needs escalation.{needed}: its pages have no "
-                             "recipient otherwise")
-
-    def _subscription_channels(self, i: int, sub: SubscriptionConfig) -> None:
-        """Raise ``ValueError`` when subscription ``i`` names an unknown channel, or a webhook channel
-        whose body carries pages only (every reminder on it would be refused at send time)."""
-        for ch in sub.channels:
+    def _escalation_problems(self) -> list:
+        """Each of ``escalation.channels`` (at ``escalation.channels[j]``) that names no channel, a
+        caldav (booking) channel, or a channel whose recipient the escalation settings do not give:
+        accepted at load, the first page failed ("has no usable e-mail address"), so the on-call
+        learnt of nothing while every check was green."""
+        out = []
+        for j, ch in enumerate(self.escalation.channels):
+            at = ("escalation", "channels", j)
             if ch not in self.channels:
-                raise ValueError(
-                    f"subscriptions[{i}] ({sub.name}): unknown channel {ch!r}; known: {sorted(self.channels)}"
-                )
-            if getattr(self.channels[ch], "body", None) in ("pagerduty", "alertmanager"):
-                raise ValueError(f"subscriptions[{i}] ({sub.name}): channel {ch!r} sends body "
-                                 f"{self.channels[ch].body!r}, which carries pages only; use it in "
-                                 "escalation.channels")
+                out.append(problem_at(at, ch, f"unknown channel {ch!r}; known: {sorted(self.channels)}"))
+                continue
+            kind = self.channels[ch].type
+            needed = self._ESCALATION_RECIPIENT.get(kind)
+            if kind == "caldav":
+                # An escalation notice is a message to an operator, not an event to book.
+                out.append(problem_at(at, ch, f"channel {ch!r} is a caldav (booking) channel; use a message channel"))
+            elif needed and not getattr(self.escalation, needed):
+                out.append(problem_at(at, ch, f"channel {ch!r} ({kind}) needs escalation.{needed}: its pages have no "
+                                              "recipient otherwise"))
+        return out
 
     @model_validator(mode="after")
     def _agreement(self) -> DeadlinesConfig:
