@@ -39,12 +39,59 @@ def test_a_section_of_the_wrong_shape_is_named(tmp_path, section, value, message
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("'yes'", "must be true or false, written without quotes (got 'yes') [line 5]"),
+    ("'true'", "must be true or false, written without quotes (got 'true') [line 5]"),
+    ("'yes'", "must be true or false; 'yes' is text in this file (YAML 1.2), not a boolean: write true "
+              "(got 'yes') [line 5]"),
+    # Unquoted: YAML 1.1's boolean, which opened the outbound guard to private addresses without a word.
+    ("yes", "must be true or false; 'yes' is text in this file (YAML 1.2), not a boolean: write true "
+            "(got 'yes') [line 5]"),
+    ("Off", "must be true or false; 'Off' is text in this file (YAML 1.2), not a boolean: write false "
+            "(got 'Off') [line 5]"),
     ("1", "must be true or false (got 1) [line 5]"),
 ])
 def test_a_switch_is_true_or_false_only(tmp_path, value, message):
     got, config = _error(tmp_path, SOURCE + SUBSCRIBER + f"network: {{allow_private: {value}}}\n")
     assert got == f"{config}: network.allow_private: {message}"
+
+
+# Every boolean setting of the file, as (key path, the YAML that sets it to VALUE).
+SWITCHES = [
+    ("network.allow_private", "network: {allow_private: VALUE}\n"),
+    *[(f"channels.mail.{key}", "channels:\n  mail: {type: smtp, host: mail.example.org, sender: r@example.org, "
+                               f"{key}: VALUE}}\n") for key in ("starttls", "ssl", "smtputf8")],
+]
+
+
+@pytest.mark.parametrize(("key", "text"), SWITCHES)
+@pytest.mark.parametrize("value", ["yes", "no", "on", "off", "Y"])
+def test_every_switch_refuses_yaml_1_1_booleans(tmp_path, key, text, value):
+    """``yes``/``no``/``on``/``off`` loaded as YAML 1.1 booleans into every switch; the documented
+    values are ``true`` and ``false`` only. Each is refused naming the file, key, line and value."""
+    written = SOURCE + SUBSCRIBER + text
+    line = written[:written.index("VALUE")].count("\n") + 1
+    got, config = _error(tmp_path, written.replace("VALUE", value))
+    assert got.startswith(f"{config}: {key}: must be true or false"), got
+    assert got.endswith(f"(got {value!r}) [line {line}]"), got
+
+
+@pytest.mark.parametrize(("key", "text"), SWITCHES)
+@pytest.mark.parametrize(("value", "meant"), [("true", True), ("false", False), ("True", True), ("FALSE", False)])
+def test_every_switch_takes_true_and_false(tmp_path, key, text, value, meant):
+    config = tmp_path / "deadlines.yaml"
+    config.write_text(SOURCE + SUBSCRIBER + text.replace("VALUE", value))
+    cfg, _ = load_config(config)
+    section, *rest = key.split(".")
+    got = cfg.network.allow_private if section == "network" else getattr(cfg.channels["mail"], rest[-1])
+    assert got is meant
+
+
+def test_yaml_1_1_boolean_words_are_text(tmp_path):
+    """A subscriber id or tenant ``no`` (Norway's country code) was the boolean false, refused as
+    "expected text"; read as YAML 1.2 it is the text written."""
+    config = tmp_path / "deadlines.yaml"
+    config.write_text(SOURCE + "subscribers:\n  - {id: no, tenant: demo, email: a@example.org}\n")
+    cfg, _ = load_config(config)
+    assert cfg.subscribers[0].id == "no"
 
 
 def test_an_smtp_switch_is_strict_too(tmp_path):

@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
 from deadline_pipeline.config.errors import ConfigError
 from deadline_pipeline.config.messages import format_loc
+from deadline_pipeline.limits import ParseError, SafeLoader, load_yaml
+
+_BOOLEAN_1_2 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+
+
+class ConfigLoader(SafeLoader):
+    """The configuration's YAML loader: the sources' safe loader
+    (:class:`deadline_pipeline.limits.SafeLoader`: YAML 1.2 numbers, no implicit timestamps, the
+    nesting limit) with YAML 1.2's booleans as well: ``true`` and ``false`` (also ``True``/``TRUE``,
+    ``False``/``FALSE``) are booleans, YAML 1.1's ``yes``, ``no``, ``on``, ``off`` are text."""
+
+
+# YAML 1.1 read `allow_private: yes` as true and `starttls: off` as false, while a switch is
+# documented as `true` or `false` only and the quoted 'yes' was refused: the unquoted spelling opened
+# the outbound guard to private addresses without a word. As text, it is refused by the switch
+# (config.quantities.Switch) with file, line, key and value. (A subscriber id or tenant `no` is the
+# text "no" too, where YAML 1.1 made it the boolean false, refused as "expected text".)
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, _BOOLEAN_1_2 if tag == "tag:yaml.org,2002:bool" else rx) for tag, rx in items]
+    for first, items in SafeLoader.yaml_implicit_resolvers.items()}
 
 
 def parse_yaml(text: str, path: Path):
     """``(data, root node)`` of the configuration document, read by the sources' safe YAML reader
-    (:func:`deadline_pipeline.limits.load_yaml`): YAML 1.2 scalars (an unquoted
-    ``timezone: -12:00`` is the offset as written, not the YAML 1.1 sexagesimal integer -720),
+    (:func:`deadline_pipeline.limits.load_yaml`) with YAML 1.2 scalars throughout
+    (:class:`ConfigLoader`): an unquoted ``timezone: -12:00`` is the offset as written, not the
+    YAML 1.1 sexagesimal integer -720, and ``yes``/``no``/``on``/``off`` are text, not booleans;
     nesting at most ``MAX_DEPTH`` levels and no alias bomb. Raises :class:`ConfigError` naming the
     file, line and column — a 900-level nested list once ended in ``RecursionError`` without a file."""
-    from deadline_pipeline.limits import ParseError, load_yaml
-
     label = str(path)
     try:
-        data, root = load_yaml(text, source=label)
+        data, root = load_yaml(text, source=label, loader=ConfigLoader)
     except ParseError as exc:
         # The reader names a "source"; here the input is the configuration file.
         raise ConfigError(f"{path}: {str(exc).removeprefix(f'source {label!r}: ')}") from None

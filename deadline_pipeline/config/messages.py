@@ -159,10 +159,22 @@ def _integer(err: dict) -> str:
     return "must be a whole number"
 
 
+#: YAML 1.1's other spellings of a boolean, which this file (YAML 1.2) reads as text.
+_YAML_1_1_BOOLEANS = frozenset({"yes", "no", "on", "off", "y", "n"})
+
+
 def _boolean(err: dict) -> str:
-    """A switch (:data:`~deadline_pipeline.config.quantities.Switch`) given something else."""
-    quoted = isinstance(err.get("input"), str)
-    return "must be true or false, written without quotes" if quoted else "must be true or false"
+    """A switch (:data:`~deadline_pipeline.config.quantities.Switch`) given something else: a quoted
+    ``'true'`` is told to drop the quotes, a ``yes``/``no``/``on``/``off`` (quoted or not) that it is
+    text here. Only the text ``true``/``false`` can be meant as a quoted switch: an unquoted one is
+    already a boolean, so "without quotes" would mislead the author of an unquoted ``yes``."""
+    got = err.get("input")
+    if isinstance(got, str) and got.strip().lower() in ("true", "false"):
+        return "must be true or false, written without quotes"
+    if isinstance(got, str) and got.strip().lower() in _YAML_1_1_BOOLEANS:
+        return (f"must be true or false; {got.strip()!r} is text in this file (YAML 1.2), not a boolean: "
+                f"write {'true' if got.strip().lower() in ('yes', 'on', 'y') else 'false'}")
+    return "must be true or false"
 
 
 def _unknown_tag(err: dict) -> str:
