@@ -419,6 +419,15 @@ def around(*bad: str) -> bytes:
      "EXDATE (line 12) '2030XX03T100000Z'"),
     ("VEVENT", ("DTSTART:20300102T100000Z", "RECURRENCE-ID:2030XX02T100000Z"),
      "RECURRENCE-ID (line 11) '2030XX02T100000Z'"),
+    # A line that cannot be split, whatever it is: here an RDATE list folded without the leading space
+    # (RFC 5545 §3.1). It was a note beside a series planned without the 6 January occurrence: validate
+    # failed, rules_complete stayed green.
+    ("VEVENT", ("DTSTART:20300102T100000Z", "RRULE:FREQ=MONTHLY;COUNT=2", "RDATE:20300104T100000Z",
+                ",20300106T100000Z"), "line 13: Content line could not be parsed into parts: ',20300106T100000Z'"),
+    ("VTODO", ("DUE:20300102T100000Z", "RDATE:20300104T100000Z", "20300106T100000Z"),
+     "line 12: Content line could not be parsed into parts: '20300106T100000Z'"),
+    ("VEVENT", ("DTSTART:20300102T100000Z", "not-a-date"), "line 11: Content line could not be parsed into parts: "
+                                                            "'not-a-date'"),
 ])
 def test_a_bad_value_skips_its_component_alone_naming_line_and_value(component, lines, named):
     payload = around(f"BEGIN:{component}", "UID:bad", *lines, f"END:{component}")

@@ -335,6 +335,7 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
     from deadline_pipeline.ingest.parsers.base import ParseProblem
     from deadline_pipeline.plan.occurrences import over_budget
 
+    verdict = _skipped_as_ingest_counts(parsed.problems)  # the parser's problems, as ingest judges them
     # A rule that planning would skip over the work budget, or plan only up to the occurrence cap, is
     # refused here, before it goes live.
     parsed.problems += [ParseProblem(f"rule {rule_id!r}", message)
@@ -344,7 +345,8 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
     if parsed.problems:
         if not parsed.rules:
             click.echo(f"{file}: no rules found")
-        click.echo(f"{file}: INVALID: {len(parsed.problems)} problem(s), {len(parsed.rules)} rule(s) readable")
+        click.echo(f"{file}: INVALID: {len(parsed.problems)} problem(s), {len(parsed.rules)} rule(s) readable"
+                   + verdict)
         return EXIT_RED
     if not parsed.rules:
         # Said as the reason, not as "0 problem(s)": applied, a file without rules would withdraw
@@ -353,6 +355,26 @@ def validate_file(fmt: str, file: str, timezone: str | None) -> int:
         return EXIT_RED
     click.echo(f"{file}: OK, {len(parsed.rules)} rule(s)")
     return EXIT_OK
+
+
+def _skipped_as_ingest_counts(problems: list) -> str:
+    """What ingest does with a parser's ``problems`` (:class:`~deadline_pipeline.ingest.parsers.base.ParseProblem`),
+    as the tail of validate's verdict line (``""`` for none): ``"; 2 record(s) skipped (…rules_complete is red)"`` for
+    those that skip a record as ingest counts them (:func:`~deadline_pipeline.ingest.parsers.base.counted_problems`,
+    for a source with no rule in force yet), else that parsing skipped none (every problem is a note).
+
+    The same decision as ``run``'s: a line validate listed while ``run`` planned the component without
+    it and kept every check green (an RDATE folded without its space lost an occurrence) is what this
+    keeps from happening unseen again."""
+    from deadline_pipeline.ingest.parsers.base import counted_problems
+
+    skipped = len(counted_problems(problems, ()))
+    if not problems:
+        return ""
+    if not skipped:
+        return "; parsing skipped no record (ingest reads every rule listed as readable; rules_complete green)"
+    return (f"; {skipped} record(s) skipped (ingest keeps their rules' last good versions in force and "
+            "rules_complete is red)")
 
 
 # --- registration --------------------------------------------------------------------------------

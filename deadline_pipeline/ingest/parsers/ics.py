@@ -14,9 +14,11 @@ What becomes of each component (section numbers are RFC 5545's):
   naming the lines: its due instant is unknown. Weeks written with other parts (``P1W2D``; §3.3.6
   writes weeks alone) are read as the days they add up to, with a note naming the line.
 * A value the library cannot read (``DUE:2026XX01``, ``DURATION:P1Y``) skips its VEVENT or VTODO alone,
-  a skipped record naming the property, its line and the value; one in a VALARM is a note on its
-  component, one of the calendar itself or of a VJOURNAL (no rule comes from either) a note naming the
-  line (:func:`_from_library`). One in a VTIMEZONE refuses the payload, naming the line.
+  a skipped record naming the property, its line and the value; so does a line of it that cannot be
+  split into name, parameters and value (``,20270125T170000`` alone: an RDATE folded without its space),
+  unless it names a property no instant depends on (DESCRIPTION, an ``X-`` property…: a note); one in
+  a VALARM is a note on its component, one of the calendar itself or of a VJOURNAL (no rule comes from
+  either) a note naming the line (:func:`_from_library`). One in a VTIMEZONE refuses the payload, naming the line.
 * ``tz``: the TZID parameter as written (§3.2.19), checked with
   :func:`~deadline_pipeline.timezones.resolve_zone`, which also maps Windows zone names; a UTC time
   (``Z`` suffix, §3.3.5 form 2) gives ``"UTC"``; a floating time (§3.3.5 form 1) and an all-day date
@@ -157,10 +159,16 @@ class _When:
 
 
 _PHYSICAL = re.compile(rb"\r\n|\r|\n")
-#: Properties whose loss changes which instants a component has: a component with an unreadable
-#: line of one of these is skipped (reported), not read without it.
-_MEANINGFUL = frozenset({"DTSTART", "DUE", "DTEND", "DURATION", "RRULE", "RDATE", "EXDATE", "RECURRENCE-ID",
-                         "UID", "SEQUENCE", "BEGIN", "END"})
+#: Properties of a VEVENT or VTODO (RFC 5545 §3.6.1, §3.6.2, RFC 7986) that no instant, identity, revision
+#: or status is read from: a line of one of these (or of an ``X-`` property) that the library cannot split
+#: is a note, the component read without it. Any other such line skips the component (:func:`_unreadable_skips`).
+_DESCRIPTIVE = frozenset({
+    "ATTACH", "ATTENDEE", "CATEGORIES", "CLASS", "COLOR", "COMMENT", "CONFERENCE", "CONTACT", "CREATED",
+    "DESCRIPTION", "GEO", "IMAGE", "LOCATION", "ORGANIZER", "PRIORITY", "RELATED-TO", "REQUEST-STATUS",
+    "RESOURCES", "RSTATUS", "SUMMARY", "TRANSP", "URL",
+})
+#: What the library's message about a line it could not split quotes of it up to the first ``;`` or ``:``
+#: (``Content line could not be parsed into parts: '20270125T170000': …``): the key its line is found by.
 _UNREADABLE_NAME = re.compile(r"parts: '([^:;']*)")
 
 
@@ -542,11 +550,15 @@ def _unreadable_skips(component: icalendar.cal.Component, scan: _ScannedComponen
 
     The library keeps going past a line it cannot read in a VEVENT and lists it in ``errors``; in any
     other component it refused the payload, and :func:`_from_library` read it again without the line
-    (``lost``). Neither passes silently, and a component whose dates or rule lost a line is not read:
-    a line lost from its dates or rule (:data:`_MEANINGFUL`), any value the library refused (its meaning
-    is unknown) and a line whose name is unreadable skip it — a problem appended to ``problems``, its
-    last good version stays in force; any other line that cannot be split is a note that skips nothing.
-    A line of a VALARM of the component is a note too: the alarm is not read.
+    (``lost``). Neither passes silently, and a component that lost a line of its own is not read: a
+    value the library refused (its meaning is unknown) and a line it cannot split into name, parameters
+    and value skip it — a problem appended to ``problems`` naming the line, its last good version stays
+    in force — unless that line names an ``X-`` property or one of :data:`_DESCRIPTIVE`, which no instant
+    depends on (a note). A line that cannot be split may be a date cut off its property: an RDATE list
+    folded without the leading space (RFC 5545 §3.1) left ``,20270125T170000`` on a line of its own, and
+    read without it the series lost that occurrence while ``validate`` failed and every check stayed
+    green. A line of a VALARM of the component is a note: the alarm is not read. Returns whether the
+    component is skipped.
     """
     for u in lost:
         if u.inner not in COMPONENTS:
@@ -554,16 +566,16 @@ def _unreadable_skips(component: icalendar.cal.Component, scan: _ScannedComponen
                                          uid, skipped=False))
     own = [u for u in lost if u.inner in COMPONENTS]
     described = [u.described() for u in own]
-    names = {u.name if not u.split else "" for u in own}
+    names = {u.name if not u.split else "" for u in own}  # "": a value the library refused
     for prop, message in getattr(component, "errors", ()) or ():
         described.append(_library_error(component, scan, prop, str(message)))
-        if prop is not None:  # a value the library refused
+        if prop is not None:  # a value the library refused: its meaning is unknown
             names.add("")
         else:  # a line it could not split: its name, when the message quotes it
             names.add(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(str(message))) else "")
     if not described:
         return False
-    fatal = bool(names & _MEANINGFUL) or "" in names
+    fatal = not all(name.startswith("X-") or name in _DESCRIPTIVE for name in names)
     problems.append(ParseProblem(position, ("component skipped: " if fatal else "") + "; ".join(described), uid,
                                  skipped=fatal))
     return fatal
@@ -573,9 +585,13 @@ def _library_error(component: icalendar.cal.Component, scan: _ScannedComponent |
                    message: str) -> str:
     """One entry of a VEVENT's ``errors`` in words: ``"DTSTART (line 10) '2026XX01': Wrong date format
     2026XX01"`` for a value the library refused (its lines from ``scan``, its value as written from the
-    library's ``vBroken``); the library's message alone for a line it could not split (it quotes it)."""
+    library's ``vBroken``); for a line it could not split, ``"line 10: Content line could not be parsed
+    into parts: '20270125T170000': …"`` (the library's message quotes the line; its number comes from
+    ``scan``, by the text before the first ``;`` or ``:``, and is left out when that is not one line)."""
     if prop is None:
-        return message
+        named = _UNREADABLE_NAME.search(message)
+        numbers = scan.lines.get(named.group(1).strip().upper(), []) if scan is not None and named else []
+        return f"line {numbers[0]}: {message}" if len(numbers) == 1 else message
     numbers = scan.lines.get(prop.upper(), []) if scan is not None else []
     where = f" (line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})" if numbers else ""
     broken = [str(v) for v in _prop_list(component, prop) if isinstance(v, icalendar.prop.vBroken)]
@@ -595,10 +611,10 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     (naming source and line) for undecodable, empty, HTML, truncated or mis-nested payloads, payloads
     without any calendar component, content lines the library cannot parse at all outside a
     VEVENT/VTODO and values it cannot read in a VTIMEZONE. A content line the library cannot split
-    inside a VEVENT/VTODO is a problem of that component alone (with its position); when the line is
-    one of its dates or its rule, the component is skipped — its instants are unknown — and the other
-    components are read. A value it cannot read there skips the component, naming the property, line
-    and value (:func:`_unreadable_skips`).
+    inside a VEVENT/VTODO skips that component alone, naming the line (it may be a date cut off its
+    property, so the component's instants are unknown; a line of a descriptive or ``X-`` property is a
+    note), and the other components are read. A value it
+    cannot read there skips the component, naming the property, line and value (:func:`_unreadable_skips`).
     """
     if not isinstance(content, (bytes, bytearray)):
         raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
