@@ -571,8 +571,10 @@ def _unreadable_skips(component: icalendar.cal.Component, scan: _ScannedComponen
         described.append(_library_error(component, scan, prop, str(message)))
         if prop is not None:  # a value the library refused: its meaning is unknown
             names.add("")
-        else:  # a line it could not split: its name, when the message quotes it
-            names.add(m.group(1).strip().upper() if (m := _UNREADABLE_NAME.search(str(message))) else "")
+        else:  # a line it could not split: the name it starts with, when the message quotes it
+            # ("SUMMARY=testevent" is a SUMMARY with "=" for ":"; ",20270125T170000" starts with none)
+            quoted = m.group(1).strip() if (m := _UNREADABLE_NAME.search(str(message))) else ""
+            names.add(named.group(0).upper() if (named := _NAME.match(quoted)) else "")
     if not described:
         return False
     fatal = not all(name.startswith("X-") or name in _DESCRIPTIVE for name in names)
