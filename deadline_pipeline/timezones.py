@@ -14,7 +14,8 @@ Accepted spellings:
   *ahead* of UTC, as conference pages use it — not the inverted POSIX ``Etc/GMT+8``);
 * abbreviations with one common meaning, mapped explicitly (``PST``/``PDT``…): a daylight-time
   abbreviation means that fixed offset, because a source that writes ``PDT`` means -07:00 even when
-  it uses it in winter;
+  it uses it in winter (which one was meant cannot be told, so ingest keeps the offset written and
+  adds a note when the season is wrong: :data:`SEASONAL_ABBREVIATIONS`);
 * Windows zone names (``W. Europe Standard Time``), through the CLDR table below.
 
 Anything else raises :class:`UnknownTimeZone` naming the input. So do the keys of a machine's
@@ -66,6 +67,38 @@ AMBIGUOUS_ABBREVIATIONS: dict[str, str] = {
     "AST": "Arabia Standard Time (UTC+3, Asia/Riyadh)",
     "BST": "Bangladesh Standard Time (UTC+6, Asia/Dhaka)",
 }
+
+
+# Abbreviations of ABBREVIATIONS (and the fixed IANA zones EST, MST) that are one season's time of a zone
+# with daylight saving: the zone whose clock they name. Read as written (a fixed offset), one used when
+# that zone is on its other time (PST on a July date, when Los Angeles is on PDT) is said at ingest
+# (``ingest.parsers.parse_payload``): it is most likely the publisher's slip, and an hour off.
+SEASONAL_ABBREVIATIONS: dict[str, str] = {
+    "PST": "America/Los_Angeles", "PDT": "America/Los_Angeles", "MST": "America/Denver", "MDT": "America/Denver",
+    "CST": "America/Chicago", "CDT": "America/Chicago", "EST": "America/New_York", "EDT": "America/New_York",
+    "AKST": "America/Anchorage", "AKDT": "America/Anchorage", "AST": "America/Halifax", "ADT": "America/Halifax",
+    "NST": "America/St_Johns", "NDT": "America/St_Johns", "BST": "Europe/London", "WEST": "Europe/Lisbon",
+    "CEST": "Europe/Berlin", "MEST": "Europe/Berlin", "EEST": "Europe/Athens", "AEST": "Australia/Sydney",
+    "AEDT": "Australia/Sydney", "NZST": "Pacific/Auckland", "NZDT": "Pacific/Auckland",
+}
+
+
+def seasonal_abbreviation(name: object) -> tuple[tzinfo, ZoneInfo] | None:
+    """``(the fixed offset it is read as, the zone whose season it names)`` for a zone written as one of
+    :data:`SEASONAL_ABBREVIATIONS` (any case, surrounding space ignored) that :func:`resolve_zone` reads as
+    a fixed offset; ``None`` for anything else (an IANA zone with daylight saving such as ``CET``)."""
+    if not isinstance(name, str):
+        return None
+    region = SEASONAL_ABBREVIATIONS.get(name.strip().upper())
+    if region is None:
+        return None
+    try:
+        zone = resolve_zone(name)
+    except UnknownTimeZone:
+        return None
+    if datetime(2026, 1, 1, tzinfo=zone).utcoffset() != datetime(2026, 7, 1, tzinfo=zone).utcoffset():
+        return None
+    return zone, ZoneInfo(region)
 
 
 def ambiguous_abbreviation(name: object) -> str | None:
@@ -395,6 +428,53 @@ def _iana_signatures() -> dict[str, tuple]:
 
 
 zone_data.on_change(_iana_signatures.cache_clear)
+
+
+def utc_offset_text(offset: timedelta) -> str:
+    """``"+02:00"``, ``"-05:00"``, ``"+05:45"`` for a UTC offset (seconds dropped)."""
+    minutes = int(offset.total_seconds()) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def offset_disagreements(ours: tzinfo, theirs: tzinfo) -> list[tuple[datetime, datetime, timedelta, timedelta]]:
+    """The spans of :data:`EQUIVALENCE_YEARS` in which two zones give different UTC offsets:
+    ``[(start, end, ours' offset, theirs' offset), …]``, ``start``/``end`` naive UTC instants (``end``
+    exclusive), each change located to the minute (sampled weekly, as :func:`equivalent_iana_zone`
+    compares zones). ``theirs``' transitions are cached when it is a ``ZoneInfo`` (by its key).
+
+    Used to say where a zone read in place of another moves instants: a calendar's VTIMEZONE under an
+    IANA name read as the IANA zone, an abbreviation read as its fixed offset beside its region's zone.
+    """
+    mine = _transitions(ours)
+    key = getattr(theirs, "key", None)
+    cache = _iana_signatures()
+    other = cache.get(key) if key else None
+    if other is None:
+        other = _transitions(theirs)
+        if key:
+            cache[key] = other
+
+    def offset(signature: tuple, instant: datetime) -> timedelta | None:
+        current = signature[0]
+        for moment, new in signature[1]:
+            if moment > instant:
+                break
+            current = new
+        return current
+
+    edges = sorted({datetime(EQUIVALENCE_YEARS[0], 1, 1), datetime(EQUIVALENCE_YEARS[1], 1, 1),
+                    *(moment for moment, _new in mine[1]), *(moment for moment, _new in other[1])})
+    spans: list[tuple[datetime, datetime, timedelta, timedelta]] = []
+    for start, end in zip(edges, edges[1:], strict=False):
+        a, b = offset(mine, start), offset(other, start)
+        if a == b:
+            continue
+        if spans and spans[-1][1] == start and spans[-1][2:] == (a, b):
+            spans[-1] = (spans[-1][0], end, a, b)
+        else:
+            spans.append((start, end, a, b))
+    return spans
 
 
 @lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar

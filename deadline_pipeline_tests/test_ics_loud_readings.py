@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from deadline_pipeline.cli import main
 from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest.parsers import parse_payload
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import obligations
@@ -113,3 +114,128 @@ def test_a_date_line_cut_off_its_property_turns_rules_complete_red_and_keeps_the
     finally:
         engine.dispose()
     assert [d.astimezone(UTC).strftime("%m-%d") for d in due] == ["01-15", "01-20", "01-25", "02-15"], due
+
+
+# --- a VTIMEZONE under an IANA name that the IANA zone overrides -------------------------------------
+
+def _vtimezone(tzid: str, *rules: tuple[str, str, str, str, str]) -> list[str]:
+    """A VTIMEZONE of ``(STANDARD|DAYLIGHT, DTSTART, RRULE, TZOFFSETFROM, TZOFFSETTO)`` observances."""
+    out = ["BEGIN:VTIMEZONE", f"TZID:{tzid}"]
+    for kind, start, rrule, offset_from, offset_to in rules:
+        out += [f"BEGIN:{kind}", f"DTSTART:{start}", *([f"RRULE:{rrule}"] if rrule else []),
+                f"TZOFFSETFROM:{offset_from}", f"TZOFFSETTO:{offset_to}", f"END:{kind}"]
+    return [*out, "END:VTIMEZONE"]
+
+
+#: America/New_York as written before 2007: daylight time from the first Sunday of April to the last
+#: Sunday of October (IANA: second Sunday of March to first Sunday of November).
+OLD_US = _vtimezone("America/New_York",
+                    ("DAYLIGHT", "19870405T020000", "FREQ=YEARLY;BYMONTH=4;BYDAY=1SU", "-0500", "-0400"),
+                    ("STANDARD", "19671029T020000", "FREQ=YEARLY;BYMONTH=10;BYDAY=-1SU", "-0400", "-0500"))
+CURRENT_US = _vtimezone("America/New_York",
+                        ("DAYLIGHT", "20070311T020000", "FREQ=YEARLY;BYMONTH=3;BYDAY=2SU", "-0500", "-0400"),
+                        ("STANDARD", "20071104T020000", "FREQ=YEARLY;BYMONTH=11;BYDAY=1SU", "-0400", "-0500"))
+#: A wrong offset all year: Berlin's TZID with a definition one hour off.
+WRONG_BERLIN = _vtimezone("Europe/Berlin", ("STANDARD", "19700101T000000", "", "+0200", "+0200"))
+
+
+@pytest.mark.parametrize(("vtz", "props", "shown"), [
+    # 20 March 2027: New York is on EDT (IANA); the old rule says EST until 4 April.
+    (OLD_US, ("DTSTART;TZID=America/New_York:20270320T120000",),
+     "VTIMEZONE TZID=America/New_York (line 5) disagrees with the zone of that name at DTSTART (line 23) "
+     "2027-03-20T12:00:00: the calendar's definition gives UTC-05:00, the IANA zone America/New_York UTC-04:00; "
+     "read in the IANA zone (due 2027-03-20T16:00:00+00:00)"),
+    # A weekly series from January agrees at its DTSTART; its occurrence of 16 March does not.
+    (OLD_US, ("DTSTART;TZID=America/New_York:20270105T120000", "RRULE:FREQ=WEEKLY"),
+     "at the occurrence of 2027-03-16 of the RRULE (line 24): the calendar's definition gives UTC-05:00, the "
+     "IANA zone America/New_York UTC-04:00; read in the IANA zone (due 2027-03-16T16:00:00+00:00)"),
+    (OLD_US, ("DTSTART;TZID=America/New_York:20270105T120000", "RRULE:FREQ=MONTHLY;COUNT=3",
+              "RDATE;TZID=America/New_York:20270401T120000"), "at RDATE (line 25) 2027-04-01T12:00:00"),
+    (WRONG_BERLIN, ("DTSTART;TZID=Europe/Berlin:20270115T120000",),
+     "VTIMEZONE TZID=Europe/Berlin (line 5) disagrees with the zone of that name at DTSTART (line 16) "
+     "2027-01-15T12:00:00: the calendar's definition gives UTC+02:00, the IANA zone Europe/Berlin UTC+01:00"),
+])
+def test_a_vtimezone_the_iana_zone_overrides_is_a_note_naming_both_offsets(vtz, props, shown):
+    """The IANA zone of the TZID is read, as documented, but no longer silently: a note (nothing
+    skipped) names the VTIMEZONE's line, the value's line and instant, and both offsets."""
+    payload = _calendar(*vtz, *_event("e", *props)).encode()
+    result = parse_payload("ics", payload, source="s")
+    (rule,) = result.rules
+    assert rule.tz == props[0].split(";TZID=")[1].split(":")[0]  # the reading is unchanged: the IANA zone
+    (note,) = result.problems
+    assert not note.skipped and note.record_id == "e" and shown in note.message, note
+
+
+@pytest.mark.parametrize("props", [
+    ("DTSTART;TZID=America/New_York:20270320T120000",),
+    ("DTSTART;TZID=America/New_York:20270105T120000", "RRULE:FREQ=WEEKLY"),
+])
+def test_a_vtimezone_that_agrees_with_the_iana_zone_says_nothing(props):
+    result = parse_payload("ics", _calendar(*CURRENT_US, *_event("e", *props)).encode(), source="s")
+    assert len(result.rules) == 1 and result.problems == []
+
+
+def test_an_old_rule_that_agrees_at_every_instant_used_says_nothing():
+    """Compared at the instants the calendar uses, not over the whole definition: a one-off in July
+    is EDT by either rule."""
+    result = parse_payload("ics", _calendar(*OLD_US, *_event(
+        "e", "DTSTART;TZID=America/New_York:20270715T120000")).encode(), source="s")
+    assert len(result.rules) == 1 and result.problems == []
+
+
+# --- an abbreviation out of its season ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("fmt", "payload", "shown"), [
+    ("ics", _calendar(*_event("e", "DTSTART;TZID=PST:20270715T170000")),
+     "VEVENT UID=e (line 4): start 2027-07-15T17:00:00 PST: PST is the standard (winter) time of "
+     "America/Los_Angeles, which is on PDT (UTC-07:00) on 2027-07-15; read as written (UTC-08:00), the deadline "
+     "is 1 hour later than at that clock time in America/Los_Angeles"),
+    ("ics", _calendar(*_event("e", "DTSTART;TZID=CEST:20270115T170000")),
+     "start 2027-01-15T17:00:00 CEST: CEST is the daylight saving (summer) time of Europe/Berlin, which is on "
+     "CET (UTC+01:00) on 2027-01-15; read as written (UTC+02:00), the deadline is 1 hour earlier"),
+    # A series in PST from January: its first occurrence in daylight time.
+    ("ics", _calendar(*_event("e", "DTSTART;TZID=PST:20270115T170000", "RRULE:FREQ=MONTHLY;COUNT=4")),
+     "the RRULE's occurrence 2027-03-15T17:00:00 PST: PST is the standard (winter) time of America/Los_Angeles"),
+    ("csv", "id,title,due,timezone\nq2,Filing,2027-07-15T17:00,EST\n",
+     "line 2: start 2027-07-15T17:00:00 EST: EST is the standard (winter) time of America/New_York, which is on EDT"),
+])
+def test_a_seasonal_abbreviation_out_of_season_is_read_as_written_with_a_note(fmt, payload, shown):
+    """Read as the fixed offset written (the documented reading; never another instant guessed), with a
+    note naming the record's line, the abbreviation and the season. Before, nothing was said."""
+    result = parse_payload(fmt, payload.encode(), source="s")
+    (rule,) = result.rules
+    (note,) = result.problems
+    assert not note.skipped and shown in str(note), note
+    # The reading is unchanged: the wall time and the abbreviation as written (its fixed offset).
+    assert rule.start.endswith("T17:00:00") and f" {rule.tz}: {rule.tz} is the " in str(note), rule
+
+
+@pytest.mark.parametrize("props", [("DTSTART;TZID=PST:20270115T170000",), ("DTSTART;TZID=PDT:20270715T170000",),
+                                   ("DTSTART;TZID=CET:20270715T170000",),
+                                   ("DTSTART;TZID=PST:20270115T170000", "RRULE:FREQ=YEARLY;COUNT=3")])
+def test_an_abbreviation_in_season_says_nothing(props):
+    result = parse_payload("ics", _calendar(*_event("e", *props)).encode(), source="s")
+    assert len(result.rules) == 1 and result.problems == []
+
+
+def test_notes_on_zones_are_counted_in_rules_complete_of_a_real_run(tmp_path, pg_url):
+    """Through a real run: both readings are kept (the rules planned), ``rules_complete`` stays green and
+    counts the two notes in its summary and metadata, and ``run`` exits 0."""
+    payload = _calendar(*OLD_US, *_event("vtz", "DTSTART;TZID=America/New_York:20270320T120000"),
+                        *_event("pst", "DTSTART;TZID=PST:20270715T170000"), *OTHER)
+    path = _config(tmp_path, payload)
+    out = _run(tmp_path, path, pg_url, "2026-12-01T00:00:00Z")
+    assert out.exit_code == 0, out.output
+    line = _check_line(out.output, "rules_complete[cal]")
+    assert "PASS" in line and "none skipped; 2 note(s) on readings kept" in line, line
+    engine = make_engine(pg_url)
+    try:
+        check = rules_complete(engine, "cal")
+        with engine.connect() as conn:
+            planned = set(conn.execute(select(obligations.c.rule_id)).scalars())
+    finally:
+        engine.dispose()
+    assert planned == {"vtz", "pst", "other"}
+    assert check.metadata["notes_count"] == 2, check.metadata
+    assert ["VTIMEZONE TZID=America/New_York (line 5) disagrees" in n["message"] or "PST is the standard (winter)"
+            in n["message"] for n in check.metadata["notes"]] == [True, True], check.metadata["notes"]

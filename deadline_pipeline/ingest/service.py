@@ -246,7 +246,8 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         diff.withdrawn = [rid for rid in diff.withdrawn if rid not in set(held)]
         log.error("source %s: snapshot %s: %d rule(s) kept in force because their record failed to parse: %s",
                   src.name, snapshot_id, len(held), ", ".join(held[:5]))
-    report = _parse_report(len(rules), counted, skipped, held, force)
+    report = _parse_report(len(rules), counted, skipped, held, force,
+                           notes=[p for p in parsed.problems if not p.skipped])
     # A rule whose id changed (same due time, same kind, same thing; ingest.diff.pair_renames) is a
     # rename: the new id inherits the old one's lineage, so its obligations and history carry over.
     renames = pair_renames([RuleRecord.from_payload(latest[rid]["payload"]) for rid in diff.withdrawn], diff.added)
@@ -299,17 +300,24 @@ def _log_problems(source: str, snapshot_id: int, parsed_problems: list, texts: l
         log.warning("source %s: snapshot %s: record kept, its text repaired: %s", source, snapshot_id, text)
 
 
-def _parse_report(rule_count: int, counted: list, skipped: list, held: list[str], force: bool) -> dict:
+def _parse_report(rule_count: int, counted: list, skipped: list, held: list[str], force: bool,
+                  notes: list | None = None) -> dict:
     """The snapshot's stored parse report (JSON-ready): ``rule_count`` rules parsed, the ``counted``
     skipped records (at most 50 listed), the ``skipped`` ones that are not counted as
     ``informational`` (at most 50), the rule ids ``held`` in force (at most 200), ``accepted``:
-    applied by force. Positions and messages are made storable (:func:`sql.safe_text`)."""
+    applied by force, and the ``notes`` that skip nothing (``notes_count``, at most 50 listed: a
+    reading said but kept, such as a VTIMEZONE that disagrees with the IANA zone of its TZID).
+    Positions and messages are made storable (:func:`sql.safe_text`)."""
     info = [p for p in skipped if p not in counted]
+    notes = notes or []
+
+    def listed(problems: list) -> list[dict]:
+        return [{"record_id": p.record_id, "position": sql.safe_text(p.position),
+                 "message": sql.safe_text(p.message)} for p in problems[:50]]
+
     return {"rules": rule_count, "skipped_count": len(counted), "held": held[:200], "accepted": force,
-            "skipped": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
-                         "message": sql.safe_text(p.message)} for p in counted[:50]],
-            "informational": [{"record_id": p.record_id, "position": sql.safe_text(p.position),
-                               "message": sql.safe_text(p.message)} for p in info[:50]]}
+            "skipped": listed(counted), "informational": listed(info),
+            "notes_count": len(notes), "notes": listed(notes)}
 
 
 def _version_rows(source_id: int, snapshot_id: int, now: datetime, diff: RuleDiff, latest: dict[str, dict],

@@ -136,8 +136,10 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
     and no human accepted it (``deadline-pipeline source accept``), or while a newer quarantined
     snapshot skipped records. The summary gives the counts and the first offenders; ``metadata``
     lists them with record id and position, and the rules kept in force because their record failed
-    to parse. ``quarantined``: ``(id, parse report)`` of a newer snapshot waiting for ``source
-    accept``; it is named in the summary either way (its counts are not the rules in force). Pure.
+    to parse; also the snapshot's notes (``notes_count``, ``notes``: readings kept but said, which do
+    not turn the check red), counted in a passing summary. ``quarantined``: ``(id, parse report)`` of a
+    newer snapshot waiting for ``source accept``; it is named in the summary either way (its counts are
+    not the rules in force). Pure.
 
     Why the snapshot in force: judged on the latest snapshot alone, a quarantined one that parsed
     cleanly turned the check green ("yielded N rules, none skipped", N of a snapshot never applied)
@@ -160,8 +162,13 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
     label = (f"quarantined snapshot {snapshot_id} (not applied)" if status == "quarantined"
              else f"snapshot {snapshot_id}")
     skipped, held = report.get("skipped_count", 0), report.get("held") or []
+    notes = report.get("notes_count", 0)
     meta.update(rules=report.get("rules"), skipped_count=skipped, held_count=len(held), held=held[:20],
-                skipped=(report.get("skipped") or [])[:10], accepted=bool(report.get("accepted")))
+                skipped=(report.get("skipped") or [])[:10], accepted=bool(report.get("accepted")),
+                notes_count=notes, notes=(report.get("notes") or [])[:10])
+    # Notes skip nothing and keep the check green, but a reading the parser kept while saying it may be
+    # wrong (a VTIMEZONE the IANA zone overrides, PST on a July date) is counted where the check is read.
+    noted = f"; {notes} note(s) on readings kept (metadata 'notes')" if notes else ""
     if skipped and not report.get("accepted"):
         first = "; ".join(f"{p['position']}: {p['message']}" for p in (report.get("skipped") or [])[:3])
         kept = f"; {len(held)} rule(s) kept in force from their last good version" if held else ""
@@ -172,8 +179,8 @@ def evaluate_rules_complete(name: str, snapshot_id: int | None, status: str | No
             f"source accept {snapshot_id}' to accept the loss", meta)
     return SourceCheckOutcome("rules_complete", name, True,
                               f"source {name!r}: {label} yielded {report.get('rules')} rule(s)"
-                              + (", its skipped records accepted by a human" if skipped else ", none skipped"),
-                              meta)
+                              + (", its skipped records accepted by a human" if skipped else ", none skipped")
+                              + noted, meta)
 
 
 def rules_complete(engine: Engine, name: str) -> SourceCheckOutcome:

@@ -96,7 +96,9 @@ from deadline_pipeline.timezones import (
     EQUIVALENCE_YEARS,
     UnknownTimeZone,
     equivalent_iana_zone,
+    offset_disagreements,
     resolve_zone,
+    utc_offset_text,
 )
 
 WHAT = "an iCalendar (RFC 5545) calendar"
@@ -583,6 +585,13 @@ def _unreadable_skips(component: icalendar.cal.Component, scan: _ScannedComponen
     return fatal
 
 
+def _lines_of(scan: _ScannedComponent | None, name: str) -> str:
+    """``" (line 10)"``, ``" (lines 9, 10)"``: the physical lines of property ``name`` (upper case) of the
+    component ``scan`` noted; ``""`` without a scan or such a line."""
+    numbers = scan.lines.get(name, []) if scan is not None else []
+    return f" (line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})" if numbers else ""
+
+
 def _library_error(component: icalendar.cal.Component, scan: _ScannedComponent | None, prop: str | None,
                    message: str) -> str:
     """One entry of a VEVENT's ``errors`` in words: ``"DTSTART (line 10) '2026XX01': Wrong date format
@@ -594,8 +603,7 @@ def _library_error(component: icalendar.cal.Component, scan: _ScannedComponent |
         named = _UNREADABLE_NAME.search(message)
         numbers = scan.lines.get(named.group(1).strip().upper(), []) if scan is not None and named else []
         return f"line {numbers[0]}: {message}" if len(numbers) == 1 else message
-    numbers = scan.lines.get(prop.upper(), []) if scan is not None else []
-    where = f" (line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})" if numbers else ""
+    where = _lines_of(scan, prop.upper())
     broken = [str(v) for v in _prop_list(component, prop) if isinstance(v, icalendar.prop.vBroken)]
     written = f" {broken[0]!r}" if len(broken) == 1 else ""
     return f"{prop}{where}{written}: {message}"
@@ -651,6 +659,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
     lost = _lost_by_component(unreadable, paired, result.problems, source)
+    defined = _zones_defined_anew(tops, lines, result.problems)
     ranks: list[tuple] = []  # per rule read: its revision rank
     for n, (component, zone) in enumerate(components):
         scan = scanned[n] if paired else None
@@ -663,6 +672,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         try:
             rule = _component_rule(component, zone, uid, scan, result.problems, position)
             result.add(rule, position)
+            _note_zone_read_anew(component, rule, scan, defined, result.problems, position)
             ranks.append(_revision_rank(component))
         except _Skip as exc:
             result.problems.append(ParseProblem(position, str(exc), uid))
@@ -670,6 +680,126 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
             result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}",
                                                 uid))
     return _without_vanished_overrides(_without_cancelled(drop_duplicate_ids(_latest_revisions(result, ranks))))
+
+
+@dataclass
+class _DefinedZone:
+    """A VTIMEZONE whose TZID :func:`~deadline_pipeline.timezones.resolve_zone` knows, so that its values
+    are read in that zone (``theirs``) and not in the calendar's own definition (``ours``)."""
+
+    tzid: str
+    line: int | None  # the physical line of its TZID property
+    ours: tzinfo
+    theirs: tzinfo
+    #: Where the two disagree (:func:`~deadline_pipeline.timezones.offset_disagreements`), worked out
+    #: the first time a recurring rule needs them.
+    spans: list | None = None
+
+    @property
+    def named(self) -> str:
+        return f"VTIMEZONE TZID={self.tzid}" + (f" (line {self.line})" if self.line else "")
+
+
+def _zones_defined_anew(tops: list, lines: list[tuple[int, str]],
+                        problems: list[ParseProblem]) -> dict[str, _DefinedZone]:
+    """``{TZID: _DefinedZone}`` for each VTIMEZONE of ``tops`` (the library's components) whose TZID
+    names a zone :func:`~deadline_pipeline.timezones.resolve_zone` knows (an IANA or Windows name).
+    ``lines``: the unfolded lines with their physical numbers, to name each TZID's line. A definition
+    the library cannot turn into a zone is a note appended to ``problems`` (it cannot be compared)."""
+    tzid_lines: dict[str, int] = {}
+    inside = False
+    for number, body in lines:
+        head, _colon, rest = body.partition(":")
+        key = head.strip().upper()
+        if key in ("BEGIN", "END") and rest.strip().upper() == "VTIMEZONE":
+            inside = key == "BEGIN"
+        elif inside and key == "TZID":
+            tzid_lines.setdefault(rest.strip(), number)
+    out: dict[str, _DefinedZone] = {}
+    for top in tops:
+        for vtz in top.walk("VTIMEZONE"):
+            tzid = str(vtz.get("TZID", "")).strip()
+            try:
+                theirs = resolve_zone(tzid)
+            except UnknownTimeZone:
+                continue  # the definition is the zone (read through equivalent_iana_zone)
+            line = tzid_lines.get(tzid)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ours = vtz.to_tz(lookup_tzid=False)
+            except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError…
+                problems.append(ParseProblem(f"line {line}" if line else f"VTIMEZONE TZID={tzid}", (
+                    f"VTIMEZONE TZID={tzid} cannot be compared with the zone of that name, which is read instead: "
+                    f"{exc.__class__.__name__}: {exc}"), skipped=False))
+                continue
+            out[tzid] = _DefinedZone(tzid, line, ours, theirs)
+    return out
+
+
+#: The date properties whose TZID :func:`_note_zone_read_anew` compares.
+_DATED = ("DTSTART", "DUE", "RECURRENCE-ID", "RDATE", "EXDATE")
+
+
+def _note_zone_read_anew(component: icalendar.cal.Component, rule: RuleRecord, scan: _ScannedComponent | None,
+                         defined: dict[str, _DefinedZone], problems: list[ParseProblem], position: str) -> None:
+    """A note appended to ``problems`` when a value of ``component`` is read in a zone whose UTC offset
+    differs from the one the calendar's own VTIMEZONE of that TZID gives (``defined``), naming the
+    VTIMEZONE, the value's line, the instant and both offsets; nothing when they agree.
+
+    A TZID that names an IANA zone is that zone (see the module docstring), also when the calendar
+    defines it differently (an old US rule, say: many producers ship stale VTIMEZONEs), so the instant
+    is the IANA zone's; RFC 5545 §3.6.5 makes the VTIMEZONE the definition, so a disagreement is said,
+    not resolved silently. Compared at each DTSTART, DUE, RECURRENCE-ID, RDATE and EXDATE value, and for
+    an RRULE at its first occurrence within the spans where the two zones disagree
+    (:func:`~deadline_pipeline.timezones.offset_disagreements`, years :data:`EQUIVALENCE_YEARS`). One
+    note per component: the first disagreement found."""
+    if not defined:
+        return
+    for name in _DATED:
+        for prop in _prop_list(component, name):
+            params = getattr(prop, "params", {}) or {}
+            zone = defined.get(str(params.get("TZID", "")).strip())
+            if zone is None:
+                continue
+            values = [d.dt for d in getattr(prop, "dts", [])] if hasattr(prop, "dts") else [getattr(prop, "dt", None)]
+            for value in values:
+                value = _written_value(value, params)
+                if not isinstance(value, datetime):
+                    continue
+                wall = value.replace(tzinfo=None)
+                ours, theirs = wall.replace(tzinfo=zone.ours).utcoffset(), wall.replace(tzinfo=zone.theirs).utcoffset()
+                if ours != theirs:
+                    problems.append(_zone_note(zone, f"{name}{_lines_of(scan, name)} {format_local(wall)}",
+                                               wall.replace(tzinfo=zone.theirs), ours, theirs, position, rule))
+                    return
+    zone = defined.get(rule.tz or "")
+    if rule.rrule is None or zone is None:
+        return
+    from deadline_pipeline.plan.occurrences import expand
+
+    if zone.spans is None:
+        zone.spans = offset_disagreements(zone.ours, zone.theirs)
+    for start, end, ours, theirs in zone.spans:
+        found = expand(rule, zone.theirs, after=start.replace(tzinfo=UTC), before=end.replace(tzinfo=UTC)
+                       - timedelta(seconds=1), limit=1, strict=False)
+        if found:
+            label = _named_lines(scan, "RRULE")
+            problems.append(_zone_note(zone, f"the occurrence of {found[0].due_at.astimezone(zone.theirs):%Y-%m-%d} "
+                                             f"of the {label}", found[0].due_at, ours, theirs, position, rule))
+            return
+
+
+def _zone_note(zone: _DefinedZone, what: str, instant: datetime, ours: timedelta, theirs: timedelta, position: str,
+               rule: RuleRecord) -> ParseProblem:
+    """The note of :func:`_note_zone_read_anew`: ``what`` (a value and its line) is due at ``instant``
+    (aware) in the zone read, whose offset is ``theirs``; the calendar's definition gives ``ours``."""
+    return ParseProblem(position, (
+        f"{zone.named} disagrees with the zone of that name at {what}: the calendar's definition gives "
+        f"UTC{utc_offset_text(ours)}, the IANA zone {getattr(zone.theirs, 'key', zone.tzid)} "
+        f"UTC{utc_offset_text(theirs)}; "
+        f"read in the IANA zone (due {instant_text(instant)}). A TZID naming an IANA zone is that zone: if the "
+        "definition was meant, give it a TZID of its own"), rule.rule_id, skipped=False)
 
 
 def _closing(rule: RuleRecord) -> str:
