@@ -17,7 +17,7 @@ from deadline_pipeline.config import ConfigError, load_config
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.keys import alert_dedup_key
 from deadline_pipeline.plan.offsets import Offset, send_instant
-from deadline_pipeline.plan.planner import Target, plan_target
+from deadline_pipeline.plan.planner import Target, fingerprint, plan_target
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.schema import alerts, obligations, subscribers
@@ -293,3 +293,58 @@ def test_targets_sharing_equal_offsets_keep_each_subscriptions_text(engine, tmp_
     assert by["ann"].offsets == by["bob"].offsets == (Offset(-7, 0),)
     assert [o.written for o in by["ann"].offsets] == ["-P1W"]
     assert [o.written for o in by["bob"].offsets] == ["-P7D"]
+
+
+# ------------------------------------------------------------------------------ a deadline in a gap
+
+
+@pytest.mark.parametrize("start, rrule, expected", [
+    # 02:30 on 8 March does not exist in New York: due at 07:30Z (the clock shows 03:30 EDT). A day
+    # before is 02:30 EST on 7 March = 07:30Z; counted from 03:30 it was 08:30Z, an hour late.
+    ("2026-03-08T02:30:00", None, "2026-03-07T07:30Z"),
+    ("2026-03-08T02:00:00", None, "2026-03-07T07:00Z"),  # the first skipped minute: due at 03:00 EDT
+    ("2026-03-06T02:30:00", "FREQ=DAILY;COUNT=3", "2026-03-07T07:30Z"),  # a series' gap occurrence
+    # 03:30 EDT as written exists: its day before is 03:30 EST (08:30Z), the same instant's other name.
+    ("2026-03-08T03:30:00", None, "2026-03-07T08:30Z"),
+])
+def test_a_calendar_day_before_a_deadline_in_a_gap_keeps_its_nominal_wall_time(start, rrule, expected):
+    rule = RuleRecord("r", "R", start, "America/New_York", rrule=rrule)
+    obs, problems = plan_target(_target(Offset.parse("-P1D"), Offset.parse("-P1DT30M")), [(1, rule)],
+                                z("2026-02-01T00:00Z"))
+    (ob,) = [o for o in obs if o.due_at.date().isoformat() == "2026-03-08"]
+    assert not problems
+    by = {a.offset_seconds: a.send_at for a in ob.alerts}
+    assert by[-86400] == z(expected)
+    assert by[-86400 - 1800] == z(expected) - timedelta(minutes=30)  # days first, then exact time
+    # A store planned before keeps the fingerprint of every obligation but one due in a gap: only those
+    # have their reminders recomputed (and moved) by the next planning run.
+    before = fingerprint(ob.due_at, _target(Offset.parse("-P1D"), Offset.parse("-P1DT30M")), NY)
+    assert (ob.fingerprint == before) == (ob.wall is None) and (ob.wall is None) == start.startswith("2026-03-08T03")
+
+
+def test_planning_run_and_preview_remind_a_gap_deadline_at_its_wall_time_the_day_before(engine, db_url, tmp_path):
+    """The user's case on the store and the CLI: a deadline at 02:30 New York on 8 March 2026 (a time
+    the change to daylight saving skips) with -P1D and -PT24H is reminded at 07:30Z both times."""
+    (tmp_path / "cal.ics").write_text(ics({"uid": "gap1@test", "tzid": "America/New_York",
+                                           "dtstart": "20260308T023000", "summary": "In the gap"}), newline="")
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "America/New_York"},
+                     {"id": "bob", "tenant": "t", "email": "bob@example.org", "timezone": "America/New_York"}],
+        subscriptions=[{"name": "days", "subscribers": ["ann"], "sources": ["cal"], "offsets": ["-P1D"],
+                        "channels": ["mail"]},
+                       {"name": "hours", "subscribers": ["bob"], "sources": ["cal"], "offsets": ["-PT24H"],
+                        "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    cfg = load_config(path)[0]
+    _ingest_plan(engine, cfg)
+    got = _reminders(engine)
+    assert got[("ann", "gap1@test", -86400)] == got[("bob", "gap1@test", -86400)] == z("2026-03-07T07:30Z")
+    res = CliRunner().invoke(main, ["preview", "--subscriber", "ann", "--from", "2026-03-06T00:00:00Z",
+                                    "--to", "2026-03-09T00:00:00Z", "--as-of", "2026-02-21T00:00:00Z",
+                                    "--config", str(path), "--db-url", db_url, "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output)
+    assert row["send_at"]["utc"] == "2026-03-07T07:30:00+00:00", row
+    # The independent reconciliation recomputes the same instant: still pending, nothing unexplained.
+    assert reminders_owed(engine, cfg, z("2026-03-07T08:05Z")).passed

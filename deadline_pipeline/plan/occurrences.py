@@ -138,10 +138,26 @@ class Occurrence:
     """One occurrence: ``period`` is its identity (the original local start, ISO, before any
     business-day adjustment or THISANDFUTURE shift; an elapsed-time sub-daily series uses the UTC
     instant ``…Z``, because a local label repeats in a fall-back hour); ``due_at`` the aware UTC
-    instant it is due."""
+    instant it is due; ``wall`` the nominal local wall time (naive, in the expansion's zone) it is due at
+    when a spring-forward gap skips that time (02:30 on a 02:00→03:00 night, due at the instant of
+    03:30), else None: the instant's own wall time is its nominal one. A calendar-day reminder offset
+    counts from the nominal time (:func:`~deadline_pipeline.plan.offsets.send_instant`): from 03:30,
+    ``-P1D`` was 03:30 the day before, an hour after the 02:30 intended."""
 
     period: str
     due_at: datetime
+    wall: datetime | None = field(default=None, compare=False)
+
+
+def gap_wall(wall: datetime, zone: tzinfo) -> datetime | None:
+    """``wall`` (naive local in ``zone``) when it is a time a spring-forward gap skips (:func:`zone_gaps`),
+    so that its instant shows another wall time; else None. What :attr:`Occurrence.wall` holds."""
+    # The zone's gaps, cached per year, not a conversion of the instant back: this runs once per
+    # occurrence, and reading the instant in the zone cost a quarter of an expansion.
+    for start, end in zone_gaps(zone, wall.year):
+        if start <= wall < end:
+            return wall
+    return None
 
 
 def normalise_until(rrule_text: str, zone: tzinfo) -> str:
@@ -758,13 +774,17 @@ def _due_after_start(rule: RuleRecord, zone: tzinfo, *, after: datetime, before:
         period = shifted_label(o.period, offset)
         # From the start's instant, not its label: a THISANDFUTURE piece's starts are shifted
         # (SHIFT_SECONDS) while their labels stay the original ones.
+        wall = None
         if period.endswith("Z"):  # an elapsed-time series: stepped in elapsed time
             due = o.due_at + span
         else:
             local = o.due_at.astimezone(zone).replace(tzinfo=None) + span
-            due = _adjusted(local, zone, business) if business is not None else to_instant(local, zone)
+            if business is not None:
+                local = _rolled(local, business)
+            due = to_instant(local, zone)
+            wall = gap_wall(local, zone)
         if after <= due <= before:
-            out.append(Occurrence(period, due))
+            out.append(Occurrence(period, due, wall))
     out.sort(key=lambda o: o.due_at)
     return Expansion(out if limit is None else out[:max(limit, 0)], inner.cut_at, inner.collapsed, inner.counts)
 
@@ -818,10 +838,9 @@ def _one_off(rule: RuleRecord, start: datetime, zone: tzinfo, after: datetime, b
              business) -> Expansion:
     """The expansion of a rule without RRULE and RDATE: its DTSTART (``start``, naive local in
     ``zone``), rolled to a business day if ``business`` says so, when due in ``[after, before]``."""
-    due = to_instant(start, zone)
-    if business is not None:
-        due = _adjusted(start, zone, business)
-    return Expansion([Occurrence(rule.start, due)] if after <= due <= before else [])
+    wall = _rolled(start, business) if business is not None else start
+    due = to_instant(wall, zone)
+    return Expansion([Occurrence(rule.start, due, gap_wall(wall, zone))] if after <= due <= before else [])
 
 
 def _read_recur(rule: RuleRecord, strict: bool) -> Lenient:
@@ -1132,11 +1151,12 @@ class _Walk:
             # UNTIL bounds the series' own (unshifted) instants, inclusive (RFC 5545 §3.3.10).
             if until_instant is not None and due > until_instant and item not in unbounded:
                 return None
+            wall = None if elapsed else local
             if moves:
-                due = moved(due, local)
+                due, wall = moved(due, local)
             if not (after <= due <= before):
                 return None
-            return Occurrence(period, due)
+            return Occurrence(period, due, None if wall is None else gap_wall(wall, zone))
 
         return place
 
@@ -1151,15 +1171,17 @@ class _Walk:
             return None
         return _KEEP
 
-    def moved(self, due: datetime, local: datetime) -> datetime:
-        """``due`` (aware UTC) after the THISANDFUTURE shift and the business-day roll, if any."""
+    def moved(self, due: datetime, local: datetime) -> tuple[datetime, datetime | None]:
+        """``due`` (aware UTC) after the THISANDFUTURE shift and the business-day roll, if any, with the
+        nominal wall time it was read from (naive; None: an elapsed-time instant, not rolled)."""
         shift, zone, elapsed = self.shift, self.zone, self.elapsed
+        wall = None if elapsed else local + shift
         if shift:
-            due = due + shift if elapsed else (local + shift).replace(tzinfo=zone, fold=0).astimezone(UTC)
+            due = due + shift if elapsed else wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
         if self.business is not None:
-            due = _adjusted(due.astimezone(zone).replace(tzinfo=None) if elapsed else (local + shift), zone,
-                            self.business)
-        return due
+            wall = _rolled(due.astimezone(zone).replace(tzinfo=None) if elapsed else wall, self.business)
+            due = to_instant(wall, zone)
+        return due, wall
 
     def over_budget(self) -> ExpansionBudgetExceeded:
         """The error for a series needing more than :data:`MAX_STEPS` items, logged at ERROR."""
@@ -1172,12 +1194,12 @@ class _Walk:
             "coarser FREQ)")
 
 
-def _adjusted(local: datetime, zone: tzinfo, business) -> datetime:
+def _rolled(local: datetime, business) -> datetime:
+    """``local`` (naive wall time) on the business day ``business`` (calendar, convention) rolls its
+    date to, at the same time of day."""
     cal, convention = business
     day = bd.adjust(local.date(), convention, cal)
-    if day != local.date():
-        local = datetime.combine(day, local.time())
-    return to_instant(local, zone)
+    return datetime.combine(day, local.time()) if day != local.date() else local
 
 
 def _check_truncation(rule: RuleRecord, recur: Recur, out: list[Occurrence], after: datetime, before: datetime,
@@ -1217,4 +1239,5 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
 
 __all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Collapsed", "Expansion", "ExpansionBudgetExceeded",
            "budget_problem", "cap_problem", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand", "expansion",
-           "has_occurrence", "normalise_until", "once_per_instant", "present_labels", "to_instant", "window"]
+           "gap_wall", "has_occurrence", "normalise_until", "once_per_instant", "present_labels", "to_instant",
+           "window", "zone_gaps"]

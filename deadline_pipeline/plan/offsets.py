@@ -107,17 +107,20 @@ class Offset:
         return f"{self.iso()}, {self.words()}"
 
 
-def send_instant(due_at: datetime, offset: Offset, zone: tzinfo) -> datetime:
+def send_instant(due_at: datetime, offset: Offset, zone: tzinfo, wall: datetime | None = None) -> datetime:
     """The instant a reminder ``offset`` before/after ``due_at`` is sent, as aware UTC.
 
     ``due_at``: the deadline's instant (aware). ``zone``: the deadline's own zone (the one its wall
-    time was read in). RFC 5545 §3.3.6: "The duration of a week or a day depends on its position in
-    the calendar … When computing an exact duration, the greatest order time components MUST be
-    added first, that is, the number of days MUST be added first, followed by the number of hours,
-    number of minutes, and number of seconds." So:
+    time was read in). ``wall``: the deadline's nominal wall time (naive, in ``zone``) when it is one a
+    spring-forward gap skips (02:30 on a 02:00→03:00 night, due at the instant of 03:30); None: the
+    wall time ``due_at`` shows in ``zone``. RFC 5545 §3.3.6: "The duration of a week or a day depends
+    on its position in the calendar … When computing an exact duration, the greatest order time
+    components MUST be added first, that is, the number of days MUST be added first, followed by the
+    number of hours, number of minutes, and number of seconds." So:
 
     1. the nominal days move the deadline's *wall time* in ``zone`` by that many calendar days,
-       keeping the clock (09:00 stays 09:00 across a DST change);
+       keeping the clock (09:00 stays 09:00 across a DST change; a deadline at 02:30 in a gap is
+       reminded at 02:30 the day before, not at 03:30, the time its instant shows);
     2. that wall time is read back as an instant with the planner's DST policy
        (:func:`~deadline_pipeline.plan.recurrence.to_instant`, RFC 5545 §3.3.5): a time inside a
        spring-forward gap is shifted forward by the gap's length (02:30 → 03:30), a time repeated by
@@ -125,13 +128,17 @@ def send_instant(due_at: datetime, offset: Offset, zone: tzinfo) -> datetime:
     3. the exact part is added as elapsed seconds.
 
     Example: due 2026-03-09 09:00 America/New_York (13:00Z), ``-P7D`` → 2026-03-02 09:00 EST =
-    14:00Z; ``-PT168H`` → 13:00Z. Raises ``OverflowError`` only for an instant outside years 1–9999
+    14:00Z; ``-PT168H`` → 13:00Z. Due 2026-03-08 02:30 New York (07:30Z, a time the gap skips),
+    ``-P1D`` → 2026-03-07 02:30 EST = 07:30Z. Raises ``OverflowError`` only for an instant outside years 1–9999
     (the configuration bounds offsets well inside that).
     """
     # In UTC: Python adds a timedelta to an aware datetime in *wall* time when the zone is attached,
     # which would make the exact part nominal too (-PT168H landing 169 h early across a DST change).
     instant = due_at.astimezone(UTC)
     if offset.days:
-        local = due_at.astimezone(zone).replace(tzinfo=None) + timedelta(days=offset.days)
+        # From the nominal wall time: the instant of a skipped 02:30 shows 03:30, and a day counted from
+        # 03:30 sent the reminder an hour after 02:30 the day before (too late for a short offset).
+        local = (wall if wall is not None else due_at.astimezone(zone).replace(tzinfo=None)) \
+            + timedelta(days=offset.days)
         instant = to_instant(local, zone)
     return (instant + timedelta(seconds=offset.seconds)).astimezone(UTC)

@@ -119,6 +119,10 @@ class PlannedObligation:
     # computed ``due_at``: a change of either that moves it is named in the correction.
     zone_data: str | None = None
     calendar_data: str | None = None
+    # The nominal local wall time (naive, in ``zone``) of a due instant whose wall time a spring-forward
+    # gap skips (:attr:`~deadline_pipeline.plan.occurrences.Occurrence.wall`), else None: calendar-day
+    # offsets count from it.
+    wall: datetime | None = None
 
 
 @dataclass
@@ -256,11 +260,16 @@ def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
     return deferred, f"deferred from {instant_text(send_at)} by quiet hours {quiet}"
 
 
-def fingerprint(due_at: datetime, target: Target, zone: tzinfo | None = None) -> str:
+def fingerprint(due_at: datetime, target: Target, zone: tzinfo | None = None, wall: datetime | None = None) -> str:
     """What the alert rows of an obligation derive from; equal fingerprints mean equal alerts.
-    ``zone``: the deadline's own zone, whose calendar the offsets' days are counted in."""
+    ``zone``: the deadline's own zone, whose calendar the offsets' days are counted in; ``wall``: the
+    nominal wall time of a due instant inside a spring-forward gap (``PlannedObligation.wall``)."""
     parts = (due_at.isoformat(), tuple((o.days, o.seconds) for o in target.offsets), target.channels,
              target.quiet_hours, target.subscriber_tz, target.late_policy, str(zone))
+    if wall is not None:
+        # Only then: every other obligation keeps the fingerprint it is stored with (no re-plan of all
+        # alerts), while one due in a gap, whose reminders counted from the wrong wall time, is re-planned.
+        parts += (wall.isoformat(),)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -557,8 +566,9 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
             key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
             out.append(PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                          version, period, rule.title, occ.due_at,
-                                         _fingerprint(occ.due_at, target, zone, profile, cache), zone=zone_name,
-                                         tz=zone, zone_data=zone_version, calendar_data=calendar_version))
+                                         _fingerprint(occ.due_at, target, zone, profile, cache, occ.wall),
+                                         zone=zone_name, tz=zone, zone_data=zone_version,
+                                         calendar_data=calendar_version, wall=occ.wall))
     return out, problems
 
 
@@ -569,15 +579,16 @@ def _profile(target: Target) -> tuple:
             target.subscriber_tz, target.late_policy)
 
 
-def _fingerprint(due_at: datetime, target: Target, zone: tzinfo, profile: tuple, cache: dict | None) -> str:
+def _fingerprint(due_at: datetime, target: Target, zone: tzinfo, profile: tuple, cache: dict | None,
+                 wall: datetime | None = None) -> str:
     """:func:`fingerprint`, memoised in ``cache``: subscribers sharing a rule, zone and subscription
     shape share it (a large plan has many obligations, few distinct fingerprints)."""
     if cache is None:
-        return fingerprint(due_at, target, zone)
-    ckey = ("fingerprint", due_at, str(zone), profile)
+        return fingerprint(due_at, target, zone, wall)
+    ckey = ("fingerprint", due_at, wall, str(zone), profile)
     fp = cache.get(ckey)
     if fp is None:
-        fp = cache[ckey] = fingerprint(due_at, target, zone)
+        fp = cache[ckey] = fingerprint(due_at, target, zone, wall)
     return fp
 
 
@@ -610,24 +621,28 @@ def reminder_rows(ob: PlannedObligation, target: Target, now: datetime,
 
 def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict | None,
               moved: bool = False, owed_since: datetime | None = None) -> list[tuple]:
-    ckey = ("alerts", ob.due_at, ob.zone, _profile(target), now, moved, owed_since)
+    # The nominal wall time is part of the key: 02:30 in a gap and 03:30 share an instant, not reminders.
+    ckey = ("alerts", ob.due_at, ob.wall, ob.zone, _profile(target), now, moved, owed_since)
     template = cache.get(ckey) if cache is not None else None
     if template is None:
-        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved, owed_since)
+        template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved, owed_since,
+                                   ob.wall)
         if cache is not None:
             cache[ckey] = template
     return template
 
 
 def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime,
-                    moved: bool = False, owed_since: datetime | None = None) -> list[tuple]:
+                    moved: bool = False, owed_since: datetime | None = None,
+                    wall: datetime | None = None) -> list[tuple]:
     """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
-    due instant for ``target``'s subscription shape (``moved``: see :func:`fold_late`)."""
+    due instant for ``target``'s subscription shape (``moved``: see :func:`fold_late`; ``wall``: the
+    due instant's nominal wall time when a gap skips it, ``PlannedObligation.wall``)."""
     subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
     alerts: list[PlannedAlert] = []
     for offset in target.offsets:
         seconds = offset.nominal_seconds
-        send_at, reason = apply_quiet_hours(send_instant(due_at, offset, zone), due_at,
+        send_at, reason = apply_quiet_hours(send_instant(due_at, offset, zone, wall), due_at,
                                             target.quiet_hours, subscriber_zone)
         for channel in target.channels:
             alerts.append(PlannedAlert(seconds, channel, "reminder", "", send_at, status_reason=reason,
