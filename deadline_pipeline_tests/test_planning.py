@@ -333,6 +333,62 @@ def test_quiet_hours_defer_to_window_end_unless_after_deadline():
     assert send == datetime(2027, 1, 13, 22, 30, tzinfo=UTC) and "not deferred" in why
 
 
+NY = resolve_zone("America/New_York")
+FAR = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("quiet, send_at, expected", [
+    # New York falls back on 1 November 2026: 01:00-02:00 is shown twice (EDT, then EST). The window
+    # 22:00-01:30 ends at the second 01:30 (06:30Z); the first (05:30Z) is followed by 01:00-01:30 EST.
+    ("22:00-01:30", "2026-11-01T03:00Z", "2026-11-01T06:30Z"),  # 23:00 EDT
+    ("22:00-01:30", "2026-11-01T05:45Z", "2026-11-01T06:30Z"),  # 01:45 EDT: the night is not over
+    ("22:00-01:30", "2026-11-01T06:15Z", "2026-11-01T06:30Z"),  # 01:15 EST: was moved back to 05:30Z
+    ("22:00-01:30", "2026-11-01T06:30Z", None),  # 01:30 EST: over
+    # A window starting in the repeated hour starts at the first 01:30 and runs to its end.
+    ("01:30-07:00", "2026-11-01T06:10Z", "2026-11-01T12:00Z"),  # 01:10 EST, after 01:30 EDT
+    ("01:30-07:00", "2026-11-01T05:10Z", None),  # 01:10 EDT: not yet
+    # New York springs forward on 8 March 2026: 02:00-03:00 is skipped. A window ending at 02:30 ends
+    # when the clock shows 03:00 (07:00Z), a window starting at 02:30 starts then.
+    ("22:00-02:30", "2026-03-08T06:45Z", "2026-03-08T07:00Z"),  # 01:45 EST
+    ("22:00-02:30", "2026-03-08T07:00Z", None),  # 03:00 EDT
+    ("02:30-07:00", "2026-03-08T07:00Z", "2026-03-08T11:00Z"),  # 03:00 EDT: quiet until 07:00 EDT
+    ("02:30-07:00", "2026-03-08T06:59Z", None),  # 01:59 EST
+])
+def test_quiet_hours_across_a_daylight_saving_change(quiet, send_at, expected):
+    at = datetime.fromisoformat(send_at.replace("Z", "+00:00"))
+    send, why = apply_quiet_hours(at, FAR, quiet, NY)
+    if expected is None:
+        assert (send, why) == (at, None)
+    else:
+        assert send == datetime.fromisoformat(expected.replace("Z", "+00:00")) and "deferred" in why
+
+
+def test_quiet_hours_over_a_skipped_day_run_on_to_the_next_windows_end():
+    """Samoa skipped 2011-12-30: from 23:00 on the 29th (UTC-10) the 22:00-07:00 window runs through the
+    missing day into the night of the 30th, which the clock enters at 00:00 on the 31st (UTC+14)."""
+    send, _ = apply_quiet_hours(datetime(2011, 12, 30, 9, tzinfo=UTC), FAR, "22:00-07:00",
+                                resolve_zone("Pacific/Apia"))
+    assert send == datetime(2011, 12, 30, 17, tzinfo=UTC)  # 07:00 on the 31st, UTC+14
+
+
+def test_planning_run_defers_by_quiet_hours_ending_in_a_repeated_hour_to_their_real_end(engine, tmp_path):
+    """A subscriber with quiet hours 22:00-01:30 in New York, a deadline at 08:00 on 1 November 2026 and
+    -PT10H (23:00 EDT on 31 October): the reminder waits for the second 01:30 (06:30Z), not the first."""
+    event = {"uid": "fb@test", "tzid": "America/New_York", "dtstart": "20261101T080000", "summary": "Fall back"}
+    cfg = _configure(tmp_path, [event], offsets=["-PT10H"], subscribers_=[
+        {"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "America/New_York",
+         "quiet_hours": "22:00-01:30"}])
+    now = datetime(2026, 10, 1, tzinfo=UTC)
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, now)
+        apply_latest_snapshot(engine, s, now)
+    plan_all(engine, cfg, now)
+    with engine.connect() as conn:
+        (row,) = conn.execute(select(alerts.c.send_at, alerts.c.status_reason).where(alerts.c.kind == "reminder"))
+    assert row.send_at == datetime(2026, 11, 1, 6, 30, tzinfo=UTC), row
+    assert "deferred from 2026-11-01T03:00" in row.status_reason
+
+
 def test_planner_applies_quiet_hours_and_folds():
     target = Target(1, "ann", "t", "Europe/Berlin", 1, "cal", None, ("*",), (-7 * 86400, -86400, 0), ("mail",),
                     quiet_hours="00:00-08:00")

@@ -1,15 +1,16 @@
 """Send instants around every daylight-saving change of 2026, in every IANA zone, computed twice.
 
-The planner's instants (``plan_target``: expansion, nominal wall time, ``send_instant``) are checked
-against a reference built another way: calendar-day offsets with python-dateutil's ``relativedelta``
-and its ``resolve_imaginary`` (RFC 5545 §3.3.5/§3.3.6: a day keeps the wall time, a time that does not
-exist moves forward by the gap). The example tests pin single cases; these catch the class: a reminder an hour
+The planner's instants (``plan_target``: expansion, nominal wall time, ``send_instant``, quiet hours)
+are checked against references built another way: calendar-day offsets with python-dateutil's
+``relativedelta`` and its ``resolve_imaginary`` (RFC 5545 §3.3.5/§3.3.6: a day keeps the wall time, a
+time that does not exist moves forward by the gap), and quiet windows by scanning the subscriber's
+clock minute by minute. The example tests pin single cases; these catch the class: a reminder an hour
 off because one path read a wall time the clock never shows, in a zone nobody thought of.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from functools import cache
 from zoneinfo import ZoneInfo, available_timezones
 
@@ -18,7 +19,7 @@ from dateutil import tz as dtz
 from dateutil.relativedelta import relativedelta
 
 from deadline_pipeline.plan.offsets import Offset
-from deadline_pipeline.plan.planner import Target, plan_target
+from deadline_pipeline.plan.planner import Target, apply_quiet_hours, plan_target
 from deadline_pipeline.rules import RuleRecord, format_local
 
 YEAR = 2026
@@ -108,3 +109,91 @@ def test_calendar_day_offsets_agree_with_relativedelta_around_each_change(name):
             assert a.send_at == _reference(wall, zone, a.offset), (name, format_local(wall), a.offset.iso())
             checked += 1
     assert checked >= len(walls) * len(OFFSETS)
+
+
+# ------------------------------------------------------------------------------ quiet hours
+
+
+def _distinct_changes() -> list[tuple[str, datetime, timedelta, timedelta]]:
+    """One change for each distinct (offsets before and after, whether it skips or repeats midnight) of
+    2026: the windows tried are placed relative to the change, so changes alike in those behave alike,
+    and the scan below is minute by minute."""
+    seen, out = set(), []
+    for name in ZONES:
+        for instant, before, after in transitions(name):
+            key = (before, after, (instant + before).date() != (instant + after - MINUTE).date())
+            if key not in seen:
+                seen.add(key)
+                out.append((name, instant, before, after))
+    return out
+
+
+def _windows(instant: datetime, before: timedelta, after: timedelta) -> list[tuple[time, time]]:
+    """Quiet windows with an edge at the start, middle and end of the skipped or repeated span, wrapping
+    midnight or not, short and long."""
+    first, last = sorted(((instant + before).replace(tzinfo=None), (instant + after).replace(tzinfo=None)))
+    mid = (first + (last - first) / 2).replace(second=0, microsecond=0)
+    out = []
+    for edge in (first, mid, last):
+        for other in (timedelta(hours=-3), timedelta(hours=5), timedelta(hours=-20)):
+            a, b = (edge + other, edge) if other < timedelta(0) else (edge, edge + other)
+            if a.time() != b.time():
+                out.append((a.time(), b.time()))
+    return out
+
+
+def _clock(zone: ZoneInfo, lo: datetime, hi: datetime) -> list[tuple[datetime, datetime]]:
+    """``(instant, wall time it shows)`` for every minute in ``[lo, hi)``."""
+    out, t = [], lo
+    while t < hi:
+        out.append((t, t.astimezone(zone).replace(tzinfo=None)))
+        t += MINUTE
+    return out
+
+
+def _scanned_nights(window: tuple[time, time], clock: list[tuple[datetime, datetime]]) -> list:
+    """The quiet windows of the minutes ``clock`` read (:func:`_clock`) as ``(first, end)`` instants: the
+    window of local day *d* holds the instants whose wall time lies in [*d* start, *d*(+1) end); it runs
+    from the first of them to the minute after the last (a fall-back that shows part of it twice keeps
+    the whole night quiet)."""
+    start, end = window
+    wraps = timedelta(days=1) if end <= start else timedelta(0)
+    nights: dict = {}
+    for t, wall in clock:
+        for d in (wall.date() - timedelta(days=1), wall.date()):
+            if datetime.combine(d, start) <= wall < datetime.combine(d + wraps, end):
+                nights[d] = (nights.get(d, (t,))[0], t + MINUTE)
+    return list(nights.values())
+
+
+def _scanned_end(send: datetime, nights: list) -> datetime | None:
+    """The end of the scanned window ``send`` is in (one ending where another starts continues into
+    it), or None."""
+    at, inside = send, False
+    for _ in range(4):
+        for first, last in nights:
+            if first <= at < last:
+                at, inside = last, True
+                break
+        else:
+            break
+    return at if inside else None
+
+
+@pytest.mark.parametrize("name, instant, before, after",
+                         [pytest.param(*c, id=f"{c[0]}-{c[1]:%m%d}") for c in _distinct_changes()])
+def test_quiet_hours_end_where_the_clock_leaves_the_window(name, instant, before, after):
+    zone = ZoneInfo(name)
+    lo, hi = instant - timedelta(hours=40), instant + timedelta(hours=40)  # whole windows of ±14 h
+    far = instant + timedelta(days=30)
+    clock = _clock(zone, lo, hi)
+    for window in _windows(instant, before, after):
+        quiet = f"{window[0]:%H:%M}-{window[1]:%H:%M}"
+        nights = _scanned_nights(window, clock)
+        t = instant - timedelta(hours=14)
+        while t <= instant + timedelta(hours=14):
+            expected = _scanned_end(t, nights)
+            got, why = apply_quiet_hours(t, far, quiet, zone)
+            assert got == (expected or t), (name, quiet, t.isoformat(), expected)
+            assert (why is None) == (expected is None)
+            t += timedelta(minutes=10)

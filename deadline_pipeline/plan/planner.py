@@ -20,15 +20,16 @@ import hashlib
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta, tzinfo
+from datetime import UTC, datetime, time, timedelta, tzinfo
 
 from deadline_pipeline import zone_data
 from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.business_days import calendar_data_of
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
-from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
+from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window, zone_gaps
 from deadline_pipeline.plan.offsets import Offset, send_instant
+from deadline_pipeline.plan.recurrence import to_instant
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
 from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -232,29 +233,84 @@ def _sent_at_once(due_at: datetime | None, now: datetime) -> str:
     return "sent at once because the deadline is still ahead"
 
 
-def in_quiet_hours(local: time, window_: tuple[time, time]) -> bool:
+def _first_shown(wall: datetime, zone: tzinfo) -> datetime:
+    """The first instant (aware UTC) at which the clock in ``zone`` shows ``wall`` (naive) or a later
+    time: the first of a time a fall-back repeats; for a time a spring-forward gap skips, the end of
+    the gap (on a 02:00→03:00 night, 02:30 → the instant of 03:00)."""
+    first = to_instant(wall, zone)
+    if first.astimezone(zone).replace(tzinfo=None) == wall:
+        return first
+    return _gap_end(wall, zone)
+
+
+def _last_shown(wall: datetime, zone: tzinfo) -> datetime:
+    """The last instant (aware UTC) at which the clock in ``zone`` runs from an earlier time onto
+    ``wall`` (naive): the second of a time a fall-back repeats (``fold=1``) — unless the clock jumps
+    back onto it (``wall`` is the first repeated time: the second pass starts there, not before), then
+    the first; for a time a gap skips, the end of the gap (the clock then shows a later time)."""
+    last = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    if last.astimezone(zone).replace(tzinfo=None) != wall:
+        return _gap_end(wall, zone)
+    first = to_instant(wall, zone)
+    if last != first and (last - timedelta(microseconds=1)).astimezone(zone).replace(tzinfo=None) > wall:
+        return first
+    return last
+
+
+def _gap_end(wall: datetime, zone: tzinfo) -> datetime:
+    """The instant a spring-forward gap holding ``wall`` (a naive time ``zone`` skips) ends."""
+    for start, end in zone_gaps(zone, wall.year):
+        if start <= wall < end:
+            return to_instant(end, zone)
+    # Not reached for a time that does not exist (zone_gaps holds every gap touching its year); should
+    # it be, the planner's gap rule gives an instant at or after the gap's end: later, never inside.
+    log.warning("no spring-forward gap of %s holds %s; the window's edge read by the gap rule", zone, wall)
+    return to_instant(wall, zone)
+
+
+def quiet_until(instant: datetime, window_: tuple[time, time], zone: tzinfo) -> datetime | None:
+    """The end (aware UTC) of the quiet window ``instant`` (aware) lies in, or None when it lies in none.
+
+    ``window_``: ``(start, end)`` local wall times in ``zone`` (:func:`~deadline_pipeline.config.parse_quiet_hours`),
+    wrapping midnight when ``end < start``. The window of local day *d* runs from the first instant the
+    clock shows *d* ``start`` (or later) to the *last* instant it comes to show ``end`` (on *d*, or *d*+1
+    when it wraps): a fall-back night that repeats the end keeps the whole window quiet to the second
+    pass (22:00-01:30 in New York on 1 November 2026 ends at 01:30 EST, 06:30Z; ending it at the first
+    01:30 sent the reminder an hour before the end, and one sent at 01:15 EST was moved 45 minutes
+    *back* to it), and a start or end that a spring-forward gap skips is where the gap ends, when the
+    clock first shows a later time. A window whose end is the start of another (a gap of a whole day,
+    Samoa 2011-12-30) continues into it."""
     start, end = window_
-    if start < end:
-        return start <= local < end
-    return local >= start or local < end  # the window wraps midnight
+    wraps = timedelta(days=1) if end <= start else timedelta(0)
+    t, inside = instant, False
+    for _ in range(4):  # a window reaches into the next only across a skipped day: at most a chain of two
+        day = t.astimezone(zone).date()
+        for d in (day - timedelta(days=2), day - timedelta(days=1), day):
+            lo = _first_shown(datetime.combine(d, start), zone)
+            hi = _last_shown(datetime.combine(d + wraps, end), zone)
+            if lo <= t < hi:
+                t, inside = hi, True
+                break
+        else:
+            break
+    return t if inside else None
 
 
 def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
                       zone: tzinfo | None) -> tuple[datetime, str | None]:
-    """Defer ``send_at`` (aware UTC) to the end of the subscriber's quiet window when it falls inside.
+    """Defer ``send_at`` (aware UTC) to the end of the subscriber's quiet window when it falls inside
+    (:func:`quiet_until`; ``quiet``: ``"HH:MM-HH:MM"`` wall times in ``zone``, the subscriber's).
 
     Returns ``(send_at, reason)``; ``reason`` is None when nothing changed. A deferral that would land
     after ``due_at`` is not made: the reminder goes out inside the quiet hours rather than too late.
+    Raises ``ValueError`` for a ``quiet`` that is not such a window (configuration loading refuses it).
     """
     if not quiet:
         return send_at, None
-    window_ = parse_quiet_hours(quiet)
-    local = send_at.astimezone(zone)
-    if not in_quiet_hours(local.time().replace(tzinfo=None), window_):
+    until = quiet_until(send_at, parse_quiet_hours(quiet), zone)
+    if until is None:
         return send_at, None
-    end = window_[1]
-    day = local.date() if local.time().replace(tzinfo=None) < end else local.date() + timedelta(days=1)
-    deferred = datetime.combine(day, end).replace(tzinfo=zone).astimezone(send_at.tzinfo)
+    deferred = until.astimezone(send_at.tzinfo)
     if deferred > due_at:
         return send_at, f"inside quiet hours {quiet}, not deferred: the window ends after the deadline"
     return deferred, f"deferred from {instant_text(send_at)} by quiet hours {quiet}"
