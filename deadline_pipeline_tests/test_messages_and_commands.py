@@ -313,6 +313,63 @@ def test_preview_reads_the_store_and_never_calls_delivered_pending(engine, db_ur
             "delivered", "pending"]
 
 
+def test_preview_lists_only_its_window_and_never_calls_a_delivered_reminder_new(engine, db_url, tmp_path):
+    """-P7D goes out 26 Jan, -P1D is due 1 Feb 04:59Z. A window after the delivery listed the -P7D
+    reminder as "not in the store ... a re-plan would add it" (the re-plan's twin of a reminder
+    delivered before the window), and a window after 1 Feb listed -P1D, which goes out before it."""
+    cfg, path = _store_with_sunday_deadline(tmp_path, engine)
+    assert sweep(engine, cfg, datetime(2027, 1, 26, 12, 0, tzinfo=UTC)).delivered == 1
+
+    def preview(start: str, end: str, as_of: str) -> list[tuple[str, str, str]]:
+        res = CliRunner().invoke(main, ["preview", "--subscriber", "ann", "--from", start, "--to", end,
+                                        "--as-of", as_of, "--config", str(path), "--db-url", db_url, "--json"])
+        assert res.exit_code == 0, res.output
+        return [(r["offset"].split(",")[0], r["status"], r["replan"]) for r in json.loads(res.output)]
+
+    # After the delivery, before -P1D: nothing in the window (the delivered one is not "would add").
+    assert preview("2027-01-27T00:00:00Z", "2027-01-31T00:00:00Z", "2027-01-28T00:00:00Z") == []
+    # -P1D goes out 1 Feb, before this window: neither it nor the delivered one belong to it.
+    assert preview("2027-02-02T00:00:00Z", "2027-02-05T00:00:00Z", "2027-01-28T00:00:00Z") == []
+    assert preview("2027-01-31T00:00:00Z", "2027-02-02T00:00:00Z", "2027-01-28T00:00:00Z") == [
+        ("-P1D", "pending", "no change")]
+    # A backlog: -P1D past its time and not sent goes out at the next sweep, inside a window holding now.
+    assert preview("2027-02-01T06:00:00Z", "2027-02-03T00:00:00Z", "2027-02-01T12:00:00Z") == [
+        ("-P1D", "pending", "no change")]
+    # The delivered reminder in its own window is shown as delivered.
+    assert preview("2027-01-26T00:00:00Z", "2027-01-27T00:00:00Z", "2027-01-28T00:00:00Z") == [
+        ("-P7D", "delivered", "delivered; a re-plan never resends it")]
+
+
+def test_preview_never_creates_or_migrates_the_store(tmp_path, monkeypatch):
+    """A preview on a new home migrated an empty store into it (creating the folder) and printed
+    only "never ingested"; a store at an older migration failed inside the SQL. Each is now named
+    with the command that creates or migrates it, exit 2, and nothing is written."""
+    from sqlalchemy import inspect
+
+    from deadline_pipeline.store.db import get_engine, make_engine, migration_heads, upgrade
+
+    _cfg, path = _store_with_sunday_deadline(tmp_path, get_engine(f"sqlite:///{tmp_path / 'seed.sqlite3'}"))
+    home = tmp_path / "new-home"
+    monkeypatch.setenv("DEADLINE_HOME", str(home))
+    monkeypatch.delenv("DEADLINE_DB_URL", raising=False)
+    args = ["preview", "--subscriber", "ann", "--from", "2027-01-26T00:00:00Z", "--to", "2027-02-05T00:00:00Z",
+            "--config", str(path)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (f"error: the store at sqlite:///{home / 'store.sqlite3'} has no schema yet: "
+                                  "run `deadline-pipeline db upgrade` or `deadline-pipeline run` first")
+    assert not home.exists(), "preview created the home folder or the store"
+    # A store some migrations behind this release.
+    old = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    upgrade(old, revision="0015")
+    res = CliRunner().invoke(main, [*args, "--db-url", old])
+    assert res.exit_code == 2, res.output
+    assert "is at migration 0015, not this release's latest" in res.output
+    assert "run `deadline-pipeline db upgrade` first" in res.output
+    engine = make_engine(old)
+    assert migration_heads(engine) == ("0015",) and inspect(engine).has_table("sources")
+
+
 def _config_options(group, prefix=()):
     import click
 

@@ -101,3 +101,65 @@ def open_store(db_url: str | None):
     except DBAPIError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         fail_input(f"store {shown}: cannot open: {reason}")
+
+
+def open_store_read_only(db_url: str | None, *, current: bool = False):
+    """``(engine, None)`` for a store with the schema, ``(engine or None, reason)`` for one without;
+    exits 2 for a URL that cannot be a store. With ``current``, a store whose migrations are behind
+    this release's (:func:`~deadline_pipeline.store.db.latest_heads`) is one without, too.
+
+    A read-only command neither applies migrations nor creates the store (nor the embedded store's
+    folder): an embedded SQLite file that does not exist is reported without being opened (opening it
+    would leave an empty file behind), and a store without the ``sources`` table is reported in one
+    line instead of ``OperationalError: no such table`` and the SQL statement. Each reason names the
+    store and the command that creates or migrates it. A store that cannot be reached at all is left
+    to the caller (engine returned, no reason): its first statement raises the driver's error."""
+    import os
+
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    from deadline_pipeline.store.db import (
+        StoreUrlError,
+        check_store_url,
+        deadline_home,
+        latest_heads,
+        make_engine,
+        migration_heads,
+        normalise_url,
+    )
+
+    # Not store_url()/default_db_url(): those create $DEADLINE_HOME, a write a read-only command must not make.
+    url = normalise_url(db_url or os.environ.get("DEADLINE_DB_URL") or
+                        f"sqlite:///{deadline_home() / 'store.sqlite3'}")
+    try:
+        check_store_url(url, folder=False)
+    except StoreUrlError as exc:
+        fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
+    parsed = make_url(url)
+    shown = parsed.render_as_string(hide_password=True)
+    missing = (f"the store at {shown} has no schema yet: run `deadline-pipeline db upgrade` or "
+               "`deadline-pipeline run` first")
+    if (parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+            and not parsed.query.get("uri") and not Path(parsed.database).exists()):
+        folder = Path(parsed.database).resolve().parent
+        if (db_url or os.environ.get("DEADLINE_DB_URL")) and not folder.is_dir():
+            # "run db upgrade" would be wrong advice: it refuses a store in a missing folder (only the
+            # embedded default's folder is created).
+            return None, f"the store at {shown} does not exist: its folder {folder} does not exist"
+        return None, missing
+    engine = make_engine(url)
+    try:
+        if not inspect(engine).has_table("sources"):
+            return engine, missing
+        if current:
+            at, latest = migration_heads(engine), latest_heads()
+            if at != latest:
+                # An older schema lacks columns this release reads: its queries failed with
+                # "no such column" deep in the SQL instead of naming the fix.
+                return engine, (f"the store at {shown} is at migration {', '.join(at) or 'none'}, not this "
+                                f"release's latest ({', '.join(latest)}): run `deadline-pipeline db upgrade` first")
+    except DBAPIError:  # unreachable: the command's own error path names it
+        pass
+    return engine, None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, option_instant
+from deadline_pipeline.commands.common import EXIT_OK, EXIT_RED, config_option, open_store_read_only, option_instant
 from deadline_pipeline.commands.common import fail_input as _fail_input
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.wording import human_duration
@@ -42,49 +42,6 @@ def _config(path: str | None, required: bool):
         return load_config(path)[0]
     except ConfigError as exc:
         _fail_input(str(exc))
-
-
-def _engine(db_url: str | None):
-    """``(engine, None)`` for a store with the schema, ``(engine or None, reason)`` for one without.
-
-    A read-only command neither applies migrations nor creates the store: an embedded SQLite file
-    that does not exist is reported without being opened (opening it would leave an empty file
-    behind), and a store without the ``sources`` table is reported in one line instead of
-    ``OperationalError: no such table`` and the SQL statement. A store that cannot be reached at all
-    is left to the caller (engine returned, no reason)."""
-    import os
-
-    from sqlalchemy import inspect
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import DBAPIError
-
-    from deadline_pipeline.store.db import StoreUrlError, check_store_url, deadline_home, make_engine, normalise_url
-
-    url = normalise_url(db_url or os.environ.get("DEADLINE_DB_URL") or
-                        f"sqlite:///{deadline_home() / 'store.sqlite3'}")
-    try:
-        check_store_url(url, folder=False)
-    except StoreUrlError as exc:
-        _fail_input(f"--db-url / DEADLINE_DB_URL: {exc}")
-    parsed = make_url(url)
-    shown = parsed.render_as_string(hide_password=True)
-    missing = (f"the store at {shown} has no schema yet: run `deadline-pipeline db upgrade` or "
-               "`deadline-pipeline run` first")
-    if (parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
-            and not parsed.query.get("uri") and not Path(parsed.database).exists()):
-        folder = Path(parsed.database).resolve().parent
-        if (db_url or os.environ.get("DEADLINE_DB_URL")) and not folder.is_dir():
-            # "run db upgrade" would be wrong advice: it refuses a store in a missing folder (only the
-            # embedded default's folder is created).
-            return None, f"the store at {shown} does not exist: its folder {folder} does not exist"
-        return None, missing
-    engine = make_engine(url)
-    try:
-        if not inspect(engine).has_table("sources"):
-            return engine, missing
-    except DBAPIError:  # unreachable: the command's own error path names it
-        pass
-    return engine, None
 
 
 def _ping(url: str, ok: bool, cfg=None) -> str | None:
@@ -184,7 +141,7 @@ def register(main: click.Group) -> None:
             _fail_input(problem)
         now = _now(as_of)
         cfg = _config(config, required=notify)
-        engine, no_schema = _engine(db_url)
+        engine, no_schema = open_store_read_only(db_url)
         if no_schema:
             from deadline_pipeline.watch.watchdog import WatchReport, WatchRow
 
@@ -220,7 +177,7 @@ def register(main: click.Group) -> None:
         Without a configuration it uses the default horizon and grace window."""
         now = _now(as_of)
         cfg = _config(config, required=False)
-        engine, no_schema = _engine(db_url)
+        engine, no_schema = open_store_read_only(db_url)
         if no_schema:
             _fail_input(no_schema)
         click.echo(status_text(engine, now, cfg))

@@ -11,7 +11,7 @@ import click
 from deadline_pipeline.commands.common import config_option, option_instant, require_config
 from deadline_pipeline.config import ConfigError, load_config
 from deadline_pipeline.instants import instant_text
-from deadline_pipeline.states import OPEN, AlertState
+from deadline_pipeline.states import OPEN, UNSENT, AlertState
 
 
 def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[str, dict], dict[str, datetime],
@@ -107,9 +107,32 @@ def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | Non
     return "no change"
 
 
+def _next_send(stored: dict, now: datetime) -> datetime | None:
+    """When an open alert (:data:`~deadline_pipeline.states.OPEN`) goes out next, as far as ``now``
+    (aware UTC) can tell: its ``send_at`` (``next_attempt_at`` while a retry waits), or ``now`` once
+    that has passed (the next sweep takes it; a ``claimed`` one is being sent). ``None`` for an alert
+    that is not open."""
+    if stored["status"] not in OPEN:
+        return None
+    if stored["status"] == AlertState.CLAIMED:
+        return now
+    due = stored["next_attempt_at"] if stored["status"] == AlertState.RETRY_WAIT else None
+    return max(due or stored["send_at"], now)
+
+
+def _stored_in_window(stored: dict, start: datetime, end: datetime, now: datetime) -> bool:
+    """Whether a stored alert belongs in the window ``[start, end)``: its ``send_at`` or its delivery
+    lies in it, or (open) it goes out next within it (:func:`_next_send`): a backlog from before
+    ``start`` when ``now`` is in the window, not one that ``now`` places elsewhere."""
+    def inside(t: datetime | None) -> bool:
+        return t is not None and start <= t < end
+
+    return inside(stored["send_at"]) or inside(stored["delivered_at"]) or inside(_next_send(stored, now))
+
+
 def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime,
                  now: datetime | None = None) -> list[dict]:
-    """Reminders of ``subscriber_id`` in ``[start, end)`` (aware UTC) as the store has them —
+    """Reminders of ``subscriber_id`` in the window ``[start, end)`` (aware UTC) as the store has them —
     delivered (with the delivery instant), pending and when, skipped, cancelled, escalated — each
     with what a re-plan at ``now`` (default: the current time) would change, followed by the
     reminders a re-plan would add. Times in the subscriber's zone and in UTC; offsets as ISO 8601
@@ -117,11 +140,15 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     calendar days the offset's days are counted in (RFC 5545 §3.3.6; None when no re-plan shows the
     row). Reads only. Raises ``KeyError`` for a subscriber not in the configuration.
 
-    The state comes from the store, never from a fresh simulation, so a delivered reminder is
-    shown as delivered (an earlier preview re-planned from ``start`` and called it pending).
+    A reminder is in the window when its send instant or its delivery lies in it, or, still open,
+    when it goes out next within it (a backlog past its time goes out at ``now``); a reminder a
+    re-plan would add, when it would go out within it (at ``max(send_at, now)``). The state comes
+    from the store, never from a fresh simulation: a reminder the store holds is shown in its stored
+    state wherever its stored times lie (a delivered one is never "would add"), and listed only when
+    those times, or the instant a re-plan would move it to, fall in the window.
     """
     from deadline_pipeline.plan.occurrences import GRACE
-    from deadline_pipeline.store.operations import subscriber_alerts
+    from deadline_pipeline.store.operations import subscriber_alerts, subscriber_alerts_by_key
     from deadline_pipeline.timezones import resolve_zone
     from deadline_pipeline.wording import offset_text
 
@@ -130,14 +157,29 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
         raise KeyError(subscriber_id)
     now = now or datetime.now(UTC)
     zone = resolve_zone(sub.timezone)
+
+    def planned_in_window(p: dict) -> bool:
+        return start <= max(p["send_at"], now) < end or start <= p["send_at"] < end
+
     with engine.connect() as conn:
-        # A backlog still open from before ``start`` is pending now, so it is listed too.
-        stored = subscriber_alerts(conn, subscriber_id, start, end)
+        # The store's query also returns every open alert from before ``start`` (a backlog); only
+        # those going out within the window are kept (_stored_in_window).
+        stored = [a for a in subscriber_alerts(conn, subscriber_id, start, end)
+                  if _stored_in_window(a, start, end, now)]
         planned, planned_due, problems = planned_rows(cfg, conn, sub, now, max(end, now))
+        listed = {a["dedup_key"] for a in stored}
+        # A re-plan's reminder in the window that the window's query did not return may still be in
+        # the store, outside the window (delivered before ``start``; pending after ``end``, which a
+        # re-plan would move in): it was shown as "not in the store ... would add" although delivered.
+        elsewhere = {a["dedup_key"]: a for a in subscriber_alerts_by_key(
+            conn, subscriber_id, [k for k, p in planned.items() if k not in listed and planned_in_window(p)])}
+    # Of those, one a re-plan would move into the window is listed (its stored state, "would move");
+    # the others (delivered, cancelled, ...) lie outside the window in truth and are not.
+    stored += [a for a in elsewhere.values() if a["status"] in UNSENT
+               and planned[a["dedup_key"]]["send_at"] != a["send_at"]]
+    stored.sort(key=lambda a: (a["send_at"], a["id"]))
     rows: list[dict] = []
-    seen = set()
     for a in stored:
-        seen.add(a["dedup_key"])
         judged = now - GRACE <= a["due_at"]  # the re-plan only looks at deadlines still ahead
         # The store keeps an offset's length only; the re-plan knows it as written (-P7D vs -PT168H).
         twin = planned.get(a["dedup_key"])
@@ -156,13 +198,11 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "replan": _replan_note(a, planned.get(a["dedup_key"]), planned_due.get(a["obligation_key"]), judged),
         })
     for key, p in sorted(planned.items(), key=lambda kv: kv[1]["send_at"]):
-        if key in seen or p["status"] != AlertState.PENDING:
-            continue
-        if not (start <= p["send_at"] < end or p["send_at"] < start):
+        if key in listed or key in elsewhere or p["status"] != AlertState.PENDING or not planned_in_window(p):
             continue
         rows.append({
             "alert_id": None, "status": "not in the store", "kind": p["kind"], "channel": p["channel"],
-            "send_at": _when(max(p["send_at"], now) if p["send_at"] < now else p["send_at"], zone),
+            "send_at": _when(max(p["send_at"], now), zone),
             "delivered_at": _when(None, zone), "next_attempt_at": _when(None, zone), "title": p["title"],
             "due_at": _when(p["due_at"], zone), "offset": p["offset"], "offset_zone": p["offset_zone"],
             "offset_seconds": p["offset_seconds"], "source": p["source"], "rule": p["rule"], "why": p["why"],
@@ -196,8 +236,9 @@ def register(main: click.Group) -> None:
     def preview(subscriber, start, end, as_of, config, db_url, as_json):
         """Show SUBSCRIBER's reminders between --from and --to as the store has them: delivered (and
         when), pending and when (in the subscriber's zone and UTC), skipped, cancelled, escalated; and
-        beside each, what a re-plan would change (moved, cancelled, added). Writes nothing."""
-        from deadline_pipeline.store.db import StoreUrlError, get_engine
+        beside each, what a re-plan would change (moved, cancelled, added). Writes nothing: a store
+        that does not exist or is not migrated is named (exit 2), never created."""
+        from deadline_pipeline.commands.common import fail_input, open_store_read_only
 
         t0, t1 = option_instant(start, "--from"), option_instant(end, "--to")
         now = option_instant(as_of, "--as-of") if as_of is not None else None
@@ -209,11 +250,13 @@ def register(main: click.Group) -> None:
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        # Read-only: opening the store the way `run` does applied the migrations, so a preview on a
+        # new home created an empty store (and its folder) and then showed nothing wrong.
+        engine, no_store = open_store_read_only(db_url, current=True)
+        if no_store:
+            fail_input(no_store)
         try:
-            rows = preview_rows(cfg, get_engine(db_url), subscriber, t0, t1, now)
-        except StoreUrlError as exc:
-            click.echo(f"error: --db-url / DEADLINE_DB_URL: {exc}", err=True)
-            sys.exit(2)
+            rows = preview_rows(cfg, engine, subscriber, t0, t1, now)
         except KeyError:
             known = ", ".join(s.id for s in cfg.subscribers[:20])
             click.echo(f"error: --subscriber: no subscriber {subscriber!r} in the configuration (known: {known})",

@@ -143,6 +143,14 @@ def migration_heads(engine: Engine) -> tuple[str, ...]:
         return tuple(sorted(MigrationContext.configure(conn).get_current_heads()))
 
 
+def latest_heads() -> tuple[str, ...]:
+    """The Alembic revisions of this release's migrations (sorted): what :func:`migration_heads` of a
+    store :func:`upgrade` has brought up to date returns. Reads the migration scripts only."""
+    from alembic.script import ScriptDirectory
+
+    return tuple(sorted(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads()))
+
+
 # Key of the PostgreSQL advisory lock every migration run takes (any constant bigint; this one is
 # the first 8 bytes of sha256("deadline_pipeline migrations"), unlikely to meet another tool's key).
 MIGRATION_LOCK_KEY = 0x1B8C_4E2A_77D1_5F03

@@ -4,6 +4,7 @@ accepted snapshot wrote. Every instant is aware UTC; nothing here writes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import Connection, and_, func, or_, select
@@ -53,6 +54,22 @@ def count_active_obligations_due(conn: Connection, lo: datetime, hi: datetime) -
         obligations.c.due_at <= hi)).scalar_one()
 
 
+def _subscriber_alert_rows(conn: Connection, subscriber_id: str, condition) -> list[dict]:
+    """The rows :func:`subscriber_alerts` describes, of the alerts matching ``condition``."""
+    rows = conn.execute(
+        select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
+               alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
+               alerts.c.last_error, alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title,
+               obligations.c.rule_id, obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
+        .join(obligations, obligations.c.id == alerts.c.obligation_id)
+        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
+        .join(sources, sources.c.id == obligations.c.source_id)
+        .where(subscribers.c.external_id == subscriber_id, condition)
+        .order_by(alerts.c.send_at, alerts.c.id)
+    ).mappings().all()
+    return [dict(r) for r in rows]
+
+
 def subscriber_alerts(conn: Connection, subscriber_id: str, start: datetime, end: datetime) -> list[dict]:
     """Alerts of the subscriber with external id ``subscriber_id`` whose send instant or delivery lies
     in ``[start, end)`` (aware UTC), plus those still open (:data:`~deadline_pipeline.states.OPEN`)
@@ -63,18 +80,18 @@ def subscriber_alerts(conn: Connection, subscriber_id: str, start: datetime, end
     in_window = or_(and_(alerts.c.send_at >= start, alerts.c.send_at < end),
                     and_(alerts.c.delivered_at >= start, alerts.c.delivered_at < end),
                     and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN)))
-    rows = conn.execute(
-        select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
-               alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
-               alerts.c.last_error, alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title,
-               obligations.c.rule_id, obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
-        .join(obligations, obligations.c.id == alerts.c.obligation_id)
-        .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
-        .join(sources, sources.c.id == obligations.c.source_id)
-        .where(subscribers.c.external_id == subscriber_id, in_window)
-        .order_by(alerts.c.send_at, alerts.c.id)
-    ).mappings().all()
-    return [dict(r) for r in rows]
+    return _subscriber_alert_rows(conn, subscriber_id, in_window)
+
+
+def subscriber_alerts_by_key(conn: Connection, subscriber_id: str, dedup_keys: Sequence[str]) -> list[dict]:
+    """The alerts of the subscriber with external id ``subscriber_id`` whose ``dedup_key`` is one of
+    ``dedup_keys``, wherever their times lie, as :func:`subscriber_alerts` gives them (the keys
+    asked in chunks of 500 bound parameters)."""
+    keys = list(dict.fromkeys(dedup_keys))
+    out: list[dict] = []
+    for i in range(0, len(keys), 500):
+        out += _subscriber_alert_rows(conn, subscriber_id, alerts.c.dedup_key.in_(keys[i:i + 500]))
+    return sorted(out, key=lambda r: (r["send_at"], r["id"]))
 
 
 def versions_written(conn: Connection, snapshot_id: int, valid_from: datetime) -> list:
