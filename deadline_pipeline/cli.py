@@ -2,6 +2,7 @@
 
 Exit codes: 0 success; 1 the run finished but something is red (a failed step or check);
 2 bad input (configuration, arguments) — the message names the file, key and problem.
+130 ``run`` or ``demo`` stopped by Ctrl-C (SIGINT), said in one line (:func:`interrupted_text`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -213,14 +215,50 @@ def _run(config: str | None, as_of: str | None, db_url: str | None, dagster_home
     except OSError as exc:
         _fail_input(f"Dagster home {home}: {exc}")
     before = store_counts(engine)
+    from deadline_pipeline.orchestration.runner import RunInterrupted
+
     try:
         summary = run_chain(config_path, instance=instance, db_url=db_url, as_of=as_of)
     except ConfigError as exc:
         _fail_input(str(exc))
+    except RunInterrupted as exc:
+        _exit_interrupted(f"during {exc.job}" if exc.job else "before its first job", cfg.delivery.lease_seconds)
     _print_summary(engine, summary, as_of, before)
     click.echo(f"\nDagster home: {home}\nbrowse the runs: {ui_command(home, Path(config_path), db_url)}")
     red = not summary.success or any(not ok for ok, _ in summary.checks.values())
     return EXIT_RED if red else EXIT_OK
+
+
+#: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as a shell reports it.
+EXIT_INTERRUPTED = 130
+
+
+def interrupted_text(when: str, lease_seconds: int | None) -> str:
+    """The one line ``run`` prints when Ctrl-C stopped it: when (``"during deliver_job"``, ``"before
+    its first job"``), and why nothing is lost (docs/commands.md, "Interrupting a run"), with the
+    configuration's ``delivery.lease_seconds`` when it was read (None: not yet)."""
+    lease = f"delivery.lease_seconds, {lease_seconds} s" if lease_seconds is not None else "delivery.lease_seconds"
+    return (f"interrupted {when}: the run stopped and started nothing more. Nothing is lost: what was "
+            "recorded stays, and alerts not sent stay due for the next run; a send cut off mid-way is sent "
+            f"again once its lease expires ({lease}), so it may arrive twice")
+
+
+def _exit_interrupted(when: str, lease_seconds: int | None) -> NoReturn:
+    """Print :func:`interrupted_text` on standard error and exit :data:`EXIT_INTERRUPTED` (130).
+
+    The sweep has already stopped like a crash (every claim and recording committed or rolled back),
+    but a send it cut off may still block its thread in a socket call, up to the channel's timeout,
+    and the interpreter waits for such threads at exit: Ctrl-C would then seem to do nothing for
+    that long. With such a thread alive the process ends at once (``os._exit``), which is what a
+    crash does and what the leases are for."""
+    import threading
+
+    click.echo(interrupted_text(when, lease_seconds), err=True)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def ui_command(dagster_home: Path, config_path: Path, db_url: str | None = None) -> str:
@@ -333,7 +371,11 @@ def _print_summary(engine, summary, as_of: str | None, before: dict[str, int] | 
 def run(config: str | None, as_of: str | None, db_url: str | None, dagster_home: str | None,
         force_replay: bool) -> None:
     """Run the chain once: ingest every source, plan, deliver what is due, run the checks."""
-    sys.exit(_run(config, as_of, db_url, dagster_home, force_replay))
+    try:
+        code = _run(config, as_of, db_url, dagster_home, force_replay)
+    except KeyboardInterrupt:  # before the chain started (loading, migrating): said as during it
+        _exit_interrupted("before its first job", None)
+    sys.exit(code)
 
 
 @main.command()
@@ -350,7 +392,10 @@ def demo(as_of: str | None, force_replay: bool) -> None:
                     "with 'pip install -e .'")
     maildir = deadline_home() / "maildir"
     held = _maildir_count(maildir)
-    code = _run(str(EXAMPLES_CONFIG), as_of, None, None, force_replay)
+    try:
+        code = _run(str(EXAMPLES_CONFIG), as_of, None, None, force_replay)
+    except KeyboardInterrupt:  # before the chain started (loading, migrating): said as during it
+        _exit_interrupted("before its first job", None)
     count = _maildir_count(maildir)
     click.echo(f"maildir: {maildir} holds {count} message(s), {count - held} new this run")
     sys.exit(code)

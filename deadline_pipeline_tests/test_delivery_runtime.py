@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 import sys
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
@@ -270,3 +272,86 @@ def test_a_cancelled_batch_starts_no_send_waiting_for_its_rate_slot():
 
     asyncio.run(main())
     assert fake.sent == [0]
+
+
+# --------------------------------------------------------------------------- Ctrl-C during `run`
+
+
+def _interrupt_config(folder, port: int, subscribers: int):
+    from deadline_pipeline_tests.factories import ai_deadlines, write_config
+
+    (folder / "conf.yml").write_text(ai_deadlines({"title": "CONF", "year": 2027, "id": "conf27", "deadlines": [
+        {"type": "paper", "label": "Paper", "date": "2027-03-01 23:59:59", "timezone": "UTC"}]}))
+    return write_config(
+        folder, sources=[{"name": "conf", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t"}],
+        subscribers=[{"id": f"s{i}", "tenant": "t", "email": f"s{i}@example.org", "timezone": "UTC"}
+                     for i in range(subscribers)],
+        subscriptions=[{"name": "papers", "sources": ["conf"], "offsets": ["-P7D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "smtp", "host": "127.0.0.1", "port": port, "timeout_seconds": 8}},
+        network=LOOPBACK_NETWORK, delivery={"lease_seconds": 15, "time_budget_seconds": 10})
+
+
+def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path):
+    """Ctrl-C while the sweep waits on a receiver that has the message but drips its answer (the
+    send's outcome unknown). Inside Dagster's step the interrupt was raised from the event loop's
+    signal callback, which logged it ("Exception in callback") and went on: tracebacks, and the run
+    kept sending and ran its checks. Now the run stops at once with one line and exit 130; no alert
+    is escalated or marked sent, the sends cut off keep their attempt rows, and once the lease
+    expires the next sweep sends every alert: the unknown ones again (a duplicate), none lost."""
+    import os
+    import subprocess
+    import time
+
+    from sqlalchemy import select
+
+    from deadline_pipeline.config import load_config
+    from deadline_pipeline.store.db import make_engine
+    from deadline_pipeline.store.schema import alerts, delivery_attempts
+    from deadline_pipeline_tests.smtp_drip_server import SmtpDripServer
+
+    home = tmp_path / "home"
+    env = {**os.environ, "DEADLINE_HOME": str(home)}
+    env.pop("DEADLINE_DB_URL", None)
+    env.pop("DAGSTER_HOME", None)
+    with SmtpDripServer("data", every=1.0) as stalled:
+        path = _interrupt_config(tmp_path, stalled.port, subscribers=12)
+        proc = subprocess.Popen([sys.executable, "-m", "deadline_pipeline.cli", "run", "--config", str(path),
+                                 "--as-of", "2027-02-25T00:00:00Z"], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            give_up = time.monotonic() + 120
+            while stalled.messages == 0 and proc.poll() is None and time.monotonic() < give_up:
+                time.sleep(0.05)
+            assert stalled.messages > 0, "no send reached the receiver"
+            proc.send_signal(signal.SIGINT)
+            interrupted_at = time.monotonic()
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        took = time.monotonic() - interrupted_at
+        received = stalled.messages
+    assert proc.returncode == 130, (out, err)
+    assert took < 5, f"the run went on for {took:.1f} s after Ctrl-C"
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted during deliver_job: "), err
+    assert "Traceback" not in err and "checks:" not in out, (out, err)
+    assert "sent again once its lease expires (delivery.lease_seconds, 15 s)" in err
+
+    engine = make_engine(f"sqlite:///{home / 'store.sqlite3'}")
+    with engine.connect() as conn:
+        states = dict(conn.execute(select(alerts.c.id, alerts.c.status)).all())
+        open_attempts = conn.execute(select(delivery_attempts.c.alert_id).where(
+            delivery_attempts.c.outcome.is_(None))).scalars().all()
+    assert len(states) == 12
+    # Nothing given up or marked sent: every alert is still owed (claimed ones return after the lease).
+    assert set(states.values()) <= {"claimed", "pending"}, states
+    # Each send the receiver got has its attempt row, open: an unknown outcome, to be sent again.
+    assert len(open_attempts) >= received and {states[a] for a in open_attempts} == {"claimed"}
+
+    time.sleep(16)  # the lease (15 s, on the database clock) expires
+    with SmtpDripServer("data", every=0.0) as prompt:
+        cfg = load_config(_interrupt_config(tmp_path, prompt.port, subscribers=12))[0]
+        out = sweep(engine, cfg, datetime(2027, 2, 25, tzinfo=UTC), owner="test#after")
+        assert prompt.messages == 12
+    assert out.delivered == 12 and out.recovered_unknown == len(set(open_attempts))
+    with engine.connect() as conn:
+        assert set(conn.execute(select(alerts.c.status)).scalars()) == {"delivered"}

@@ -93,5 +93,34 @@ def run_on_loop(main: Callable[[], Coroutine[Any, Any, T]], preferred: str) -> t
     running a loop, with the garbage collector tuned by :func:`sweep_gc`. Raises what ``main``
     raises."""
     factory, name = event_loop_factory(preferred)
-    with sweep_gc(), asyncio.Runner(loop_factory=factory) as runner:
+    with sweep_gc(), _interruptible(), asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main()), name
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Within: Ctrl-C (SIGINT) cancels the loop's main task and then raises ``KeyboardInterrupt``, as
+    :class:`asyncio.Runner` does under Python's own handler; the previous handler is put back after.
+
+    Inside a Dagster step the SIGINT handler is Dagster's, which raises its own interrupt error from
+    wherever the main thread is: during a sweep, from the event loop's signal callback, where both
+    uvloop and asyncio log an exception that is not ``KeyboardInterrupt`` ("Exception in callback")
+    and carry on, so ``deadline-pipeline run`` printed tracebacks and went on sending after Ctrl-C.
+    Under Python's handler the runner installs its own, which cancels the sweep: the sends not yet
+    started never start, the running ones end like a crash (their attempt rows stay, and they are
+    sent again once their lease expires: a duplicate is possible, a loss is not). Only the main
+    thread has signal handlers; elsewhere nothing changes."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C (nohup, a background job) still does
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
