@@ -43,6 +43,22 @@ def parse_instant(text: str, years: tuple[int, int] = INSTANT_YEARS) -> datetime
     return in_years(value, years)
 
 
+def whole_second(value: datetime) -> datetime:
+    """The aware ``value`` unchanged when it is a whole second; raises ``ValueError`` naming its
+    fraction and the whole second it falls in otherwise.
+
+    For the instants a command is given (``--as-of``, ``--from``, ``--to``): every summary, check and
+    report prints instants to the second (:func:`instant_text`), so ``--as-of
+    2026-05-01T12:00:00.750Z`` ran at .750 while every line said 12:00:00, the fraction dropped
+    without a word. Refused, the instant a command is given is exactly the one it prints."""
+    if not value.microsecond:
+        return value
+    fraction = f"{value.microsecond / 1e6:.6f}".rstrip("0")[1:]
+    floor = value.replace(microsecond=0).astimezone(UTC).isoformat().replace("+00:00", "Z")
+    raise ValueError(f"has a fraction of a second ({fraction}); instants are taken and shown to the whole "
+                     f"second, so write the second you mean, e.g. {floor}")
+
+
 def in_years(value: datetime, years: tuple[int, int] = INSTANT_YEARS) -> datetime:
     """The aware ``value`` as UTC; raises ``ValueError`` ("out of range (years …)") when its UTC
     year is outside ``years`` or it has no UTC form (``0001-01-01T00:00+01:00``)."""

@@ -413,7 +413,7 @@ def test_durations_and_offsets_read_as_words():
 
 def test_status_shows_ages_without_timedelta_text(engine, db_url, tmp_path):
     _store_with_sunday_deadline(tmp_path, engine)
-    res = CliRunner().invoke(main, ["status", "--db-url", db_url, "--as-of", "2027-01-11T01:02:03.456789Z"])
+    res = CliRunner().invoke(main, ["status", "--db-url", db_url, "--as-of", "2027-01-11T01:02:03Z"])
     assert res.exit_code == 0, res.output
     assert "last fresh 1 d 1 h ago" in res.output
     body = res.output.split("status as of", 1)[1].split("\n", 1)[1]  # below the (ISO) heading
@@ -452,22 +452,51 @@ def test_run_summary_says_what_this_run_did(tmp_path):
 def test_demo_status_and_watchdog_print_every_instant_to_the_second(tmp_path):
     """Every instant ``demo``, ``status`` and ``watchdog`` print is to the whole second. Before, the
     run summary printed ``last fresh 2026-12-02 15:28:34.551555+00:00`` and the checks ``every alert
-    due before 2026-12-02T14:58:36.212183+00:00``: each message formatted its own instant. An
-    ``--as-of`` with a fraction puts one in every instant derived from the clock."""
+    due before 2026-12-02T14:58:36.212183+00:00``: each message formatted its own instant. The real
+    clock (no ``--as-of``, which refuses a fraction) puts one in every instant derived from it."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"} | {"DEADLINE_HOME": str(tmp_path / "h")}
-    as_of = ["--as-of", "2026-12-01T00:00:00.551555Z"]
     outputs = []
     for command in (["demo"], ["status"], ["watchdog"]):
-        done = subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", *command, *as_of], cwd=tmp_path,
+        done = subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", *command], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr + done.stdout
         outputs.append(done.stdout + done.stderr)
     text = "\n".join(outputs)
-    assert "last fresh 2026-12-01T00:00:00+00:00" in text  # the run summary's sources, as the checks write it
-    assert "status as of 2026-12-01T00:00:00+00:00" in text and "watchdog as of 2026-12-01T00:00:00+00:00" in text
+    second = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00"
+    assert re.search(rf"last fresh {second}\n", text)  # the run summary's sources, as the checks write it
+    assert re.search(rf"status as of {second}\n", text) and re.search(rf"watchdog as of {second}\n", text)
     assert not re.search(r"\.\d{6}", text), [line for line in text.splitlines() if re.search(r"\.\d{6}", line)]
+
+
+@pytest.mark.parametrize("command", [["run", "--config", "deadlines.yaml"], ["demo"], ["status"], ["watchdog"],
+                                     ["snapshots", "prune", "--keep-days", "1", "--dry-run"]])
+def test_an_instant_with_a_fraction_of_a_second_is_refused_not_cut(tmp_path, command):
+    """``--as-of 2026-05-01T12:00:00.750Z`` ran at .750 while the summary said ``as of
+    2026-05-01T12:00:00+00:00`` (every instant is printed to the second): the fraction was dropped
+    without a word. It is refused before anything is opened, naming the option, the fraction and the
+    whole second it falls in; a zero fraction is a whole second."""
+    (tmp_path / "deadlines.yaml").write_text("sources: []\n")
+    home = tmp_path / "home"
+    res = CliRunner().invoke(main, [*command, "--as-of", "2026-05-01T14:00:00.750+02:00"],
+                             env={"DEADLINE_HOME": str(home), "DEADLINE_CONFIG": str(tmp_path / "deadlines.yaml")})
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        "error: --as-of '2026-05-01T14:00:00.750+02:00': has a fraction of a second (.75); instants are taken "
+        "and shown to the whole second, so write the second you mean, e.g. 2026-05-01T12:00:00Z"), res.output
+    assert not home.exists()
+
+
+def test_preview_window_with_a_fraction_of_a_second_is_refused(tmp_path):
+    from deadline_pipeline.commands.common import option_instant
+    from deadline_pipeline.instants import parse_instant
+
+    assert option_instant("2026-05-01T12:00:00.000Z") == parse_instant("2026-05-01T12:00:00Z")
+    res = CliRunner().invoke(main, ["preview", "--subscriber", "x", "--from", "2027-01-01T00:00:00.5Z",
+                                    "--to", "2027-01-02T00:00:00Z"])
+    assert res.exit_code == 2, res.output
+    assert "error: --from '2027-01-01T00:00:00.5Z': has a fraction of a second (.5)" in res.output
 
 
 def test_alert_actions_name_missing_ids_blocking_states_and_the_os_user(engine, db_url, tmp_path, monkeypatch):

@@ -61,11 +61,12 @@ def fail_input(message: str) -> NoReturn:
 def option_instant(text: str, option: str = "--as-of") -> datetime:
     """The value ``text`` of the command-line option ``option`` as an aware UTC instant, or exit 2
     naming the option, the value and what is wrong with it (unparseable, no offset, an impossible
-    date or time, a year outside :data:`~deadline_pipeline.instants.INSTANT_YEARS`)."""
-    from deadline_pipeline.instants import parse_instant
+    date or time, a year outside :data:`~deadline_pipeline.instants.INSTANT_YEARS`, a fraction of a
+    second: see :func:`~deadline_pipeline.instants.whole_second`)."""
+    from deadline_pipeline.instants import parse_instant, whole_second
 
     try:
-        return parse_instant(text)
+        return whole_second(parse_instant(text))
     except ValueError as exc:
         fail_input(f"{option} {text!r}: {exc}")
 
