@@ -5,7 +5,7 @@ ahead was withdrawn (a cancellation notice only where a reminder of it had been 
 Monday ahead got its reminders, and the Monday of that week — the deadline the Wednesday had
 become — was never planned: it was already past. The subscriber never heard of it, and every check
 stayed green. A one-off deadline moved into the past is the same obligation and is escalated as a
-move (``plan.withdrawals._moved_into_past``); an occurrence of a series is keyed by its original start,
+move (``plan.withdrawals._moved_out_of_window``); an occurrence of a series is keyed by its original start,
 so the revised series' Monday is a new obligation, found here instead.
 
 Which past occurrences the subscriber was never told of: those of the revised series due after the

@@ -351,6 +351,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     sync_configuration(engine, cfg)
     horizon = timedelta(days=cfg.plan.horizon_days)
     lo, hi = window(now, horizon)
+    # A deadline that left this run's months for another month of the horizon is moved, not withdrawn.
+    horizon_end = hi
     if after is not None:
         lo = max(lo, after)
     if before is not None:
@@ -390,7 +392,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         withdrawals.withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                              {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
                              filtered=withdrawals.filtered_out(targets, rules_cache), rule_ids=scoped_ids,
-                             lineage=lineage)
+                             lineage=lineage, horizon_end=horizon_end)
         # Not in a `finally`: on an error the transaction rolls back, and the staging tables made in it
         # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
         # the error (a concurrent run's KeyError read "current transaction is aborted").
@@ -533,8 +535,9 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
     ``since_version_id < id <= until_version_id`` (no upper bound when None) can change: the months of
     the rules' current obligations (old instants) and of their new occurrences in every subscriber
     zone (new instants) after business-day rolling, inside the planning window around ``now`` (aware
-    UTC). A rule whose occurrences cannot be expanded is logged and widens nothing (planning reports
-    it)."""
+    UTC); for a revised holiday source, also the months of every obligation and occurrence of the
+    sources rolled over it (``business_days.calendar: source:NAME``), which its re-plan plans whole. A
+    rule whose occurrences cannot be expanded is logged and widens nothing (planning reports it)."""
     from deadline_pipeline.plan.occurrences import expand
     from deadline_pipeline.rules import RuleRecord
     from deadline_pipeline.timezones import resolve_zone
@@ -551,12 +554,19 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         name_of = {s.id: s.name for s in all_sources(conn)}
         zones = {s.timezone for s in cfg.subscribers} | {s.timezone for s in cfg.sources if s.timezone}
         pairs = {(source_id, rule_id) for source_id, rule_id, _, _ in changed}
+        # A revised holiday source re-rolls every due date of the sources whose business days are
+        # built on it (planning plans them whole): their old and new instants count as the changed
+        # rules' do. Without them a holiday added on Friday 30 April requested April alone, whose run
+        # withdrew the filing rolled to Monday 3 May, and May was not planned until the next horizon run.
+        rolled = _rolled_over(conn, cfg, {p[0] for p in pairs})
         # One query for the old instants: only obligations of the changed rules' sources are read.
-        for source_id, rule_id, due in sql.obligation_dues(conn, {p[0] for p in pairs}, lo, hi):
-            if (source_id, rule_id) in pairs:
+        for source_id, rule_id, due in sql.obligation_dues(conn, {p[0] for p in pairs} | rolled, lo, hi):
+            if (source_id, rule_id) in pairs or source_id in rolled:
                 months.add(f"{due:%Y-%m}-01")
         new_rules = [(source_id, RuleRecord.from_payload(payload))
                      for source_id, _, withdrawn, payload in changed if not withdrawn]
+        for source_id in sorted(rolled):
+            new_rules += [(source_id, r) for _, r in sql.active_rules(conn, source_id)[0]]
         # A changed or withdrawn RECURRENCE-ID override changes its master's occurrences (a cancelled
         # one taken back restores one; its own version had no obligation, so no month): the master's
         # current occurrences count too.

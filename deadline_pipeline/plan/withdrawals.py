@@ -1,6 +1,7 @@
 """Obligations a run no longer plans: withdrawn (pending reminders cancelled, a cancellation notice
-where a reminder was delivered and the source caused it), or, for a deadline moved into the past,
-moved (corrections, and reminders the delivery sweep escalates as missed)."""
+where a reminder was delivered and the source caused it), or, for a deadline moved out of the run's
+window (into the past, or into another partition's month), moved (corrections, and for one moved into
+the past reminders the delivery sweep escalates as missed)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,19 @@ log = logging.getLogger(__name__)
 def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cache: dict, now,
               out: PlanOutcome, *, filtered: set[tuple[int, int, str]] = frozenset(),
               rule_ids: dict[int, frozenset[str] | None] | None = None,
-              lineage: dict[int, dict[str, str]] | None = None) -> None:
+              lineage: dict[int, dict[str, str]] | None = None, horizon_end: datetime | None = None) -> None:
     """Withdraw obligations the plan no longer contains. When the source caused it (a withdrawn rule,
     an occurrence that moved to another date or was excluded) and the subscriber is still subscribed,
     everyone who already got a reminder gets one cancellation notice — the new date, if any, arrives
     as its own reminder. A removed subscriber or subscription, or a rule the subscription's own
     filter now leaves out (``filtered``, e.g. a new ``exclude_kinds``), is cancelled silently: a
     notice would claim the source withdrew a deadline it still publishes. A one-off
-    deadline moved into the past is moved instead (open reminders superseded, one correction per
-    channel where a reminder was delivered, saying the new instant has passed, and where none was,
-    a reminder the delivery sweep escalates as missed: :func:`~.notices.missed_row`); a recurring rule whose
+    deadline moved out of ``[lo, hi]`` is moved instead: into the past (open reminders superseded,
+    one correction per channel where a reminder was delivered, saying the new instant has passed, and
+    where none was, a reminder the delivery sweep escalates as missed: :func:`~.notices.missed_row`),
+    or into another month of the planning horizon (through ``horizon_end``, aware UTC; ``hi`` when
+    None), which that month's run arms (open reminders superseded, one correction per channel where
+    a reminder was delivered); a recurring rule whose
     revision withdrew an occurrence ahead leaves its new occurrences already past escalated alike
     (:func:`~.escalations.escalate_series_moved_into_past`). ``rule_ids`` (a scoped re-plan): source id → the only
     rule ids whose obligations this run planned, and so may withdraw (``None``: every rule of that
@@ -43,17 +47,17 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
-    past = _moved_into_past(stale, subscribed, rules_cache, lo)
-    if past:
-        ids = sorted(past)
+    moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi))
+    if moved:
+        ids = sorted(moved)
         delivered = sql.delivered_channels(conn, ids)
         reminders: dict[int, list[dict]] = {}
         for a in sql.reminders_of(conn, ids):
             reminders.setdefault(a["obligation_id"], []).append(a)
         notices, missed = [], []
         for r in stale:
-            if r.id in past:
-                new_due, version, key = past[r.id]
+            if r.id in moved:
+                new_due, version, key = moved[r.id]
                 sql.move_obligation(conn, r.id, new_due, version, now)
                 notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
                                for ch in sorted(delivered.get(r.id, ())))
@@ -74,7 +78,7 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
                       len({m["obligation_id"] for m in missed}), first["obligation_id"], first["channel"],
                       instant_text(first["previous_due_at"]), instant_text(first["due_at"]))
         out.obligations_moved += len(ids)
-        stale = [r for r in stale if r.id not in past]
+        stale = [r for r in stale if r.id not in moved]
         if not stale:
             return
     escalate_series_moved_into_past(conn, stale, subscribed, rules_cache, lo, now, lineage or {}, out)
@@ -89,10 +93,15 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
         for r in by_rule for channel in sorted(delivered.get(r.id, ()))])
 
 
-def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -> dict[int, tuple]:
-    """obligation id → (new due instant, rule version) for the stale one-off obligations whose rule is
-    still in force for a still-subscribed target but now falls before the planning window: a deadline
-    moved into the past is a move (a correction saying so), not a withdrawal."""
+def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetime, hi: datetime,
+                        horizon_end: datetime) -> dict[int, tuple]:
+    """obligation id → (new due instant, rule version, obligation key) for the stale one-off
+    obligations whose rule is still in force for a still-subscribed target but now falls outside this
+    run's window ``[lo, hi]``: before ``lo`` (into the past, or an earlier month) or after ``hi`` up to
+    ``horizon_end`` (a later month of the horizon; all aware UTC). Such a deadline moved; it is not
+    withdrawn: a partition's run that withdrew a deadline moved to the next month sent "Cancelled ... no
+    further reminders will be sent" where a reminder was delivered, and cancelled its reminders until
+    that month was planned."""
     from deadline_pipeline.plan.planner import ONCE
 
     out: dict[int, tuple] = {}
@@ -105,8 +114,9 @@ def _moved_into_past(stale, subscribed: dict, rules_cache: dict, lo: datetime) -
         match = [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id and not (rule.rrule or rule.rdates)]
         if not match:
             continue
-        obs, _problems = plan_target(target, match, lo - long_ago, long_ago, before=lo)
-        if len(obs) == 1 and obs[0].due_at < lo and obs[0].due_at != r.due_at:
+        obs, _problems = plan_target(target, match, lo - long_ago, long_ago + (horizon_end - lo),
+                                     before=horizon_end + timedelta(microseconds=1))
+        if len(obs) == 1 and not lo <= obs[0].due_at <= hi and obs[0].due_at != r.due_at:
             out[r.id] = (obs[0].due_at, obs[0].rule_version, r.obligation_key)
     return out
 

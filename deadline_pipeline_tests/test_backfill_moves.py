@@ -1,0 +1,142 @@
+"""A revision that moves a deadline from one due month to another, re-planned month by month as
+Dagster runs them (the revision sensor's runs, or a backfill of some months), in whichever order
+they run: the month the deadline left must move it, never withdraw it."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from sqlalchemy import select
+
+from deadline_pipeline.config import load_config
+from deadline_pipeline.orchestration.build import INGEST_JOB, build_definitions
+from deadline_pipeline.orchestration.planning import PLAN_JOB, horizon_range, range_tags
+from deadline_pipeline.orchestration.resources import parse_instant
+from deadline_pipeline.store.db import make_engine
+from deadline_pipeline.store.schema import alerts, obligations
+from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.test_replan_sensor import _months, _tick
+from deadline_pipeline_tests.test_revisions_rearm import mails
+from deadline_pipeline_tests.test_watch_checks import deliver
+
+A = {"uid": "a@test", "tzid": "UTC", "dtstart": "20270315T090000", "summary": "A"}
+
+
+def _config(tmp_path, event):
+    (tmp_path / "cal.ics").write_text(ics(event), newline="")
+    return write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P7D", "-P1D"], "channels": ["mail"],
+                        "late_policy": "skip"}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+
+
+def _state(engine):
+    with engine.connect() as conn:
+        ob = conn.execute(select(obligations.c.status, obligations.c.due_at)).one()
+        rows = sorted(conn.execute(select(alerts.c.kind, alerts.c.due_at, alerts.c.offset_seconds,
+                                          alerts.c.status)).all())
+    return tuple(ob), rows
+
+
+@pytest.mark.parametrize("then", ["april", "horizon"])
+def test_deadline_moved_to_a_later_month_planned_old_month_first(tmp_path, db_url, then):
+    """A moves from 15 March to 10 April after its -P7D reminder was delivered. The sensor requests
+    March and April; March runs first. March's run moved A out of its month: it must not withdraw it
+    (a cancellation notice "no further reminders will be sent" for a deadline that stands, its
+    reminders cancelled until April is planned), but move it, as April's run would have, and tell the
+    subscriber once where the deadline went. The next run of April arms the new instant's reminders:
+    the sensor's April run, or (a backfill of March alone) the hourly run of the horizon."""
+    t0, t1 = "2027-03-01T00:00:00Z", "2027-03-09T00:00:00Z"
+    with dg.instance_for_test() as instance:
+        defs = build_definitions(_config(tmp_path, A), db_url=db_url, as_of=t0)
+        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+        tags = range_tags(*horizon_range(parse_instant(t0)))
+        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+        first = _tick(defs, instance)
+        engine = make_engine(db_url)
+        swept = deliver(engine, load_config(tmp_path / "deadlines.yaml")[0], parse_instant(t1))
+        assert swept.delivered == 1  # -P7D, 8 March
+
+        path = _config(tmp_path, dict(A, dtstart="20270410T090000"))
+        defs = build_definitions(path, db_url=db_url, as_of=t1)
+        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+        tick = _tick(defs, instance, first.cursor)
+        assert _months(tick) == ["2027-03-01", "2027-04-01"]
+        march, april = sorted(tick.run_requests, key=lambda r: r.partition_key)
+        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
+            instance=instance, partition_key=march.partition_key, tags=march.tags).success
+        ob, rows = _state(engine)
+        assert ob == ("active", parse_instant("2027-04-10T09:00:00Z"))
+        assert not [r for r in rows if r[0] == "cancellation"], rows
+
+        if then == "april":
+            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
+                instance=instance, partition_key=april.partition_key, tags=april.tags).success
+        else:
+            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
+                instance=instance, tags=range_tags(*horizon_range(parse_instant(t1)))).success
+        ob, rows = _state(engine)
+        new_due = parse_instant("2027-04-10T09:00:00Z")
+        assert ob == ("active", new_due)
+        assert [(k, o, s) for k, due, o, s in rows if due == new_due] == [
+            ("correction", 0, "pending"), ("reminder", -7 * 86400, "pending"), ("reminder", -86400, "pending")]
+        swept = deliver(engine, load_config(path)[0], parse_instant(t1))
+        subjects = mails(tmp_path)
+        assert len(subjects) == 2 and not any("ancel" in s for s in subjects), subjects
+        engine.dispose()
+
+
+def _rolled_config(tmp_path, holidays):
+    rows = "".join(f"h{i},Holiday {i},{day},Europe/London\n" for i, day in enumerate(holidays))
+    (tmp_path / "hols.csv").write_text("id,title,due,timezone\n" + rows)
+    (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2027-04-30T12:00:00,Europe/London\n")
+    return write_config(
+        tmp_path,
+        sources=[{"name": "hols", "format": "csv", "location": "hols.csv"},
+                 {"name": "filings", "format": "csv", "location": "filings.csv",
+                  "business_days": {"calendar": "source:hols", "convention": "following"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
+        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    )
+
+
+def test_revised_holiday_replans_the_months_its_rolled_deadlines_move_between(tmp_path, db_url):
+    """The VAT return is due Friday 30 April, rolled over the holidays of source ``hols``, which
+    nobody subscribes to. A holiday added on 30 April rolls it to Monday 3 May: the sensor must
+    request May too, not only April (the holiday's month), or nothing arms the reminder of 3 May
+    until the next run of the whole horizon. Taking the holiday back moves it back: both months again
+    (the withdrawn holiday has no month of its own, so nothing at all was requested)."""
+    instants = iter(["2027-04-01T00:00:00Z", "2027-04-02T00:00:00Z", "2027-04-03T00:00:00Z"])
+    with dg.instance_for_test() as instance:
+        def revise(holidays, cursor=None):
+            defs = build_definitions(_rolled_config(tmp_path, holidays), db_url=db_url, as_of=next(instants))
+            assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+            tick = _tick(defs, instance, cursor)
+            for request in sorted(tick.run_requests, key=lambda r: r.partition_key):
+                assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
+                    instance=instance, partition_key=request.partition_key, tags=request.tags).success
+            return tick
+
+        def vat():
+            with engine.connect() as conn:
+                ob = conn.execute(select(obligations.c.status, obligations.c.due_at)).one()
+                pending = conn.execute(select(alerts.c.due_at).where(alerts.c.status == "pending")).scalars().all()
+            return tuple(ob), pending
+
+        engine = make_engine(db_url)
+        # Holidays enough that taking one back stays under the ingest's mass-withdrawal quarantine.
+        others = ["2027-05-31", "2027-08-30", "2027-12-27", "2027-12-28"]
+        first = revise(others)
+        assert vat() == (("active", parse_instant("2027-04-30T11:00:00Z")), [parse_instant("2027-04-30T11:00:00Z")])
+        added = revise([*others, "2027-04-30"], first.cursor)
+        assert _months(added) == ["2027-04-01", "2027-05-01"]
+        may = parse_instant("2027-05-03T11:00:00Z")
+        assert vat() == (("active", may), [may])
+        removed = revise(others, added.cursor)
+        assert _months(removed) == ["2027-04-01", "2027-05-01"]
+        assert vat() == (("active", parse_instant("2027-04-30T11:00:00Z")), [parse_instant("2027-04-30T11:00:00Z")])
+        engine.dispose()
