@@ -81,17 +81,33 @@ def test_a_dtstart_outside_its_rrule_is_an_instance_of_its_own_and_uses_up_one_c
     recur = validate_rrule("FREQ=WEEKLY;BYDAY=WE;COUNT=3")
     thursday = datetime(2026, 1, 1, 9)
     frame = occ._frame(thursday, UTC, recur, bounds(), AFTER, BEFORE, None)
-    assert occ._start_and_count(recur, frame, AFTER, timedelta(0), None) == (thursday, thursday, 2)
+    assert occ._start_and_count(recur, frame, AFTER, bounds(), None) == (thursday, thursday, 2)
     wednesday = datetime(2025, 12, 31, 9)
     frame = occ._frame(wednesday, UTC, recur, bounds(), AFTER, BEFORE, None)
-    assert occ._start_and_count(recur, frame, AFTER, timedelta(0), None) == (None, wednesday, 3)
+    assert occ._start_and_count(recur, frame, AFTER, bounds(), None) == (None, wednesday, 3)
+
+
+def test_a_dtstart_after_until_is_an_instance_of_its_own_even_when_it_matches_its_rrule():
+    """RFC 5545 §3.8.5.3: DTSTART is an instance whatever UNTIL says; the series yields nothing past
+    UNTIL, so it is added on its own (and the walk lets it pass UNTIL). At UNTIL it is the series'."""
+    friday = datetime(2027, 1, 1, 9)
+    for rule in ("FREQ=WEEKLY;BYDAY=FR;UNTIL=20261201T000000Z", "FREQ=DAILY;UNTIL=20270101T085959Z",
+                 "FREQ=MINUTELY;UNTIL=20261201T000000Z"):
+        recur = validate_rrule(rule)
+        until = bounds(until_instant=datetime(2027, 1, 1, 8, 59, 59, tzinfo=UTC))
+        frame = occ._frame(friday, UTC, recur, until, AFTER, BEFORE, None)
+        assert occ._start_and_count(recur, frame, AFTER, until, None)[0] == friday, rule
+    at_until = bounds(until_instant=datetime(2027, 1, 1, 9, tzinfo=UTC))
+    recur = validate_rrule("FREQ=DAILY;UNTIL=20270101T090000Z")
+    frame = occ._frame(friday, UTC, recur, at_until, AFTER, BEFORE, None)
+    assert occ._start_and_count(recur, frame, AFTER, at_until, None) == (None, friday, None)
 
 
 def test_a_plain_sub_daily_series_jumps_to_the_window_and_lowers_its_count():
     recur = validate_rrule("FREQ=HOURLY;INTERVAL=5;COUNT=10000")
     start = datetime(2026, 1, 1, 0)
     frame = occ._frame(start, UTC, recur, bounds(), AFTER, BEFORE, None)
-    instance, series_start, count = occ._start_and_count(recur, frame, AFTER, timedelta(0), None)
+    instance, series_start, count = occ._start_and_count(recur, frame, AFTER, bounds(), None)
     assert instance is None
     assert series_start <= datetime(2026, 3, 1) < series_start + timedelta(hours=5)
     jumped = int((series_start - start).total_seconds()) // (5 * 3600)
@@ -103,13 +119,13 @@ def test_a_filtered_sub_daily_series_without_count_jumps_in_whole_days():
     recur = validate_rrule("FREQ=HOURLY;INTERVAL=5;BYMINUTE=0")
     start = datetime(2026, 1, 1, 3)
     frame = occ._frame(start, UTC, recur, bounds(), AFTER, BEFORE, None)
-    _instance, series_start, count = occ._start_and_count(recur, frame, AFTER, timedelta(0), None)
+    _instance, series_start, count = occ._start_and_count(recur, frame, AFTER, bounds(), None)
     assert count is None and series_start > start
     # A multiple of both the interval and a day: the wall-clock filters still match the same hours.
     assert (series_start - start) % timedelta(hours=120) == timedelta(0)
     counted = validate_rrule("FREQ=HOURLY;INTERVAL=5;BYMINUTE=0;COUNT=9")
     frame = occ._frame(start, UTC, counted, bounds(), AFTER, BEFORE, None)
-    assert occ._start_and_count(counted, frame, AFTER, timedelta(0), None)[1:] == (start, 9)
+    assert occ._start_and_count(counted, frame, AFTER, bounds(), None)[1:] == (start, 9)
 
 
 def test_exclusions_split_date_exdates_from_moments():

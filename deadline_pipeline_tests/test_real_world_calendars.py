@@ -113,6 +113,106 @@ def test_rdate_after_until_is_an_instance():
     assert len(got) == 5  # 01-07, 01-14, 01-21, 01-28 from the RRULE, 02-04 from the RDATE
 
 
+# --- class 2b: DTSTART after its RRULE's UNTIL (RFC 5545 §3.8.5.3: DTSTART is always an instance) ----
+
+UNTIL_BEFORE_START = "RRULE:FREQ=WEEKLY;BYDAY=FR;UNTIL=20261201T000000Z"  # before Friday 1 January 2027
+
+
+@pytest.mark.parametrize(("component", "props", "head", "due"), [
+    # A DTSTART that matches its own rule (a Friday, BYDAY=FR), UNTIL a month before it.
+    ("VEVENT", ("DTSTART:20270101T090000Z", UNTIL_BEFORE_START), (), "2027-01-01T09:00:00Z"),
+    # UNTIL a second before DTSTART, without BYxxx parts.
+    ("VEVENT", ("DTSTART:20270101T090000Z", "RRULE:FREQ=DAILY;UNTIL=20270101T085959Z"), (), "2027-01-01T09:00:00Z"),
+    # A sub-daily rule, stepped in elapsed time.
+    ("VEVENT", ("DTSTART:20270101T090000Z", "RRULE:FREQ=MINUTELY;UNTIL=20261201T000000Z"), (), "2027-01-01T09:00:00Z"),
+    ("VEVENT", ("DTSTART;TZID=Europe/Berlin:20270101T090000", "RRULE:FREQ=DAILY;UNTIL=20270101T075959Z"), (),
+     "2027-01-01T08:00:00Z"),
+    # All-day: a DATE UNTIL the day before.
+    ("VEVENT", ("DTSTART;VALUE=DATE:20270101", "RRULE:FREQ=YEARLY;UNTIL=20261231"), ("X-WR-TIMEZONE:Europe/Berlin",),
+     "2027-01-01T22:59:59Z"),
+    # Floating, read in the calendar's zone, with a floating UNTIL.
+    ("VEVENT", ("DTSTART:20270101T090000", "RRULE:FREQ=DAILY;UNTIL=20261231T090000"),
+     ("X-WR-TIMEZONE:America/New_York",), "2027-01-01T14:00:00Z"),
+    # To-dos due a span after DTSTART: UNTIL names starts; the first is due that span after DTSTART.
+    ("VTODO", ("DTSTART;TZID=America/New_York:20270101T090000", "DUE;TZID=America/New_York:20270105T170000",
+               UNTIL_BEFORE_START), (), "2027-01-05T22:00:00Z"),
+    ("VTODO", ("DTSTART;TZID=America/New_York:20270101T090000", "DURATION:P1D",
+               "RRULE:FREQ=WEEKLY;UNTIL=20270101T135959Z"), (), "2027-01-02T14:00:00Z"),
+    # A to-do with DUE alone recurs from its DUE.
+    ("VTODO", ("DUE:20270101T090000Z", UNTIL_BEFORE_START), (), "2027-01-01T09:00:00Z"),
+])
+def test_dtstart_after_until_is_the_one_instance(component, props, head, due):
+    """RFC 5545 §3.8.5.3 (and docs/source-formats.md): DTSTART is the first instance whatever UNTIL says.
+    Before, a DTSTART matching its own rule after UNTIL gave no occurrence at all (dateutil yields
+    nothing past UNTIL) while one outside its rule was kept: the deadline was never planned and
+    ``validate`` said OK. The series stays bounded: nothing after DTSTART."""
+    lines = [f"BEGIN:{component}", "UID:u", "DTSTAMP:20260101T000000Z", "SUMMARY:s", *props, f"END:{component}"]
+    assert ics_instants(calendar(*lines, head=head)) == [("u", utc(due))]
+
+
+def test_dtstart_after_until_keeps_its_rdates_and_is_taken_out_by_an_exdate():
+    kept = calendar(*event("u", "DTSTART:20270101T090000Z", UNTIL_BEFORE_START, "RDATE:20270201T090000Z"))
+    assert ics_instants(kept) == [("u", utc("2027-01-01T09:00:00Z")), ("u", utc("2027-02-01T09:00:00Z"))]
+    excluded = calendar(*event("u", "DTSTART:20270101T090000Z", UNTIL_BEFORE_START, "EXDATE:20270101T090000Z"))
+    assert ics_instants(excluded) == []
+
+
+def test_dtstart_after_until_is_rolled_to_a_business_day_and_named_by_a_recurrence_id():
+    """The business-day roll applies to it (1 January 2027 is a holiday: Monday 4 January), and
+    ``has_occurrence`` finds it, so an override of it replaces it. Before, the override was dropped as
+    naming an occurrence its series no longer has, and nothing was planned."""
+    zone = resolve_zone("America/New_York")
+    rule = RuleRecord("r", "t", "2027-01-01T09:00:00", "America/New_York", "FREQ=YEARLY;UNTIL=20261201T000000Z")
+    rolled = expand(rule, zone, after=FAR_PAST, before=FAR_FUTURE, business_days=("US-IRS", "following"))
+    assert [(o.period, o.due_at) for o in rolled] == [("2027-01-01T09:00:00", utc("2027-01-04T14:00:00Z"))]
+    assert occ_mod.has_occurrence(rule, zone, "2027-01-01T09:00:00")
+    content = calendar(*event("u", "DTSTART:20270101T090000Z", UNTIL_BEFORE_START),
+                       *event("u", "RECURRENCE-ID:20270101T090000Z", "DTSTART:20270101T100000Z"))
+    assert parse_ics(content, source="t").problems == []
+    assert ics_instants(content) == [("u#2027-01-01T09:00:00Z", utc("2027-01-01T10:00:00Z"))]
+
+
+def test_occurrences_prints_a_dtstart_after_until():
+    """The user's command: ``deadline-pipeline occurrences`` printed nothing and exited 0."""
+    from deadline_pipeline.cli import main
+
+    for rrule in (UNTIL_BEFORE_START[len("RRULE:"):], "FREQ=DAILY;UNTIL=20270101T085959Z"):
+        out = CliRunner().invoke(main, ["occurrences", "--dtstart", "20270101T090000Z", "--rrule", rrule,
+                                        "--after", "2026-12-01T00:00:00Z"])
+        assert (out.exit_code, out.output.split()) == (0, ["2027-01-01T09:00:00Z"]), out.output
+
+
+def test_a_dtstart_after_until_is_ingested_and_planned(engine, tmp_path):
+    """End to end: the user's event is ingested and its deadline planned (an obligation due at DTSTART).
+    Before, ingest and planning succeeded with nothing planned for it."""
+    from sqlalchemy import select
+
+    from deadline_pipeline.config import load_config
+    from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+    from deadline_pipeline.plan.service import plan_all
+    from deadline_pipeline.store.schema import obligations
+    from deadline_pipeline_tests.factories import write_config
+
+    (tmp_path / "feed.ics").write_bytes(calendar(*event("filing@t", "DTSTART:20270101T090000Z",
+                                                        UNTIL_BEFORE_START)))
+    path = write_config(
+        tmp_path, sources=[{"name": "feed", "format": "ics", "location": "feed.ics", "tenant": "t1",
+                            "freshness": "P1D"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "America/New_York"}],
+        subscriptions=[{"name": "all", "sources": ["feed"], "offsets": ["-P7D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    cfg = load_config(path)[0]
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    fetch_snapshot(engine, cfg.sources[0], now)
+    applied = apply_latest_snapshot(engine, cfg.sources[0], now)
+    assert applied.status == "applied" and applied.skipped == 0, applied
+    plan_all(engine, cfg, now)
+    with engine.connect() as conn:
+        rows = conn.execute(select(obligations.c.rule_id, obligations.c.due_at)
+                            .where(obligations.c.rule_id == "filing@t")).all()
+    assert [(r.rule_id, r.due_at.astimezone(UTC)) for r in rows] == [("filing@t", utc("2027-01-01T09:00:00Z"))]
+
+
 # --- bounded expansion ---------------------------------------------------------------------------
 
 

@@ -805,7 +805,7 @@ def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datet
         return Expansion([], counts=parsed.counts)
     bounds = _bounds(rule, recur, zone, until)
     frame = _frame(start, zone, recur, bounds, after, before, business)
-    start_instance, series_start, count = _start_and_count(recur, frame, after, bounds.shift, business)
+    start_instance, series_start, count = _start_and_count(recur, frame, after, bounds, business)
     ex_days, ex_moments = _exclusions(bounds.exdates, rule.all_day, frame)
     rdate_moments = _rdate_moments(bounds.rdates, rule.all_day, start.time(), frame)
     if start_instance is not None:
@@ -817,7 +817,7 @@ def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datet
     engine = once_per_instant(engine, frame.wall_zone, collapsed, shift=frame.wall_shift, earliest=frame.lo)
     if limit is not None and limit <= 0:
         return Expansion([])
-    # RDATEs (and a DTSTART outside its RRULE) are instances whatever the RRULE's UNTIL (§3.8.5.2).
+    # RDATEs and DTSTART are instances whatever the RRULE's UNTIL (§3.8.5.2, §3.8.5.3).
     walk = _Walk(rule, zone, after, before, frame, bounds, ex_days, frozenset(rdate_moments), business, limit)
     out, cut_at = walk.run(engine)
     counts: Counter[str] = Counter()
@@ -927,6 +927,10 @@ class _Frame:
         """An item of the frame → its naive local wall time in ``zone``."""
         return item.replace(tzinfo=UTC).astimezone(self.zone).replace(tzinfo=None) if self.elapsed else item
 
+    def instant_of(self, item: datetime) -> datetime:
+        """An item of the frame → its aware UTC instant, read as :class:`_Walk` reads it against UNTIL."""
+        return item.replace(tzinfo=UTC) if self.elapsed else item.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
+
 
 def _frame(start: datetime, zone: tzinfo, recur: Recur | None, bounds: _Bounds, after: datetime, before: datetime,
            business) -> _Frame:
@@ -956,25 +960,30 @@ def _frame(start: datetime, zone: tzinfo, recur: Recur | None, bounds: _Bounds, 
     return _Frame(elapsed, zone, dtstart, wall_zone, wall_shift, lo, hi, engine_until)
 
 
-def _start_and_count(recur: Recur | None, frame: _Frame, after: datetime, shift: timedelta,
+def _start_and_count(recur: Recur | None, frame: _Frame, after: datetime, bounds: _Bounds,
                      business) -> tuple[datetime | None, datetime, int | None]:
     """``(start_instance, series_start, count)``: the DTSTART to add as an instance of its own when
-    it does not match its RRULE (else None), where the RRULE's series starts (DTSTART, or moved
+    the RRULE would not yield it — it does not match the RRULE, or it is after the series' UNTIL
+    (``bounds.until_instant``) — else None; where the RRULE's series starts (DTSTART, or moved
     towards the window for a sub-daily rule) and the COUNT left for it (None: no COUNT; 0: the series
     has nothing left). Naive datetimes in ``frame``."""
     dtstart = frame.dtstart
     count = recur.count if recur is not None else None
     # RFC 5545 §3.8.5.3: DTSTART is the first instance even when it does not match the RRULE, and it
     # counts toward COUNT. dateutil yields matching dates only, so such a DTSTART was silently lost.
+    # The same holds whatever UNTIL says: dateutil yields nothing past UNTIL, so a DTSTART after it
+    # (FREQ=WEEKLY;BYDAY=FR;UNTIL before a Friday DTSTART) was lost although it matched its rule, and
+    # the walk (which lets instances added here pass UNTIL) never saw it.
     start_instance: datetime | None = None
-    if recur is not None and recur.has_by_parts:
-        first = next(iter(series(recur, dtstart, count=1)), None)
-        if first != dtstart:
+    if recur is not None:
+        outside = recur.has_by_parts and next(iter(series(recur, dtstart, count=1)), None) != dtstart
+        until = bounds.until_instant
+        if outside or (until is not None and frame.instant_of(dtstart) > until):
             start_instance = dtstart
             count = count - 1 if count is not None else None
     series_start = dtstart
     if recur is not None and recur.sub_daily and start_instance is None:
-        series_start, count = _jump_to_window(recur, frame, count, after, shift, business)
+        series_start, count = _jump_to_window(recur, frame, count, after, bounds.shift, business)
     return start_instance, series_start, count
 
 
@@ -1059,7 +1068,8 @@ class _Walk:
     """Walks a series (naive items in ``frame``) through the window ``[after, before]`` (aware):
     the split bounds, EXDATE days, UNTIL, shift and business-day roll applied to each item.
 
-    ``unbounded``: items UNTIL does not bound (RDATEs and a DTSTART outside its RRULE, §3.8.5.2);
+    ``unbounded``: items UNTIL does not bound (RDATEs, and a DTSTART outside its RRULE or after its
+    UNTIL: §3.8.5.2, §3.8.5.3);
     ``limit``: stop after this many occurrences (None: no limit). The fields each item needs are
     kept flat on the walk: ``place`` (:meth:`placer`) runs once per occurrence in the window, the hot path of
     planning."""
