@@ -64,7 +64,8 @@ def _check_line(output: str, name: str) -> str:
     (_calendar(*_event("bad", *SERIES, "not a content line"), *OTHER), 1),
     # A note only (RFC 5545 §3.3.5 forbids a TZID on a UTC time): listed by validate, skips nothing.
     (_calendar(*_event("utc", "DTSTART;TZID=Europe/Berlin:20270301T120000Z"), *OTHER), 0),
-], ids=["rdate-fold-lost", "dtstart-not-a-date", "stray-line", "note-only"])
+    (_calendar(*_event("exrule", *SERIES, "EXRULE:FREQ=MONTHLY;COUNT=1"), *OTHER), 0),
+], ids=["rdate-fold-lost", "dtstart-not-a-date", "stray-line", "note-only", "exrule-note"])
 def test_validate_and_ingest_agree_on_what_is_skipped(tmp_path, pg_url, payload, skipped):
     """``validate`` says how many records ingest skips (the one decision, ``counted_problems``), and
     ``rules_complete`` is red exactly then. Before, a line the library could not split inside a VEVENT
@@ -86,6 +87,30 @@ def test_validate_and_ingest_agree_on_what_is_skipped(tmp_path, pg_url, payload,
         assert rules_complete(engine, "cal").passed is (skipped == 0)
     finally:
         engine.dispose()
+
+
+def test_an_exrule_is_a_note_naming_its_line_and_the_series_is_planned_without_it(tmp_path):
+    """EXRULE (RFC 2445; deprecated by RFC 5545, Appendix A.3) is not applied, and ``validate`` says so,
+    naming its line, as it names a second RRULE. Before, it was ignored without a word: all four days
+    planned and ``validate`` said OK. recurring-ical-events does not apply it either (four days)."""
+    import icalendar
+    import recurring_ical_events
+
+    payload = _calendar(*_event("ex", "DTSTART:20270104T090000Z", "RRULE:FREQ=DAILY;COUNT=4",
+                                "EXRULE:FREQ=DAILY;INTERVAL=2;COUNT=2"))
+    result = parse_payload("ics", payload.encode(), source="cal")
+    [rule] = result.rules
+    shown = ("EXRULE (line 10) 'FREQ=DAILY;INTERVAL=2;COUNT=2' is not applied: EXRULE is RFC 2445's, deprecated by "
+             "RFC 5545 (Appendix A.3); the instances it would exclude are planned (write them as EXDATEs)")
+    assert [(p.position, p.message, p.record_id, p.skipped) for p in result.problems] == [
+        ("VEVENT UID=ex (line 4)", shown, "ex", False)]
+    assert rule.rrule == "FREQ=DAILY;COUNT=4"
+    reference = recurring_ical_events.of(icalendar.Calendar.from_ical(payload)).between(
+        datetime(2027, 1, 1), datetime(2027, 2, 1))
+    assert len(list(reference)) == 4
+    (tmp_path / "cal.ics").write_text(payload, newline="")
+    checked = CliRunner().invoke(main, ["validate", "--format", "ics", str(tmp_path / "cal.ics")])
+    assert checked.exit_code == 1 and shown in checked.output, checked.output
 
 
 def test_a_date_line_cut_off_its_property_turns_rules_complete_red_and_keeps_the_last_good_version(

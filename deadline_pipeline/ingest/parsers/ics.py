@@ -31,7 +31,8 @@ What becomes of each component (section numbers are RFC 5545's):
   naming its line (``validate`` reports it). An RRULE's UNTIL is then compared with the UTC instants.
 * ``rrule``: the RECUR value (§3.3.10) re-serialised by ``vRecur.to_ical()``, after checking the
   raw text for repeated parts and COUNT+UNTIL (the library silently keeps the last of a repeated
-  part, which would change the rule's meaning).
+  part, which would change the rule's meaning). An EXRULE (RFC 2445, deprecated by RFC 5545) is not
+  applied; a note names its line (:func:`_note_exrules`).
 * ``exdates``/``rdates`` (§3.8.5.1, §3.8.5.2): every property, each in its own TZID, converted to
   wall-clock time in the rule's zone (a PERIOD RDATE contributes its start).
 * ``rule_id``: the UID (§3.8.4.7); an override (§3.8.4.4) is ``UID#RECURRENCE-ID`` with the
@@ -112,8 +113,9 @@ class _Skip(Exception):
 
 #: Properties whose raw text :func:`_scan` keeps per component: RRULE (checked before the library
 #: re-serialises it), DUE and DURATION (their lines name a to-do with both, and DURATION's text keeps
-#: ``P1D`` apart from ``PT24H``, which the library reads as one and the same ``timedelta``).
-_SCANNED = frozenset({"RRULE", "DUE", "DURATION"})
+#: ``P1D`` apart from ``PT24H``, which the library reads as one and the same ``timedelta``), and EXRULE
+#: (the note saying it is not applied quotes it as written, with its line).
+_SCANNED = frozenset({"RRULE", "DUE", "DURATION", "EXRULE"})
 
 
 @dataclass
@@ -979,6 +981,7 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
         start = _todo_due(component, key, start, scan, floating_zone, problems, position, uid)
 
     rrule = _rrule(component, scan)
+    _note_exrules(component, scan, problems, position, uid)
     rdates = _dates(component, "RDATE", problems, position)
     extra: dict = {}
     if start.written:
@@ -1249,6 +1252,26 @@ def _rrule(component: icalendar.cal.Component, scan: _ScannedComponent | None) -
     if message:
         raise _Skip(message)
     return serialised
+
+
+def _note_exrules(component: icalendar.cal.Component, scan: _ScannedComponent | None, problems: list[ParseProblem],
+                  position: str, uid: str | None) -> None:
+    """Append to ``problems`` (at ``position``, record ``uid``) one note for the component's EXRULEs, if any,
+    naming their lines and values: they are not applied.
+
+    EXRULE is RFC 2445's (§4.8.5.2) and RFC 5545 deprecated it (Appendix A.3). Read as nothing, without a
+    word, ``RRULE:FREQ=DAILY;COUNT=4`` with ``EXRULE:FREQ=DAILY;INTERVAL=2;COUNT=2`` planned all four days
+    and ``validate`` said OK. The instances it would exclude stay planned (a reminder too many, never
+    one missed), so a note, not a skipped record."""
+    values = _prop_list(component, "EXRULE")
+    raw = [text for _n, text in (scan.raw.get("EXRULE", []) if scan is not None else [])]
+    if not values and not raw:
+        return
+    written = raw or [str(v.to_ical().decode() if hasattr(v, "to_ical") else v) for v in values]
+    problems.append(ParseProblem(position, (
+        f"{_named_lines(scan, 'EXRULE')} {', '.join(repr(t) for t in written)} is not applied: EXRULE is RFC "
+        "2445's, deprecated by RFC 5545 (Appendix A.3); the instances it would exclude are planned (write them "
+        "as EXDATEs)"), uid, skipped=False))
 
 
 def _dates(component: icalendar.cal.Component, name: str, problems: list[ParseProblem],
