@@ -76,10 +76,11 @@ def test_deadlines_that_are_not_a_list_stop_the_entry():
     result = ParseResult()
     assert ai._typed_specs(entry, node, "entry 2", None, result, {}) is None
     assert [p.message for p in result.problems] == ["'deadlines' is not a list"]
-    # Empty (null) deadlines: no specs, no problem.
+    # Empty (null) deadlines: no specs, and said like a flat entry without 'deadline' (not announced
+    # yet) instead of passing without a word.
     entry, node = _entry("id: x\ndeadlines:\n")
     assert ai._typed_specs(entry, node, "entry 2", None, result, {}) == []
-    assert len(result.problems) == 1
+    assert len(result.problems) == 2 and result.problems[1].unannounced, result.problems
 
 
 def test_flat_entries_keep_the_key_in_the_identity_and_the_label_in_titles():

@@ -105,10 +105,11 @@ def test_every_hf_file_parses(hf: dict[str, ParseResult]):
         assert result.rules, name
         for rule in result.rules:
             instant(rule)
-    # The one problem in the HF files: an announced edition without any deadline yet.
-    problems = [(name, str(p)) for name, r in hf.items() for p in r.problems]
-    assert len(problems) == 1
-    assert problems[0][0] == "cvpr" and "id=cvpr27" in problems[0][1]
+    # The only problems in the HF files: editions announced without any deadline yet, flat (cvpr27,
+    # beside its conference days start/end) and typed (aaai27, `deadlines: []`); neither is skipped.
+    problems = sorted((name, str(p)) for name, r in hf.items() for p in r.problems)
+    assert [(n, "id=aaai27" in t or "id=cvpr27" in t) for n, t in problems] == [("aaai", True), ("cvpr", True)]
+    assert all(p.unannounced for r in hf.values() for p in r.problems)
 
 
 @pytest.mark.parametrize(
@@ -705,6 +706,36 @@ def test_an_ai_deadlines_entry_with_a_misspelt_deadline_key_is_skipped(entry, sh
     assert [r.rule_id for r in result.rules] == ["y27/submission/deadline"]
     (problem,) = result.problems
     assert problem.skipped and problem.record_id == "x27" and shown in problem.message, problem
+
+
+@pytest.mark.parametrize("key", ["paper_deadline", "submission_deadline", "deadline_date", "full_paper_deadline",
+                                 "paper_due", "submission"])
+def test_an_ai_deadlines_entry_with_its_date_under_an_unread_key_is_skipped(key):
+    """Taken for "not announced yet", the date was never planned while every check was green;
+    skipped, rules_complete is red and names the entry, the key, its value and the keys read."""
+    from deadline_pipeline.ingest.parsers.base import counted_problems
+
+    payload = (f"- {{title: G, year: 2027, id: g27, {key}: '2027-06-01 23:59:59', timezone: AoE}}\n"
+               "- {title: Y, year: 2027, id: y27, deadline: '2027-03-01 23:59:59', timezone: UTC}\n")
+    result = parse_payload("ai-deadlines", payload.encode(), source="s")
+    assert [r.rule_id for r in result.rules] == ["y27/submission/deadline"]
+    (problem,) = result.problems
+    assert problem.skipped and not problem.unannounced and problem.record_id == "g27", problem
+    assert f"{key!r} ('2027-06-01 23:59:59')" in problem.message, problem
+    assert "'deadline', 'abstract_deadline', or 'deadlines'" in problem.message, problem
+    assert counted_problems(result.problems, ()) == [problem]
+
+
+@pytest.mark.parametrize(("entry", "said"), [
+    ("start: '2027-02-16', end: '2027-02-23', date: 'February 16 - 23, 2027'", "no 'deadline'"),
+    ("deadlines: [], start: '2027-02-16', end: '2027-02-23'", "empty 'deadlines' list"),
+    ("deadlines: []", "empty 'deadlines' list"),
+])
+def test_an_ai_deadlines_entry_with_no_date_but_the_conference_days_is_not_announced_yet(entry, said):
+    """The published files' convention (aaai27, cvpr27): listed, not skipped; `deadlines: []` said too."""
+    result = parse_payload("ai-deadlines", f"- {{title: A, year: 2027, id: a27, {entry}}}\n".encode(), source="s")
+    (problem,) = result.problems
+    assert problem.unannounced and problem.record_id == "a27" and said in problem.message, problem
 
 
 @pytest.mark.parametrize(("line", "shown"), [

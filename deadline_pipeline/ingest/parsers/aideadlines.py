@@ -22,6 +22,11 @@ is found on the composed YAML (:func:`~.limits.repeated_keys`, as for the config
 its record — the item, or the whole entry when the key is at the entry's level — naming both lines:
 the loader alone keeps the last value and drops the first without a word. Two deadlines with one
 rule id keep the one due first (:func:`~.base.drop_duplicate_ids`).
+
+An entry without any deadline (no ``deadline``, ``deadlines: []``) is "not announced yet", the
+published files' convention (:attr:`~.base.ParseProblem.unannounced`); one that holds a date under a key
+this reader does not read (``paper_deadline:``) is skipped, as is one with a key close to a deadline
+key (``abstract_deadlin``): ignored, the deadline under it would never be planned.
 """
 
 from __future__ import annotations
@@ -163,7 +168,7 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
             if len(r.path) > 2 and r.path[0] == "deadlines" and isinstance(r.path[1], int):
                 in_items.setdefault(r.path[1] + 1, []).append(r)
         at_entry = [r for r in repeats if r.path[0] != "deadlines" or len(r.path) <= 2]
-        misspelt = _misspelt_keys(entry)
+        misspelt = _misspelt_keys(entry) or _date_under_unread_key(entry)
         if at_entry:
             result.problems.append(ParseProblem(position, _repeated_message(at_entry, "entry")))
         elif misspelt:
@@ -200,6 +205,42 @@ def _misspelt_keys(entry: dict) -> str | None:
         return None
     return (f"unknown key {', '.join(found)}: what it holds would be ignored and its deadline never planned, "
             "so the entry is skipped - correct the key")
+
+
+#: Keys of the published files that hold a date but no deadline: the conference's own days
+#: (``start``, ``end``) and the review calendar some editions list (CVPR's).
+NOT_DEADLINE_DATES = ("start", "end", "review_release_date", "rebuttal_period_end", "final_decision_date")
+
+
+def _date_under_unread_key(entry: dict) -> str | None:
+    """Why an entry that announces no deadline this reader reads (no ``deadline``, no
+    ``abstract_deadline``, ``deadlines`` absent, null or empty) but holds a date under another key
+    is skipped, else None.
+
+    A key is suspect when its name contains ``deadline`` or ``due`` or its value reads as a date or
+    date-time (:func:`normalise_local`), except the keys of :data:`_DEADLINE_KEYS` and
+    :data:`NOT_DEADLINE_DATES`. Such an entry (``paper_deadline: '2027-06-01 23:59:59'``) was taken for
+    "not announced yet": nothing planned, every check green. Skipped, the edition's rules keep their
+    last good version and ``rules_complete`` turns red naming the key and its value. An entry with no
+    date at all stays "not announced yet", the format's convention."""
+    if entry.get("deadline") is not None or entry.get("abstract_deadline") is not None or entry.get("deadlines"):
+        return None
+    found = []
+    for key, value in entry.items():
+        if not isinstance(key, str) or key in _DEADLINE_KEYS or key in NOT_DEADLINE_DATES:
+            continue
+        named = "deadline" in key.lower() or "due" in key.lower()
+        try:
+            dated = bool(normalise_local(value))
+        except ValueError:
+            dated = False
+        if named or dated:
+            found.append(f"{key!r} ({value!r})")
+    if not found:
+        return None
+    return (f"no deadline under the keys this reader reads ('deadline', 'abstract_deadline', or 'deadlines' "
+            f"items with 'date'), but {', '.join(found)} looks like one: it would never be planned, so the "
+            "entry is skipped - move the date under one of those keys")
 
 
 def _repeated_message(repeats: list[RepeatedKey], what: str) -> str:
@@ -266,6 +307,13 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
     if not isinstance(items, list):
         result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
         return None
+    if not items:
+        # The published files list an edition before its call for papers as ``deadlines: []`` (with a
+        # note "not yet announced"): the typed form of a flat entry without ``deadline``. Said like it,
+        # so it is logged and held the same way instead of passing without a word.
+        result.problems.append(ParseProblem(position, "entry has an empty 'deadlines' list (none announced yet?)",
+                                            unannounced=True))
+        return []
     specs: list[_Spec] = []
     item_nodes = next((v.value for k, v in node.value if isinstance(k, yaml.ScalarNode)
                        and k.value == "deadlines" and isinstance(v, yaml.SequenceNode)), [])
