@@ -330,3 +330,47 @@ def test_a_page_to_a_dripping_receiver_ends_within_the_channel_timeout():
     # The page is what may have arrived; "the alert may have been delivered" (the webhook channel's
     # words for an alert) read as news of an alert that was escalated because it was not.
     assert "the notice may have been delivered" in error and "alert" not in error, error
+
+
+def test_reminders_owed_owes_an_added_offset_only_where_planning_could_still_write_it(engine, tmp_path):
+    """Offsets -P7D/-P1D/PT0S become -P1D/-PT2H/PT0S after report A's deadline has passed: planning
+    never re-plans a deadline before its window, so A's -PT2H reminder was never owed; the check paged
+    "never planned" for the week of its lookback. Report B, still ahead, is re-planned with the new
+    offset: its -PT2H row missing is a real miss and stays red."""
+    from deadline_pipeline.watch.reconcile import reminders_owed
+
+    cfg, path = setup_config(tmp_path)
+    due_a = datetime(2027, 1, 15, 11, 0, tzinfo=UTC)  # 12:00 Berlin
+    cycle(engine, cfg, due_a - timedelta(days=8))
+    cycle(engine, cfg, due_a + timedelta(hours=1))
+    path.write_text(path.read_text().replace("- -P7D\n", "- -PT2H\n"))
+    cfg = load_config(path)[0]
+    later = due_a + timedelta(hours=3)
+    cycle(engine, cfg, later)
+    out = reminders_owed(engine, cfg, later)
+    assert out.passed, out.summary
+
+    due_b = datetime(2027, 2, 1, 14, 0, tzinfo=UTC)  # 09:00 New York
+    with engine.begin() as conn:
+        victims = conn.execute(select(alerts.c.id).join(obligations, obligations.c.id == alerts.c.obligation_id)
+                               .where(obligations.c.due_at == due_b, alerts.c.offset_seconds == -7200)).scalars().all()
+        assert len(victims) == 2, victims  # ann and bob
+        conn.execute(delete(alerts).where(alerts.c.id == victims[0]))
+    out = reminders_owed(engine, cfg, due_b - timedelta(hours=1))
+    assert not out.passed and out.count == 1, out.summary
+    (offender,) = out.offenders
+    assert offender["offset_seconds"] == -7200 and offender["reason"].startswith("never planned"), offender
+
+
+def test_run_exits_0_after_an_offset_is_added_to_a_passed_deadline(tmp_path, pg_url):
+    """The sequence seen: `run`s around report A's deadline with -P7D/-P1D/PT0S, then the offsets
+    become -P1D/-PT2H/PT0S; every `run` of the next week said `reminders_owed FAIL ... offset -7200s
+    ... never planned` and exited 1 for a reminder no planning run could write."""
+    _, path = setup_config(tmp_path, events=(EVENT_A,))
+    for at in ("2027-01-07T11:00:00Z", "2027-01-14T11:00:00Z", "2027-01-15T11:00:00Z"):
+        res = _run_cli(["run", "--config", str(path), "--db-url", pg_url, "--as-of", at], tmp_path)
+        assert res.exit_code == 0, res.output
+    path.write_text(path.read_text().replace("- -P7D\n", "- -PT2H\n"))
+    res = _run_cli(["run", "--config", str(path), "--db-url", pg_url, "--as-of", "2027-01-15T14:00:00Z"], tmp_path)
+    line = next(s for s in res.output.splitlines() if "reminders_owed" in s)
+    assert res.exit_code == 0 and " PASS " in line, res.output

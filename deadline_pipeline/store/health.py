@@ -243,6 +243,16 @@ def planned_rules(conn: Connection) -> set[tuple[int, int, str]]:
         select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id).distinct())}
 
 
+def obligation_fingerprints(conn: Connection, due_from: datetime, due_to: datetime) -> dict[tuple, str | None]:
+    """``(subscriber_id, source_id, rule_id, due_at) -> fingerprint`` of every stored obligation whose
+    ``due_at`` lies in ``[due_from, due_to]`` (aware UTC): what its alert rows were last planned from
+    (``None`` for a row written before the column)."""
+    return {(r.subscriber_id, r.source_id, r.rule_id, r.due_at): r.fingerprint for r in conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id, obligations.c.due_at,
+               obligations.c.fingerprint)
+        .where(and_(obligations.c.due_at >= due_from, obligations.c.due_at <= due_to)))}
+
+
 def reminder_outcomes(conn: Connection, due_from: datetime, due_to: datetime) -> list:
     """Every reminder row whose ``due_at`` lies in ``[due_from, due_to]`` (aware UTC), in no set
     order, as rows of ``(subscriber_id, source_id, rule_id, due_at, offset_seconds, channel, status,

@@ -15,7 +15,13 @@ recomputes what is owed from the rule versions in force instead:
    calendar days in the deadline's zone, quiet hours). Only
    rules already planned for that subscriber at least once count (a subscriber added today is not
    owed last week's reminders; a target never planned at all is ``horizon_planned``'s to catch), and
-   only instants due after the rule version came into force.
+   only instants due after the rule version came into force. A reminder planning no longer owes is
+   not counted: planning writes an obligation's alert rows only while its due instant lies in the
+   planning window (:func:`~deadline_pipeline.plan.occurrences.window`, ``now`` minus its grace), so
+   when the subscription's offsets, channels or quiet hours changed after a deadline had left that
+   window (the stored obligation, at the same due instant, keeps the fingerprint of what it was
+   planned from), the reminders the new configuration adds were never planning's to write. An offset
+   added while the deadline was still ahead is owed: missing, it is red.
 3. **Explained**: the outbox holds, *for that due instant*, a delivered reminder with a ``sent``
    receipt, or a recorded reason that agrees with the recomputation — ``skipped`` (late policy),
    ``escalated`` (already loud), ``cancelled`` for another reason than a withdrawal. A reminder
@@ -45,7 +51,12 @@ from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import OPEN, AlertState
-from deadline_pipeline.store.health import planned_rules, reminder_outcomes, rule_versions_with_reports
+from deadline_pipeline.store.health import (
+    obligation_fingerprints,
+    planned_rules,
+    reminder_outcomes,
+    rule_versions_with_reports,
+)
 from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
 from deadline_pipeline.store.sources import freshness_window
 from deadline_pipeline.watch.checks import CheckOutcome
@@ -94,6 +105,7 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     """The reconciliation (module docstring) at ``now`` (aware UTC); ``grace`` and ``lookback`` bound
     the send instants judged. Never raises for what it finds; offenders name subscriber, rule, due
     instant, offset, channel and why the outbox does not explain the reminder."""
+    from deadline_pipeline.plan.occurrences import window
     from deadline_pipeline.plan.outcome import PlanOutcome
     from deadline_pipeline.plan.planner import plan_target
     from deadline_pipeline.plan.service import business_calendars, fold_overrides, targets_from_rows
@@ -105,6 +117,7 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
         targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
         rules_cache: dict[int, tuple] = {}
         planned_pairs = planned_rules(conn)
+        fingerprints: dict[tuple, str] = {}  # (subscriber, source, rule, due) -> what planning would plan from
         for t in targets:
             if t.source_id not in rules_cache:
                 rules = rules_in_force(conn, t.source_id)
@@ -118,6 +131,7 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
             for ob in obs:
                 if (t.subscriber_id, t.source_id, ob.rule_id) not in planned_pairs:
                     continue
+                fingerprints[(t.subscriber_id, t.source_id, ob.rule_id, ob.due_at)] = ob.fingerprint
                 if ob.due_at < since.get(ob.rule_id, ob.due_at):
                     continue  # due before this version was known: never owed
                 for a in ob.alerts:
@@ -127,12 +141,15 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
                                      "title": ob.title, "due_at": instant_text(ob.due_at),
                                      "offset_seconds": a.offset_seconds, "channel": a.channel,
                                      "send_at": instant_text(a.send_at)}
-        have: dict[tuple, tuple] = {}
-        dues = [k[3] for k in owed]
+        dues = [k[3] for k in owed] or [now]  # (nothing owed: both reads below are empty)
         # Only the due instants owed: the read stays small on a large outbox.
-        for r in [] if not owed else reminder_outcomes(conn, min(dues), max(dues)):
-            have[(r.subscriber_id, r.source_id, r.rule_id, r.due_at, r.offset_seconds, r.channel)] = (
-                r.status, r.status_reason, r.receipt)
+        have: dict[tuple, tuple] = {
+            (r.subscriber_id, r.source_id, r.rule_id, r.due_at, r.offset_seconds, r.channel):
+                (r.status, r.status_reason, r.receipt)
+            for r in reminder_outcomes(conn, min(dues), max(dues))} if owed else {}
+        stored = obligation_fingerprints(conn, min(dues), max(dues)) if owed else {}
+        for key in [k for k in owed if k not in have and not _planning_owes(k, fingerprints, stored, window(now)[0])]:
+            del owed[key]
         unwatched = unwatched_misses(conn, {t.source_id: t.source for t in targets}, lo)
     offenders = [_unwatched_offender(j) for j, statuses in unwatched if not statuses]
     for key, info in sorted(owed.items(), key=lambda kv: kv[1]["send_at"]):
@@ -151,6 +168,19 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
                    "from the rule versions in force) were sent or have a recorded reason")
     summary += _unwatched_summary(unwatched)
     return CheckOutcome("reminders_owed", count == 0, count, summary, offenders[:limit])
+
+
+def _planning_owes(key: tuple, fingerprints: dict[tuple, str], stored: dict[tuple, str | None],
+                   window_start: datetime) -> bool:
+    """Whether planning owes the reminder ``key`` (subscriber, source, rule, due, offset, channel),
+    which has no alert row: yes, unless its due instant lies before ``window_start`` (planning's own
+    window at now, :func:`~deadline_pipeline.plan.occurrences.window`: it never re-plans such an
+    obligation) and the stored obligation at that due instant was planned from another configuration
+    than the current one (``fingerprints``: recomputed, ``stored``: as written; keyed on the first four
+    fields). Without this, an offset added after a deadline had passed paged "never planned" for a
+    week (the lookback) for reminders no run could write, and the remedy (re-plan) cannot apply."""
+    ob = key[:4]
+    return not (key[3] < window_start and ob in stored and stored[ob] != fingerprints.get(ob))
 
 
 def _unwatched_summary(unwatched: list[tuple[FirstSeenPassed, set[str]]]) -> str:
