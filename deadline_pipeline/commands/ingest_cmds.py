@@ -145,6 +145,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
                config: str | None) -> int:
     """``rules diff``; returns the exit code. Raises :class:`_BadInput` for unusable arguments."""
     from deadline_pipeline.ingest.diff import diff_snapshots, format_diff
+    from deadline_pipeline.ingest.service import settings_pending
     from deadline_pipeline.store.sources import latest_snapshot, list_snapshots
 
     if (from_id is None) != (to_id is None):
@@ -154,13 +155,16 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         row = _source_row(conn, source)
         # The configured zone for times written without one, so the parse matches the pipeline's.
         default_tz = None
+        pending = None
         config = find_config(config)  # optional here: without one, times stay as the snapshot wrote them
         if config is not None:
             try:
-                default_tz = _config(config).source(source).timezone
+                src = _config(config).source(source)
             except KeyError:
                 raise _BadInput(f"source {source!r} is in the store but not in the configuration {config}") \
                     from None
+            default_tz = src.timezone
+            pending = settings_pending(conn, src)
         waiting = None  # a quarantined snapshot newer than every applied one
         if from_id is None:
             applied = list_snapshots(conn, row.id, statuses=("parsed",))
@@ -180,6 +184,10 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         new = _rules_of_snapshot(conn, row, to_id, default_tz)
     diff = diff_snapshots(old.rules if old else [], new.rules, new.problems)
     skipped = {"from": len(old.problems) if old else 0, "to": len(new.problems)}
+    if pending:
+        # This diff reads the snapshots with the configuration's settings; the rules in force are
+        # still the old reading, and the diff alone would be taken for what the store holds.
+        click.echo(f"note: {pending}", err=True)
     if as_json:
         click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "to_quarantined": waiting is not None,
                                "skipped_records": skipped, **diff.to_json()}, indent=2, ensure_ascii=False))

@@ -262,6 +262,14 @@ def register(main: click.Group) -> None:
             click.echo(f"error: --subscriber: no subscriber {subscriber!r} in the configuration (known: {known})",
                        err=True)
             sys.exit(2)
+        from deadline_pipeline.ingest.service import settings_pending
+
+        with engine.connect() as conn:
+            pending = [p for p in (settings_pending(conn, s) for s in cfg.sources) if p]
+        # The rows are the store's reading of each source; after an edit of a source's `timezone:`
+        # that reading is the old one until the next ingest, and "re-plan: no change" alone hid it.
+        for line in pending:
+            click.echo(f"note: {line}", err=True)
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return

@@ -75,10 +75,52 @@ class ApplyOutcome:
     first_seen_missed: int = 0
     first_seen_history: int = 0
     first_seen_notes: list[str] = field(default_factory=list)
+    # Set when a snapshot already parsed was parsed again because the source settings it was parsed
+    # with changed: "source settings changed: timezone Europe/Berlin → America/New_York".
+    reparsed: str | None = None
 
 
 class UnknownSnapshot(LookupError):
     """A snapshot id that does not exist, or that belongs to another source than the one named."""
+
+
+def parse_settings(src: SourceConfig) -> dict[str, str | None]:
+    """The configuration a parse of ``src``'s bytes depends on, besides the bytes: ``{"format": the
+    parser, "timezone": the zone of times written without one (None when unset)}``. Every key is an
+    input of :func:`apply_snapshot`'s parse; each parse stores them on its snapshot
+    (``snapshots.parse_settings``), and :func:`apply_latest_snapshot` parses the latest snapshot again
+    when they differ from the configuration's."""
+    return {"format": src.format, "timezone": src.timezone}
+
+
+def settings_change(stored: dict | None, current: dict[str, str | None]) -> str | None:
+    """What differs between the settings a snapshot was parsed with (``stored``, None: not recorded,
+    a parse before they were) and ``current`` (:func:`parse_settings`), for a log line:
+    ``"timezone Europe/Berlin → America/New_York"`` (each changed key; an unset one is ``(unset)``),
+    or None when they are equal."""
+    if stored is None:
+        return "the source settings of its last parse were not recorded (parsed before this release)"
+    changed = [f"{key} {stored.get(key) or '(unset)'} → {value or '(unset)'}"
+               for key, value in current.items() if stored.get(key) != value]
+    return ", ".join(changed) or None
+
+
+def settings_pending(conn, src: SourceConfig) -> str | None:
+    """Why the store's reading of ``src``'s latest snapshot is not what the configuration says: a
+    sentence naming the snapshot and the settings changed since it was parsed (the next ingest
+    parses it again), or None when they agree, nothing was parsed yet, or the settings of the parse
+    were not recorded. ``conn``: a connection to the store; reads only. For commands that show the
+    store's rules (``preview``) or parse snapshots with the configuration (``rules diff``): without
+    it they disagreed with each other and with the store, without a word, until the next ingest."""
+    row = sql.find_source(conn, src.name)
+    snap = sql.latest_snapshot(conn, row.id) if row is not None else None
+    if snap is None or snap.parse_status == "pending" or snap.parse_settings is None:
+        return None
+    change = settings_change(snap.parse_settings, parse_settings(src))
+    if change is None:
+        return None
+    return (f"source {src.name}: snapshot {snap.id} was parsed with other settings than the configuration's "
+            f"({change}); the store holds its old reading until the next ingest (or run) parses it again")
 
 
 def ensure_source(engine: Engine, src: SourceConfig) -> sql.SourceRow:
@@ -166,6 +208,10 @@ def apply_latest_snapshot(engine: Engine, src: SourceConfig, now: datetime,
                           max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE) -> ApplyOutcome:
     """Parse the source's latest snapshot (if not yet applied) into rule versions.
 
+    A snapshot already parsed (parsed, failed or quarantined) is parsed again when the source
+    settings it was parsed with (:func:`parse_settings`) differ from ``src``'s: a new ``timezone:``
+    moves the rules written without a zone, as a revision of the bytes would. The outcome's
+    ``reparsed`` then says which settings changed; a snapshot a human accepted stays accepted.
     ``now`` is aware UTC. A broken payload is kept, marked failed, and the source marked stale with
     an error naming the source, the snapshot and the position. A snapshot that parses to zero rules
     or withdraws more than ``max_withdraw_share`` (a fraction, 0.30 = 30 %) of the active rules is
@@ -176,24 +222,38 @@ def apply_latest_snapshot(engine: Engine, src: SourceConfig, now: datetime,
         snap = sql.latest_snapshot(conn, row.id)
         if snap is None:
             return ApplyOutcome(src.name, "no_snapshot", error=row.last_error)
-        if snap.parse_status != "pending":
+        change = settings_change(snap.parse_settings, parse_settings(src))
+        if snap.parse_status != "pending" and change is None:
             latest = sql.latest_versions(conn, row.id)
             active = sum(1 for v in latest.values() if not v["withdrawn"])
             # A still-broken or still-quarantined latest snapshot keeps reporting as such on every run,
             # so callers that count failed sources keep counting it.
             status = {"parsed": "unchanged", "failed": "parse_failed"}.get(snap.parse_status, snap.parse_status)
             return ApplyOutcome(src.name, status, snap.id, rules=active, error=row.last_error)
-    return apply_snapshot(engine, src, snap.id, now, max_withdraw_share=max_withdraw_share)
+    if snap.parse_status == "pending":
+        return apply_snapshot(engine, src, snap.id, now, max_withdraw_share=max_withdraw_share)
+    reason = change if snap.parse_settings is None else f"source settings changed: {change}"
+    log.warning("source %s: snapshot %s re-parsed: %s", src.name, snap.id, reason)
+    # The same bytes a human accepted over the quarantine (``source accept``) stay accepted: only
+    # their reading changed, and refusing them now would withdraw what was accepted.
+    accepted = snap.parse_status == "parsed" and bool((snap.parse_report or {}).get("accepted"))
+    return apply_snapshot(engine, src, snap.id, now, force=accepted, max_withdraw_share=max_withdraw_share,
+                          reparsed=reason)
 
 
 def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: datetime, force: bool = False,
-                   max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE) -> ApplyOutcome:
+                   max_withdraw_share: float = DEFAULT_MAX_WITHDRAW_SHARE, reparsed: str | None = None) -> ApplyOutcome:
     """Parse one stored snapshot of ``src`` and write the rule versions it implies.
 
     ``now`` (aware UTC) becomes ``valid_from`` of the new versions and the source's ``last_fresh_at``.
     ``force=True`` applies a snapshot the quarantine would refuse (``source accept``: a human looked);
     a payload that does not parse is never applied, forced or not. Returns the outcome; records parse
-    failures and quarantines on the snapshot and source rows instead of raising.
+    failures and quarantines on the snapshot and source rows instead of raising. The source settings
+    parsed with (:func:`parse_settings`) are stored on the snapshot.
+
+    ``reparsed``: why bytes parsed before are parsed again (:func:`apply_latest_snapshot`), carried
+    into the outcome. Such a parse proves nothing about the source being alive: the source counts
+    fresh as of its latest fetch, and stays stale when that fetch failed.
 
     Raises :class:`UnknownSnapshot` when ``snapshot_id`` does not exist or belongs to another source.
     """
@@ -208,17 +268,19 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         content = sql.snapshot_content(conn, snapshot_id)
         latest = sql.latest_versions(conn, row.id)
 
+    settings = parse_settings(src)
     try:
-        parsed = parse_payload(src.format, content, source=src.name, default_tz=src.timezone)
+        parsed = parse_payload(settings["format"], content, source=src.name, default_tz=settings["timezone"])
     except ParseError as exc:
-        return _record_parse_failure(engine, src, row.id, snapshot_id, f"snapshot {snapshot_id}: {exc}")
+        return _record_parse_failure(engine, src, row.id, snapshot_id, f"snapshot {snapshot_id}: {exc}", settings,
+                                     reparsed)
     except Exception as exc:  # noqa: BLE001 — a parser bug must not stop the loop serving other sources
         # Loud: logged with its traceback, stored on the source, and the source check turns red.
         log.exception("source %s: snapshot %s: parser crashed", src.name, snapshot_id)
         return _record_parse_failure(
             engine, src, row.id, snapshot_id,
             f"snapshot {snapshot_id}: source {src.name!r}: position unknown: parser failed unexpectedly: "
-            f"{exc.__class__.__name__}: {exc}")
+            f"{exc.__class__.__name__}: {exc}", settings, reparsed)
 
     problems = [sql.safe_text(f"{p.position}: {p.message}") for p in parsed.problems]
     repairs: list[str] = []
@@ -238,7 +300,7 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         return _record_parse_failure(
             engine, src, row.id, snapshot_id,
             f"snapshot {snapshot_id}: source {src.name!r}: line 1: {len(content)} bytes yield 0 rules as format "
-            f"{src.format!r} ({len(skipped)} record(s) skipped{first})")
+            f"{src.format!r} ({len(skipped)} record(s) skipped{first})", settings, reparsed)
     # Only a parseable snapshot that lacks a rule withdraws it: a rule whose record failed to parse
     # keeps its last good version (until the source is fixed, or a human accepts the withdrawal).
     held = [] if force else held_back(diff.withdrawn, counted, known=latest.keys())
@@ -260,29 +322,45 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
         msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"
         log.error("source %s: %s", src.name, msg)
         with engine.begin() as conn:
-            sql.set_snapshot_status(conn, snapshot_id, "quarantined", msg)
+            sql.set_snapshot_status(conn, snapshot_id, "quarantined", msg, settings)
             sql.set_parse_report(conn, snapshot_id, report)
             sql.mark_source(conn, row.id, status="suspect", last_error=msg)
         return ApplyOutcome(src.name, "quarantined", snapshot_id, rules=active_before, error=msg,
-                            problems=problems)
+                            problems=problems, reparsed=reparsed)
     if reason:
         log.warning("source %s: snapshot %s applied by force despite: %s", src.name, snapshot_id, reason)
 
     rows = _version_rows(row.id, snapshot_id, now, diff, latest, lineage_of)
     with engine.begin() as conn:
         sql.insert_versions(conn, rows)
-        sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None)
+        sql.set_snapshot_status(conn, snapshot_id, "parsed", "\n".join(problems) or None, settings)
         sql.set_parse_report(conn, snapshot_id, report)
-        sql.mark_source(conn, row.id, status="fresh", last_fresh_at=now, current_snapshot_id=snapshot_id,
-                        last_error=(f"{len(counted)} record(s) skipped: {sql.safe_text(str(counted[0]))}"
-                                    if counted else None))
+        error = f"{len(counted)} record(s) skipped: {sql.safe_text(str(counted[0]))}" if counted else None
+        sql.mark_source(conn, row.id, current_snapshot_id=snapshot_id,
+                        **_freshness(conn, row, now, error, reparsed is not None))
     out = ApplyOutcome(src.name, "applied", snapshot_id, rules=len(rules), added=len(diff.added) - len(renames),
                        changed=len(diff.changed), withdrawn=len(diff.withdrawn) - len(renames),
                        unchanged=diff.unchanged, renamed=len(renames),
                        problems=problems, forced_over=reason if force else None, skipped=len(counted),
-                       held=held)
+                       held=held, reparsed=reparsed)
     _note_first_seen_passed(engine, src, row.id, now, out)
     return out
+
+
+def _freshness(conn, row: sql.SourceRow, now: datetime, error: str | None, reparsed: bool) -> dict:
+    """The freshness columns of source ``row`` after a snapshot parsed (``error``: its skipped
+    records, or None): fresh at ``now`` for bytes just fetched; for bytes parsed again
+    (``reparsed``), fresh as of the latest fetch, and unchanged when that fetch failed (its error
+    stays the source's: bytes read again say nothing of the source answering now)."""
+    if not reparsed:
+        return {"status": "fresh", "last_fresh_at": now, "last_error": error}
+    last = sql.last_fetch(conn, row.id)
+    if last is not None and last.outcome == "failed":
+        return {}
+    fresh_at = last.fetched_at if last is not None else now
+    if row.last_fresh_at is not None and row.last_fresh_at > fresh_at:
+        fresh_at = row.last_fresh_at
+    return {"status": "fresh", "last_fresh_at": fresh_at, "last_error": error}
 
 
 def _log_problems(source: str, snapshot_id: int, parsed_problems: list, texts: list[str], counted: list,
@@ -358,14 +436,15 @@ def _note_first_seen_passed(engine: Engine, src: SourceConfig, source_id: int, n
 
 
 def _record_parse_failure(engine: Engine, src: SourceConfig, source_id: int, snapshot_id: int,
-                          msg: str) -> ApplyOutcome:
-    """Keep the bytes, mark the snapshot failed and the source stale; the last good versions stay."""
+                          msg: str, settings: dict, reparsed: str | None) -> ApplyOutcome:
+    """Keep the bytes, mark the snapshot failed (parsed with ``settings``) and the source stale; the
+    last good versions stay. ``reparsed``: as :func:`apply_snapshot`'s, into the outcome."""
     msg = sql.safe_text(msg)
     log.error("source %s: %s", src.name, msg)
     with engine.begin() as conn:
-        sql.set_snapshot_status(conn, snapshot_id, "failed", msg)
+        sql.set_snapshot_status(conn, snapshot_id, "failed", msg, settings)
         sql.mark_source(conn, source_id, status="stale", last_error=msg)
-    return ApplyOutcome(src.name, "parse_failed", snapshot_id, error=msg)
+    return ApplyOutcome(src.name, "parse_failed", snapshot_id, error=msg, reparsed=reparsed)
 
 
 def _storable(rec: RuleRecord, problems: list[str]) -> RuleRecord:

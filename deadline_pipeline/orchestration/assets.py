@@ -137,21 +137,30 @@ def _confirm_snapshot(context, engine, src: SourceConfig, key: dg.AssetKey) -> d
 _FAILED_STATUSES = ("parse_failed", "quarantined", "no_snapshot")
 
 
-def _apply_sources(context, engine, sources: list[SourceConfig], now: datetime) -> tuple[dict[str, int], list[str]]:
-    """Apply the latest snapshot of each source at ``now`` (aware UTC), logging first-seen notes and
-    failures to ``context.log``. Returns (totals for the rule_versions metadata, the lines of its
-    Markdown "changes" table, header included)."""
+def _apply_sources(context, engine, sources: list[SourceConfig], now: datetime) -> tuple[dict, list[str]]:
+    """Apply the latest snapshot of each source at ``now`` (aware UTC), logging first-seen notes,
+    snapshots parsed again because their source's settings changed, and failures to ``context.log``.
+    Returns (totals for the rule_versions metadata, ``reparsed`` among them: one line per snapshot
+    parsed again; the lines of its Markdown "changes" table, header included)."""
     totals = dict(rules=0, added=0, changed=0, withdrawn=0, unchanged=0, problems=0, failed_sources=0,
                   first_seen_late=0, first_seen_missed=0, first_seen_history=0)
+    reparsed: list[str] = []
     lines = ["| source | status | rules | added | changed | withdrawn | note |", "|---|---|---|---|---|---|---|"]
     for src in sources:
         out = apply_latest_snapshot(engine, src, now)
         _add_to_totals(totals, out)
+        if out.reparsed:
+            # Said where the rule versions are shown: new versions from bytes that did not change
+            # would otherwise look like a revision the source never published.
+            line = f"source {src.name}: snapshot {out.snapshot_id} re-parsed: {out.reparsed}"
+            context.log.warning(line)
+            reparsed.append(line)
         for line in out.first_seen_notes:
             context.log.warning(f"source {src.name}: first seen after its deadline: {line}")
         if out.status in _FAILED_STATUSES:
             context.log.error(f"source {src.name}: {out.status}: {out.error}")
         lines.append(change_row(src.name, out))
+    totals["reparsed"] = dg.MetadataValue.json(reparsed)
     return totals, lines
 
 
@@ -172,9 +181,11 @@ def _add_to_totals(totals: dict[str, int], out: ApplyOutcome) -> None:
 
 
 def change_row(source: str, out: ApplyOutcome) -> str:
-    """One row of the "changes" Markdown table for one source's outcome: its note is the error, else the
-    first problem, with ``|`` escaped and cut at 200 characters."""
-    note = (out.error or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
+    """One row of the "changes" Markdown table for one source's outcome: its note is the error, else
+    why the snapshot was parsed again, else the first problem, with ``|`` escaped and cut at 200
+    characters."""
+    note = (out.error or (f"re-parsed: {out.reparsed}" if out.reparsed else "")
+            or (out.problems[0] if out.problems else "")).replace("|", "\\|")[:200]
     return (f"| {source} | {out.status} | {out.rules} | {out.added} | {out.changed} | "
             f"{out.withdrawn} | {note} |")
 

@@ -133,6 +133,11 @@ snapshots = Table(
     # "skipped_count": n, "held": [rule ids kept in force because their record failed to parse],
     # "accepted": bool}. The rules_complete check reads it.
     Column("parse_report", Json),
+    # The source settings of the last parse ({"format": ..., "timezone": ...}; ingest.service.
+    # parse_settings): a parse depends on them as on the bytes, so a change of either parses the
+    # latest snapshot again. Without it, a source's new ``timezone:`` did nothing until its bytes
+    # changed (migration 0017; NULL: parsed before it, settings not recorded).
+    Column("parse_settings", Json),
     UniqueConstraint("source_id", "sha256"),
 )
 

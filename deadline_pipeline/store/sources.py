@@ -114,10 +114,12 @@ def snapshot_content(conn: Connection, snapshot_id: int) -> bytes:
 
 
 def latest_snapshot(conn: Connection, source_id: int):
-    """The most recently fetched snapshot of a source (any parse status), or None."""
+    """The most recently fetched snapshot of a source (any parse status), or None: a row of id,
+    parse_status, etag, last_modified, sha256, parse_settings (dict, None when not recorded) and
+    parse_report (dict or None)."""
     return conn.execute(
         select(snapshots.c.id, snapshots.c.parse_status, snapshots.c.etag, snapshots.c.last_modified,
-               snapshots.c.sha256)
+               snapshots.c.sha256, snapshots.c.parse_settings, snapshots.c.parse_report)
         .where(snapshots.c.source_id == source_id)
         .order_by(snapshots.c.fetched_at.desc(), snapshots.c.id.desc())
         .limit(1)
@@ -137,10 +139,15 @@ def set_parse_report(conn: Connection, snapshot_id: int, report: dict) -> None:
     conn.execute(update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_report=report))
 
 
-def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None) -> None:
-    conn.execute(
-        update(snapshots).where(snapshots.c.id == snapshot_id).values(parse_status=status, parse_error=safe_text(error))
-    )
+def set_snapshot_status(conn: Connection, snapshot_id: int, status: str, error: str | None = None,
+                        settings: dict | None = None) -> None:
+    """Record a parse's outcome on a snapshot: ``status`` (parsed | failed | quarantined), its error
+    text, and ``settings``, the source settings it was parsed with (see ``snapshots.parse_settings``;
+    None leaves them as stored)."""
+    values = {"parse_status": status, "parse_error": safe_text(error)}
+    if settings is not None:
+        values["parse_settings"] = settings
+    conn.execute(update(snapshots).where(snapshots.c.id == snapshot_id).values(**values))
 
 
 def latest_versions(conn: Connection, source_id: int) -> dict[str, dict]:
@@ -280,6 +287,14 @@ def fetches(conn: Connection, source_id: int, since: datetime | None = None) -> 
     if since is not None:
         query = query.where(fetch_log.c.fetched_at >= since)
     return list(conn.execute(query).all())
+
+
+def last_fetch(conn: Connection, source_id: int):
+    """The source's latest logged fetch, a row of fetched_at (aware UTC) and outcome, or None."""
+    return conn.execute(
+        select(fetch_log.c.fetched_at, fetch_log.c.outcome).where(fetch_log.c.source_id == source_id)
+        .order_by(fetch_log.c.fetched_at.desc(), fetch_log.c.id.desc()).limit(1)
+    ).first()
 
 
 def _prunable_fetch(before: datetime):
