@@ -125,7 +125,7 @@ def test_an_empty_timezone_cell_recovers_when_the_source_gets_a_timezone(db_url,
     waiting = _cli(tmp_path, "preview", "--config", path, "--db-url", db_url, *window,
                    "--as-of", "2026-12-06T12:30:00Z")
     assert waiting.exit_code == 0, waiting.output
-    assert ("note: source sheet: snapshot 1 was parsed with other settings than the configuration's (timezone "
+    assert ("note: source sheet: snapshot 1 is read differently now (source settings changed: timezone "
             "(unset) → America/New_York)") in waiting.stderr
     res = _cli(tmp_path, "run", "--config", path, "--db-url", db_url, "--as-of", "2026-12-06T13:00:00Z")
     assert res.exit_code == 0, res.output
@@ -159,3 +159,73 @@ def test_a_snapshot_parsed_before_settings_were_recorded_is_parsed_once_more(eng
     assert out.reparsed == "the source settings of its last parse were not recorded (parsed before this release)"
     assert _ingest_and_plan(engine, cfg, T0 + timedelta(hours=2)).status == "unchanged"
     assert _due(engine) == [("x1", BERLIN)]
+
+
+def test_a_new_reader_reads_an_unchanged_file_again(engine, tmp_path, monkeypatch, caplog):
+    """The reader (the parsers' code and libraries, :func:`~deadline_pipeline.ingest.reader.reader_version`)
+    is a setting of the parse too: a release that reads a format differently re-reads an unchanged
+    file once, so a parser fix reaches it. Here the first ingest runs an older reader that read the
+    due time an hour late; the next one, this reader, moves the rule and planning moves the
+    obligation. Before, the old reading stayed in force for as long as the file's bytes did."""
+    from deadline_pipeline.ingest import parsers, service
+    from deadline_pipeline.rules import RuleRecord
+
+    (tmp_path / "d.csv").write_text(CSV)
+    cfg = _config(tmp_path, "csv", "d.csv", "Europe/Berlin")
+    real_parse = parsers.parse_payload
+
+    def older_reader(*args, **kwargs):
+        parsed = real_parse(*args, **kwargs)
+        late = [RuleRecord.from_payload({**r.to_payload(), "start": "2027-01-20T13:00:00"}) for r in parsed.rules]
+        return type(parsed)(rules=late, problems=parsed.problems)
+
+    with monkeypatch.context() as old:
+        old.setattr(service, "parse_payload", older_reader)
+        old.setattr(service, "reader_version", lambda: "0123456789ab")
+        _ingest_and_plan(engine, cfg, T0)
+    assert _due(engine) == [("x1", BERLIN + timedelta(hours=1))]
+
+    with caplog.at_level("INFO", logger="deadline_pipeline.ingest.service"):
+        out = _ingest_and_plan(engine, cfg, T0 + timedelta(hours=1))
+    assert (out.status, out.changed) == ("applied", 1)
+    assert out.reparsed.startswith(f"its reader changed (0123456789ab → {service.reader_version()})"), out.reparsed
+    assert _due(engine) == [("x1", BERLIN)]
+    # Expected after each release that changes the reader: said, but not a warning.
+    (line,) = [r for r in caplog.records if "re-parsed" in r.getMessage()]
+    assert line.levelname == "INFO"
+    # Read by this reader now: the next ingest is unchanged.
+    assert _ingest_and_plan(engine, cfg, T0 + timedelta(hours=2)).status == "unchanged"
+
+
+def test_the_reader_version_follows_the_readers_code_and_nothing_else(tmp_path, monkeypatch):
+    """:func:`reader_version` digests every module a parse can run (the parsers and what they import
+    of this package, transitively) and the libraries' versions: editing a parser or a module it
+    imports changes it; editing a module no parser reaches (delivery) does not."""
+    import shutil
+
+    from deadline_pipeline.ingest import reader
+
+    modules = reader.reader_modules()
+    assert {"deadline_pipeline.ingest.parsers.ics", "deadline_pipeline.ingest.parsers.csv_format",
+            "deadline_pipeline.rules", "deadline_pipeline.timezones"} <= set(modules)
+    assert "deadline_pipeline.deliver.sweep" not in modules
+
+    copy = tmp_path / "deadline_pipeline"
+    shutil.copytree(reader.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(reader, "PACKAGE_DIR", copy)
+
+    def version() -> str:
+        reader.reader_version.cache_clear()
+        return reader.reader_version()
+
+    try:
+        first = version()
+        (copy / "deliver" / "sweep.py").write_text((copy / "deliver" / "sweep.py").read_text() + "\n# edited\n")
+        assert version() == first
+        (copy / "timezones.py").write_text((copy / "timezones.py").read_text() + "\n# edited\n")
+        second = version()
+        assert second != first
+        monkeypatch.setattr(reader, "LIBRARIES", (*reader.LIBRARIES, "jinja2"))
+        assert version() != second
+    finally:
+        reader.reader_version.cache_clear()

@@ -19,6 +19,7 @@ from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
 from deadline_pipeline.ingest.parsers import ParseError, parse_payload
 from deadline_pipeline.ingest.parsers.base import counted_problems
+from deadline_pipeline.ingest.reader import reader_version
 from deadline_pipeline.ingest.versions import (
     DEFAULT_MAX_WITHDRAW_SHARE,
     RuleDiff,
@@ -85,24 +86,31 @@ class UnknownSnapshot(LookupError):
 
 
 def parse_settings(src: SourceConfig) -> dict[str, str | None]:
-    """The configuration a parse of ``src``'s bytes depends on, besides the bytes: ``{"format": the
-    parser, "timezone": the zone of times written without one (None when unset)}``. Every key is an
-    input of :func:`apply_snapshot`'s parse; each parse stores them on its snapshot
+    """The inputs a parse of ``src``'s bytes depends on, besides the bytes: ``{"format": the parser,
+    "timezone": the zone of times written without one (None when unset), "reader": the version of
+    the code and libraries that read (:func:`~deadline_pipeline.ingest.reader.reader_version`)}``.
+    Every key is an input of :func:`apply_snapshot`'s parse; each parse stores them on its snapshot
     (``snapshots.parse_settings``), and :func:`apply_latest_snapshot` parses the latest snapshot again
-    when they differ from the configuration's."""
-    return {"format": src.format, "timezone": src.timezone}
+    when they differ from the configuration's and this release's."""
+    return {"format": src.format, "timezone": src.timezone, "reader": reader_version()}
 
 
 def settings_change(stored: dict | None, current: dict[str, str | None]) -> str | None:
-    """What differs between the settings a snapshot was parsed with (``stored``, None: not recorded,
-    a parse before they were) and ``current`` (:func:`parse_settings`), for a log line:
-    ``"timezone Europe/Berlin → America/New_York"`` (each changed key; an unset one is ``(unset)``),
-    or None when they are equal."""
+    """Why a snapshot parsed with ``stored`` (None: not recorded, a parse before they were) is read
+    differently with ``current`` (:func:`parse_settings`), for a log line: ``"source settings changed:
+    timezone Europe/Berlin → America/New_York"`` (each changed setting; an unset one is ``(unset)``),
+    ``"its reader changed (9233fe974cb6 → 0f1e2d3c4b5a): ..."`` when only the reader did, or None when
+    nothing differs."""
     if stored is None:
         return "the source settings of its last parse were not recorded (parsed before this release)"
     changed = [f"{key} {stored.get(key) or '(unset)'} → {value or '(unset)'}"
-               for key, value in current.items() if stored.get(key) != value]
-    return ", ".join(changed) or None
+               for key, value in current.items() if key != "reader" and stored.get(key) != value]
+    if changed:
+        return "source settings changed: " + ", ".join(changed)
+    if stored.get("reader") != current.get("reader"):
+        return (f"its reader changed ({stored.get('reader') or '(unrecorded)'} → {current.get('reader')}): this "
+                "release reads the format with other code or libraries, so the same bytes are read again")
+    return None
 
 
 def settings_pending(conn, src: SourceConfig) -> str | None:
@@ -119,8 +127,8 @@ def settings_pending(conn, src: SourceConfig) -> str | None:
     change = settings_change(snap.parse_settings, parse_settings(src))
     if change is None:
         return None
-    return (f"source {src.name}: snapshot {snap.id} was parsed with other settings than the configuration's "
-            f"({change}); the store holds its old reading until the next ingest (or run) parses it again")
+    return (f"source {src.name}: snapshot {snap.id} is read differently now ({change}); the store holds its "
+            f"old reading until the next ingest (or run) parses it again")
 
 
 def ensure_source(engine: Engine, src: SourceConfig) -> sql.SourceRow:
@@ -232,8 +240,11 @@ def apply_latest_snapshot(engine: Engine, src: SourceConfig, now: datetime,
             return ApplyOutcome(src.name, status, snap.id, rules=active, error=row.last_error)
     if snap.parse_status == "pending":
         return apply_snapshot(engine, src, snap.id, now, max_withdraw_share=max_withdraw_share)
-    reason = change if snap.parse_settings is None else f"source settings changed: {change}"
-    log.warning("source %s: snapshot %s re-parsed: %s", src.name, snap.id, reason)
+    reason = change
+    # A new reader re-reads every source once after each release that changes it: expected, and
+    # written to the rule_versions metadata either way; a settings change is the operator's edit.
+    level = logging.INFO if reason.startswith("its reader changed") else logging.WARNING
+    log.log(level, "source %s: snapshot %s re-parsed: %s", src.name, snap.id, reason)
     # The same bytes a human accepted over the quarantine (``source accept``) stay accepted: only
     # their reading changed, and refusing them now would withdraw what was accepted.
     accepted = snap.parse_status == "parsed" and bool((snap.parse_report or {}).get("accepted"))
