@@ -291,13 +291,16 @@ def _interrupt_config(folder, port: int, subscribers: int):
         network=LOOPBACK_NETWORK, delivery={"lease_seconds": 15, "time_budget_seconds": 10})
 
 
-def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path, stop):
     """Ctrl-C while the sweep waits on a receiver that has the message but drips its answer (the
     send's outcome unknown). Inside Dagster's step the interrupt was raised from the event loop's
     signal callback, which logged it ("Exception in callback") and went on: tracebacks, and the run
     kept sending and ran its checks. Now the run stops at once with one line and exit 130; no alert
     is escalated or marked sent, the sends cut off keep their attempt rows, and once the lease
-    expires the next sweep sends every alert: the unknown ones again (a duplicate), none lost."""
+    expires the next sweep sends every alert: the unknown ones again (a duplicate), none lost.
+    SIGTERM alike: Dagster maps it to its interrupt handler (how Kubernetes and a run's termination
+    stop a process), so it met the same callback and was swallowed the same way."""
     import os
     import subprocess
     import time
@@ -323,7 +326,7 @@ def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path):
             while stalled.messages == 0 and proc.poll() is None and time.monotonic() < give_up:
                 time.sleep(0.05)
             assert stalled.messages > 0, "no send reached the receiver"
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop)
             interrupted_at = time.monotonic()
             out, err = proc.communicate(timeout=30)
         finally:

@@ -99,8 +99,9 @@ def run_on_loop(main: Callable[[], Coroutine[Any, Any, T]], preferred: str) -> t
 
 @contextmanager
 def _interruptible() -> Iterator[None]:
-    """Within: Ctrl-C (SIGINT) cancels the loop's main task and then raises ``KeyboardInterrupt``, as
-    :class:`asyncio.Runner` does under Python's own handler; the previous handler is put back after.
+    """Within: Ctrl-C (SIGINT), and SIGTERM where Dagster maps it to the same handler, cancels the
+    loop's main task and then raises ``KeyboardInterrupt``, as :class:`asyncio.Runner` does under
+    Python's own handler; the previous handlers are put back after.
 
     Inside a Dagster step the SIGINT handler is Dagster's, which raises its own interrupt error from
     wherever the main thread is: during a sweep, from the event loop's signal callback, where both
@@ -119,8 +120,16 @@ def _interruptible() -> Iterator[None]:
     if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C (nohup, a background job) still does
         yield
         return
+    # Dagster maps SIGTERM to its SIGINT handler (dagster._utils.interrupts: how Kubernetes and a
+    # run's termination stop a process): left so, a SIGTERM met the same callback and was swallowed.
+    previous_term = signal.getsignal(signal.SIGTERM)
+    mapped = previous_term is previous
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if mapped:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        if mapped:
+            signal.signal(signal.SIGTERM, previous_term)
