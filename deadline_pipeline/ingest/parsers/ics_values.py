@@ -1,0 +1,192 @@
+"""Reading the values of an iCalendar component (RFC 5545 §3.3): date, date-time and floating
+values as :class:`When`, property lists and text, the calendar's zone, and the skip a value that
+cannot be read raises (:class:`Skip`). Used by :mod:`.ics`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, tzinfo
+from zoneinfo import ZoneInfo
+
+import icalendar
+
+from deadline_pipeline.ingest.parsers.base import (
+    ParseProblem,
+)
+from deadline_pipeline.rules import format_local, year_problem
+from deadline_pipeline.timezones import (
+    UnknownTimeZone,
+    equivalent_iana_zone,
+    resolve_zone,
+)
+
+
+class Skip(Exception):
+    """The component cannot become a rule; the message says why."""
+
+
+@dataclass
+class When:
+    """A DATE or DATE-TIME value as written: naive wall time (or date), and its zone if any."""
+
+    value: date | datetime
+    tz: str | None  # the zone name for the rule ("Europe/Berlin", "UTC"), None when floating/date
+    zone: tzinfo | None  # the tzinfo to compute instants with
+    known: bool = True  # False: TZID unknown to resolve_zone, zone comes from a VTIMEZONE
+    written: str | None = None  # the TZID as written, when it was mapped to an equivalent IANA zone
+
+    @property
+    def aware(self) -> datetime | None:
+        if isinstance(self.value, datetime) and self.zone is not None:
+            return self.value.replace(tzinfo=self.zone)
+        return None
+
+
+def when_of(prop: object, what: str) -> When:
+    """Read a DTSTART/DUE/RECURRENCE-ID property (a vDDDTypes) into a :class:`When`."""
+    if isinstance(prop, icalendar.prop.vBroken):
+        raise Skip(f"{what} is not a valid date or date-time: {str(prop)!r}")
+    return _value_when(getattr(prop, "dt", None), getattr(prop, "params", {}) or {}, what)
+
+
+def written_value(value: object, params: dict) -> object:
+    """The library's ``value`` of a property with ``params`` as the publisher wrote it: a PERIOD
+    (start, end|duration) by its start; a date written with a TZID as the date."""
+    if isinstance(value, tuple) and value:
+        value = value[0]
+    if (isinstance(value, datetime) and str(params.get("VALUE", "")).upper() == "DATE"
+            and value.time() == time.min):
+        # DTSTART;TZID=America/New_York;VALUE=DATE:20260320 is a date (a TZID does not apply to DATE
+        # values, §3.2.19), but the library reads it as midnight in the zone: the all-day deadline was
+        # due at 00:00, a day early.
+        return value.date()
+    return value
+
+
+def _value_when(value: object, params: dict, what: str) -> When:
+    """One DATE or DATE-TIME value of property ``what`` with its ``params`` (TZID) as a :class:`When`.
+    Raises :class:`Skip` naming ``what`` for a value that is neither, in an unknown zone, or outside
+    :data:`~deadline_pipeline.rules.RULE_YEARS`."""
+    value = written_value(value, params)
+    if isinstance(value, date):
+        # Before any zone arithmetic: DTSTART;TZID=America/New_York:99991231T235959 has no UTC form,
+        # and the OverflowError failed the whole calendar, not this component.
+        problem = year_problem(value)
+        if problem:
+            shown = value.replace(tzinfo=None).isoformat() if isinstance(value, datetime) else value.isoformat()
+            raise Skip(f"{what} {shown}: {problem}")
+    if isinstance(value, datetime):
+        naive = value.replace(tzinfo=None)
+        tzid = params.get("TZID")
+        if tzid:
+            try:
+                return When(naive, str(tzid), resolve_zone(str(tzid)))
+            except UnknownTimeZone:
+                pass
+            if isinstance(value.tzinfo, ZoneInfo):  # the library mapped the name to an IANA zone
+                return When(naive, value.tzinfo.key, value.tzinfo)
+            if value.tzinfo is not None:  # defined by a VTIMEZONE of this calendar only
+                # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
+                # same offsets and transitions, so the rule can be planned like any other.
+                iana = equivalent_iana_zone(value.tzinfo, str(tzid))
+                if iana is not None:
+                    return When(naive, iana, ZoneInfo(iana), written=str(tzid))
+                return When(naive, str(tzid), value.tzinfo, known=False)
+            raise Skip(f"{what} has TZID {str(tzid)!r}, a zone that is neither known nor defined "
+                        "by a VTIMEZONE in this calendar")
+        if value.tzinfo is not None:  # the "Z" form: an absolute UTC time
+            return When(value.astimezone(UTC).replace(tzinfo=None), "UTC", UTC)
+        return When(naive, None, None)
+    if isinstance(value, date):
+        return When(value, None, None)
+    raise Skip(f"{what} is {type(value).__name__}, not a date or date-time")
+
+
+def prop_list(component: icalendar.cal.Component, name: str) -> list:
+    value = component.get(name)
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def text_of(component: icalendar.cal.Component, name: str) -> str | None:
+    value = component.get(name)
+    if value is None or isinstance(value, list):
+        return None
+    return str(value)
+
+
+def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
+                   problems: list[ParseProblem], index: int) -> str | None:
+    """The zone for floating times: X-WR-TIMEZONE when known, else default_tz."""
+    declared = cal.get("X-WR-TIMEZONE") if cal.name == "VCALENDAR" else None
+    if declared is not None and str(declared).strip():
+        name = str(declared).strip()
+        try:
+            resolve_zone(name)
+            return name
+        except UnknownTimeZone as exc:
+            problems.append(ParseProblem(f"VCALENDAR {index}", f"X-WR-TIMEZONE ignored: {exc}", skipped=False))
+    return default_tz
+
+
+def dates_of(component: icalendar.cal.Component, name: str, problems: list[ParseProblem],
+           position: str) -> list[When]:
+    """Every value of every EXDATE/RDATE property, each read with its own TZID.
+
+    An EXDATE value that cannot be read is ignored with a note (at worst a reminder too many). An RDATE
+    value is an occurrence: one beyond :data:`~deadline_pipeline.rules.RULE_YEARS` is ignored with a
+    note (never within a plan), any other unreadable one (an unknown TZID, not a date list) raises
+    :class:`Skip`: ignored with a note, its deadline was never planned and every check stayed green;
+    skipped, the component keeps its last good version and ``rules_complete`` names the line."""
+    out: list[When] = []
+    for prop in prop_list(component, name):
+        if isinstance(prop, icalendar.prop.vBroken):
+            if name == "RDATE":
+                raise Skip(f"RDATE {str(prop)!r} is not a valid date list: the occurrences it names are unknown")
+            problems.append(ParseProblem(position, f"{name} {str(prop)!r} ignored: not a valid date list",
+                                         skipped=False))
+            continue
+        params = getattr(prop, "params", {}) or {}
+        for item in getattr(prop, "dts", []) or []:
+            try:
+                out.append(_value_when(item.dt, params, name))
+            except Skip as exc:
+                if name == "RDATE" and not (isinstance(item.dt, date) and year_problem(item.dt)):
+                    raise Skip(f"{exc}: an occurrence of this rule cannot be planned") from None
+                problems.append(ParseProblem(position, f"{exc}; that {name} value is ignored", skipped=False))
+    return out
+
+
+def in_zone(when: When, rule_zone: tzinfo | None, problems: list[ParseProblem], position: str,
+             what: str) -> str:
+    """An EXDATE/RDATE as wall-clock time in the rule's zone (floating ones are already in it).
+
+    Raises :class:`Skip` for an RDATE instant (UTC or zoned) of a floating or all-day rule: each
+    subscriber reads the rule in their own zone, so the instant cannot be kept, and as a wall time it
+    was due up to a day off (12:00Z read as 12:00 in Pago Pago: 23:00Z) with only a note. An EXDATE
+    so written is kept as wall time with a note (at worst it excludes nothing)."""
+    aware = when.aware
+    if aware is None:
+        return format_local(when.value)
+    if rule_zone is None and what == "RDATE":
+        raise Skip(f"RDATE {format_local(when.value)} in {when.tz} is an instant but the rule is floating (its "
+                    "DTSTART has no TZID and is read in each subscriber's zone); give DTSTART a TZID, or write the "
+                    "RDATE as a floating time")
+    if rule_zone is None:
+        problems.append(ParseProblem(
+            position, f"{what} {format_local(when.value)} in {when.tz} kept as wall time: the rule is floating",
+            skipped=False))
+        return format_local(when.value)
+    return format_local(aware.astimezone(rule_zone).replace(tzinfo=None))
+
+
+def utc_iso(when: When, rule_zone: tzinfo | None) -> str:
+    if not isinstance(when.value, datetime):
+        return when.value.isoformat()
+    aware = when.aware
+    if aware is None and rule_zone is not None:
+        aware = when.value.replace(tzinfo=rule_zone)
+    if aware is None:
+        return format_local(when.value)
+    return aware.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,145 @@
+"""VTIMEZONEs a calendar defines for a TZID that names an IANA zone (RFC 5545 §3.6.5): the IANA zone
+is read, and where the calendar's definition gives another UTC offset at an instant the component
+uses, a note says so, naming both offsets (:func:`note_zone_read_anew`). Used by :mod:`.ics`."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+
+import icalendar
+
+from deadline_pipeline.ingest.parsers.base import (
+    ParseProblem,
+)
+from deadline_pipeline.ingest.parsers.ics_lines import ScannedComponent, lines_of, named_lines
+from deadline_pipeline.ingest.parsers.ics_values import prop_list, written_value
+from deadline_pipeline.instants import instant_text
+from deadline_pipeline.rules import RuleRecord, format_local
+from deadline_pipeline.timezones import (
+    UnknownTimeZone,
+    offset_disagreements,
+    resolve_zone,
+    utc_offset_text,
+)
+
+
+@dataclass
+class _DefinedZone:
+    """A VTIMEZONE whose TZID :func:`~deadline_pipeline.timezones.resolve_zone` knows, so that its values
+    are read in that zone (``theirs``) and not in the calendar's own definition (``ours``)."""
+
+    tzid: str
+    line: int | None  # the physical line of its TZID property
+    ours: tzinfo
+    theirs: tzinfo
+    #: Where the two disagree (:func:`~deadline_pipeline.timezones.offset_disagreements`), worked out
+    #: the first time a recurring rule needs them.
+    spans: list | None = None
+
+    @property
+    def named(self) -> str:
+        return f"VTIMEZONE TZID={self.tzid}" + (f" (line {self.line})" if self.line else "")
+
+
+def zones_defined_anew(tops: list, lines: list[tuple[int, str]],
+                        problems: list[ParseProblem]) -> dict[str, _DefinedZone]:
+    """``{TZID: _DefinedZone}`` for each VTIMEZONE of ``tops`` (the library's components) whose TZID
+    names a zone :func:`~deadline_pipeline.timezones.resolve_zone` knows (an IANA or Windows name).
+    ``lines``: the unfolded lines with their physical numbers, to name each TZID's line. A definition
+    the library cannot turn into a zone is a note appended to ``problems`` (it cannot be compared)."""
+    tzid_lines: dict[str, int] = {}
+    inside = False
+    for number, body in lines:
+        head, _colon, rest = body.partition(":")
+        key = head.strip().upper()
+        if key in ("BEGIN", "END") and rest.strip().upper() == "VTIMEZONE":
+            inside = key == "BEGIN"
+        elif inside and key == "TZID":
+            tzid_lines.setdefault(rest.strip(), number)
+    out: dict[str, _DefinedZone] = {}
+    for top in tops:
+        for vtz in top.walk("VTIMEZONE"):
+            tzid = str(vtz.get("TZID", "")).strip()
+            try:
+                theirs = resolve_zone(tzid)
+            except UnknownTimeZone:
+                continue  # the definition is the zone (read through equivalent_iana_zone)
+            line = tzid_lines.get(tzid)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ours = vtz.to_tz(lookup_tzid=False)
+            except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError…
+                problems.append(ParseProblem(f"line {line}" if line else f"VTIMEZONE TZID={tzid}", (
+                    f"VTIMEZONE TZID={tzid} cannot be compared with the zone of that name, which is read instead: "
+                    f"{exc.__class__.__name__}: {exc}"), skipped=False))
+                continue
+            out[tzid] = _DefinedZone(tzid, line, ours, theirs)
+    return out
+
+
+#: The date properties whose TZID :func:`note_zone_read_anew` compares.
+_DATED = ("DTSTART", "DUE", "RECURRENCE-ID", "RDATE", "EXDATE")
+
+
+def note_zone_read_anew(component: icalendar.cal.Component, rule: RuleRecord, scan: ScannedComponent | None,
+                         defined: dict[str, _DefinedZone], problems: list[ParseProblem], position: str) -> None:
+    """A note appended to ``problems`` when a value of ``component`` is read in a zone whose UTC offset
+    differs from the one the calendar's own VTIMEZONE of that TZID gives (``defined``), naming the
+    VTIMEZONE, the value's line, the instant and both offsets; nothing when they agree.
+
+    A TZID that names an IANA zone is that zone (see the module docstring), also when the calendar
+    defines it differently (an old US rule, say: many producers ship stale VTIMEZONEs), so the instant
+    is the IANA zone's; RFC 5545 §3.6.5 makes the VTIMEZONE the definition, so a disagreement is said,
+    not resolved silently. Compared at each DTSTART, DUE, RECURRENCE-ID, RDATE and EXDATE value, and for
+    an RRULE at its first occurrence within the spans where the two zones disagree
+    (:func:`~deadline_pipeline.timezones.offset_disagreements`, years :data:`EQUIVALENCE_YEARS`). One
+    note per component: the first disagreement found."""
+    if not defined:
+        return
+    for name in _DATED:
+        for prop in prop_list(component, name):
+            params = getattr(prop, "params", {}) or {}
+            zone = defined.get(str(params.get("TZID", "")).strip())
+            if zone is None:
+                continue
+            values = [d.dt for d in getattr(prop, "dts", [])] if hasattr(prop, "dts") else [getattr(prop, "dt", None)]
+            for value in values:
+                value = written_value(value, params)
+                if not isinstance(value, datetime):
+                    continue
+                wall = value.replace(tzinfo=None)
+                ours, theirs = wall.replace(tzinfo=zone.ours).utcoffset(), wall.replace(tzinfo=zone.theirs).utcoffset()
+                if ours != theirs:
+                    problems.append(_zone_note(zone, f"{name}{lines_of(scan, name)} {format_local(wall)}",
+                                               wall.replace(tzinfo=zone.theirs), ours, theirs, position, rule))
+                    return
+    zone = defined.get(rule.tz or "")
+    if rule.rrule is None or zone is None:
+        return
+    from deadline_pipeline.plan.occurrences import expand
+
+    if zone.spans is None:
+        zone.spans = offset_disagreements(zone.ours, zone.theirs)
+    for start, end, ours, theirs in zone.spans:
+        found = expand(rule, zone.theirs, after=start.replace(tzinfo=UTC), before=end.replace(tzinfo=UTC)
+                       - timedelta(seconds=1), limit=1, strict=False)
+        if found:
+            label = named_lines(scan, "RRULE")
+            problems.append(_zone_note(zone, f"the occurrence of {found[0].due_at.astimezone(zone.theirs):%Y-%m-%d} "
+                                             f"of the {label}", found[0].due_at, ours, theirs, position, rule))
+            return
+
+
+def _zone_note(zone: _DefinedZone, what: str, instant: datetime, ours: timedelta, theirs: timedelta, position: str,
+               rule: RuleRecord) -> ParseProblem:
+    """The note of :func:`note_zone_read_anew`: ``what`` (a value and its line) is due at ``instant``
+    (aware) in the zone read, whose offset is ``theirs``; the calendar's definition gives ``ours``."""
+    return ParseProblem(position, (
+        f"{zone.named} disagrees with the zone of that name at {what}: the calendar's definition gives "
+        f"UTC{utc_offset_text(ours)}, the IANA zone {getattr(zone.theirs, 'key', zone.tzid)} "
+        f"UTC{utc_offset_text(theirs)}; "
+        f"read in the IANA zone (due {instant_text(instant)}). A TZID naming an IANA zone is that zone: if the "
+        "definition was meant, give it a TZID of its own"), rule.rule_id, skipped=False)
