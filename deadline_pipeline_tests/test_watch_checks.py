@@ -362,6 +362,36 @@ def test_reminders_owed_owes_an_added_offset_only_where_planning_could_still_wri
     assert offender["offset_seconds"] == -7200 and offender["reason"].startswith("never planned"), offender
 
 
+def test_reminders_owed_excuses_no_missing_row_of_a_deadline_two_subscriptions_share(engine, tmp_path):
+    """Two subscriptions of one subscriber to one source plan one obligation whose fingerprint
+    combines both (:func:`~deadline_pipeline.plan.planner.merged_fingerprint`). Recomputed from the
+    last subscription alone, it never matched the stored one, so once such a deadline had passed a
+    missing reminder row was taken for an offset added after planning and excused: green, with the
+    configuration unchanged. Recomputed as planning combines it, the row missing is red."""
+    from deadline_pipeline.watch.reconcile import reminders_owed
+
+    _, path = setup_config(tmp_path, events=(EVENT_A,))
+    close = "- {name: close, sources: [cal], offsets: [-PT2H], channels: [mail]}\n"
+    path.write_text(path.read_text().replace("subscriptions:\n", "subscriptions:\n" + close, 1))
+    cfg = load_config(path)[0]
+    assert [s.name for s in cfg.subscriptions] == ["close", "all"]
+    due_a = datetime(2027, 1, 15, 11, 0, tzinfo=UTC)
+    cycle(engine, cfg, due_a - timedelta(days=8))
+    cycle(engine, cfg, due_a - timedelta(hours=3))  # -P1D sent; -PT2H still pending, no attempt yet
+    later = due_a + timedelta(hours=3)
+    with engine.begin() as conn:
+        (victim,) = conn.execute(select(alerts.c.id).join(obligations, obligations.c.id == alerts.c.obligation_id)
+                                 .where(obligations.c.due_at == due_a, alerts.c.offset_seconds == -7200,
+                                        obligations.c.subscriber_id == select(subscribers.c.id).where(
+                                            subscribers.c.external_id == "ann").scalar_subquery())).scalars().all()
+        conn.execute(delete(alerts).where(alerts.c.id == victim))
+    out = reminders_owed(engine, cfg, later)
+    assert not out.passed and out.count == 1, out.summary
+    (offender,) = out.offenders
+    assert (offender["subscriber"], offender["offset_seconds"]) == ("ann", -7200), offender
+    assert offender["reason"].startswith("never planned"), offender
+
+
 def test_run_exits_0_after_an_offset_is_added_to_a_passed_deadline(tmp_path, pg_url):
     """The sequence seen: `run`s around report A's deadline with -P7D/-P1D/PT0S, then the offsets
     become -P1D/-PT2H/PT0S; every `run` of the next week said `reminders_owed FAIL ... offset -7200s

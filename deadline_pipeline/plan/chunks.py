@@ -6,7 +6,6 @@ corrections a move or a restored deadline owes. Memory stays bounded by a chunk,
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from deadline_pipeline.plan.planner import (
     SKIPPED_BY_POLICY,
     PlannedObligation,
     Target,
+    merged_fingerprint,
     plan_obligations,
     reminder_rows,
 )
@@ -102,7 +102,7 @@ def planned_chunks(targets, rules_cache, now, horizon, lo, hi, out: PlanOutcome,
             first.targets.append(t)
             first.alert_count += extra
             out.alerts_planned += extra
-            first.ob.fingerprint = hashlib.sha256((first.ob.fingerprint + o.fingerprint).encode()).hexdigest()
+            first.ob.fingerprint = merged_fingerprint(first.ob.fingerprint, o.fingerprint)
         out.targets += 1
     if chunk:
         yield chunk

@@ -329,6 +329,14 @@ def fingerprint(due_at: datetime, target: Target, zone: tzinfo | None = None, wa
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+def merged_fingerprint(first: str, other: str) -> str:
+    """The fingerprint of one obligation two subscriptions of one subscriber to one source ask for
+    (planned once, with the reminders of both): ``first``'s (the obligation as planned so far, in the
+    subscriptions' order) combined with ``other``'s. Planning and ``reminders_owed`` both combine
+    with this, so what the check recomputes is what planning stored."""
+    return hashlib.sha256((first + other).encode()).hexdigest()
+
+
 def _freq(rrule: str | None) -> str | None:
     for part in (rrule or "").upper().split(";"):
         if part.startswith("FREQ="):

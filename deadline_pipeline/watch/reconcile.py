@@ -107,7 +107,7 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     instant, offset, channel and why the outbox does not explain the reminder."""
     from deadline_pipeline.plan.occurrences import window
     from deadline_pipeline.plan.outcome import PlanOutcome
-    from deadline_pipeline.plan.planner import plan_target
+    from deadline_pipeline.plan.planner import merged_fingerprint, plan_target
     from deadline_pipeline.plan.service import business_calendars, fold_overrides, targets_from_rows
 
     lo, hi = now - lookback, now - grace
@@ -131,7 +131,12 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
             for ob in obs:
                 if (t.subscriber_id, t.source_id, ob.rule_id) not in planned_pairs:
                     continue
-                fingerprints[(t.subscriber_id, t.source_id, ob.rule_id, ob.due_at)] = ob.fingerprint
+                # Two subscriptions of one subscriber to one source: one obligation, its fingerprint
+                # combined as planning combines it (in the same order of targets), else a past
+                # deadline's missing row was always excused as planned from another configuration.
+                fk = (t.subscriber_id, t.source_id, ob.rule_id, ob.due_at)
+                fingerprints[fk] = (ob.fingerprint if fk not in fingerprints
+                                    else merged_fingerprint(fingerprints[fk], ob.fingerprint))
                 if ob.due_at < since.get(ob.rule_id, ob.due_at):
                     continue  # due before this version was known: never owed
                 for a in ob.alerts:
