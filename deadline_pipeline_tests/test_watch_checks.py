@@ -404,3 +404,62 @@ def test_run_exits_0_after_an_offset_is_added_to_a_passed_deadline(tmp_path, pg_
     res = _run_cli(["run", "--config", str(path), "--db-url", pg_url, "--as-of", "2027-01-15T14:00:00Z"], tmp_path)
     line = next(s for s in res.output.splitlines() if "reminders_owed" in s)
     assert res.exit_code == 0 and " PASS " in line, res.output
+
+
+EVENT_C = dict(uid="c@test", tzid="Europe/Berlin", dtstart="20270301T100000", summary="File report C",
+               rrule="FREQ=MONTHLY")
+
+
+def _bob(engine):
+    with engine.connect() as conn:
+        return conn.execute(select(subscribers.c.id).where(subscribers.c.external_id == "bob")).scalar_one()
+
+
+def test_horizon_planned_names_a_rule_left_without_obligations_beside_covered_ones(engine, tmp_path):
+    """A partition run withdrew one rule's obligations while the other rules of the source kept theirs:
+    judged per (subscriber, source) the check stayed green until a reminder's send time had passed.
+    Judged per rule, it is red at once and names the rule and its next occurrence."""
+    cfg, _ = setup_config(tmp_path, events=(EVENT_A, EVENT_B, EVENT_C))
+    cycle(engine, cfg, T0)
+    assert all_checks(engine, cfg, T0)["horizon_planned"].passed
+    with engine.begin() as conn:
+        conn.execute(update(obligations).where(obligations.c.subscriber_id == _bob(engine),
+                                               obligations.c.rule_id == "c@test").values(status="withdrawn"))
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert not out.passed and out.count == 1, out.summary
+    assert out.offenders == [{"subscriber": "bob", "source": "cal", "rule_id": "c@test",
+                              "first_ahead": "2027-03-01T09:00:00+00:00"}]
+    assert "bob × cal rule c@test, next due 2027-03-01T09:00:00+00:00" in out.summary
+
+
+def test_horizon_planned_is_green_for_a_master_whose_occurrence_an_override_moved(engine, tmp_path):
+    """A RECURRENCE-ID override moves C's March occurrence; planning folds it into the master (the
+    master plans April on, the override March). The master is judged as planned: its first occurrence
+    ahead is April, which it has, and the override's own obligation is its own."""
+    moved = dict(uid="c@test", tzid="Europe/Berlin", dtstart="20270305T100000", summary="File report C (moved)",
+                 recurrence_id="20270301T100000")
+    cfg, _ = setup_config(tmp_path, events=(EVENT_A, EVENT_B, EVENT_C, moved))
+    cycle(engine, cfg, T0)
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert out.passed, out.summary
+    # The override's obligation withdrawn: red, naming the override, not the master.
+    with engine.begin() as conn:
+        conn.execute(update(obligations).where(obligations.c.rule_id.like("c@test#%")).values(status="withdrawn"))
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert not out.passed and all(o["rule_id"].startswith("c@test#") for o in out.offenders), out.offenders
+
+
+def test_horizon_planned_does_not_judge_a_rule_ingested_after_the_last_planning_run(engine, tmp_path):
+    """A rule ingested after the last planning run started has no obligation until the next run: not
+    an alarm in those minutes; the next run plans it, and only a run that then leaves it out is red."""
+    cfg, _ = setup_config(tmp_path)
+    cycle(engine, cfg, T0)
+    (tmp_path / "cal.ics").write_text(ics(EVENT_A, EVENT_B, EVENT_C), newline="")
+    later = T0 + timedelta(minutes=10)
+    ingest(engine, cfg, later)
+    assert all_checks(engine, cfg, later)["horizon_planned"].passed
+    plan(engine, cfg, later + timedelta(minutes=20))
+    with engine.begin() as conn:
+        conn.execute(update(obligations).where(obligations.c.rule_id == "c@test").values(status="withdrawn"))
+    out = all_checks(engine, cfg, later + timedelta(minutes=30))["horizon_planned"]
+    assert not out.passed and {o["rule_id"] for o in out.offenders} == {"c@test"}, out.offenders

@@ -669,14 +669,21 @@ def occurs_between(payload: dict, after: datetime, before: datetime) -> bool:
     ``ValueError`` (``RRuleError``, ``UnknownTimeZone``…) or ``KeyError``/``TypeError`` for an
     unreadable payload; the caller decides what such a rule counts as.
     """
+    return first_between(payload, after, before) is not None
+
+
+def first_between(payload: dict, after: datetime, before: datetime) -> datetime | None:
+    """The first instant (aware UTC) of the stored rule ``payload`` in ``[after, before]``, or None;
+    read as :func:`occurs_between` reads it, raising what it raises."""
     from deadline_pipeline.timezones import resolve_zone
 
     if (payload.get("extra") or {}).get("cancelled"):
-        return False  # a cancelled or completed occurrence (a closed override) is never planned
+        return None  # a cancelled or completed occurrence (a closed override) is never planned
     # Only the timing fields matter here; a payload stored without a title or zone is still readable.
     rule = RuleRecord.from_payload({"title": "", "tz": None, "rule_id": "?", **payload})
     zone = resolve_zone(rule.tz or "UTC")
-    return bool(expand(rule, zone, after=after, before=before, limit=1, strict=True))
+    found = expand(rule, zone, after=after, before=before, limit=1, strict=True)
+    return found[0].due_at if found else None
 
 
 BusinessDays = tuple  # (calendar spec | HolidayCalendar | iterable of dates, convention)

@@ -344,6 +344,14 @@ def _freq(rrule: str | None) -> str | None:
     return None
 
 
+def refused_frequency(rrule: str | None) -> str | None:
+    """The ``FREQ`` of ``rrule`` (an RRULE value, or None) when planning refuses it
+    (:data:`REFUSED_FREQUENCIES`: ``SECONDLY``, ``MINUTELY``), else None. Such a rule is never planned
+    (a planning problem instead), so the watchers must not expect obligations of it."""
+    freq = _freq(rrule)
+    return freq if freq in REFUSED_FREQUENCIES else None
+
+
 def zone_for(rule: RuleRecord, target: Target) -> tzinfo:
     """The deadline's own zone: the rule's ``tz``; a floating rule is read in the source's declared
     zone, else the subscriber's. Its wall time is expanded in this zone, and the calendar days of
@@ -593,8 +601,8 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     for version, rule in rules:
         if not target.wants_rule(rule):
             continue
-        freq = _freq(rule.rrule)
-        if freq in REFUSED_FREQUENCIES:
+        freq = refused_frequency(rule.rrule)
+        if freq:
             # A reminder every second or minute is a data bug, not a deadline; planning it would flood
             # every subscriber. The rule is refused loudly (logged, counted in the plan's metadata).
             problems.append(PlanProblem(target.source, rule.rule_id,

@@ -344,6 +344,45 @@ def upcoming_obligation_counts(conn: Connection, since: datetime) -> dict[tuple[
     return {(sub, src): n for sub, src, n in rows}
 
 
+def latest_rule_versions(conn: Connection) -> dict[int, dict[str, dict]]:
+    """source_id → rule_id → the latest version of every rule, withdrawn ones too, as dicts with
+    ``payload`` (dict), ``valid_from`` (aware UTC: when that version came into force, i.e. was
+    ingested), ``withdrawn`` (bool) and ``lineage`` (the id its obligations are keyed on after a rename,
+    each claim resolved as planning resolves it: :func:`~deadline_pipeline.store.planning.claimed_lineage`;
+    absent for a rule keyed on its own id). One query."""
+    from deadline_pipeline.store.planning import claimed_lineage
+
+    latest = (select(rule_versions.c.source_id, rule_versions.c.rule_id,
+                     func.max(rule_versions.c.version).label("v"))
+              .group_by(rule_versions.c.source_id, rule_versions.c.rule_id).subquery())
+    rows = conn.execute(
+        select(rule_versions.c.source_id, rule_versions.c.rule_id, rule_versions.c.payload,
+               rule_versions.c.valid_from, rule_versions.c.withdrawn, rule_versions.c.lineage)
+        .join(latest, and_(latest.c.source_id == rule_versions.c.source_id,
+                           latest.c.rule_id == rule_versions.c.rule_id, latest.c.v == rule_versions.c.version))
+    ).mappings().all()
+    out: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        out.setdefault(r["source_id"], {})[r["rule_id"]] = dict(r)
+    for versions in out.values():
+        claimed = claimed_lineage(versions)
+        for rid, v in versions.items():
+            v["lineage"] = claimed.get(rid)
+    return out
+
+
+def upcoming_obligation_rules(conn: Connection, since: datetime) -> set[tuple[int, int, str]]:
+    """(subscriber_id, source_id, rule_id) of every active obligation due at or after ``since``
+    (aware UTC). ``rule_id`` is the id the obligation was last planned under (after a rename planning
+    moves it to the new id; until then it is the lineage)."""
+    rows = conn.execute(
+        select(obligations.c.subscriber_id, obligations.c.source_id, obligations.c.rule_id)
+        .where(obligations.c.status == ObligationState.ACTIVE, obligations.c.due_at >= since)
+        .distinct()
+    ).all()
+    return {(sub, src, rid) for sub, src, rid in rows}
+
+
 def obligations_with_reminders(conn: Connection, lo: datetime, hi: datetime) -> list[dict]:
     """Active obligations due in ``[lo, hi]`` with the set of their reminder rows for their current
     due instant, as dicts with
@@ -382,6 +421,7 @@ __all__ = ["beat", "live_heartbeats", "future_instants", "first_plan_completion"
            "count_escalated_unacknowledged", "oldest_escalated_unacknowledged_ids", "escalated_unacknowledged",
            "source_health_rows", "rule_versions_with_reports", "planned_rules", "reminder_outcomes", "acknowledge",
            "alerts_by_state", "active_subscription_rows", "active_rule_payloads", "upcoming_obligation_counts",
+           "latest_rule_versions", "upcoming_obligation_rules",
            "obligations_with_reminders", "oldest_open_alert"]
 
 

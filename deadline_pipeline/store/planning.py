@@ -234,7 +234,7 @@ class SourceRules:
 
     ``active`` and ``withdrawn``: as :func:`active_rules` returns them. ``lineage``: rule id → lineage
     (the id its obligations are keyed on) of the active rules that were renamed, each claim resolved
-    (see :func:`_claimed_lineage`). ``recorded_lineage``: rule id → the lineage its latest version
+    (see :func:`claimed_lineage`). ``recorded_lineage``: rule id → the lineage its latest version
     records, active or withdrawn, for every rule that was ever renamed, no claim resolved (what a
     scoped re-plan widens over)."""
 
@@ -251,7 +251,7 @@ def source_rules(conn: Connection, source_id: int) -> SourceRules:
     latest = latest_versions(conn, source_id)
     active, withdrawn = _active_of(latest)
     recorded = {rid: v["lineage"] for rid, v in latest.items() if v.get("lineage") and v["lineage"] != rid}
-    return SourceRules(active, withdrawn, _claimed_lineage(latest), recorded)
+    return SourceRules(active, withdrawn, claimed_lineage(latest), recorded)
 
 
 def _active_of(latest: dict[str, dict]) -> tuple[list[tuple[int, RuleRecord]], dict[str, frozenset[str]]]:
@@ -260,7 +260,7 @@ def _active_of(latest: dict[str, dict]) -> tuple[list[tuple[int, RuleRecord]], d
     return sorted(rules, key=lambda r: r[1].rule_id), withdrawn
 
 
-def _claimed_lineage(latest: dict[str, dict]) -> dict[str, str]:
+def claimed_lineage(latest: dict[str, dict]) -> dict[str, str]:
     """rule_id → lineage of the active rules in ``latest`` (:func:`latest_versions` rows) that were
     renamed. Two active rules claiming one lineage (an old id back next to its new one) keep it only
     for the rule that owns the id; the other is keyed on its own id — never two rules on one

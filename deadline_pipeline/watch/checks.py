@@ -17,11 +17,17 @@ Checks and what exactly they promise:
 ``horizon_planned``
     (1) the ``plan`` heartbeat completed within ``plan_interval`` of ``now`` and its last run did not
     crash — planning covers ``[P, P + horizon]`` when it last ran at P, so this bounds the uncovered
-    tail to one planning interval; and (2) every active subscription (active subscriber) whose
-    source has at least one active rule matching its patterns with an occurrence inside
-    ``[now + 1 day, now + horizon - 1 day]`` (read with dateutil from the stored rule, not by the
-    planner; the day of slack absorbs time zones) has at least one active obligation due at or
-    after ``now``. (2) catches a target the planner silently skipped.
+    tail to one planning interval; and (2) for every active subscription (active subscriber) and
+    every rule of its source it selects (patterns, ``kinds`` / ``exclude_kinds``), read as planning
+    reads it (RECURRENCE-ID overrides folded into their masters), with an occurrence inside
+    ``[now + 7 days, now + horizon - 1 day]`` (read with dateutil from the stored rule, not by the
+    planner; the week of slack absorbs a business day rolled earlier, the day time zones), there is at least one
+    active obligation of that (subscriber, source, rule) due at or after ``now`` — the rule matched
+    by its id or its lineage (a renamed rule's obligations stay keyed on its first id). Only rules
+    whose current version (and every version of its series) came into force before the last
+    completed full planning run started are judged, and a rule that cannot be read or expanded
+    within budget is not (``plan_complete`` reports it). (2) catches a rule the planner silently
+    skipped or withdrew while other rules of its source kept their obligations.
 ``fanout_complete``
     every active obligation due in ``[now, now + horizon]`` has exactly one reminder row per
     (offset, usable channel) of the active subscriptions of its subscriber and source whose
@@ -153,26 +159,56 @@ def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(m
     return _age_outcome("sweep_alive", "the delivery sweep", beats, SWEEP_COMPONENTS, now, interval + grace)
 
 
-def _occurs_within(payload: dict, lo: datetime, hi: datetime) -> bool | None:
-    """Whether a rule (its stored payload) has an occurrence between ``lo`` and ``hi`` (aware UTC):
-    True, False, or None when the payload cannot be read or is over the expansion budget (planning
-    reports that rule itself, and ``plan_complete`` turns red for it).
+def _first_within(payload: dict, lo: datetime, hi: datetime) -> datetime | None | bool:
+    """The first instant (aware UTC) of a rule (its payload) between ``lo`` and ``hi``; None when it
+    has none; False when planning refuses the rule (``FREQ=SECONDLY``), the payload cannot be read or
+    is over the expansion budget (planning reports that rule itself, and ``plan_complete`` turns red
+    for it).
 
-    Read with the bounded expansion (:func:`~deadline_pipeline.plan.occurrences.occurs_between`):
+    Read with the bounded expansion (:func:`~deadline_pipeline.plan.occurrences.first_between`):
     a ``FREQ=SECONDLY`` rule read with an unbounded ``rrulestr(...).after()`` hung the check, and
-    with it ``run``. Callers pass bounds shrunk by a day on each side, so a rule at the edge of the
-    window is never *expected* by mistake.
+    with it ``run``. Callers pass shrunk bounds, so a rule at the edge of the window is never
+    *expected* by mistake.
     """
-    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, occurs_between
+    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, first_between
+    from deadline_pipeline.plan.planner import refused_frequency
 
+    if refused_frequency(payload.get("rrule")):
+        return False  # planning refuses it (a planning problem: plan_complete is red), never plans it
     try:
-        return occurs_between(payload, lo, hi)
+        return first_between(payload, lo, hi)
     except ExpansionBudgetExceeded as exc:
         log.warning("horizon_planned: rule %s not judged (planning reports it): %s", payload.get("rule_id"), exc)
-        return None
+        return False
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("horizon_planned: cannot read rule payload %s: %s", payload.get("rule_id"), exc)
-        return None
+        return False
+
+
+def _planned_rules(versions: dict[str, dict]) -> list[tuple[dict, datetime]]:
+    """The rules of one source as planning plans them, with the instant each came into force:
+    (payload, valid_from) of the active rules with RECURRENCE-ID overrides folded into their masters
+    (:func:`~deadline_pipeline.plan.recurrence.apply_overrides`, as planning's ``fold_overrides``
+    does), so an occurrence an override moved or cancelled is not expected of its master.
+    ``versions``: :func:`~deadline_pipeline.store.health.latest_rule_versions` of the source.
+    A rule's ``valid_from`` is the newest of its series (master and overrides, withdrawn ones too):
+    a new override changes what its master plans. Overrides that cannot be folded are judged
+    unfolded, as planning plans them (it reports that itself)."""
+    from deadline_pipeline.plan.recurrence import apply_overrides
+    from deadline_pipeline.plan.scope import series_of
+    from deadline_pipeline.rules import RuleRecord
+
+    newest: dict[str, datetime] = {}
+    for rid, v in versions.items():
+        series = series_of(rid)
+        newest[series] = max(newest.get(series, v["valid_from"]), v["valid_from"])
+    active = {rid: v["payload"] for rid, v in versions.items() if not v["withdrawn"]}
+    try:
+        folded = [r.to_payload() for r in apply_overrides([RuleRecord.from_payload(p) for p in active.values()])]
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("horizon_planned: overrides not folded, judged as they are: %s", exc)
+        folded = list(active.values())
+    return [(p, newest[series_of(p["rule_id"])]) for p in folded]
 
 
 _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
@@ -217,36 +253,78 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
                         f"{instant_text(last['last_completed_at'])} reported no problem", [])
 
 
+def _judged_since(beat: dict | None, plan_interval: timedelta) -> datetime | None:
+    """The instant before which a rule version must have come into force to be judged: when the last
+    completed full planning run started (its heartbeat's ``last_started_at``). A run in progress (or
+    crashed) has overwritten that with its own start; the completed run's start is then taken as
+    ``last_completed_at - plan_interval`` (a run longer than the plan interval can still be judged
+    too early, for the rules ingested while it ran). None: planning never completed."""
+    if not beat or not beat.get("last_completed_at"):
+        return None
+    if beat.get("last_outcome") in ("running", "crashed") or not beat.get("last_started_at"):
+        return beat["last_completed_at"] - plan_interval
+    return min(beat["last_started_at"], beat["last_completed_at"])
+
+
 def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = timedelta(minutes=90),
                     horizon: timedelta = timedelta(days=366), limit: int = 10) -> CheckOutcome:
-    """Planning is alive and covers every target through ``now + horizon`` (see the module docstring
-    for the exact definition). Offenders: the stale heartbeat and/or the uncovered targets."""
+    """Planning is alive and covers every rule through ``now + horizon`` (see the module docstring
+    for the exact definition). Offenders: the stale heartbeat and/or one row per uncovered rule of a
+    subscription (``subscriber``, ``source``, ``rule_id``, ``first_ahead``: its first occurrence in
+    the judged window, ISO)."""
     with engine.connect() as conn:
         beats = health.read_heartbeats(conn)
         subs = health.active_subscription_rows(conn)
-        rules = health.active_rule_payloads(conn)
-        upcoming = health.upcoming_obligation_counts(conn, now)
+        versions = health.latest_rule_versions(conn)
+        upcoming = health.upcoming_obligation_rules(conn, now)
     beat_out = _age_outcome("horizon_planned", "planning", beats, (PLAN_COMPONENT,), now, plan_interval)
     crashed = beats.get(PLAN_COMPONENT, {}).get("last_outcome") == "crashed"
+    since = _judged_since(beats.get(PLAN_COMPONENT), plan_interval)
+    # A week of slack at the near end: business-day rolling with a 'preceding' convention moves a due
+    # date a few days earlier than the instant read here (still at or after now, where the obligations
+    # are counted). A day at the far end absorbs time zones and the planner's window ending at its own
+    # run's start + horizon, up to one plan interval before now + horizon.
+    lo, hi = now + timedelta(days=7), now + horizon - timedelta(days=1)
+    first_ahead: dict[tuple[int, str], datetime | None | bool] = {}
+    planned: dict[int, list[tuple[dict, datetime]]] = {}
     uncovered = []
     for s in subs:
-        wanted = [rid for rid, payload in rules.get(s["source_id"], {}).items()
-                  if any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"])
-                  and kinds_allow(s.get("kinds"), s.get("exclude_kinds"), payload)]
-        lo, hi = now + timedelta(days=1), now + horizon - timedelta(days=1)
-        ahead = [rid for rid in wanted if _occurs_within(rules[s["source_id"]][rid], lo, hi)]
-        if ahead and not upcoming.get((s["subscriber_id"], s["source_id"])):
-            uncovered.append({"subscriber": s["subscriber"], "source": s["source"], "rules_ahead": len(ahead),
-                              "example_rule": ahead[0]})
-    uncovered.sort(key=lambda o: (o["source"], o["subscriber"]))
+        src = s["source_id"]
+        if since is None or src not in versions:
+            continue
+        if src not in planned:
+            planned[src] = _planned_rules(versions[src])
+        for payload, valid_from in planned[src]:
+            rid = payload["rule_id"]
+            # A version ingested after the last completed planning run started is not planned yet:
+            # judging it would be red in the minutes between an ingest and the next planning.
+            if valid_from > since or not any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"]) \
+                    or not kinds_allow(s.get("kinds"), s.get("exclude_kinds"), payload):
+                continue
+            if (src, rid) not in first_ahead:
+                first_ahead[(src, rid)] = _first_within(payload, lo, hi)
+            first = first_ahead[(src, rid)]
+            if not first:
+                continue
+            # A renamed rule's obligations stay keyed on its lineage; planning moves their rule_id to
+            # the new id, so either id is the rule's.
+            lineage = (versions[src].get(rid) or {}).get("lineage")
+            if not any((s["subscriber_id"], src, r) in upcoming for r in {rid, lineage} if r):
+                uncovered.append({"subscriber": s["subscriber"], "source": s["source"], "rule_id": rid,
+                                  "first_ahead": _iso(first)})
+    uncovered = sorted({(o["source"], o["subscriber"], o["rule_id"]): o for o in uncovered}.values(),
+                       key=lambda o: (o["source"], o["subscriber"], o["rule_id"]))
     count = (0 if beat_out.passed and not crashed else 1) + len(uncovered)
     parts = [] if beat_out.passed else [beat_out.summary]
     if crashed:
         parts.append(f"the last planning run crashed: {beats[PLAN_COMPONENT].get('detail')}")
     if uncovered:
-        parts.append(f"{len(uncovered)} subscription(s) with rules ahead have no obligation due after "
-                     f"{instant_text(now)} (first: {uncovered[0]['subscriber']} × {uncovered[0]['source']})")
-    summary = "; ".join(parts) or f"{beat_out.summary}; every subscription with rules ahead has obligations ahead"
+        first = uncovered[0]
+        parts.append(f"{len(uncovered)} rule(s) of a subscription with an occurrence ahead have no obligation "
+                     f"due after {instant_text(now)} (first: {first['subscriber']} × {first['source']} rule "
+                     f"{first['rule_id']}, next due {first['first_ahead']})")
+    summary = "; ".join(parts) or (f"{beat_out.summary}; every subscribed rule with an occurrence ahead "
+                                   "has obligations ahead")
     offenders = ([] if beat_out.passed and not crashed else beat_out.offenders) + uncovered
     return CheckOutcome("horizon_planned", count == 0, count, summary, offenders[:limit])
 
