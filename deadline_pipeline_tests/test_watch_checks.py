@@ -463,3 +463,54 @@ def test_horizon_planned_does_not_judge_a_rule_ingested_after_the_last_planning_
         conn.execute(update(obligations).where(obligations.c.rule_id == "c@test").values(status="withdrawn"))
     out = all_checks(engine, cfg, later + timedelta(minutes=30))["horizon_planned"]
     assert not out.passed and {o["rule_id"] for o in out.offenders} == {"c@test"}, out.offenders
+
+
+def test_horizon_planned_matches_a_renamed_rule_through_its_lineage(engine, tmp_path):
+    """An ai-deadlines edition renamed (c127 → conf1-2027) keeps its obligations, keyed on its first
+    id: green after the re-plan, and green while an obligation still carries the first id (matched
+    through the lineage, as planning keys it), not a false alarm naming the new id."""
+    from deadline_pipeline_tests.factories import ai_deadlines
+
+    def edition(i, **over):
+        return {"title": f"C{i}", "year": 2027, "id": f"c{i}27", "deadline": f"2027-03-0{i} 23:59",
+                "timezone": "UTC-12", **over}
+
+    (tmp_path / "conf.yml").write_text(ai_deadlines(*[edition(i) for i in range(1, 5)]))
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "conf", "format": "ai-deadlines", "location": "conf.yml", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["conf"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    cycle(engine, cfg, T0)
+    (tmp_path / "conf.yml").write_text(ai_deadlines(edition(1, id="conf1-2027"),
+                                                    *[edition(i) for i in range(2, 5)]))
+    later = T0 + timedelta(minutes=1)
+    cycle(engine, cfg, later)
+    out = all_checks(engine, cfg, later)["horizon_planned"]
+    assert out.passed, out.summary
+    with engine.begin() as conn:
+        moved = conn.execute(update(obligations).where(obligations.c.rule_id == "conf1-2027/submission/deadline")
+                             .values(rule_id="c127/submission/deadline")).rowcount
+    assert moved == 1
+    out = all_checks(engine, cfg, later)["horizon_planned"]
+    assert out.passed, out.summary
+
+
+def test_horizon_planned_is_green_for_a_due_date_rolled_to_an_earlier_business_day(engine, tmp_path):
+    """Due Monday 18 January 2027 (Martin Luther King Jr. Day, a US holiday) with the 'preceding'
+    convention: planned for Friday the 15th, five days ahead. The check reads the unrolled date,
+    eight days ahead; the obligation three days earlier still counts (due after now)."""
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="mlk@test", tzid="America/New_York", dtstart="20270118T120000",
+                                               summary="Filing")), newline="")
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1",
+                            "business_days": {"calendar": "US", "convention": "preceding"}}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    cycle(engine, cfg, T0)
+    with engine.connect() as conn:
+        due = conn.execute(select(obligations.c.due_at)).scalar_one()
+    assert due.date().isoformat() == "2027-01-15", due
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert out.passed, out.summary
