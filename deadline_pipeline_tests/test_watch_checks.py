@@ -514,3 +514,26 @@ def test_horizon_planned_is_green_for_a_due_date_rolled_to_an_earlier_business_d
     assert due.date().isoformat() == "2027-01-15", due
     out = all_checks(engine, cfg, T0)["horizon_planned"]
     assert out.passed, out.summary
+
+
+def test_horizon_planned_does_not_expect_a_master_whose_occurrences_ahead_overrides_took(engine, tmp_path):
+    """A two-occurrence series (1 February, 1 March) whose February occurrence is cancelled and whose
+    March one an override moved to the 5th: planning folds the overrides in (the master has no
+    occurrence left; the moved one is planned under the override's id). Read unfolded, the master's
+    1 February looked owed and the check was red for a rule planning rightly left without obligations."""
+    master = dict(uid="d@test", tzid="Europe/Berlin", dtstart="20270201T100000", summary="File report D",
+                  rrule="FREQ=MONTHLY;COUNT=2")
+    cancelled = dict(uid="d@test", tzid="Europe/Berlin", dtstart="20270201T100000", summary="File report D",
+                     recurrence_id="20270201T100000", status="CANCELLED")
+    moved = dict(uid="d@test", tzid="Europe/Berlin", dtstart="20270305T100000", summary="File report D (moved)",
+                 recurrence_id="20270301T100000")
+    cfg, _ = setup_config(tmp_path, events=(EVENT_A, EVENT_B, master, cancelled, moved))
+    cycle(engine, cfg, T0)
+    with engine.connect() as conn:
+        planned = set(conn.execute(select(obligations.c.rule_id, obligations.c.due_at)
+                                   .where(obligations.c.rule_id.like("d@test%"),
+                                          obligations.c.status == "active")).all())
+    assert {due.date().isoformat() for _rid, due in planned} == {"2027-03-05"}, planned
+    assert all(rid.startswith("d@test#") for rid, _due in planned), planned
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert out.passed, out.summary
