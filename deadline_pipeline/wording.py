@@ -7,6 +7,7 @@ reminder offset both as the ISO 8601 duration the configuration uses and in word
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from functools import lru_cache
 
@@ -95,3 +96,21 @@ def offset_text(seconds: int) -> str:
 def shorten(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters, ending in ``…`` when cut."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+#: How close a misspelt name must be to a known one to be named as meant (difflib's ratio: twice the
+#: matching characters over both lengths). 0.75 catches one dropped, doubled or swapped letter in a
+#: word of six or more (``rrul``, ``RRLUE``, ``submision``) and leaves unrelated names alone.
+NEAR_NAME_CUTOFF = 0.75
+
+
+def near_name(name: str, candidates: Iterable[str], cutoff: float = NEAR_NAME_CUTOFF) -> str | None:
+    """The one of ``candidates`` closest to ``name`` with a :mod:`difflib` ratio ≥ ``cutoff`` (0-1),
+    else None: ``near_name("rrul", ["rrule"])`` → ``"rrule"``. The one test of "a misspelling of a
+    name this reader knows" behind every "did you mean …?" (configuration keys, kinds, CSV columns,
+    ai-deadlines keys, ICS properties): a name misspelt is otherwise ignored, and what it held is never
+    planned while ``validate`` says OK."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=cutoff)
+    return close[0] if close else None

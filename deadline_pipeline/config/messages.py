@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from deadline_pipeline.config.sections import DeadlinesConfig
+from deadline_pipeline.wording import near_name
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:
@@ -65,10 +66,9 @@ def did_you_mean(key: str, loc: tuple) -> str:
     """``" (did you mean `offsets`?)"`` for a misspelt key at ``loc``, else ``""`` (difflib ratio ≥ 0.6,
     the standard library's own "close match"). A misspelt optional key would otherwise leave a
     default in force that the author believes they changed."""
-    import difflib
-
-    close = difflib.get_close_matches(str(key), sorted(keys_at(loc)), n=1)
-    return f"; did you mean `{close[0]}`?" if close else ""
+    # 0.6, difflib's own default: a configuration key is short and the keys at one place are few.
+    close = near_name(str(key), keys_at(loc), cutoff=0.6)
+    return f"; did you mean `{close}`?" if close else ""
 
 
 # Pydantic puts the channel type it tried into an error's location (channels.hook.webhook.x);

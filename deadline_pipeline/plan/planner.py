@@ -33,6 +33,7 @@ from deadline_pipeline.plan.recurrence import to_instant
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
 from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.wording import near_name
 
 log = logging.getLogger(__name__)
 
@@ -419,17 +420,12 @@ def _kinds_problem(target: Target, rules: list[tuple[int, RuleRecord]], withdraw
     return PlanProblem(target.source, "*", f"{_name(target)}{what}; its kinds are {present}")
 
 
-#: How close an entry of ``kinds`` / ``exclude_kinds`` must be to a kind its sources have to be taken for
-#: a misspelling of it (``difflib``'s ratio; the ICS and CSV parsers use the same for misspelt names).
-MISSPELT_KIND_CUTOFF = 0.75
-
-
 def misspelt_kinds_problem(per_source: list[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]], *,
                            with_kinds: bool = True) -> PlanProblem | None:
     """The problem of one subscription's ``kinds`` / ``exclude_kinds`` entries that are no kind of any
     rule of its sources (active or withdrawn; ``per_source`` as for
     :func:`subscription_selection_problems`, every target of one subscription) but close to one
-    (:data:`MISSPELT_KIND_CUTOFF`): ``exclude_kinds: [submision]`` beside the kind ``submission``;
+    (:func:`~deadline_pipeline.wording.near_name`): ``exclude_kinds: [submision]`` beside the kind ``submission``;
     ``with_kinds`` false: the ``exclude_kinds`` entries only. ``None`` when there is none. The
     message names the subscription, each entry by its key and the kind it nearly matches, and the
     kinds the sources have.
@@ -446,17 +442,15 @@ def misspelt_kinds_problem(per_source: list[tuple[Target, list[tuple[int, RuleRe
         return None
     present = {k for _, rules, _ in per_source for _, r in rules for k in rule_kinds(r)}
     present |= {str(k).lower() for _, _, withdrawn in per_source for had in (withdrawn or {}).values() for k in had}
-    import difflib
-
     found = []
     listed = (("kinds", (target.kinds or ()) if with_kinds else ()), ("exclude_kinds", target.exclude_kinds))
     for key, entries in listed:
         for entry in entries:
             if entry.lower() in present:
                 continue
-            close = difflib.get_close_matches(entry.lower(), sorted(present), n=1, cutoff=MISSPELT_KIND_CUTOFF)
+            close = near_name(entry.lower(), present)
             if close:
-                found.append(f"{key} entry {entry!r} (did you mean {close[0]!r}?)")
+                found.append(f"{key} entry {entry!r} (did you mean {close!r}?)")
     if not found:
         return None
     names = sorted({t.source for t, _, _ in per_source})

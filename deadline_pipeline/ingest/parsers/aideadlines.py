@@ -46,6 +46,7 @@ from deadline_pipeline.ingest.parsers.base import (
 from deadline_pipeline.ingest.parsers.limits import RepeatedKey, SafeLoader, load_yaml, repeated_keys
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.wording import near_name
 
 WHAT = "ai-deadlines YAML"
 
@@ -192,15 +193,14 @@ def _misspelt_keys(entry: dict) -> str | None:
     under such a key was never planned while ``validate`` and every check said OK; skipped, the
     entry's rules keep their last good version and ``rules_complete`` names the key. No key of the
     published ai-deadlines files is that close to one of them."""
-    import difflib
-
     found = []
     for key in entry:
         if not isinstance(key, str) or key in _DEADLINE_KEYS:
             continue
-        close = difflib.get_close_matches(key, [k for k in _DEADLINE_KEYS if k not in entry], n=1, cutoff=0.8)
+        # 0.8, not the usual 0.75: the published files' own extra keys stay below it.
+        close = near_name(key, [k for k in _DEADLINE_KEYS if k not in entry], cutoff=0.8)
         if close:
-            found.append(f"{key!r} (did you mean {close[0]!r}?)")
+            found.append(f"{key!r} (did you mean {close!r}?)")
     if not found:
         return None
     return (f"unknown key {', '.join(found)}: what it holds would be ignored and its deadline never planned, "

@@ -37,6 +37,7 @@ from deadline_pipeline.ingest.parsers.base import (
 from deadline_pipeline.ingest.parsers.limits import MAX_CSV_ROWS
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+from deadline_pipeline.wording import near_name
 
 WHAT = "CSV with a 'title,due,timezone' header"
 REQUIRED = ("title", "due", "timezone")
@@ -181,12 +182,10 @@ def _refuse_misspelt_rrule(columns, source: str) -> None:
     ``rule``, ``rrules``). Columns this reader does not know are ignored, so with ``rrul`` every
     recurring row was planned once, at its first date, and ``validate`` and every check said OK: the
     later occurrences were never reminded. The header governs every row, so the payload is refused."""
-    import difflib
-
     if "rrule" in columns:
         return
     close = [c for c in columns if c not in REQUIRED + OPTIONAL
-             and difflib.get_close_matches(c, ["rrule"], n=1, cutoff=0.75)]
+             and near_name(c, ["rrule"])]
     if close:
         raise ParseError(f"source {source!r}: line 1: CSV header column {close[0]!r} is not one this reader knows; did "
                          "you mean 'rrule'? Its cells would be ignored and each row planned once, so the payload is "

@@ -120,6 +120,7 @@ from deadline_pipeline.timezones import (
     EQUIVALENCE_YEARS,
     resolve_zone,
 )
+from deadline_pipeline.wording import near_name
 
 
 def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> ParseResult:
@@ -205,8 +206,6 @@ def _refuse_lost_properties(component: icalendar.cal.Component, scan: ScannedCom
     space for the colon: the library kept no RDATE at all), or a property name that is no iCalendar property but
     close to one of :data:`_TIMING` (``RRLUE``: ignored as unknown, the yearly rule became a one-off).
     Either way ``validate`` and every check said OK while occurrences were never planned."""
-    import difflib
-
     present = {str(name).upper() for name in component.keys()}
     lines = {str(name).upper(): numbers for name, numbers in (scan.lines if scan is not None else {}).items()}
     colonless = {str(name).upper(): numbers for name, numbers in (scan.colonless if scan is not None else {}).items()}
@@ -218,10 +217,10 @@ def _refuse_lost_properties(component: icalendar.cal.Component, scan: ScannedCom
     for name in present:
         if name.startswith("X-") or name in _TIMING:
             continue
-        close = difflib.get_close_matches(name, _TIMING, n=1, cutoff=0.75)
+        close = near_name(name, _TIMING)
         if close and name not in _KNOWN_PROPERTIES:
             where = f" (line {lines[name][0]})" if name in lines else ""
-            raise Skip(f"{name}{where} is no iCalendar property; did you mean {close[0]}? Ignored, the rule would be "
+            raise Skip(f"{name}{where} is no iCalendar property; did you mean {close}? Ignored, the rule would be "
                         "planned without it")
 
 
