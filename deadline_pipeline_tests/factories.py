@@ -48,6 +48,26 @@ def write_config(folder: Path, *, sources: list[dict], subscribers: list[dict], 
     return path
 
 
+def rolled_filings_config(folder: Path, holidays: list[str], filings: list[tuple[str, str, str]]) -> Path:
+    """Write a configuration into ``folder`` whose source ``filings`` (CSV rows ``(id, title, due)``, due in
+    Europe/London wall time) rolls 'following' over the holidays of source ``hols`` (one CSV row per day
+    of ``holidays``, ``YYYY-MM-DD``), which nobody subscribes to; subscriber ann gets ``-P1D`` by maildir.
+    Returns the configuration's path. Holidays and filings are rewritten at each call: a revision."""
+    rows = "".join(f"h{i},Holiday {i},{day},Europe/London\n" for i, day in enumerate(holidays))
+    (folder / "hols.csv").write_text("id,title,due,timezone\n" + rows)
+    (folder / "filings.csv").write_text("id,title,due,timezone\n" + "".join(
+        f"{rule_id},{title},{due},Europe/London\n" for rule_id, title, due in filings))
+    return write_config(
+        folder,
+        sources=[{"name": "hols", "format": "csv", "location": "hols.csv"},
+                 {"name": "filings", "format": "csv", "location": "filings.csv",
+                  "business_days": {"calendar": "source:hols", "convention": "following"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
+        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(folder / "maildir")}},
+    )
+
+
 def free_port() -> int:
     """A loopback TCP port that nothing listens on right now."""
     import socket

@@ -14,7 +14,7 @@ from deadline_pipeline.orchestration.planning import PLAN_JOB, horizon_range, ra
 from deadline_pipeline.orchestration.resources import parse_instant
 from deadline_pipeline.store.db import make_engine
 from deadline_pipeline.store.schema import alerts, obligations
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import ics, rolled_filings_config, write_config
 from deadline_pipeline_tests.test_replan_sensor import _months, _tick
 from deadline_pipeline_tests.test_revisions_rearm import mails
 from deadline_pipeline_tests.test_watch_checks import deliver
@@ -90,18 +90,7 @@ def test_deadline_moved_to_a_later_month_planned_old_month_first(tmp_path, db_ur
 
 
 def _rolled_config(tmp_path, holidays):
-    rows = "".join(f"h{i},Holiday {i},{day},Europe/London\n" for i, day in enumerate(holidays))
-    (tmp_path / "hols.csv").write_text("id,title,due,timezone\n" + rows)
-    (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2027-04-30T12:00:00,Europe/London\n")
-    return write_config(
-        tmp_path,
-        sources=[{"name": "hols", "format": "csv", "location": "hols.csv"},
-                 {"name": "filings", "format": "csv", "location": "filings.csv",
-                  "business_days": {"calendar": "source:hols", "convention": "following"}}],
-        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
-        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
-    )
+    return rolled_filings_config(tmp_path, holidays, [("vat", "VAT return", "2027-04-30T12:00:00")])
 
 
 def test_revised_holiday_replans_the_months_its_rolled_deadlines_move_between(tmp_path, db_url):

@@ -21,7 +21,7 @@ from deadline_pipeline.plan.service import changed_rules, max_version_id, plan_a
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, heartbeats, obligations
-from deadline_pipeline_tests.factories import write_config
+from deadline_pipeline_tests.factories import rolled_filings_config, write_config
 from deadline_pipeline_tests.test_planning import GOVUK_AFTER_MOVE, GOVUK_BEFORE_MOVE, govuk_rolled_config
 from deadline_pipeline_tests.test_replan_sensor import _tick
 
@@ -224,19 +224,8 @@ def test_revised_holiday_source_rolls_the_sources_built_on_it(engine, tmp_path):
     a new holiday on its due date moves it to the next business day in a scoped re-plan too, although
     the revision changed only the holiday source, which nobody subscribes to."""
     def configure(holidays: list[str]):
-        rows = "".join(f"h{i},Holiday {i},{day},Europe/London\n" for i, day in enumerate(holidays))
-        (tmp_path / "hols.csv").write_text("id,title,due,timezone\n" + rows)
-        (tmp_path / "filings.csv").write_text("id,title,due,timezone\nvat,VAT return,2027-03-01T12:00:00,"
-                                              "Europe/London\nct,Corporation tax,2027-04-01T12:00:00,Europe/London\n")
-        return load_config(write_config(
-            tmp_path,
-            sources=[{"name": "hols", "format": "csv", "location": "hols.csv"},
-                     {"name": "filings", "format": "csv", "location": "filings.csv",
-                      "business_days": {"calendar": "source:hols", "convention": "following"}}],
-            subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": "Europe/London"}],
-            subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["-P1D"], "channels": ["mail"]}],
-            channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
-        ))[0]
+        return load_config(rolled_filings_config(tmp_path, holidays, [
+            ("vat", "VAT return", "2027-03-01T12:00:00"), ("ct", "Corporation tax", "2027-04-01T12:00:00")]))[0]
 
     def ingest(store, cfg):
         for src in cfg.sources:
