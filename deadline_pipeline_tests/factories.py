@@ -68,6 +68,18 @@ def rolled_filings_config(folder: Path, holidays: list[str], filings: list[tuple
     )
 
 
+def ingest_and_plan(engine, cfg, now):
+    """Fetch and apply every source of ``cfg`` at ``now``, then plan: the real ingest and plan path
+    without Dagster. Returns the :class:`~deadline_pipeline.plan.outcome.PlanOutcome`."""
+    from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+    from deadline_pipeline.plan.service import plan_all
+
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, now)
+        apply_latest_snapshot(engine, s, now)
+    return plan_all(engine, cfg, now)
+
+
 def free_port() -> int:
     """A loopback TCP port that nothing listens on right now."""
     import socket

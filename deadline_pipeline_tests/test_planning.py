@@ -16,7 +16,7 @@ from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.schema import alerts, obligations, subscribers
 from deadline_pipeline.timezones import resolve_zone
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import ics, ingest_and_plan, write_config
 
 UTC = UTC
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
@@ -40,11 +40,7 @@ def _configure(tmp_path, events, subscribers_=None, **subscription):
     return load_config(path)[0]
 
 
-def _ingest_plan(engine, cfg, now):
-    for s in cfg.sources:
-        fetch_snapshot(engine, s, now)
-        apply_latest_snapshot(engine, s, now)
-    return plan_all(engine, cfg, now)
+_ingest_plan = ingest_and_plan
 
 
 def _alerts(engine, rule_id=None):

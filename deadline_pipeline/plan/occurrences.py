@@ -88,8 +88,10 @@ from dateutil.rrule import rrule, rruleset
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
+from deadline_pipeline.plan.offsets import DAY_SECONDS, Offset, send_instant
 from deadline_pipeline.plan.recurrence import (
     DUE_OFFSET,
+    DUE_SPAN,
     FREQS,
     SHIFT_SECONDS,
     SPLIT_BEFORE,
@@ -602,14 +604,36 @@ def _span(rule: RuleRecord, zone: tzinfo, label: str) -> _Span:
 
 def _due_label(rule: RuleRecord, zone: tzinfo, label: str) -> str:
     """The label of the due time of the occurrence whose start ``label`` names, for a to-do due a span
-    after each start (:func:`_due_after_start`, which moves each start's instant, read in ``zone``, by
-    the span in wall-clock time: a start in a spring-forward gap counts from the time after it);
-    ``label`` itself for any other rule."""
+    after each start (its due instant as :func:`_due_after_start` computes it, :func:`due_span`, read
+    back as a wall time in ``zone``); ``label`` itself for any other rule."""
     offset = due_offset(rule)
-    if not offset or "T" not in label or label.endswith("Z"):
+    if not offset or "T" not in label or label.endswith("Z") or rule.all_day:
         return shifted_label(label, offset)
-    start = to_instant(parse_local(label), zone).astimezone(zone).replace(tzinfo=None)
-    return format_local(start + timedelta(seconds=offset))
+    start = parse_local(label)
+    due = send_instant(to_instant(start, zone), due_span(rule, zone), zone, gap_wall(start, zone))
+    return format_local(due.astimezone(zone).replace(tzinfo=None))
+
+
+def due_span(rule: RuleRecord, zone: tzinfo) -> Offset:
+    """The span a recurring to-do (:data:`~deadline_pipeline.plan.recurrence.DUE_OFFSET`) is due after
+    each instance's start, RFC 5545 §3.8.5.3: its DURATION (:data:`~deadline_pipeline.plan.recurrence.DUE_SPAN`),
+    nominal days and exact hours (§3.3.6); for a to-do with a DUE, "the same exact duration" for every
+    instance, the elapsed time from its DTSTART to its DUE, both read in ``zone`` (a DTSTART inside a
+    spring-forward gap with the offset before the gap, §3.3.5); for an all-day to-do, whole days.
+
+    Counted in wall-clock time from the time after the gap, 02:30 → 04:30 New York on 2027-03-14 was
+    due at 05:30 (an hour after its DUE) and every later instance of a DURATION:PT2H an hour late.
+    A rule version stored before :data:`~deadline_pipeline.plan.recurrence.DUE_SPAN` existed is read as
+    a DUE. Raises ``ValueError`` for a stored span that is not a duration."""
+    written = rule.extra.get(DUE_SPAN)
+    if written:
+        return Offset.parse(str(written))
+    offset = due_offset(rule)
+    if rule.all_day or "T" not in rule.start:
+        return Offset(offset // DAY_SECONDS, 0)
+    due = parse_local(rule.start)
+    exact = to_instant(due, zone) - to_instant(due - timedelta(seconds=offset), zone)
+    return Offset.exact(int(exact.total_seconds()))
 
 
 def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool = False) -> bool:
@@ -767,33 +791,47 @@ def _due_after_start(rule: RuleRecord, zone: tzinfo, *, after: datetime, before:
     parts, RDATE and EXDATE all name starts), and a span given by DUE or DURATION applies to every
     instance. Stepped from the due time instead, an instance starting at UNTIL was cut (its due time
     is after it), ``BYDAY=MO`` made Monday the due day of a task due on Fridays, and an EXDATE naming a
-    start excluded nothing. Each start is moved by the span in wall-clock time, labelled by its due
-    time (the identity its obligations always had), and rolled to a business day after the move."""
+    start excluded nothing. Each instance is due :func:`due_span` after its start (:func:`_due_of`),
+    labelled by its start's label moved by the wall-clock DUE − DTSTART (the identity its obligations
+    always had), and rolled to a business day after the move."""
     offset = due_offset(rule)
     starts = replace(rule, start=shifted_label(rule.start, -offset),
-                     extra={k: v for k, v in rule.extra.items() if k != DUE_OFFSET})
+                     extra={k: v for k, v in rule.extra.items() if k not in (DUE_OFFSET, DUE_SPAN)})
     span, slack = timedelta(seconds=offset), _DAY  # slack: wall-clock vs elapsed time across a DST change
     inner = _expansion(starts, zone, after=after - span - slack, before=before - span + slack, until=until,
                        business_days=None, limit=None, strict=strict)
     business = _business(business_days)
+    exact = due_span(rule, zone)
     out: list[Occurrence] = []
     for o in inner.occurrences:
         period = shifted_label(o.period, offset)
         # From the start's instant, not its label: a THISANDFUTURE piece's starts are shifted
         # (SHIFT_SECONDS) while their labels stay the original ones.
-        wall = None
         if period.endswith("Z"):  # an elapsed-time series: stepped in elapsed time
-            due = o.due_at + span
+            due, wall = o.due_at + timedelta(days=exact.days, seconds=exact.seconds), None
         else:
-            local = o.due_at.astimezone(zone).replace(tzinfo=None) + span
-            if business is not None:
-                local = _rolled(local, business)
-            due = to_instant(local, zone)
-            wall = gap_wall(local, zone)
+            due, wall = _due_of(o, exact, zone, business)
         if after <= due <= before:
             out.append(Occurrence(period, due, wall))
     out.sort(key=lambda o: o.due_at)
     return Expansion(out if limit is None else out[:max(limit, 0)], inner.cut_at, inner.collapsed, inner.counts)
+
+
+def _due_of(start: Occurrence, span: Offset, zone: tzinfo, business) -> tuple[datetime, datetime | None]:
+    """The due instant (aware UTC) of the to-do instance ``start`` (its start occurrence) ``span``
+    (:func:`due_span`) later, rolled to a business day if ``business`` says so, and its nominal wall
+    time when a spring-forward gap skips it (:class:`Occurrence`). The days count from the start's
+    nominal wall time (``start.wall``: 02:30, not the 03:30 its instant shows), the hours are elapsed
+    (:func:`~deadline_pipeline.plan.offsets.send_instant`, RFC 5545 §3.3.6)."""
+    due = send_instant(start.due_at, span, zone, start.wall)
+    if span.seconds:
+        local = due.astimezone(zone).replace(tzinfo=None)
+    else:
+        local = (start.wall or start.due_at.astimezone(zone).replace(tzinfo=None)) + timedelta(days=span.days)
+    if business is not None:
+        local = _rolled(local, business)
+        due = to_instant(local, zone)
+    return due, gap_wall(local, zone)
 
 
 def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datetime, until: datetime | None,
@@ -1255,6 +1293,6 @@ def window(now: datetime, horizon: timedelta = HORIZON) -> tuple[datetime, datet
 
 
 __all__ = ["GRACE", "HORIZON", "MAX_OCCURRENCES", "MAX_STEPS", "Collapsed", "Expansion", "ExpansionBudgetExceeded",
-           "budget_problem", "cap_problem", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand", "expansion",
-           "gap_wall", "has_occurrence", "normalise_until", "once_per_instant", "present_labels", "to_instant",
-           "window", "zone_gaps"]
+           "budget_problem", "cap_problem", "due_span", "SANE_OCCURRENCES", "over_budget", "Occurrence", "expand",
+           "expansion", "gap_wall", "has_occurrence", "normalise_until", "once_per_instant", "present_labels",
+           "to_instant", "window", "zone_gaps"]

@@ -433,6 +433,11 @@ def gap_alias(local: datetime, zone: tzinfo) -> datetime | None:
 #: parser, whose record starts at the first due time). Its series steps in DTSTARTs, the due times a fixed
 #: span after each (:func:`~deadline_pipeline.plan.occurrences.expansion`).
 DUE_OFFSET = "due_offset_seconds"
+#: Key of ``RuleRecord.extra``: a recurring to-do's DURATION (ISO 8601, ``P1D``, ``PT2H``; set by the ICS
+#: parser), the nominal span each instance is due after its start (RFC 5545 §3.8.5.3). Absent for a to-do
+#: with a DUE, whose span is the exact one from its DTSTART to its DUE
+#: (:func:`~deadline_pipeline.plan.occurrences.due_span`).
+DUE_SPAN = "due_span"
 
 
 def due_offset(rule: RuleRecord) -> int:
@@ -704,7 +709,7 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "DUE_OFFSET", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "due_offset",
+    "DUE_OFFSET", "DUE_SPAN", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "due_offset",
     "gap_alias", "master_id_of", "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of",
     "shifted_label", "to_instant", "until_bound", "validate_rrule",
 ]

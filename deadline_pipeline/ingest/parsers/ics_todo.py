@@ -70,10 +70,13 @@ def _completion(todo: icalendar.cal.Component, status: str) -> str | None:
     return None
 
 
-def due_offset(todo: icalendar.cal.Component, due: When) -> dict:
+def due_offset(todo: icalendar.cal.Component, due: When, scan: ScannedComponent | None) -> dict:
     """``{"due_offset_seconds": n}``: a recurring to-do's due time (its DUE, or DTSTART + DURATION, see
     :func:`todo_due`) − DTSTART in wall-clock seconds of the due time's zone, when it has a DTSTART
-    and the two differ; else ``{}``.
+    and the two differ; else ``{}``. With a DURATION, also ``"due_span"``: the DURATION as ISO 8601
+    (``P1D``, ``PT2H``), the nominal span every instance is due after its start (RFC 5545 §3.8.5.3;
+    ``plan.occurrences.due_span``). The offset names occurrences; the span says when each is due:
+    from a DTSTART inside a spring-forward gap (02:30, read as 03:30) the two differ.
 
     A RECURRENCE-ID names an instance by its DTSTART (RFC 5545 §3.8.4.4), while the to-do is
     planned at its DUE: planning shifts the RECURRENCE-ID by this to find the occurrence it names
@@ -92,7 +95,12 @@ def due_offset(todo: icalendar.cal.Component, due: When) -> dict:
     if type(begin.value) is not type(due.value) or (begin.zone is None) != (due.zone is None):
         return {}  # a DATE DTSTART with a DATE-TIME DUE (or floating with zoned): no common clock
     seconds = int((due.value - begin.value).total_seconds())
-    return {"due_offset_seconds": seconds} if seconds else {}
+    if not seconds:
+        return {}
+    if todo.get("DURATION") is None:
+        return {"due_offset_seconds": seconds}
+    duration = _duration(todo["DURATION"], scan)  # read by todo_due already: raises nothing new
+    return {"due_offset_seconds": seconds, "due_span": Offset(duration.days, duration.seconds).iso()}
 
 
 def todo_due(todo: icalendar.cal.Component, key: str, start: When, scan: ScannedComponent | None,
