@@ -1,6 +1,6 @@
 """ICS instants as planning plans them, through the real parse and plan path (fetch, snapshot, rule
 versions, ``plan_all`` on the test database): a recurring to-do starting in a spring-forward gap (RFC
-5545 §3.3.5, §3.8.5.3)."""
+5545 §3.3.5, §3.8.5.3) and a one-off event replaced or cancelled by an override (§3.8.4.4)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from deadline_pipeline.config import load_config
 from deadline_pipeline.store import health
-from deadline_pipeline.store.schema import obligations
+from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline.watch import checks
-from deadline_pipeline_tests.factories import ingest_and_plan, write_config
+from deadline_pipeline_tests.factories import ics, ingest_and_plan, write_config
 
 
 def _configure(tmp_path, calendar: str):
@@ -33,6 +33,13 @@ def _planned(engine) -> list[tuple[str, str, datetime]]:
     q = select(obligations.c.rule_id, obligations.c.status, obligations.c.due_at).order_by(obligations.c.due_at)
     with engine.connect() as conn:
         return [(r.rule_id, r.status, r.due_at.replace(tzinfo=UTC)) for r in conn.execute(q)]
+
+
+def _alert_states(engine) -> list[tuple[str, str]]:
+    q = (select(obligations.c.rule_id, alerts.c.status).join(obligations, obligations.c.id == alerts.c.obligation_id)
+         .order_by(alerts.c.id))
+    with engine.connect() as conn:
+        return [(r.rule_id, r.status) for r in conn.execute(q)]
 
 
 def _watched(engine, now: datetime) -> dict[str, datetime | None]:
@@ -78,3 +85,43 @@ def test_a_recurring_todo_starting_in_a_gap_is_due_its_span_after_each_start(eng
     assert out.problems == []
     assert _planned(engine) == [("gap@test", "active", _utc(e)) for e in expected]
     assert _watched(engine, now) == {"gap@test": _utc(expected[0])}
+
+
+EVENT = dict(uid="review@test", tzid="America/New_York", dtstart="20270315T090000", summary="Review")
+# The override of its one occurrence (RECURRENCE-ID = its DTSTART), moved two days later.
+MOVED = dict(EVENT, dtstart="20270317T090000", recurrence_id="20270315T090000", summary="Review (moved)")
+OVERRIDE_ID = "review@test#2027-03-15T13:00:00Z"
+
+
+def test_an_override_of_a_one_off_event_replaces_it(engine, tmp_path):
+    """RFC 5545 §3.8.4.4: the override replaces the instance it names, and a one-off event's one instance
+    is its DTSTART. Before, the one-off was planned at its original date next to the override's: two
+    obligations, a reminder for 15 March that no longer holds. Planned first without the override, its
+    obligation is withdrawn when the override arrives."""
+    cfg = _configure(tmp_path, ics(EVENT))
+    ingest_and_plan(engine, cfg, datetime(2027, 3, 1, tzinfo=UTC))
+    assert _planned(engine) == [("review@test", "active", _utc("2027-03-15T13:00:00Z"))]
+    (tmp_path / "cal.ics").write_text(ics(EVENT, MOVED), newline="")
+    out = ingest_and_plan(engine, cfg, datetime(2027, 3, 2, tzinfo=UTC))
+    assert out.problems == []
+    active = [p for p in _planned(engine) if p[1] == "active"]
+    assert active == [(OVERRIDE_ID, "active", _utc("2027-03-17T13:00:00Z"))]
+    assert _alert_states(engine) == [("review@test", "cancelled"), (OVERRIDE_ID, "pending")]
+    assert _watched(engine, datetime(2027, 3, 2, tzinfo=UTC)) == {"review@test": None,
+                                                                   OVERRIDE_ID: _utc("2027-03-17T13:00:00Z")}
+
+
+def test_a_cancelled_override_of_a_one_off_event_leaves_nothing_planned(engine, tmp_path):
+    """STATUS:CANCELLED on the override of the one occurrence (as Google and Thunderbird export a cancelled
+    instance): as for an occurrence of a series, the occurrence is out of force and its reminder is
+    withdrawn. Before, the one-off stayed planned and was reminded."""
+    cfg = _configure(tmp_path, ics(EVENT))
+    ingest_and_plan(engine, cfg, datetime(2027, 3, 1, tzinfo=UTC))
+    (tmp_path / "cal.ics").write_text(ics(EVENT, dict(MOVED, dtstart=EVENT["dtstart"], status="CANCELLED")),
+                                      newline="")
+    now = datetime(2027, 3, 2, tzinfo=UTC)
+    out = ingest_and_plan(engine, cfg, now)
+    assert out.problems == []
+    assert [p for p in _planned(engine) if p[1] == "active"] == []
+    assert _alert_states(engine) == [("review@test", "cancelled")]
+    assert _watched(engine, now) == {"review@test": None}

@@ -882,10 +882,35 @@ def _expansion(rule: RuleRecord, zone: tzinfo, *, after: datetime, before: datet
 def _one_off(rule: RuleRecord, start: datetime, zone: tzinfo, after: datetime, before: datetime,
              business) -> Expansion:
     """The expansion of a rule without RRULE and RDATE: its DTSTART (``start``, naive local in
-    ``zone``), rolled to a business day if ``business`` says so, when due in ``[after, before]``."""
+    ``zone``), rolled to a business day if ``business`` says so, when due in ``[after, before]`` and no
+    EXDATE names it (:func:`_excluded`)."""
+    if _excluded(rule, start, zone):
+        return Expansion([])
     wall = _rolled(start, business) if business is not None else start
     due = to_instant(wall, zone)
     return Expansion([Occurrence(rule.start, due, gap_wall(wall, zone))] if after <= due <= before else [])
+
+
+def _excluded(rule: RuleRecord, start: datetime, zone: tzinfo) -> bool:
+    """Whether an EXDATE of the one-off ``rule`` names its DTSTART ``start`` (naive local in ``zone``),
+    as one names an instance of a series (:func:`_exclusions`): the same DATE-TIME or its gap twin
+    (§3.3.5), or a DATE on its local date.
+
+    RFC 5545 §3.8.5.1 and §3.8.4.4: the set of a component without RRULE is its DTSTART, and an override
+    with that RECURRENCE-ID replaces it (``recurrence.apply_overrides`` turns it into this EXDATE). Read
+    without its EXDATEs, a one-off was planned at its original date next to its override's: two
+    obligations for one deadline, and one left when the override cancelled it."""
+    for text in rule.exdates:
+        x = _local_value(text)
+        if isinstance(x, datetime) and not rule.all_day:
+            hit = x == start or gap_alias(x, zone) == start
+        else:
+            hit = (x.date() if isinstance(x, datetime) else x) == start.date()
+        if hit:
+            log.info("rule %s: its one occurrence %s is excluded by an EXDATE or replaced by an override; "
+                     "not planned", rule.rule_id, rule.start)
+            return True
+    return False
 
 
 def _read_recur(rule: RuleRecord, strict: bool) -> Lenient:

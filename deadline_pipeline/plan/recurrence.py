@@ -571,7 +571,8 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
 
     * A plain override replaces the occurrence it names (RFC 5545 §3.8.4.4): that occurrence becomes
       an EXDATE of the master, and the override stays a one-off at its own DTSTART. Without this the
-      master still yields the original occurrence and the subscriber gets two reminders.
+      master still yields the original occurrence and the subscriber gets two reminders. A master
+      without RRULE or RDATE is folded the same way: its one occurrence, its DTSTART, becomes its EXDATE.
     * ``RANGE=THISANDFUTURE`` (read from ``extra["range"]``) splits the series: the master keeps the
       occurrences before the RECURRENCE-ID (``extra["series_before"]``), and the override becomes the
       tail — the master's rule (COUNT still counted from the master's DTSTART) from the
