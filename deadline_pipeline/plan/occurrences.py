@@ -88,7 +88,7 @@ from dateutil.rrule import rrule, rruleset
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan import business_days as bd
-from deadline_pipeline.plan.offsets import DAY_SECONDS, Offset, send_instant
+from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.plan.recurrence import (
     DUE_OFFSET,
     DUE_SPAN,
@@ -609,31 +609,30 @@ def _due_label(rule: RuleRecord, zone: tzinfo, label: str) -> str:
     offset = due_offset(rule)
     if not offset or "T" not in label or label.endswith("Z") or rule.all_day:
         return shifted_label(label, offset)
-    start = parse_local(label)
-    due = send_instant(to_instant(start, zone), due_span(rule, zone), zone, gap_wall(start, zone))
+    start, span = parse_local(label), due_span(rule)
+    if span is None:  # a DUE: the wall-clock span from the nominal start (the label), as planned
+        return format_local(start + timedelta(seconds=offset))
+    due = send_instant(to_instant(start, zone), span, zone, gap_wall(start, zone))
     return format_local(due.astimezone(zone).replace(tzinfo=None))
 
 
-def due_span(rule: RuleRecord, zone: tzinfo) -> Offset:
-    """The span a recurring to-do (:data:`~deadline_pipeline.plan.recurrence.DUE_OFFSET`) is due after
-    each instance's start, RFC 5545 §3.8.5.3: its DURATION (:data:`~deadline_pipeline.plan.recurrence.DUE_SPAN`),
-    nominal days and exact hours (§3.3.6); for a to-do with a DUE, "the same exact duration" for every
-    instance, the elapsed time from its DTSTART to its DUE, both read in ``zone`` (a DTSTART inside a
-    spring-forward gap with the offset before the gap, §3.3.5); for an all-day to-do, whole days.
+def due_span(rule: RuleRecord) -> Offset | None:
+    """The DURATION a recurring to-do (:data:`~deadline_pipeline.plan.recurrence.DUE_OFFSET`) is due
+    after each instance's start (:data:`~deadline_pipeline.plan.recurrence.DUE_SPAN`, ISO 8601): its
+    nominal days and exact hours, RFC 5545 §3.3.6 (``PT2H`` from a start read in a spring-forward gap,
+    02:30 New York = 07:30Z, is due 09:30Z). ``None`` for a to-do with a DUE (or a rule version stored
+    before the parser kept the DURATION: read as its DUE), due at its start's nominal wall time moved by
+    the wall-clock DUE − DTSTART (:func:`_due_of`).
 
-    Counted in wall-clock time from the time after the gap, 02:30 → 04:30 New York on 2027-03-14 was
-    due at 05:30 (an hour after its DUE) and every later instance of a DURATION:PT2H an hour late.
-    A rule version stored before :data:`~deadline_pipeline.plan.recurrence.DUE_SPAN` existed is read as
-    a DUE. Raises ``ValueError`` for a stored span that is not a duration."""
+    Why the wall clock for a DUE, where §3.8.5.3 says "the same exact duration": read exactly, a weekly
+    to-do from Saturday 17:00 due Sunday 17:00 would be due at 18:00 on the Sunday New York springs
+    forward, an hour after the time its publisher wrote and every calendar shows, and its reminders an
+    hour late; recurring-ical-events keeps the wall clock too. Counted from the nominal start (02:30,
+    not the 03:30 after the gap), the first instance is due at its DUE as written: counted from 03:30,
+    04:30 New York on 2027-03-14 was due at 05:30, an hour after it. Raises ``ValueError`` for a stored
+    span that is not a duration."""
     written = rule.extra.get(DUE_SPAN)
-    if written:
-        return Offset.parse(str(written))
-    offset = due_offset(rule)
-    if rule.all_day or "T" not in rule.start:
-        return Offset(offset // DAY_SECONDS, 0)
-    due = parse_local(rule.start)
-    exact = to_instant(due, zone) - to_instant(due - timedelta(seconds=offset), zone)
-    return Offset.exact(int(exact.total_seconds()))
+    return Offset.parse(str(written)) if written else None
 
 
 def has_occurrence(rule: RuleRecord, zone: tzinfo, label: str, *, or_later: bool = False) -> bool:
@@ -801,33 +800,37 @@ def _due_after_start(rule: RuleRecord, zone: tzinfo, *, after: datetime, before:
     inner = _expansion(starts, zone, after=after - span - slack, before=before - span + slack, until=until,
                        business_days=None, limit=None, strict=strict)
     business = _business(business_days)
-    exact = due_span(rule, zone)
+    duration = due_span(rule)
     out: list[Occurrence] = []
     for o in inner.occurrences:
         period = shifted_label(o.period, offset)
         # From the start's instant, not its label: a THISANDFUTURE piece's starts are shifted
         # (SHIFT_SECONDS) while their labels stay the original ones.
         if period.endswith("Z"):  # an elapsed-time series: stepped in elapsed time
-            due, wall = o.due_at + timedelta(days=exact.days, seconds=exact.seconds), None
+            step = span if duration is None else timedelta(days=duration.days, seconds=duration.seconds)
+            due, wall = o.due_at + step, None
         else:
-            due, wall = _due_of(o, exact, zone, business)
+            due, wall = _due_of(o, duration or span, zone, business)
         if after <= due <= before:
             out.append(Occurrence(period, due, wall))
     out.sort(key=lambda o: o.due_at)
     return Expansion(out if limit is None else out[:max(limit, 0)], inner.cut_at, inner.collapsed, inner.counts)
 
 
-def _due_of(start: Occurrence, span: Offset, zone: tzinfo, business) -> tuple[datetime, datetime | None]:
-    """The due instant (aware UTC) of the to-do instance ``start`` (its start occurrence) ``span``
-    (:func:`due_span`) later, rolled to a business day if ``business`` says so, and its nominal wall
-    time when a spring-forward gap skips it (:class:`Occurrence`). The days count from the start's
-    nominal wall time (``start.wall``: 02:30, not the 03:30 its instant shows), the hours are elapsed
-    (:func:`~deadline_pipeline.plan.offsets.send_instant`, RFC 5545 §3.3.6)."""
-    due = send_instant(start.due_at, span, zone, start.wall)
-    if span.seconds:
-        local = due.astimezone(zone).replace(tzinfo=None)
+def _due_of(start: Occurrence, span: Offset | timedelta, zone: tzinfo, business) -> tuple[datetime, datetime | None]:
+    """The due instant (aware UTC) of the to-do instance ``start`` (its start occurrence) ``span`` later,
+    rolled to a business day if ``business`` says so, and its nominal wall time when a spring-forward gap
+    skips it (:class:`Occurrence`). Counted from the start's nominal wall time (``start.wall``: 02:30,
+    not the 03:30 its instant shows). ``span``: a DURATION (:func:`due_span`: its days nominal, its hours
+    elapsed, :func:`~deadline_pipeline.plan.offsets.send_instant`, RFC 5545 §3.3.6), or a DUE's
+    wall-clock DUE − DTSTART (a ``timedelta``, added to the wall time)."""
+    nominal = start.wall or start.due_at.astimezone(zone).replace(tzinfo=None)
+    if isinstance(span, timedelta):
+        local = nominal + span
+        due = to_instant(local, zone)
     else:
-        local = (start.wall or start.due_at.astimezone(zone).replace(tzinfo=None)) + timedelta(days=span.days)
+        due = send_instant(start.due_at, span, zone, start.wall)
+        local = due.astimezone(zone).replace(tzinfo=None) if span.seconds else nominal + timedelta(days=span.days)
     if business is not None:
         local = _rolled(local, business)
         due = to_instant(local, zone)
