@@ -420,8 +420,8 @@ def phase_profile(url: str, n: int, hook: str) -> dict[str, float]:
 
     acc = dict.fromkeys(("claim", "attempt_rows", "record", "render"), 0.0)
     lock = threading.Lock()
-    patched = [(sweep_mod._Sweep, "_claim", "claim"), (sweep_mod._Sweep, "_start_attempts", "attempt_rows"),
-               (sweep_mod._Sweep, "_record", "record"), (webhook.WebhookSender, "_prepare", "render"),
+    patched = [(sweep_mod.Sweep, "_claim", "claim"), (sweep_mod.Sweep, "start_attempts", "attempt_rows"),
+               (sweep_mod.Sweep, "_record", "record"), (webhook.WebhookSender, "_prepare", "render"),
                (sweep_mod, "notification_from_row", "render")]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
 

@@ -217,28 +217,28 @@ def test_an_alert_queued_as_the_last_lane_worker_leaves_is_still_sent():
     """A lane of one worker: its last send returns and, in the same loop step, another batch's alert
     is queued (a claim finishing at that moment). Counted by a done callback, the leaving worker
     still looked busy then: no worker was started, the alert stayed queued and the sweep hung."""
-    from deadline_pipeline.deliver.sweep import _Batch, _Lane, _Result
+    from deadline_pipeline.deliver.lanes import AlertSend, Batch, Lane
 
-    class Sweep:
+    class FakeSweep:
         def __init__(self) -> None:
             self.sent: list[int] = []
             self.after_first = None
 
-        async def _send(self, r, claimed_at) -> None:
+        async def send(self, r, claimed_at) -> None:
             self.sent.append(r.row["id"])
             if r.row["id"] == 1:
                 # Runs right after this worker's last step, before its done callbacks.
                 asyncio.get_running_loop().call_soon(self.after_first)
 
-    fake = Sweep()
+    fake = FakeSweep()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        lane = _Lane(fake, concurrency=1, rate=None)
-        first = _Batch("o#c1", [], loop.create_future(), pending=1)
-        second = _Batch("o#c2", [], loop.create_future(), pending=1)
-        fake.after_first = lambda: lane.put(_Result(row={"id": 2}), 0.0, second)
-        lane.put(_Result(row={"id": 1}), 0.0, first)
+        lane = Lane(fake, concurrency=1, rate=None)
+        first = Batch("o#c1", [], loop.create_future(), pending=1)
+        second = Batch("o#c2", [], loop.create_future(), pending=1)
+        fake.after_first = lambda: lane.put(AlertSend(row={"id": 2}), 0.0, second)
+        lane.put(AlertSend(row={"id": 1}), 0.0, first)
         await asyncio.wait_for(first.sends, 1)
         await asyncio.wait_for(second.sends, 1)
 
@@ -249,23 +249,23 @@ def test_an_alert_queued_as_the_last_lane_worker_leaves_is_still_sent():
 def test_a_cancelled_batch_starts_no_send_waiting_for_its_rate_slot():
     """A lane spacing sends at 5 per second: when the batch is cancelled (the sweep going down), the
     worker waiting for its next slot is cancelled with it; woken, it started one more send."""
-    from deadline_pipeline.deliver.sweep import _Batch, _Lane, _Result
+    from deadline_pipeline.deliver.lanes import AlertSend, Batch, Lane
 
-    class Sweep:
+    class FakeSweep:
         def __init__(self) -> None:
             self.sent: list[int] = []
 
-        async def _send(self, r, claimed_at) -> None:
+        async def send(self, r, claimed_at) -> None:
             self.sent.append(r.row["id"])
 
-    fake = Sweep()
+    fake = FakeSweep()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        lane = _Lane(fake, concurrency=1, rate=5)
-        batch = _Batch("o#c1", [], loop.create_future(), pending=3)
+        lane = Lane(fake, concurrency=1, rate=5)
+        batch = Batch("o#c1", [], loop.create_future(), pending=3)
         for i in range(3):
-            lane.put(_Result(row={"id": i}), 0.0, batch)
+            lane.put(AlertSend(row={"id": i}), 0.0, batch)
         await asyncio.sleep(0.05)  # the first sent, the worker waits 0.2 s for the second's slot
         batch.cancel()
         await asyncio.sleep(0.5)

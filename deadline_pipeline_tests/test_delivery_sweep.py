@@ -281,14 +281,15 @@ def test_a_failure_consumes_exactly_one_attempt(engine):
             1, "retry_wait")
     assert [o for _, o, _ in attempts_of(engine, a)] == ["failed"]
     # A handler further out that records the same failure of the same attempt again does not count it.
-    from deadline_pipeline.deliver.sweep import _Result, _Sweep
+    from deadline_pipeline.deliver.lanes import AlertSend
+    from deadline_pipeline.deliver.sweep import Sweep
 
     with engine.begin() as conn:
         conn.execute(update(alerts).where(alerts.c.id == a).values(status="claimed", lease_owner="o#1#r"))
         row = dsql.load_claimed(conn, [a])[0]
-    runner = _Sweep(engine, cfg, T0, "o#1#r", lambda: T0, None, {"fake": fake})
+    runner = Sweep(engine, cfg, T0, "o#1#r", lambda: T0, None, {"fake": fake})
     [(attempt_id,)] = [(i,) for i in [err.recorded_attempt]]
-    runner._record([_Result(row=row, attempt_id=attempt_id, attempt_no=1, error=err)], "o#1#r")
+    runner._record([AlertSend(row=row, attempt_id=attempt_id, attempt_no=1, error=err)], "o#1#r")
     with engine.connect() as conn:
         assert conn.execute(select(alerts.c.attempts).where(alerts.c.id == a)).scalar_one() == 1
 

@@ -1,4 +1,4 @@
-"""The steps of the delivery sweep's loop (``_Sweep.run``) one at a time, on a real store: the pause
+"""The steps of the delivery sweep's loop (``Sweep.run``) one at a time, on a real store: the pause
 after a failed round, the decision to start another round, a round that finds nothing claimable while
 a batch is still in flight, and the drain at the end that records every batch even after a failed
 recording. The whole loop is covered end to end in ``test_delivery_sweep.py``."""
@@ -11,19 +11,20 @@ from datetime import timedelta
 import pytest
 
 from deadline_pipeline.config import MaildirChannel
-from deadline_pipeline.deliver.sweep import FAILURE_PAUSE_CAP_SECONDS, _Batch, _failure_pause, _Sweep
+from deadline_pipeline.deliver.lanes import Batch
+from deadline_pipeline.deliver.sweep import FAILURE_PAUSE_CAP_SECONDS, Sweep, _failure_pause
 from deadline_pipeline_tests.test_delivery_sweep import T0, FakeChannel, config, seed, states
 
 
 @pytest.fixture
 def make_runner(engine):
-    """``make_runner(max_batches=None, **delivery)``: a :class:`_Sweep` on the test store with a
+    """``make_runner(max_batches=None, **delivery)``: a :class:`Sweep` on the test store with a
     ``fake`` channel; its thread pools are shut down at the end of the test."""
-    made: list[_Sweep] = []
+    made: list[Sweep] = []
 
-    def make(max_batches: int | None = None, **delivery) -> _Sweep:
+    def make(max_batches: int | None = None, **delivery) -> Sweep:
         cfg = config({"fake": MaildirChannel(type="maildir", path="/nonexistent")}, **delivery)
-        runner = _Sweep(engine, cfg, T0, "steps#1#r", lambda: T0, max_batches, {"fake": FakeChannel()})
+        runner = Sweep(engine, cfg, T0, "steps#1#r", lambda: T0, max_batches, {"fake": FakeChannel()})
         made.append(runner)
         return runner
 
@@ -33,7 +34,7 @@ def make_runner(engine):
         runner.gate_pool.shutdown(wait=True)
 
 
-def _claimed_batch(runner: _Sweep, owner: str, at=T0) -> _Batch:
+def _claimed_batch(runner: Sweep, owner: str, at=T0) -> Batch:
     """A claimed batch (claimed as of ``at``) whose sends have ended with every alert released unsent
     (as past the budget)."""
     _rows, results = runner._claim(at, owner)
@@ -41,7 +42,7 @@ def _claimed_batch(runner: _Sweep, owner: str, at=T0) -> _Batch:
         r.released = True
     sends = asyncio.get_running_loop().create_future()
     sends.set_result(None)
-    return _Batch(owner, results, sends)
+    return Batch(owner, results, sends)
 
 
 # --------------------------------------------------------------------------- the pause after a failure

@@ -45,6 +45,10 @@ as soon as its own sends have ended. A sweep killed mid-send therefore leaves at
 claimed until their lease expires: their started sends have attempt rows (charged, resent as unknown
 outcomes with the same key), their never-started ones have none (sent once, not charged).
 
+The sends in flight (each channel's lane, a batch's sends, the group commit of attempt rows) are in
+:mod:`deadline_pipeline.deliver.lanes`; the counts a sweep returns in
+:mod:`deadline_pipeline.deliver.outcome`.
+
 Batches repeat until nothing is claimable or ``delivery.time_budget_seconds`` is spent. A batch that
 fails as a whole (database down) is logged through a :class:`ThrottledLogger` and retried after a
 pause until the budget is spent; then :class:`SweepFailed` is raised.
@@ -62,10 +66,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
@@ -74,6 +76,7 @@ from deadline_pipeline.config import DeadlinesConfig, channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel
 from deadline_pipeline.deliver.channels.registry import build_channel
 from deadline_pipeline.deliver.incident import Incident, severity_for
+from deadline_pipeline.deliver.lanes import AlertSend, Batch, Lane, StartGate
 from deadline_pipeline.deliver.notification import (
     DeliveryError,
     Notification,
@@ -82,6 +85,7 @@ from deadline_pipeline.deliver.notification import (
     notice_error,
     notification_from_row,
 )
+from deadline_pipeline.deliver.outcome import SweepOutcome
 from deadline_pipeline.deliver.runtime import run_on_loop
 from deadline_pipeline.deliver.throttle import ThrottledLogger
 from deadline_pipeline.deliver.workers import merge_outcomes, run_in_processes
@@ -155,161 +159,6 @@ def _failure_pause(pause: float, remaining: float) -> tuple[float, float]:
     return min(pause, max(0.0, remaining)), min(pause * 2, FAILURE_PAUSE_CAP_SECONDS)
 
 
-@dataclass
-class SweepOutcome:
-    """Counts of one sweep run.
-
-    ``lateness_seconds``: per delivered alert, sent time minus ``send_at`` in seconds.
-    ``released``: claimed but given back unsent (budget or lease ran out before their turn).
-    ``recovered_unknown``: alerts found with an unfinished attempt of a previous holder (a dead
-    sender, or this sweep's own earlier claim whose lease expired).
-    ``retry_after_capped``: failures whose ``Retry-After`` exceeded ``delivery.retry_after_cap_seconds``.
-    ``results_unstorable``: alerts whose result could not be stored as reported and was recorded as
-    their own failure (or sanitised) instead of failing the batch.
-    ``unknown_found`` / ``unknown_absent``: of those on booking channels, the ones the provider lookup
-    found booked (recorded delivered, not resent) / proved absent (booked again with the same key).
-    ``escalation_notices`` / ``escalation_notice_failures``: notices sent to escalation channels /
-    notices that failed or were not tried because their channel had failed
-    :data:`ESCALATION_NOTICE_BREAKER` times in a row in this sweep.
-    ``batch_failures``: batches that failed as a whole (database or bookkeeping error), plus worker
-    processes that ended without a result.
-    ``processes``: how many processes swept (``delivery.processes``; 1 on SQLite).
-    ``event_loop``: the event loop the sweep ran on, ``"uvloop"`` or ``"asyncio"`` (``"asyncio"``
-    where ``delivery.event_loop`` is uvloop but uvloop cannot be imported, a fallback that is logged).
-    """
-
-    claimed: int = 0
-    delivered: int = 0
-    failed: int = 0
-    escalated: int = 0
-    lease_lost: int = 0
-    released: int = 0
-    recovered_unknown: int = 0
-    unknown_found: int = 0
-    unknown_absent: int = 0
-    batches: int = 0
-    batch_failures: int = 0
-    escalation_notices: int = 0
-    escalation_notice_failures: int = 0
-    retry_after_capped: int = 0
-    results_unstorable: int = 0
-    processes: int = 1
-    event_loop: str = "asyncio"
-    lateness_seconds: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
-def sweep_beat_outcome(out: SweepOutcome) -> str:
-    """The ``deliver`` heartbeat's outcome: ``notices_failed`` when an escalation notice could not be
-    sent (the on-call may not know of an escalated alert: the outcome an operator must see first),
-    else ``escalations`` when alerts were escalated, else ``ok``. Readers treat only ``crashed``
-    (and, for planning, ``partial``) specially; any other value is shown as written."""
-    if out.escalation_notice_failures:
-        return "notices_failed"
-    return "escalations" if out.escalated else "ok"
-
-
-def sweep_beat_detail(out: SweepOutcome) -> str:
-    """The ``deliver`` heartbeat's detail: ``"delivered 3, failed 0, escalated 2, released 0,
-    recovered unknown 0"``, plus ``", escalation notices not sent 2 of 2"`` when notices failed or
-    were skipped (``ESCALATION_NOTICE_BREAKER``)."""
-    text = (f"delivered {out.delivered}, failed {out.failed}, escalated {out.escalated}, "
-            f"released {out.released}, recovered unknown {out.recovered_unknown}")
-    if out.escalation_notice_failures:
-        tried = out.escalation_notices + out.escalation_notice_failures
-        text += f", escalation notices not sent {out.escalation_notice_failures} of {tried}"
-    return text
-
-
-@dataclass
-class _Result:
-    row: dict
-    attempt_id: int | None = None
-    attempt_no: int = 0
-    provider_id: str | None = None
-    sent_at: datetime | None = None
-    error: DeliveryError | None = None
-    escalate_reason: str | None = None  # escalate without sending
-    resolve_first: bool = False  # ask the booking provider whether a dead sender's attempt landed
-    released: bool = False
-    start_error: BaseException | None = None  # its attempt row could not be written: released unsent
-    lease_lost_before_send: bool = False  # the ownership check before the send failed: not sent
-    owner: str = ""  # the lease owner of the claim this alert came in (one per claim)
-
-
-class _Lane:
-    """One channel's sends: a FIFO queue served by at most ``concurrency`` worker coroutines, which
-    start at most ``rate`` sends per second between them.
-
-    Why workers instead of a task per alert waiting on a semaphore: a claimed batch of 500 made 500
-    tasks, and each alert then waited for, and woke, a semaphore future - about 10 us of the event
-    loop's CPU per alert, profiled in a sweep without HTTP (``benchmarks/README.md``). The order is
-    the same (first claimed, first sent, the next batch queued behind the current one), and so is the
-    bound on sends in flight: each worker runs one send at a time.
-    """
-
-    def __init__(self, sweep: _Sweep, concurrency: int, rate: float | None) -> None:
-        self.sweep = sweep
-        self.concurrency = concurrency
-        self.queue: deque[tuple[_Result, float, _Batch]] = deque()
-        self.workers: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
-        self.active = 0  # workers that have not decided to leave
-        self._interval = 1.0 / rate if rate else 0.0
-        self._next = 0.0
-
-    def put(self, r: _Result, claimed_at: float, batch: _Batch) -> None:
-        self.queue.append((r, claimed_at, batch))
-        if self.active < self.concurrency:
-            self.active += 1
-            task = asyncio.get_running_loop().create_task(self._work())
-            self.workers.add(task)
-            task.add_done_callback(self.workers.discard)
-
-    async def _work(self) -> None:
-        try:
-            await self._serve()
-        finally:
-            # Counted down in the step that found the queue empty, not by a done callback: that runs
-            # a step later, and a put() in between saw this worker still counted, started none, and
-            # left its alert queued with no worker - the batch never ended and the sweep hung.
-            self.active -= 1
-
-    async def _serve(self) -> None:
-        queue = self.queue
-        while queue:
-            r, claimed_at, batch = queue.popleft()
-            if batch.sends.done():
-                continue  # its batch was cancelled (the sweep is going down): never started, not charged
-            task = asyncio.current_task()
-            try:
-                # Counted as running from here: a worker waiting out the rate spacing is cancelled
-                # with its batch too, or it would wake and start a send while the sweep goes down.
-                batch.running.add(task)
-                try:
-                    if self._interval:
-                        now = time.monotonic()
-                        slot = max(now, self._next)
-                        self._next = slot + self._interval
-                        if slot > now:
-                            await asyncio.sleep(slot - now)
-                    await self.sweep._send(r, claimed_at)
-                finally:
-                    batch.running.discard(task)
-            except BaseException as exc:
-                # _send raises only what stops the process (KeyboardInterrupt, SystemExit) or this
-                # worker's cancellation: the batch ends with it, as its gather did, never hangs.
-                if batch.sends.done():
-                    pass
-                elif isinstance(exc, asyncio.CancelledError):
-                    batch.sends.cancel()
-                else:
-                    batch.sends.set_exception(exc)
-                raise
-            batch.pending -= 1
-            if batch.pending == 0 and not batch.sends.done():
-                batch.sends.set_result(None)
-
-
 def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | None = None,
           clock: Callable[[], datetime] | None = None, max_batches: int | None = None,
           channels: dict[str, Channel] | None = None) -> SweepOutcome:
@@ -349,10 +198,10 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
         log.warning("delivery.processes is %d, but this host has %d core(s): the extra processes only contend "
                     "for the CPU; set delivery.processes to at most %d", processes, cores, cores)
     if processes == 1:
-        return _run_one(_Sweep(engine, cfg, now, owner, clock or (lambda: now), max_batches, dict(channels or {})))
+        return _run_one(Sweep(engine, cfg, now, owner, clock or (lambda: now), max_batches, dict(channels or {})))
     results = run_in_processes(
         engine, cfg, now, owner=owner, clock=clock, max_batches=max_batches,
-        run_here=lambda: _run_one(_Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})),
+        run_here=lambda: _run_one(Sweep(engine, cfg, now, f"{owner}#w0", clock or (lambda: now), max_batches, {})),
         run_worker=_sweep_in_worker)
     out = SweepOutcome(processes=processes)
     # Every worker resolves the same setting the same way; a failed worker reports no loop.
@@ -377,10 +226,10 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
 def _sweep_in_worker(engine: Engine, cfg: DeadlinesConfig, now: datetime, owner: str,
                      clock: Callable[[], datetime], max_batches: int | None) -> SweepOutcome:
     """The sweep of one worker process of :func:`~deadline_pipeline.deliver.workers.run_in_processes`."""
-    return run_sweep_loop(_Sweep(engine, cfg, now, owner, clock, max_batches, {}))
+    return run_sweep_loop(Sweep(engine, cfg, now, owner, clock, max_batches, {}))
 
 
-def run_sweep_loop(runner: _Sweep) -> SweepOutcome:
+def run_sweep_loop(runner: Sweep) -> SweepOutcome:
     """Run ``runner`` to the end on a new event loop of the configured kind (``delivery.event_loop``),
     in the calling thread, which must not be running a loop, with the garbage collector tuned for
     the sweep (:mod:`deadline_pipeline.deliver.runtime`); its outcome names the loop used."""
@@ -389,7 +238,7 @@ def run_sweep_loop(runner: _Sweep) -> SweepOutcome:
     return out
 
 
-def _run_one(runner: _Sweep) -> SweepOutcome:
+def _run_one(runner: Sweep) -> SweepOutcome:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -404,76 +253,7 @@ def _run_one(runner: _Sweep) -> SweepOutcome:
     return box["out"]
 
 
-@dataclass
-class _Batch:
-    """One claim whose sends are running: its lease owner, its results, the future that ends when
-    all its sends have ended (cancelled: the sends not yet started never start), how many are left,
-    and the lane workers running one of its sends right now (cancelled with it)."""
-
-    owner: str
-    results: list[_Result]
-    sends: asyncio.Future
-    pending: int = 0
-    running: set = field(default_factory=set)
-
-    def cancel(self) -> None:
-        """Stop like a crash: sends not yet started never start (no attempt row, not charged); the
-        running ones are cancelled mid-send (their attempt rows stay: unknown outcomes)."""
-        self.sends.cancel()
-        for task in list(self.running):
-            task.cancel()
-
-
-class _StartGate:
-    """Commits the attempt rows of sends about to start, grouped: every send that reaches its start in
-    the same moment waits for one shared transaction (group commit), then starts only if its row was
-    written and its lease is still held on the database clock.
-
-    Why a row per *started* send (not per claimed alert): after a crash, the open rows are exactly the
-    sends that may have happened, so only they are charged an attempt (a killed batch's never-started
-    alerts are not), and a booking alert is escalated only when its send may really have left.
-    """
-
-    def __init__(self, sweep: _Sweep) -> None:
-        self.sweep = sweep
-        self.waiting: list[tuple[_Result, asyncio.Future]] = []
-        self.flushing = False
-
-    async def start(self, r: _Result) -> int | None:
-        """The committed attempt id for ``r``, or ``None`` when its lease is no longer held."""
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting.append((r, fut))
-        if not self.flushing:
-            self.flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        return await fut
-
-    async def _flush(self) -> None:
-        try:
-            while self.waiting:
-                await asyncio.sleep(0)  # let the sends admitted in the same tick join this commit
-                group, self.waiting = self.waiting, []
-                by_owner: dict[str, list[tuple[_Result, asyncio.Future]]] = {}
-                for r, fut in group:
-                    by_owner.setdefault(r.owner, []).append((r, fut))
-                for owner, items in by_owner.items():
-                    try:
-                        started = await asyncio.get_running_loop().run_in_executor(
-                            self.sweep.gate_pool, self.sweep._start_attempts, owner,
-                            [(r.row["id"], r.attempt_no) for r, _ in items])
-                    except Exception as exc:  # database down: these sends do not start (not charged)
-                        for _, fut in items:
-                            if not fut.done():
-                                fut.set_exception(exc)
-                        continue
-                    for r, fut in items:
-                        if not fut.done():
-                            fut.set_result(started.get(r.row["id"]))
-        finally:
-            self.flushing = False
-
-
-class _Sweep:
+class Sweep:
     def __init__(self, engine: Engine, cfg: DeadlinesConfig, now: datetime, owner: str,
                  clock: Callable[[], datetime], max_batches: int | None, given: dict[str, Channel]) -> None:
         self.engine = engine
@@ -484,13 +264,13 @@ class _Sweep:
         self.max_batches = max_batches
         self.given = given
         self.built: dict[str, Channel] = {}
-        self.lanes: dict[str, _Lane] = {}
+        self.lanes: dict[str, Lane] = {}
         self.out = SweepOutcome()
         self.deadline = time.monotonic() + self.d.time_budget_seconds
         self.claims = 0
-        self.gate = _StartGate(self)
+        self.gate = StartGate(self)
         self.halted = False  # set when a send meets a BaseException: no further send starts
-        self.sending: list[_Batch] = []  # claimed batches whose sends run (at most two)
+        self.sending: list[Batch] = []  # claimed batches whose sends run (at most two)
         self.pending_write: asyncio.Task | None = None  # the last finished batch's recording (overlaps the rest)
         # Escalation channel name -> failed notices in a row (ESCALATION_NOTICE_BREAKER).
         self.notice_failures_in_row: dict[str, int] = {}
@@ -513,11 +293,11 @@ class _Sweep:
             self.built[name] = build_channel(name, self.cfg.channels[name], network=self.cfg.network.policy())
         return self.built[name]
 
-    def lane(self, name: str) -> _Lane:
+    def lane(self, name: str) -> Lane:
         lane = self.lanes.get(name)
         if lane is None:
             ch_cfg = self.cfg.channels.get(name)
-            lane = self.lanes[name] = _Lane(self, getattr(ch_cfg, "max_concurrency", 8),
+            lane = self.lanes[name] = Lane(self, getattr(ch_cfg, "max_concurrency", 8),
                                             getattr(ch_cfg, "rate_per_second", None))
         return lane
 
@@ -667,10 +447,10 @@ class _Sweep:
         (``self.pending_write``)."""
         self.pending_write = await self._finish(await self._first_done(self.sending))
 
-    def _launch(self, results: list[_Result], owner: str, claimed_at: float) -> _Batch:
+    def _launch(self, results: list[AlertSend], owner: str, claimed_at: float) -> Batch:
         """Queue the sends of one claimed batch on their channels' lanes (escalations are only
         recorded), behind any earlier batch's."""
-        batch = _Batch(owner, results, asyncio.get_running_loop().create_future())
+        batch = Batch(owner, results, asyncio.get_running_loop().create_future())
         for r in results:
             if r.escalate_reason is None:
                 batch.pending += 1
@@ -680,14 +460,14 @@ class _Sweep:
         return batch
 
     @staticmethod
-    async def _first_done(sending: list[_Batch]) -> _Batch:
+    async def _first_done(sending: list[Batch]) -> Batch:
         """Wait until one batch of ``sending`` has ended all its sends; remove it and return it."""
         await asyncio.wait([b.sends for b in sending], return_when=asyncio.FIRST_COMPLETED)
         batch = next(b for b in sending if b.sends.done())
         sending.remove(batch)
         return batch
 
-    async def _finish(self, batch: _Batch) -> asyncio.Task:
+    async def _finish(self, batch: Batch) -> asyncio.Task:
         """Wait for ``batch``'s sends (``_send`` never raises for one alert) and start recording its
         results in a thread; returns the recording task."""
         await batch.sends
@@ -708,14 +488,14 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 1. claim
 
-    def _claim(self, t: datetime, owner: str) -> tuple[list[dict], list[_Result]]:
+    def _claim(self, t: datetime, owner: str) -> tuple[list[dict], list[AlertSend]]:
         with self.engine.begin() as conn:
             rows, stale = sql.claim_and_load(conn, owner=owner, now=t, lease_seconds=self.d.lease_seconds,
                                              limit=self.d.batch_size)
             results = []
             for row in rows:
                 n_stale = stale.get(row["id"], 0)  # already counted in row["attempts"]
-                r = _Result(row=row, attempt_no=row["attempts"] + 1, owner=owner)
+                r = AlertSend(row=row, attempt_no=row["attempts"] + 1, owner=owner)
                 if n_stale:
                     self.out.recovered_unknown += 1
                     r.escalate_reason = self._recovery_decision(row, n_stale)
@@ -761,7 +541,7 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 3. send
 
-    def _start_attempts(self, owner: str, items: list[tuple[int, int]]) -> dict[int, int]:
+    def start_attempts(self, owner: str, items: list[tuple[int, int]]) -> dict[int, int]:
         """In ``gate_pool``'s one thread: commit the attempt rows of ``items`` on the kept connection."""
         if self._gate_conn is None:
             conn = self.engine.connect()
@@ -789,7 +569,7 @@ class _Sweep:
             except Exception:  # already broken: closing it is only tidying up
                 log.debug("closing the attempt-row connection failed", exc_info=True)
 
-    async def _send(self, r: _Result, claimed_at: float) -> None:
+    async def send(self, r: AlertSend, claimed_at: float) -> None:
         row = r.row
         try:
             # The channel's own window: a slow SMTP server's timeout must not stop maildir sends.
@@ -845,7 +625,7 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 4. record
 
-    def _retry_plan(self, r: _Result, t: datetime) -> tuple[float, str | None]:
+    def _retry_plan(self, r: AlertSend, t: datetime) -> tuple[float, str | None]:
         """``(delay seconds, escalation reason or None)`` for a failed attempt.
 
         The receiver's ``Retry-After`` lengthens the backoff but is capped at
@@ -872,7 +652,7 @@ class _Sweep:
                                f"(wait {delay:.0f} s), after the deadline {instant_text(r.row['due_at'])}: {err}")
         return delay, None
 
-    def _write(self, conn, results: list[_Result], owner: str, t: datetime) -> dict:
+    def _write(self, conn, results: list[AlertSend], owner: str, t: datetime) -> dict:
         """Every result of ``results`` in one transaction (``conn``); returns what to report."""
         eff: dict = {"escalations": [], "failures": [], "sent": [], "done": set(), "released": 0,
                      "lost_before_send": [r for r in results if r.lease_lost_before_send]}
@@ -910,7 +690,7 @@ class _Sweep:
                 eff["escalations"].append((r, why if missed else f"{why}: {err}"))
         return eff
 
-    def _write_alone(self, r: _Result, owner: str, t: datetime, batch_error: BaseException) -> dict | None:
+    def _write_alone(self, r: AlertSend, owner: str, t: datetime, batch_error: BaseException) -> dict | None:
         """Record one alert's result in a transaction of its own; if even that fails, record it as this
         alert's own failure (a sent alert as delivered without the unstorable provider id). Returns
         what to report, or ``None`` when nothing could be written (the database is down)."""
@@ -939,7 +719,7 @@ class _Sweep:
             return None
         return None
 
-    def _record(self, results: list[_Result], owner: str) -> None:
+    def _record(self, results: list[AlertSend], owner: str) -> None:
         t = self.clock()
         try:
             with self.engine.begin() as conn:
@@ -1000,7 +780,7 @@ class _Sweep:
 
     # ------------------------------------------------------------------ 5. escalate
 
-    def _escalate(self, r: _Result, reason: str) -> None:
+    def _escalate(self, r: AlertSend, reason: str) -> None:
         row = r.row
         self.out.escalated += 1
         log.error("alert %s escalated (channel %s, subscriber %s, %r due %s): %s", row["id"], row["channel"],

@@ -7,13 +7,11 @@ import logging
 import dagster as dg
 
 from deadline_pipeline.deliver.channels.environment import unresolved_env
+from deadline_pipeline.deliver.outcome import SweepOutcome, sweep_beat_detail, sweep_beat_outcome
 from deadline_pipeline.deliver.sweep import (
     SweepFailed,
-    SweepOutcome,
     lease_owner,
     sweep,
-    sweep_beat_detail,
-    sweep_beat_outcome,
     utcnow,
 )
 from deadline_pipeline.deliver.throttle import ThrottledLogger, log_first
