@@ -352,7 +352,7 @@ def test_planner_stopped_for_a_month(engine, tmp_path, feed):
             assert "horizon_planned" in reds
     # A month without planning: the monthly rule's 1 March occurrence (inside the 20-day horizon
     # now) was never planned, and the check names the subscriptions with nothing ahead.
-    out = w.horizon_planned(engine, now, interval, timedelta(days=20))
+    out = w.horizon_planned(engine, cfg, now, interval, timedelta(days=20))
     assert {o.get("subscriber") for o in out.offenders} >= {"s0", "s1"}, out
     cycle(engine, cfg, now)
     assert _red(engine, cfg, now) == set()

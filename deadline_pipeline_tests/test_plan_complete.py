@@ -553,7 +553,7 @@ def test_a_refused_rule_is_red_and_does_not_hang_the_watchers(engine, tmp_path):
     out = w.plan_complete(engine, T0)
     assert not out.passed and "s@test" in out.summary, out.summary
     with _deadline(60):
-        horizon = w.horizon_planned(engine, T0, timedelta(minutes=90), timedelta(days=366))
+        horizon = w.horizon_planned(engine, cfg, T0, timedelta(minutes=90), timedelta(days=366))
     assert horizon.passed, horizon.summary  # the other rules are planned; the refused one is plan_complete's
     payload = {"rule_id": "s@test", "title": "x", "start": "2020-01-01T00:00:00", "tz": "Europe/Berlin",
                "rrule": "FREQ=SECONDLY"}

@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from deadline_pipeline.cli import main
 from deadline_pipeline.config import load_config
@@ -76,7 +76,7 @@ def all_checks(engine, cfg, now) -> dict[str, w.CheckOutcome]:
     outs = [w.alerts_reconciled(engine, now, timedelta(minutes=cfg.watch.grace_minutes)),
             w.sweep_alive(engine, now, timedelta(minutes=cfg.watch.sweep_interval_minutes),
                           timedelta(minutes=cfg.watch.heartbeat_grace_minutes)),
-            w.horizon_planned(engine, now, timedelta(minutes=cfg.watch.plan_interval_minutes),
+            w.horizon_planned(engine, cfg, now, timedelta(minutes=cfg.watch.plan_interval_minutes),
                               timedelta(days=cfg.plan.horizon_days)),
             w.fanout_complete(engine, now, timedelta(days=cfg.plan.horizon_days), types),
             w.escalations_acknowledged(engine, now)]
@@ -152,7 +152,8 @@ def test_sweep_alive_measures_the_newest_sweep_or_idle_tick(engine):
     assert w.sweep_alive(engine, T0 + timedelta(minutes=20)).passed
 
 
-def test_a_crashed_run_keeps_its_last_completion(engine):
+def test_a_crashed_run_keeps_its_last_completion(engine, tmp_path):
+    cfg, _ = setup_config(tmp_path)
     with engine.begin() as conn:
         health.beat(conn, "plan", started_at=T0, completed_at=T0, outcome="ok")
     try:
@@ -164,23 +165,23 @@ def test_a_crashed_run_keeps_its_last_completion(engine):
         beat = health.read_heartbeats(conn)["plan"]
     assert beat["last_completed_at"] == T0 and beat["last_outcome"] == "crashed"
     assert beat["last_started_at"] == T0 + timedelta(hours=1) and "planner exploded" in beat["detail"]
-    out = w.horizon_planned(engine, T0 + timedelta(hours=1))
+    out = w.horizon_planned(engine, cfg, T0 + timedelta(hours=1))
     assert not out.passed and "crashed" in out.summary
 
 
 def test_horizon_planned_names_stale_planning_and_uncovered_targets(engine, tmp_path):
     cfg, _ = setup_config(tmp_path)
-    assert not w.horizon_planned(engine, T0).passed, "never planned"
+    assert not w.horizon_planned(engine, cfg, T0).passed, "never planned"
     ingest(engine, cfg, T0)
     plan(engine, cfg, T0)
-    assert w.horizon_planned(engine, T0 + timedelta(minutes=90)).passed
-    stale = w.horizon_planned(engine, T0 + timedelta(minutes=91))
+    assert w.horizon_planned(engine, cfg, T0 + timedelta(minutes=90)).passed
+    stale = w.horizon_planned(engine, cfg, T0 + timedelta(minutes=91))
     assert not stale.passed and "planning last completed" in stale.summary
     # bob's obligations vanish (a planner that silently skips a target): red, naming bob.
     with engine.begin() as conn:
         bob = conn.execute(select(subscribers.c.id).where(subscribers.c.external_id == "bob")).scalar_one()
         conn.execute(update(obligations).where(obligations.c.subscriber_id == bob).values(status="withdrawn"))
-    out = w.horizon_planned(engine, T0)
+    out = w.horizon_planned(engine, cfg, T0)
     assert not out.passed and out.offenders[0]["subscriber"] == "bob" and out.offenders[0]["source"] == "cal"
 
 
@@ -426,10 +427,44 @@ def test_horizon_planned_names_a_rule_left_without_obligations_beside_covered_on
         conn.execute(update(obligations).where(obligations.c.subscriber_id == _bob(engine),
                                                obligations.c.rule_id == "c@test").values(status="withdrawn"))
     out = all_checks(engine, cfg, T0)["horizon_planned"]
+    # C is monthly from 1 March: March 2027 to January 2028 lie in the judged window, each missing.
+    assert not out.passed and out.count == 11, out.summary
+    assert out.offenders[0] == {"subscriber": "bob", "source": "cal", "rule_id": "c@test",
+                                "due_at": "2027-03-01T09:00:00+00:00"}
+    assert len(out.offenders) == 10 and {o["rule_id"] for o in out.offenders} == {"c@test"}
+    assert "11 occurrence(s) of 1 rule(s) for 1 subscriber(s)" in out.summary, out.summary
+    assert "bob × cal rule c@test due 2027-03-01T09:00:00+00:00" in out.summary
+
+
+EVENT_W = dict(uid="w@test", tzid="Europe/Berlin", dtstart="20270201T100000", summary="Weekly check-in",
+               rrule="FREQ=WEEKLY;COUNT=8")
+
+
+def test_horizon_planned_names_one_missing_occurrence_of_a_rule_whose_others_are_planned(engine, tmp_path):
+    """A weekly rule with eight occurrences ahead, one obligation of which is gone from the store
+    (deleted, not withdrawn: a planner that skipped one occurrence). Judged per rule the other seven
+    kept the check green, and only reminders_owed turned red once the missing reminder's send time
+    had passed. Judged per occurrence, it is red at once and names that occurrence's due instant."""
+    cfg, _ = setup_config(tmp_path, events=(EVENT_A, EVENT_W))
+    cycle(engine, cfg, T0)
+    assert all_checks(engine, cfg, T0)["horizon_planned"].passed
+    third = datetime(2027, 2, 15, 9, tzinfo=UTC)  # Monday 15 February, 10:00 in Berlin
+    with engine.begin() as conn:
+        ids = conn.execute(select(obligations.c.id).where(obligations.c.subscriber_id == _bob(engine),
+                                                          obligations.c.rule_id == "w@test",
+                                                          obligations.c.due_at == third)).scalars().all()
+        assert len(ids) == 1, ids
+        conn.execute(delete(alerts).where(alerts.c.obligation_id == ids[0]))
+        conn.execute(delete(obligations).where(obligations.c.id == ids[0]))
+        left = conn.execute(select(func.count()).select_from(obligations)
+                            .where(obligations.c.rule_id == "w@test", obligations.c.subscriber_id == _bob(engine),
+                                   obligations.c.status == "active")).scalar_one()
+    assert left == 7
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
     assert not out.passed and out.count == 1, out.summary
-    assert out.offenders == [{"subscriber": "bob", "source": "cal", "rule_id": "c@test",
-                              "first_ahead": "2027-03-01T09:00:00+00:00"}]
-    assert "bob × cal rule c@test, next due 2027-03-01T09:00:00+00:00" in out.summary
+    assert out.offenders == [{"subscriber": "bob", "source": "cal", "rule_id": "w@test",
+                              "due_at": "2027-02-15T09:00:00+00:00"}]
+    assert "bob × cal rule w@test due 2027-02-15T09:00:00+00:00" in out.summary, out.summary
 
 
 def test_horizon_planned_is_green_for_a_master_whose_occurrence_an_override_moved(engine, tmp_path):
@@ -496,24 +531,52 @@ def test_horizon_planned_matches_a_renamed_rule_through_its_lineage(engine, tmp_
     assert out.passed, out.summary
 
 
-def test_horizon_planned_is_green_for_a_due_date_rolled_to_an_earlier_business_day(engine, tmp_path):
-    """Due Monday 18 January 2027 (Martin Luther King Jr. Day, a US holiday) with the 'preceding'
-    convention: planned for Friday the 15th, five days ahead. The check reads the unrolled date,
-    eight days ahead; the obligation three days earlier still counts (due after now)."""
-    (tmp_path / "cal.ics").write_text(ics(dict(uid="mlk@test", tzid="America/New_York", dtstart="20270118T120000",
-                                               summary="Filing")), newline="")
-    cfg = load_config(write_config(
+def _rolled_config(tmp_path, event: dict, convention: str):
+    """One source of ``event`` whose due dates roll to US business days by ``convention``; ann
+    subscribes with one offset on a maildir channel."""
+    (tmp_path / "cal.ics").write_text(ics(event), newline="")
+    return load_config(write_config(
         tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1",
-                            "business_days": {"calendar": "US", "convention": "preceding"}}],
+                            "business_days": {"calendar": "US", "convention": convention}}],
         subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Europe/Berlin"}],
         subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["PT0S"], "channels": ["mail"]}],
         channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+
+
+def test_horizon_planned_is_green_for_a_due_date_rolled_to_an_earlier_business_day(engine, tmp_path):
+    """Due Monday 18 January 2027 (Martin Luther King Jr. Day, a US holiday) with the 'preceding'
+    convention: planned for Friday the 15th, five days ahead. The check reads the due date rolled, as
+    planning does: before the judged window (seven days on), not expected, where the unrolled Monday,
+    eight days ahead, would be."""
+    cfg = _rolled_config(tmp_path, dict(uid="mlk@test", tzid="America/New_York", dtstart="20270118T120000",
+                                        summary="Filing"), "preceding")
     cycle(engine, cfg, T0)
     with engine.connect() as conn:
         due = conn.execute(select(obligations.c.due_at)).scalar_one()
     assert due.date().isoformat() == "2027-01-15", due
     out = all_checks(engine, cfg, T0)["horizon_planned"]
     assert out.passed, out.summary
+
+
+def test_horizon_planned_names_a_missing_occurrence_by_its_due_date_rolled_to_a_later_business_day(
+        engine, tmp_path):
+    """Saturdays at noon in New York rolled 'following' over the US calendar: Saturday 13 February
+    2027 rolls past Presidents' Day (Monday the 15th) to Tuesday the 16th. That obligation gone from
+    the store, the check is red naming Tuesday's instant, the one planning plans and reminds of."""
+    cfg = _rolled_config(tmp_path, dict(uid="sat@test", tzid="America/New_York", dtstart="20270130T120000",
+                                        summary="Weekend filing", rrule="FREQ=WEEKLY;COUNT=4"), "following")
+    cycle(engine, cfg, T0)
+    with engine.connect() as conn:
+        planned = dict(conn.execute(select(obligations.c.due_at, obligations.c.id)).all())
+    assert sorted(d.date().isoformat() for d in planned) == ["2027-02-01", "2027-02-08", "2027-02-16", "2027-02-22"]
+    assert all_checks(engine, cfg, T0)["horizon_planned"].passed
+    tuesday = datetime(2027, 2, 16, 17, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(delete(alerts).where(alerts.c.obligation_id == planned[tuesday]))
+        conn.execute(delete(obligations).where(obligations.c.id == planned[tuesday]))
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert not out.passed and out.offenders == [{"subscriber": "ann", "source": "cal", "rule_id": "sat@test",
+                                                 "due_at": "2027-02-16T17:00:00+00:00"}], out.summary
 
 
 def test_horizon_planned_does_not_expect_a_master_whose_occurrences_ahead_overrides_took(engine, tmp_path):

@@ -45,11 +45,12 @@ def sweep_alive_check(store: StoreResource, settings: SettingsResource, clock: C
 
 
 @dg.asset_check(asset=OBLIGATIONS, name="horizon_planned",
-                description="Planning ran within its interval and every subscription with rules ahead has "
-                            "obligations ahead.")
+                description="Planning ran within its interval and every occurrence a subscription selects "
+                            "ahead has its obligation.")
 def horizon_planned_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     cfg, now = settings.load(), clock.now()
-    return to_result(w.horizon_planned(store.engine(), now, timedelta(minutes=cfg.watch.plan_interval_minutes),
+    return to_result(w.horizon_planned(store.engine(), cfg, now,
+                                       timedelta(minutes=cfg.watch.plan_interval_minutes),
                                        timedelta(days=cfg.plan.horizon_days)), evaluated_at=now)
 
 

@@ -603,13 +603,7 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
                                         f"FREQ={freq} is refused: deadlines recur at most hourly"))
             continue
         try:
-            zone = zone_for(rule, target)
-            ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi, id(target.business_days))
-            expanded: Expansion | None = cache.get(ckey) if cache is not None else None
-            if expanded is None:
-                expanded = expansion(rule, zone, after=lo, before=hi, business_days=target.business_days)
-                if cache is not None:
-                    cache[ckey] = expanded
+            zone, expanded = target_expansion(target, version, rule, lo, hi, cache)
             if target.quiet_hours:
                 resolve_zone(target.subscriber_tz)  # an unknown subscriber zone is this rule's problem
         except (UnknownTimeZone, ValueError) as exc:
@@ -636,6 +630,23 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
                                          zone=zone_name, tz=zone, zone_data=zone_version,
                                          calendar_data=calendar_version, wall=occ.wall))
     return out, problems
+
+
+def target_expansion(target: Target, version: int, rule: RuleRecord, lo: datetime, hi: datetime,
+                     cache: dict | None) -> tuple[tzinfo, Expansion]:
+    """``(zone, expansion)`` of ``rule`` (``version``) for ``target`` over ``[lo, hi]`` (aware UTC):
+    in the deadline's zone (:func:`zone_for`), rolled by the target's business days. ``cache``
+    memoises it across targets that share the source, rule version, zone and calendar (None: not
+    memoised). Raises :class:`~deadline_pipeline.timezones.UnknownTimeZone` for an unknown zone and
+    ``ValueError`` for a rule that cannot be expanded (over the work budget included)."""
+    zone = zone_for(rule, target)
+    ckey = (target.source_id, rule.rule_id, version, str(zone), lo, hi, id(target.business_days))
+    expanded: Expansion | None = cache.get(ckey) if cache is not None else None
+    if expanded is None:
+        expanded = expansion(rule, zone, after=lo, before=hi, business_days=target.business_days)
+        if cache is not None:
+            cache[ckey] = expanded
+    return zone, expanded
 
 
 def _profile(target: Target) -> tuple:

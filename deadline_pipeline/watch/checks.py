@@ -17,17 +17,18 @@ Checks and what exactly they promise:
 ``horizon_planned``
     (1) the ``plan`` heartbeat completed within ``plan_interval`` of ``now`` and its last run did not
     crash — planning covers ``[P, P + horizon]`` when it last ran at P, so this bounds the uncovered
-    tail to one planning interval; and (2) for every active subscription (active subscriber) and
-    every rule of its source it selects (patterns, ``kinds`` / ``exclude_kinds``), read as planning
-    reads it (RECURRENCE-ID overrides folded into their masters), with an occurrence inside
-    ``[now + 7 days, now + horizon - 1 day]`` (read with dateutil from the stored rule, not by the
-    planner; the week of slack absorbs a business day rolled earlier, the day time zones), there is at least one
-    active obligation of that (subscriber, source, rule) due at or after ``now`` — the rule matched
-    by its id or its lineage (a renamed rule's obligations stay keyed on its first id). Only rules
-    whose current version (and every version of its series) came into force before the last
-    completed full planning run started are judged, and a rule that cannot be read or expanded
-    within budget is not (``plan_complete`` reports it). (2) catches a rule the planner silently
-    skipped or withdrew while other rules of its source kept their obligations.
+    tail to one planning interval; and (2) every occurrence due inside
+    ``[now + 7 days, now + horizon - 1 day]`` of every rule an active subscription (active
+    subscriber) selects (patterns, ``kinds`` / ``exclude_kinds``) has an active obligation of that
+    (subscriber, source, rule) due at that instant — the rule matched by its id or its lineage (a
+    renamed rule's obligations stay keyed on its first id). Each due instant is read as planning
+    reads it, with planning's own functions: its targets (zone of a floating rule, business-day
+    calendar and convention), RECURRENCE-ID overrides folded into their masters, the expansion over
+    planning's window rolled to business days. Only rules whose current version (and every version
+    of its series) came into force before the last completed full planning run started are judged,
+    and a rule planning refuses (``FREQ=SECONDLY``), cannot expand or cuts at the occurrence cap is
+    not (``plan_complete`` reports it; counted in the summary). (2) catches a rule the planner
+    silently skipped or withdrew, and one occurrence missing beside planned ones of its rule.
 ``fanout_complete``
     every active obligation due in ``[now, now + horizon]`` has exactly one reminder row per
     (offset, usable channel) of the active subscriptions of its subscriber and source whose
@@ -59,6 +60,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
+from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
@@ -159,58 +161,6 @@ def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(m
     return _age_outcome("sweep_alive", "the delivery sweep", beats, SWEEP_COMPONENTS, now, interval + grace)
 
 
-def _first_within(payload: dict, lo: datetime, hi: datetime) -> datetime | None | bool:
-    """The first instant (aware UTC) of a rule (its payload) between ``lo`` and ``hi``; None when it
-    has none; False when planning refuses the rule (``FREQ=SECONDLY``), the payload cannot be read or
-    is over the expansion budget (planning reports that rule itself, and ``plan_complete`` turns red
-    for it).
-
-    Read with the bounded expansion (:func:`~deadline_pipeline.plan.occurrences.first_between`):
-    a ``FREQ=SECONDLY`` rule read with an unbounded ``rrulestr(...).after()`` hung the check, and
-    with it ``run``. Callers pass shrunk bounds, so a rule at the edge of the window is never
-    *expected* by mistake.
-    """
-    from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, first_between
-    from deadline_pipeline.plan.planner import refused_frequency
-
-    if refused_frequency(payload.get("rrule")):
-        return False  # planning refuses it (a planning problem: plan_complete is red), never plans it
-    try:
-        return first_between(payload, lo, hi)
-    except ExpansionBudgetExceeded as exc:
-        log.warning("horizon_planned: rule %s not judged (planning reports it): %s", payload.get("rule_id"), exc)
-        return False
-    except (KeyError, TypeError, ValueError) as exc:
-        log.warning("horizon_planned: cannot read rule payload %s: %s", payload.get("rule_id"), exc)
-        return False
-
-
-def _planned_rules(versions: dict[str, dict]) -> list[tuple[dict, datetime]]:
-    """The rules of one source as planning plans them, with the instant each came into force:
-    (payload, valid_from) of the active rules with RECURRENCE-ID overrides folded into their masters
-    (:func:`~deadline_pipeline.plan.recurrence.apply_overrides`, as planning's ``fold_overrides``
-    does), so an occurrence an override moved or cancelled is not expected of its master.
-    ``versions``: :func:`~deadline_pipeline.store.health.latest_rule_versions` of the source.
-    A rule's ``valid_from`` is the newest of its series (master and overrides, withdrawn ones too):
-    a new override changes what its master plans. Overrides that cannot be folded are judged
-    unfolded, as planning plans them (it reports that itself)."""
-    from deadline_pipeline.plan.recurrence import apply_overrides
-    from deadline_pipeline.plan.scope import series_of
-    from deadline_pipeline.rules import RuleRecord
-
-    newest: dict[str, datetime] = {}
-    for rid, v in versions.items():
-        series = series_of(rid)
-        newest[series] = max(newest.get(series, v["valid_from"]), v["valid_from"])
-    active = {rid: v["payload"] for rid, v in versions.items() if not v["withdrawn"]}
-    try:
-        folded = [r.to_payload() for r in apply_overrides([RuleRecord.from_payload(p) for p in active.values()])]
-    except (KeyError, TypeError, ValueError) as exc:
-        log.warning("horizon_planned: overrides not folded, judged as they are: %s", exc)
-        folded = list(active.values())
-    return [(p, newest[series_of(p["rule_id"])]) for p in folded]
-
-
 _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
 
 
@@ -266,67 +216,158 @@ def _judged_since(beat: dict | None, plan_interval: timedelta) -> datetime | Non
     return min(beat["last_started_at"], beat["last_completed_at"])
 
 
-def horizon_planned(engine: Engine, now: datetime, plan_interval: timedelta = timedelta(minutes=90),
-                    horizon: timedelta = timedelta(days=366), limit: int = 10) -> CheckOutcome:
-    """Planning is alive and covers every rule through ``now + horizon`` (see the module docstring
-    for the exact definition). Offenders: the stale heartbeat and/or one row per uncovered rule of a
-    subscription (``subscriber``, ``source``, ``rule_id``, ``first_ahead``: its first occurrence in
-    the judged window, ISO)."""
+#: Missing occurrences a ``horizon_planned`` offender list and summary name (the count is exact).
+MISSING_SHOWN = 10
+
+
+@dataclass
+class _Coverage:
+    """What :func:`_missing_occurrences` found: ``missing`` offenders (``subscriber``, ``source``,
+    ``rule_id``, ``due_at`` ISO), ``judged`` occurrences judged, ``skipped`` (source, rule id) pairs not
+    judged because planning cannot expand them (it reports them: ``plan_complete``)."""
+
+    missing: list[dict] = field(default_factory=list)
+    judged: int = 0
+    skipped: set[tuple[str, str]] = field(default_factory=set)
+
+
+def _judged_rules(conn, sources: dict[int, str], since: datetime) -> dict[int, tuple[list, dict[str, str]]]:
+    """For each of ``sources`` (id → name): source id → (its rules as planning plans them,
+    ``(version, RuleRecord)`` with RECURRENCE-ID overrides folded into their masters; rule id →
+    lineage), read with planning's own functions (:func:`~deadline_pipeline.store.planning.source_rules`,
+    :func:`~deadline_pipeline.plan.service.fold_overrides`), less the rules whose series (master and
+    overrides, withdrawn ones too) has a version that came into force after ``since``: not planned
+    yet, judging them would be red in the minutes between an ingest and the next planning run.
+    The versions' instants are read after the rules, so a version committed in between is left out
+    (not judged), never judged unplanned."""
+    from deadline_pipeline.plan.outcome import PlanOutcome
+    from deadline_pipeline.plan.scope import series_of
+    from deadline_pipeline.plan.service import fold_overrides
+    from deadline_pipeline.store.planning import source_rules
+
+    scratch = PlanOutcome()  # a fold that fails is planning's problem to report (plan_complete)
+    read = {sid: source_rules(conn, sid) for sid in sources}
+    newest: dict[tuple[int, str], datetime] = {}
+    for sid, versions in health.latest_rule_versions(conn).items():
+        for rid, v in versions.items():
+            key = (sid, series_of(rid))
+            newest[key] = max(newest.get(key, v["valid_from"]), v["valid_from"])
+    out = {}
+    for sid, rules in read.items():
+        folded = fold_overrides(rules.active, sources[sid], scratch)
+        out[sid] = ([(v, r) for v, r in folded if newest.get((sid, series_of(r.rule_id)), since) <= since],
+                    rules.lineage)
+    return out
+
+
+def _missing_occurrences(conn, cfg: DeadlinesConfig, now: datetime, horizon: timedelta, since: datetime, lo: datetime,
+                         hi: datetime) -> _Coverage:
+    """Every occurrence due in ``[lo, hi]`` (aware UTC) of every rule each active subscription selects,
+    read as planning reads it — its targets and business-day calendars
+    (:func:`~deadline_pipeline.plan.service.targets_from_rows`,
+    :func:`~deadline_pipeline.plan.service.business_calendars`), each expansion over planning's own
+    window at ``now`` (:func:`~deadline_pipeline.plan.planner.target_expansion`, cached across the
+    subscriptions that share it) — without an active obligation of that subscriber, source and rule
+    (its id or lineage) due at that instant."""
+    from deadline_pipeline.plan.occurrences import window
+    from deadline_pipeline.plan.outcome import PlanOutcome
+    from deadline_pipeline.plan.service import business_calendars, targets_from_rows
+    from deadline_pipeline.store.planning import active_targets
+
+    scratch = PlanOutcome()  # planning's own problems are reported by planning, not here
+    targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
+    rules = _judged_rules(conn, {t.source_id: t.source for t in targets}, since)
+    planned = health.active_obligation_instants(conn, lo, hi)
+    span = window(now, horizon)
+    cache: dict = {}
+    found = _Coverage()
+    for t in targets:
+        judged, lineage = rules[t.source_id]
+        for version, rule in judged:
+            for due in _uncovered(t, version, rule, lineage, planned, span, (lo, hi), cache, found):
+                found.missing.append({"subscriber": t.subscriber, "source": t.source, "rule_id": rule.rule_id,
+                                      "due_at": _iso(due)})
+    return found
+
+
+def _uncovered(target, version: int, rule, lineage: dict[str, str], planned: dict, span: tuple[datetime, datetime],
+               judged: tuple[datetime, datetime], cache: dict, found: _Coverage) -> list[datetime]:
+    """The due instants in ``judged`` of ``rule`` for ``target`` that the subscriber has no active
+    obligation at (``planned``: :func:`~deadline_pipeline.store.health.active_obligation_instants`).
+    A rule the target does not select, that planning refuses (``FREQ=SECONDLY``), cannot expand or
+    cut at the occurrence cap is not judged: planning reports it (``plan_complete``), and the
+    expansion cut here, started later than planning's, would expect what planning rightly did not plan."""
+    from deadline_pipeline.plan.planner import refused_frequency, target_expansion
+    from deadline_pipeline.timezones import UnknownTimeZone
+
+    if not target.wants_rule(rule):
+        return []
+    try:
+        if refused_frequency(rule.rrule):
+            raise ValueError(f"FREQ={refused_frequency(rule.rrule)} is refused by planning")
+        _zone, expanded = target_expansion(target, version, rule, *span, cache)
+        if expanded.cut_at is not None:
+            raise ValueError(f"its expansion is cut at the occurrence cap, at {instant_text(expanded.cut_at)}")
+    except (UnknownTimeZone, ValueError) as exc:
+        if (target.source, rule.rule_id) not in found.skipped:
+            found.skipped.add((target.source, rule.rule_id))
+            log.warning("horizon_planned: %s rule %s not judged (planning reports it): %s", target.source,
+                        rule.rule_id, exc)
+        return []
+    # Each expansion's judged instants and the subscriber sets that cover them, once per expansion:
+    # the per-target work is one set lookup per occurrence.
+    ckey = ("horizon_planned", id(expanded), target.source_id, rule.rule_id)
+    dues = cache.get(ckey)
+    if dues is None:
+        ids = {rule.rule_id, lineage.get(rule.rule_id, rule.rule_id)}
+        lo, hi = judged
+        dues = cache[ckey] = [(o.due_at, [planned.get((target.source_id, r, o.due_at), ()) for r in ids])
+                              for o in expanded.occurrences if lo <= o.due_at <= hi]
+    found.judged += len(dues)
+    sid = target.subscriber_id
+    return [due for due, covered in dues if not any(sid in c for c in covered)]
+
+
+def horizon_planned(engine: Engine, cfg: DeadlinesConfig, now: datetime,
+                    plan_interval: timedelta = timedelta(minutes=90), horizon: timedelta = timedelta(days=366),
+                    limit: int = MISSING_SHOWN) -> CheckOutcome:
+    """Planning is alive and every occurrence a subscription selects through ``now + horizon`` has its
+    obligation (see the module docstring for the exact definition). ``cfg``: the
+    :class:`~deadline_pipeline.config.DeadlinesConfig` planning plans from (its business-day calendars
+    and source zones). Offenders: the stale heartbeat and/or one row per missing occurrence
+    (``subscriber``, ``source``, ``rule_id``, ``due_at``: its due instant, ISO), the first ``limit``;
+    ``count`` is exact."""
     with engine.connect() as conn:
         beats = health.read_heartbeats(conn)
-        subs = health.active_subscription_rows(conn)
-        versions = health.latest_rule_versions(conn)
-        upcoming = health.upcoming_obligation_rules(conn, now)
+        since = _judged_since(beats.get(PLAN_COMPONENT), plan_interval)
+        # A week at the near end, as before the due instants were read rolled; a day at the far end
+        # absorbs the planner's window ending at its own run's start + horizon, up to one plan
+        # interval before now + horizon.
+        lo, hi = now + timedelta(days=7), now + horizon - timedelta(days=1)
+        found = _Coverage() if since is None else _missing_occurrences(conn, cfg, now, horizon, since, lo, hi)
     beat_out = _age_outcome("horizon_planned", "planning", beats, (PLAN_COMPONENT,), now, plan_interval)
     crashed = beats.get(PLAN_COMPONENT, {}).get("last_outcome") == "crashed"
-    since = _judged_since(beats.get(PLAN_COMPONENT), plan_interval)
-    # A week of slack at the near end: business-day rolling with a 'preceding' convention moves a due
-    # date a few days earlier than the instant read here (still at or after now, where the obligations
-    # are counted). A day at the far end absorbs time zones and the planner's window ending at its own
-    # run's start + horizon, up to one plan interval before now + horizon.
-    lo, hi = now + timedelta(days=7), now + horizon - timedelta(days=1)
-    first_ahead: dict[tuple[int, str], datetime | None | bool] = {}
-    planned: dict[int, list[tuple[dict, datetime]]] = {}
-    uncovered = []
-    for s in subs:
-        src = s["source_id"]
-        if since is None or src not in versions:
-            continue
-        if src not in planned:
-            planned[src] = _planned_rules(versions[src])
-        for payload, valid_from in planned[src]:
-            rid = payload["rule_id"]
-            # A version ingested after the last completed planning run started is not planned yet:
-            # judging it would be red in the minutes between an ingest and the next planning.
-            if valid_from > since or not any(fnmatch.fnmatchcase(rid, p) for p in s["rule_patterns"]) \
-                    or not kinds_allow(s.get("kinds"), s.get("exclude_kinds"), payload):
-                continue
-            if (src, rid) not in first_ahead:
-                first_ahead[(src, rid)] = _first_within(payload, lo, hi)
-            first = first_ahead[(src, rid)]
-            if not first:
-                continue
-            # A renamed rule's obligations stay keyed on its lineage; planning moves their rule_id to
-            # the new id, so either id is the rule's.
-            lineage = (versions[src].get(rid) or {}).get("lineage")
-            if not any((s["subscriber_id"], src, r) in upcoming for r in {rid, lineage} if r):
-                uncovered.append({"subscriber": s["subscriber"], "source": s["source"], "rule_id": rid,
-                                  "first_ahead": _iso(first)})
-    uncovered = sorted({(o["source"], o["subscriber"], o["rule_id"]): o for o in uncovered}.values(),
-                       key=lambda o: (o["source"], o["subscriber"], o["rule_id"]))
-    count = (0 if beat_out.passed and not crashed else 1) + len(uncovered)
+    # Two subscriptions of one subscriber to one source share one obligation: one offender, not two.
+    missing = sorted({(o["due_at"], o["source"], o["subscriber"], o["rule_id"]): o for o in found.missing}.items())
+    missing = [o for _key, o in missing]
+    count = (0 if beat_out.passed and not crashed else 1) + len(missing)
     parts = [] if beat_out.passed else [beat_out.summary]
     if crashed:
         parts.append(f"the last planning run crashed: {beats[PLAN_COMPONENT].get('detail')}")
-    if uncovered:
-        first = uncovered[0]
-        parts.append(f"{len(uncovered)} rule(s) of a subscription with an occurrence ahead have no obligation "
-                     f"due after {instant_text(now)} (first: {first['subscriber']} × {first['source']} rule "
-                     f"{first['rule_id']}, next due {first['first_ahead']})")
-    summary = "; ".join(parts) or (f"{beat_out.summary}; every subscribed rule with an occurrence ahead "
-                                   "has obligations ahead")
-    offenders = ([] if beat_out.passed and not crashed else beat_out.offenders) + uncovered
-    return CheckOutcome("horizon_planned", count == 0, count, summary, offenders[:limit])
+    if missing:
+        rules = len({(o["source"], o["rule_id"]) for o in missing})
+        people = len({o["subscriber"] for o in missing})
+        shown = ", ".join(f"{o['subscriber']} × {o['source']} rule {o['rule_id']} due {o['due_at']}"
+                          for o in missing[:3])
+        parts.append(f"{len(missing)} occurrence(s) of {rules} rule(s) for {people} subscriber(s) due between "
+                     f"{instant_text(lo)} and {instant_text(hi)} have no active obligation (first: {shown})")
+    skipped = (f"; {len(found.skipped)} rule(s) not judged: planning refuses or cannot expand them "
+               "(plan_complete)") if found.skipped else ""
+    summary = "; ".join(parts) or (f"{beat_out.summary}; each of {found.judged} subscribed occurrence(s) "
+                                   f"due between {instant_text(lo)} and {instant_text(hi)} has its "
+                                   "obligation")
+    offenders = ([] if beat_out.passed and not crashed else beat_out.offenders) + missing
+    return CheckOutcome("horizon_planned", count == 0, count, summary + skipped, offenders[:limit])
 
 
 def expected_reminders(subs: list[dict], rule_id: str, channel_types: dict[str, str],
