@@ -8,6 +8,7 @@ import signal
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select
 
 from deadline_pipeline.config import load_config
@@ -585,3 +586,64 @@ def test_a_rule_cut_at_the_occurrence_cap_is_red_and_keeps_what_was_expanded(eng
     assert not rows["plan_complete"].ok
     fanout = w.fanout_complete(engine, T0, timedelta(days=366), {"box": "maildir"})
     assert fanout.passed and "planned obligation(s)" in fanout.summary, fanout.summary
+
+
+# Zone data whose Reykjavik jumps from UTC to UTC+1 at 02:00Z on 8 March 2026 and back at 03:00Z: the
+# wall times 02:00-02:59 that day do not exist, but the offset is the same before and after, within
+# one step of the planner's gap scan (zone_gaps), which sees no gap.
+BLIP_ZONE = """Zone Atlantic/Reykjavik 0:00 - GMT 2026 Mar 8 2:00u
+\t\t\t1:00 - BLIP 2026 Mar 8 3:00u
+\t\t\t0:00 - GMT
+"""
+
+
+def _blip_zone_data(tmp_path):
+    """A zoneinfo folder marked newer than any release whose Atlantic/Reykjavik is :data:`BLIP_ZONE`,
+    compiled by the system's ``zic``."""
+    import shutil
+    import subprocess
+
+    from deadline_pipeline import zone_data
+
+    if shutil.which("zic") is None:
+        pytest.skip("zic (the IANA zone compiler) is not installed")
+    folder = tmp_path / "zoneinfo-blip"
+    folder.mkdir()
+    (tmp_path / "blip.zone").write_text(BLIP_ZONE)
+    subprocess.run(["zic", "-d", str(folder), str(tmp_path / "blip.zone")], check=True)
+    (folder / "tzdata.zi").write_text("# version 2099a\n")
+    return zone_data.ZoneData("system", "2099a", str(folder), "system")
+
+
+def test_a_quiet_window_edge_read_by_the_gap_rule_is_counted_in_plan_complete(tmp_path, db_url, caplog):
+    """A subscriber in a zone whose quiet window 02:30-06:00 starts at a time zone data skips without
+    a gap the planner's scan sees: the window's start is read by the gap rule (a fallback, the reminder
+    still deferred to 06:00Z), and ``run``'s planning records it where plan_complete's metadata shows it."""
+    from deadline_pipeline.orchestration.checks import to_result
+    from deadline_pipeline.store.db import make_engine
+    from deadline_pipeline.store.schema import alerts
+    from deadline_pipeline_tests.test_zone_data import zone_database
+
+    choice = _blip_zone_data(tmp_path)
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="d@test", tzid="UTC", dtstart="20260308T120000",
+                                               summary="Filing")), newline="")
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Atlantic/Reykjavik",
+                      "quiet_hours": "02:30-06:00"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-PT9H"], "channels": ["box"]}],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    with zone_database(choice):
+        res = _run_cli(["run", "--config", str(path), "--db-url", db_url, "--as-of", "2026-03-01T00:00:00Z"],
+                       tmp_path)
+        engine = make_engine(db_url)
+        out = w.plan_complete(engine, datetime(2026, 3, 1, tzinfo=UTC))
+        with engine.connect() as conn:
+            send_at = conn.execute(select(alerts.c.send_at)).scalar_one()
+        engine.dispose()
+    assert res.exit_code == 0, res.output
+    assert send_at == datetime(2026, 3, 8, 6, tzinfo=UTC)  # 03:00Z, inside the window, deferred to its end
+    logged = [r for r in caplog.records if "read by the gap rule" in r.getMessage()]
+    assert logged and out.passed and out.metadata["gap_rule_fallbacks"] == len(logged), out
+    assert f"{len(logged)} quiet-window edge(s) read by the gap rule" in out.summary
+    assert to_result(out).metadata["gap_rule_fallbacks"].value == len(logged)

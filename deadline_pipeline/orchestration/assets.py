@@ -295,7 +295,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         component = _plan_component(covers, scope is not None, bool(out.problems))
         record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
                         label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
-                        problems=out.problems, replay=clock.frozen)
+                        problems=out.problems, replay=clock.frozen, gap_rule_fallbacks=out.gap_rule_fallbacks)
         with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         log_first(context.log.error, [f"source {p.source} rule {p.rule_id}: {p.message}" for p in out.problems],
@@ -307,7 +307,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Not only skipped rules: a subscriber without a channel's contact, a subscriber or a
             # subscription that reaches no one (plan_complete lists them).
             "planning_problems": len(out.problems), "dagster/row_count": out.obligations_planned,
-            "direct_write_fallbacks": out.direct_write_fallbacks,
+            "direct_write_fallbacks": out.direct_write_fallbacks, "gap_rule_fallbacks": out.gap_rule_fallbacks,
             "scope": out.scope or "every rule",
             # Which time rules computed these instants, and how many moved only because they changed.
             "zone_data": f"IANA {out.zone_data}", "calendar_data": out.calendar_data,

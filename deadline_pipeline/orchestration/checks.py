@@ -21,7 +21,8 @@ def to_result(out: w.CheckOutcome, severity=dg.AssetCheckSeverity.ERROR,
     """The Dagster result of one evaluation. ``evaluated_at`` (aware UTC): the instant the check
     judged, recorded as ``evaluated_at`` metadata; under ``--as-of`` it differs from the event's own
     time, which is what Dagster's history table and plots show."""
-    meta = {"count": out.count, "summary": out.summary, "offenders": dg.MetadataValue.json(out.offenders)}
+    meta = {"count": out.count, "summary": out.summary, "offenders": dg.MetadataValue.json(out.offenders),
+            **out.metadata}
     if evaluated_at is not None:
         meta["evaluated_at"] = dg.MetadataValue.timestamp(evaluated_at)
     return dg.AssetCheckResult(passed=out.passed, severity=severity, metadata=meta, description=out.summary)

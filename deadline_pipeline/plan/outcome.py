@@ -50,6 +50,9 @@ class PlanOutcome:
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).
     direct_write_fallbacks: int = 0
+    # Quiet-window edges read by the gap rule because no gap of the zone held a nonexistent time
+    # (planner._gap_end; logged, in the plan heartbeat's detail, shown by plan_complete).
+    gap_rule_fallbacks: int = 0
     # A revision re-plan's scope (:meth:`~deadline_pipeline.plan.scope.RuleScope.describe`); empty for a
     # plan of every rule.
     scope: str = ""

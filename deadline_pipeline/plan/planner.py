@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
+import threading
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta, tzinfo
@@ -36,6 +37,22 @@ from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 from deadline_pipeline.wording import near_name
 
 log = logging.getLogger(__name__)
+
+# Quiet-window edges read by the gap rule because :func:`zone_gaps` held no gap for a time that does
+# not exist (:func:`_gap_end`): zone data with an offset change undone within the scan step. Counted
+# for the whole process (planning computes in helper threads, hence the lock); a planning run reports
+# the count its own run added (:func:`gap_rule_fallbacks`), so the plan_complete check shows it.
+_GAP_RULE_FALLBACKS = [0]
+# How a planning heartbeat's detail names its run's count (the plan_complete check parses it back).
+GAP_RULE_FALLBACKS_TEXT = "gap-rule fallback(s)"
+_GAP_RULE_LOCK = threading.Lock()
+
+
+def gap_rule_fallbacks() -> int:
+    """How many times this process read a quiet-window edge by the gap rule (:func:`_gap_end`'s
+    fallback) so far; a caller takes the difference around its run."""
+    with _GAP_RULE_LOCK:
+        return _GAP_RULE_FALLBACKS[0]
 
 REFUSED_FREQUENCIES = ("SECONDLY", "MINUTELY")
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
@@ -263,9 +280,13 @@ def _gap_end(wall: datetime, zone: tzinfo) -> datetime:
     for start, end in zone_gaps(zone, wall.year):
         if start <= wall < end:
             return to_instant(end, zone)
-    # Not reached for a time that does not exist (zone_gaps holds every gap touching its year); should
-    # it be, the planner's gap rule gives an instant at or after the gap's end: later, never inside.
+    # Not reached for a time that does not exist while zone_gaps holds every gap touching its year; it
+    # is reached by zone data whose offset changes and changes back within zone_gaps' scan step. The
+    # planner's gap rule then gives an instant at or after the gap's end: later, never inside. Counted,
+    # so plan_complete shows it: a warning alone scrolled away while quiet windows ended late.
     log.warning("no spring-forward gap of %s holds %s; the window's edge read by the gap rule", zone, wall)
+    with _GAP_RULE_LOCK:
+        _GAP_RULE_FALLBACKS[0] += 1
     return to_instant(wall, zone)
 
 

@@ -46,8 +46,10 @@ from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.outcome import PlanOutcome
 from deadline_pipeline.plan.planner import (
+    GAP_RULE_FALLBACKS_TEXT,
     PlanProblem,
     Target,
+    gap_rule_fallbacks,
     renamed_out_problem,
     subscription_selection_problems,
 )
@@ -70,16 +72,19 @@ def problems_detail(problems: list[PlanProblem], limit: int = 5) -> str:
 
 
 def record_plan_run(engine: Engine, component: str, *, started_at: datetime, completed_at: datetime, label: str,
-                    problems: list[PlanProblem], replay: bool = False) -> None:
+                    problems: list[PlanProblem], replay: bool = False, gap_rule_fallbacks: int = 0) -> None:
     """Write the heartbeat of one completed planning run: outcome ``partial`` when it reported
-    problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``. The ``plan_complete``
-    check and the watchdog read it back, so a problem known only to the run's log turns red."""
+    problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``, followed by
+    ``"; M gap-rule fallback(s)"`` when ``gap_rule_fallbacks`` (:attr:`PlanOutcome.gap_rule_fallbacks`)
+    is not 0. The ``plan_complete`` check and the watchdog read it back, so a problem known only to
+    the run's log turns red, and a fallback is counted where the check is read."""
     from deadline_pipeline.store import health
 
+    fallbacks = f"; {gap_rule_fallbacks} {GAP_RULE_FALLBACKS_TEXT}" if gap_rule_fallbacks else ""
     with engine.begin() as conn:
         health.beat(conn, component, started_at=started_at, completed_at=completed_at,
-                    outcome="partial" if problems else "ok", detail=f"{label}; {problems_detail(problems)}",
-                    replay=replay)
+                    outcome="partial" if problems else "ok",
+                    detail=f"{label}; {problems_detail(problems)}{fallbacks}", replay=replay)
 
 
 def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, source: SourceConfig) -> bool:
@@ -369,6 +374,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome(zone_data=zone_data.version(), calendar_data=calendar_data_version())
+    fallbacks_before = gap_rule_fallbacks()
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
         if sql.lock_planning(conn):
@@ -408,6 +414,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
         # the error (a concurrent run's KeyError read "current transaction is aborted").
         sql.drop_stage(conn)
+    # Another planning run in this process at the same time adds its own: over-counted, never hidden.
+    out.gap_rule_fallbacks = gap_rule_fallbacks() - fallbacks_before
     return out
 
 

@@ -44,7 +44,9 @@ Checks and what exactly they promise:
     rule the planner refuses or cannot expand within its work budget, a rule whose expansion was cut
     at the occurrence cap — planned up to the cut only); the heartbeat's ``detail``
     names the count and the first offenders. Read from the store, so the UI, ``run`` and the
-    ``watchdog`` agree.
+    ``watchdog`` agree. Metadata ``gap_rule_fallbacks``: quiet-window edges those runs read by the
+    gap rule because the planner's gap scan saw no gap at a time the zone data skips (named in the
+    summary when not 0; it does not turn the check red: the edge is read at or after the gap's end).
 ``escalations_acknowledged``
     zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
     that a human took it over).
@@ -79,13 +81,15 @@ CONTACT_OF_TYPE = {"smtp": "email", "maildir": "email", "webhook": "webhook_url"
 
 @dataclass
 class CheckOutcome:
-    """``passed``; ``count`` of offenders; ``offenders``: the worst few, JSON-safe; ``summary``: one line."""
+    """``passed``; ``count`` of offenders; ``offenders``: the worst few, JSON-safe; ``summary``: one line;
+    ``metadata``: further JSON-safe figures of the check (e.g. fallback counts), shown beside them."""
 
     name: str
     passed: bool
     count: int
     summary: str
     offenders: list[dict] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -180,6 +184,26 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
         return CheckOutcome("plan_complete", True, 0, "planning has not completed yet (see horizon_planned)")
     full = beats.get("plan") if beats.get("plan", {}).get("last_completed_at") else None
     judged = [b for b in done if b is full or full is None or b["last_completed_at"] > full["last_completed_at"]]
+    out = _plan_complete_outcome(judged)
+    fallbacks = sum(_gap_rule_fallbacks(b.get("detail") or "") for b in judged)
+    out.metadata["gap_rule_fallbacks"] = fallbacks
+    if fallbacks:
+        out.summary += (f"; {fallbacks} quiet-window edge(s) read by the gap rule: the zone data has an "
+                        "offset change the planner's gap scan did not see (see the planning log)")
+    return out
+
+
+def _gap_rule_fallbacks(detail: str) -> int:
+    """The count of gap-rule fallbacks a planning heartbeat's ``detail`` names (written by
+    :func:`~deadline_pipeline.plan.service.record_plan_run`), 0 when it names none."""
+    from deadline_pipeline.plan.planner import GAP_RULE_FALLBACKS_TEXT
+
+    found = re.search(rf"; (\d+) {re.escape(GAP_RULE_FALLBACKS_TEXT)}$", detail)
+    return int(found.group(1)) if found else 0
+
+
+def _plan_complete_outcome(judged: list[dict]) -> CheckOutcome:
+    """:func:`plan_complete` on the heartbeats it judges (the full run's and newer backfills')."""
     partial = sorted((b for b in judged if b.get("last_outcome") == "partial"),
                      key=lambda b: b["last_completed_at"], reverse=True)
     if partial:
