@@ -105,6 +105,30 @@ def test_a_merged_key_set_again_is_yamls_override_not_a_repetition(tmp_path):
     assert [(s.name, s.offsets) for s in cfg.subscriptions] == [("a", ["-P1D"]), ("b", ["-P2D"])]
 
 
+def test_a_missing_subscriber_file_is_reported_with_the_other_errors(tmp_path):
+    """A missing ``subscribers_csv`` and a misspelt key: both are reported at once, the file's error
+    naming the key, its line and the path (it was raised alone, and the misspelling came to light
+    only once the file was there). A subscription naming a subscriber the unread file may hold is not
+    reported as unknown. The same lines from the command line (``run`` refuses the file first)."""
+    path = _write(tmp_path, "sources:\n  - {name: x, format: ics, location: a.ics}\n"
+                            "subscribers_csv: people.csv\n"
+                            "subscriptions:\n  - {name: s, sources: [x], subscribers: [carl], channels: [m], "
+                            "offsetz: [-P1D]}\n"
+                            "channels: {m: {type: maildir, path: m}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{path}: subscribers_csv: file {tmp_path / 'people.csv'} does not exist [line 3]", lines
+    assert any("subscriptions[0].offsetz" in line and "unknown key" in line for line in lines[1:]), lines
+    assert not any("unknown subscriber" in line for line in lines), lines
+    res = subprocess.run([sys.executable, "-m", "deadline_pipeline.cli", "run", "--config", str(path),
+                          "--db-url", f"sqlite:///{tmp_path / 's.sqlite3'}"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert res.returncode != 0
+    assert lines[0] in res.stderr + res.stdout and "offsetz" in res.stderr + res.stdout, res.stderr
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

@@ -15,7 +15,7 @@ from deadline_pipeline.config.environment import UnsetVariable, expand_path
 from deadline_pipeline.config.errors import ConfigError
 from deadline_pipeline.config.messages import format_loc, shown_input, wording
 from deadline_pipeline.config.sections import DeadlinesConfig, SubscriberConfig
-from deadline_pipeline.config.subscribers_csv import read_subscribers_csv
+from deadline_pipeline.config.subscribers_csv import SubscriberFileUnreadable, read_subscribers_csv
 from deadline_pipeline.security.redact import register_config_secrets
 
 DEFAULT_CONFIG_NAME = "deadlines.yaml"
@@ -59,7 +59,8 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
 
     Raises :class:`ConfigError` for a missing file, invalid YAML (with line and column), a value
     that fails validation (with the key path, e.g. ``subscriptions[0].offsets``), or a subscriber
-    whose tenant differs from a source's only in letter case (:func:`tenant_problems`).
+    whose tenant differs from a source's only in letter case (:func:`tenant_problems`). A subscriber
+    file that cannot be read is one more line among the validation errors (:func:`_validated`).
     """
     path = Path(path or os.environ.get("DEADLINE_CONFIG") or DEFAULT_CONFIG_NAME).resolve()
     raw, root = read_document(path)
@@ -68,11 +69,33 @@ def load_config(path: str | os.PathLike | None = None) -> tuple[DeadlinesConfig,
     origins = {sub.get("id"): f"{path}: subscribers[{i}]" for i, sub in enumerate(raw.get("subscribers") or [])
                if isinstance(sub, dict)}
     expand_paths(raw, path)
+    unreadable = None
     if isinstance(raw.get("subscribers_csv"), str):
-        origins.update(merge_subscribers_csv(raw, path))
-    cfg = validate(raw, path, root)
-    check_loaded(cfg, origins, path)
-    return cfg, path
+        try:
+            origins.update(merge_subscribers_csv(raw, path))
+        except SubscriberFileUnreadable as exc:
+            line = line_of(root, ("subscribers_csv",)) if root is not None else None
+            unreadable = f"{path}: subscribers_csv: {exc.reason}" + (f" [line {line}]" if line else "")
+    return _validated(raw, path, root, origins, unreadable), path
+
+
+def _validated(raw: dict, path: Path, root: yaml.Node | None, origins: dict[str, str],
+               unreadable: str | None) -> DeadlinesConfig:
+    """:func:`validate` and :func:`check_loaded` of the expanded document ``raw``. ``unreadable``: the
+    error line of a subscriber file that could not be read, else None; it is raised together with
+    the other errors found (a missing file hid a misspelt key until it was fixed, one error per run),
+    and the subscriptions' subscriber ids are then not checked (the file may hold them)."""
+    try:
+        cfg = validate(raw, path, root, ids_unknown=unreadable is not None)
+        check_loaded(cfg, origins, path)
+    except ConfigError as exc:
+        if unreadable is None:
+            raise
+        # Empty when the only errors were subscriber ids the unread file may hold (validate).
+        raise ConfigError("\n".join(line for line in (unreadable, str(exc)) if line)) from None
+    if unreadable is not None:
+        raise ConfigError(unreadable)
+    return cfg
 
 
 def read_document(path: Path) -> tuple[dict, yaml.Node | None]:
@@ -190,14 +213,25 @@ def csv_subscribers(from_csv: list[tuple[int, dict]], csv_path: Path) -> list[Su
     return extra
 
 
-def validate(raw: dict, path: Path, root: yaml.Node | None = None) -> DeadlinesConfig:
+def validate(raw: dict, path: Path, root: yaml.Node | None = None, ids_unknown: bool = False) -> DeadlinesConfig:
     """``raw`` (the expanded document) as a :class:`DeadlinesConfig`. Raises :class:`ConfigError` with
     one line per problem: ``FILE: key.path: message (got value) [line N]`` (:func:`error_line`; the
-    line from ``root``, the document's YAML node, when the value is written in the file)."""
+    line from ``root``, the document's YAML node, when the value is written in the file).
+    ``ids_unknown``: the subscriber file could not be read, so a subscription's subscriber id that
+    names no subscriber is not reported (the file may hold it; its error is reported instead)."""
     try:
         return DeadlinesConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(error_line(err, path, root) for err in exc.errors())) from None
+        errors = [err for err in exc.errors() if not (ids_unknown and _names_a_subscriber(err))]
+        raise ConfigError("\n".join(error_line(err, path, root) for err in errors)) from None
+
+
+def _names_a_subscriber(err: dict) -> bool:
+    """Whether the pydantic error ``err`` is a subscription's subscriber id naming no subscriber
+    (``subscriptions[i].subscribers[j]``, raised by the configuration's reference check)."""
+    loc = err["loc"]
+    return (err["type"] == "config_agreement" and len(loc) == 4 and loc[0] == "subscriptions"
+            and loc[2] == "subscribers")
 
 
 def error_line(err: dict, path: Path, root: yaml.Node | None = None) -> str:

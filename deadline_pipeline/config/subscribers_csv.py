@@ -163,19 +163,31 @@ def _refuse_no_rows(header_line: int, lines: list[int], path: Path, config_path:
         raise ConfigError(f"{path}: holds no subscriber rows, only its header; add rows, {remove}")
 
 
+class SubscriberFileUnreadable(ConfigError):
+    """The subscriber file cannot be read at all (missing, unreadable, larger than the limit).
+
+    ``reason`` says what is wrong with the file, naming its path (``file /x/subs.csv does not exist``);
+    the message prefixes the configuration file and its ``subscribers_csv`` key. The loader reports it
+    with the key's line, together with the configuration's other errors: raised first, it hid them."""
+
+    def __init__(self, config_path: Path, reason: str) -> None:
+        super().__init__(f"{config_path}: subscribers_csv: {reason}")
+        self.reason = reason
+
+
 def _read_bytes(path: Path, config_path: Path) -> bytes:
-    """The subscriber file's bytes, at most :data:`MAX_SUBSCRIBERS_BYTES`. Raises :class:`ConfigError`
-    naming the configuration file's ``subscribers_csv`` key for a missing, unreadable or larger file."""
+    """The subscriber file's bytes, at most :data:`MAX_SUBSCRIBERS_BYTES`. Raises
+    :class:`SubscriberFileUnreadable` for a missing, unreadable or larger file."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_SUBSCRIBERS_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(f"{config_path}: subscribers_csv: file {path} does not exist") from None
+        raise SubscriberFileUnreadable(config_path, f"file {path} does not exist") from None
     except OSError as exc:
-        raise ConfigError(f"{config_path}: subscribers_csv: cannot read {path}: {exc.strerror or exc}") from None
+        raise SubscriberFileUnreadable(config_path, f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_SUBSCRIBERS_BYTES:
-        raise ConfigError(f"{config_path}: subscribers_csv: {path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
-                          "(limit of the subscriber file)")
+        raise SubscriberFileUnreadable(config_path, f"{path} is larger than {MAX_SUBSCRIBERS_BYTES:,} bytes "
+                                                    "(limit of the subscriber file)")
     return data
 
 
