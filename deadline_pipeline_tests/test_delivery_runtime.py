@@ -115,6 +115,95 @@ def test_every_worker_process_runs_on_the_configured_loop(pg_url, receiver):  # 
         engine.dispose()
 
 
+def test_an_interrupted_sweep_stops_its_worker_processes(pg_url):
+    """Ctrl-C while both processes of a sweep wait on a receiver that drips its answer: the interrupt
+    leaves the sweep only once the worker process has ended. It was left to the interpreter's exit,
+    so the worker went on sending beside a process that carried on (a long-lived Dagster process),
+    or for ever after ``run`` ended by ``os._exit`` (a send still blocking a thread)."""
+    import os
+    import time
+
+    from deadline_pipeline.config import SmtpChannel
+    from deadline_pipeline.store.db import make_engine, upgrade
+    from deadline_pipeline_tests.smtp_drip_server import SmtpDripServer
+
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    workers: set[int] = set()
+    try:
+        with SmtpDripServer("data", every=1.0) as stalled:
+            seed(engine, 12, channel="mail")
+            cfg = DeadlinesConfig(network=LOOPBACK_NETWORK, channels={"mail": SmtpChannel(
+                type="smtp", host="127.0.0.1", port=stalled.port, timeout_seconds=8)},
+                delivery={"processes": 2, "batch_size": 2, "lease_seconds": 15, "time_budget_seconds": 10})
+
+            def interrupt() -> None:
+                give_up = time.monotonic() + 60
+                # Both processes sending: the worker (forked by the forkserver, a grandchild of this
+                # process) is up, and more messages arrived than worker 0's batch holds.
+                while not (workers and stalled.messages > 2) and time.monotonic() < give_up:
+                    workers.update(p for p, parent in _descendants(os.getpid()).items() if parent != os.getpid())
+                    time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                sweep(engine, cfg, T0, owner=OWNER)
+            assert workers and stalled.messages > 2
+            assert not _alive(workers), f"worker processes still running after the interrupt: {_alive(workers)}"
+    finally:
+        for pid in _alive(workers):
+            os.kill(pid, signal.SIGKILL)
+        engine.dispose()
+
+
+def _marking_worker(engine, cfg, now, owner, clock, max_batches) -> None:
+    """A worker function that only leaves a file (``$WORKER_RAN_MARKER``) saying it ran."""
+    import os
+    from pathlib import Path
+
+    Path(os.environ["WORKER_RAN_MARKER"]).write_text(owner)
+
+
+_INTERRUPTED_WHILE_STARTING = """
+import os, sys, time
+from datetime import UTC, datetime
+from deadline_pipeline.config import DeadlinesConfig
+from deadline_pipeline.deliver.workers import run_in_processes
+from deadline_pipeline.store.db import make_engine
+from deadline_pipeline_tests.test_delivery_runtime import _marking_worker
+
+def interrupted():
+    time.sleep(0.2)  # the forkserver is still importing the worker's module
+    raise KeyboardInterrupt
+
+try:
+    run_in_processes(make_engine(sys.argv[1]), DeadlinesConfig(delivery={"processes": 2}), datetime.now(UTC),
+                     owner="t", clock=None, max_batches=None, run_here=interrupted, run_worker=_marking_worker)
+except KeyboardInterrupt:
+    os._exit(130)  # as `run` ends while a send blocks a thread
+"""
+
+
+def test_a_worker_started_after_its_caller_was_interrupted_does_not_sweep(tmp_path, pg_url):
+    """The caller is interrupted and ends while the forkserver is still importing the sweep, its
+    request for a worker already sent: the forkserver forked the worker afterwards, which swept with
+    no caller to stop it. Now a worker whose caller is gone ends before it does anything."""
+    import os
+    import subprocess
+    import time
+
+    marker = tmp_path / "worker-ran"
+    env = {**os.environ, "WORKER_RAN_MARKER": str(marker)}
+    res = subprocess.run([sys.executable, "-c", _INTERRUPTED_WHILE_STARTING, pg_url], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 130, res.stderr
+    give_up = time.monotonic() + 15  # the forkserver's import, then its fork of the worker
+    while not marker.exists() and time.monotonic() < give_up:
+        time.sleep(0.2)
+    assert not marker.exists(), "a worker swept after its caller had ended"
+
+
 # --------------------------------------------------------------------------- garbage collector
 
 
@@ -277,7 +366,7 @@ def test_a_cancelled_batch_starts_no_send_waiting_for_its_rate_slot():
 # --------------------------------------------------------------------------- Ctrl-C during `run`
 
 
-def _interrupt_config(folder, port: int, subscribers: int):
+def _interrupt_config(folder, port: int, subscribers: int, processes: int = 1):
     from deadline_pipeline_tests.factories import ai_deadlines, write_config
 
     (folder / "conf.yml").write_text(ai_deadlines({"title": "CONF", "year": 2027, "id": "conf27", "deadlines": [
@@ -288,19 +377,58 @@ def _interrupt_config(folder, port: int, subscribers: int):
                      for i in range(subscribers)],
         subscriptions=[{"name": "papers", "sources": ["conf"], "offsets": ["-P7D"], "channels": ["mail"]}],
         channels={"mail": {"type": "smtp", "host": "127.0.0.1", "port": port, "timeout_seconds": 8}},
-        network=LOOPBACK_NETWORK, delivery={"lease_seconds": 15, "time_budget_seconds": 10})
+        network=LOOPBACK_NETWORK,
+        delivery={"lease_seconds": 15, "time_budget_seconds": 10, "processes": processes})
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path, stop):
-    """Ctrl-C while the sweep waits on a receiver that has the message but drips its answer (the
-    send's outcome unknown). Inside Dagster's step the interrupt was raised from the event loop's
-    signal callback, which logged it ("Exception in callback") and went on: tracebacks, and the run
-    kept sending and ran its checks. Now the run stops at once with one line and exit 130; no alert
-    is escalated or marked sent, the sends cut off keep their attempt rows, and once the lease
-    expires the next sweep sends every alert: the unknown ones again (a duplicate), none lost.
-    SIGTERM alike: Dagster maps it to its interrupt handler (how Kubernetes and a run's termination
-    stop a process), so it met the same callback and was swallowed the same way."""
+def _descendants(pid: int) -> dict[int, int]:
+    """Every living process below ``pid`` (children, theirs, ...), read from /proc: pid → its parent's pid."""
+    import os
+
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields_ = stat[stat.rindex(")") + 2:].split()
+        if fields_[0] != "Z":  # a zombie has ended; only its parent's wait is missing
+            parents[int(entry)] = int(fields_[1])
+    found: dict[int, int] = {}
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - set(found)
+        found |= {child: parents[child] for child in frontier}
+    return found
+
+
+def _alive(pids: set[int]) -> dict[int, str]:
+    """Those of ``pids`` still running (not ended, not a zombie), with their command lines."""
+    alive = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            alive[pid] = cmdline
+    return alive
+
+
+def _interrupt_run(tmp_path, stop: int, *, processes: int = 1, db_url: str | None = None,
+                   whole_group: bool = False) -> None:
+    """Start ``deadline-pipeline run`` on a receiver that has each message but drips its answer (the
+    send's outcome unknown), send ``stop`` once a message arrived (to the run's whole process group
+    when ``whole_group``, as a terminal's Ctrl-C does, else to the run's process alone), and check:
+    exit 130 within 5 s with one line on stderr, no process the run started still running, nothing
+    escalated or marked sent; after the lease, one sweep delivers every alert, again only those whose
+    send's outcome was unknown."""
     import os
     import subprocess
     import time
@@ -316,30 +444,51 @@ def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path, st
     env = {**os.environ, "DEADLINE_HOME": str(home)}
     env.pop("DEADLINE_DB_URL", None)
     env.pop("DAGSTER_HOME", None)
+    store = ["--db-url", db_url] if db_url else []  # else the home's SQLite store, which `run` creates
+    db_url = db_url or f"sqlite:///{home / 'store.sqlite3'}"
     with SmtpDripServer("data", every=1.0) as stalled:
-        path = _interrupt_config(tmp_path, stalled.port, subscribers=12)
-        proc = subprocess.Popen([sys.executable, "-m", "deadline_pipeline.cli", "run", "--config", str(path),
-                                 "--as-of", "2027-02-25T00:00:00Z"], cwd=tmp_path, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        path = _interrupt_config(tmp_path, stalled.port, subscribers=12, processes=processes)
+        proc = subprocess.Popen([sys.executable, "-m", "deadline_pipeline.cli", "run", "--config", str(path), *store,
+                                 "--as-of", "2027-02-25T00:00:00Z"], cwd=tmp_path, env=env,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        started: set[int] = set()
         try:
             give_up = time.monotonic() + 120
-            while stalled.messages == 0 and proc.poll() is None and time.monotonic() < give_up:
+            # Every worker has its messages on the receiver: each is mid-send when the signal comes.
+            while stalled.messages < processes and proc.poll() is None and time.monotonic() < give_up:
+                started |= set(_descendants(proc.pid))
                 time.sleep(0.05)
-            assert stalled.messages > 0, "no send reached the receiver"
-            proc.send_signal(stop)
+            if stalled.messages < processes:
+                proc.kill()
+                raise AssertionError(f"no send reached the receiver: {proc.communicate(timeout=30)}")
+            started |= set(_descendants(proc.pid))
+            if whole_group:
+                os.killpg(proc.pid, stop)
+            else:
+                proc.send_signal(stop)
             interrupted_at = time.monotonic()
             out, err = proc.communicate(timeout=30)
+            took = time.monotonic() - interrupted_at
+            at_exit = stalled.messages
+            # The run's helpers end by themselves once it has: the forkserver (which may still be
+            # importing the sweep) and multiprocessing's resource tracker. Nothing sends meanwhile.
+            settle = time.monotonic() + 15
+            while (left := _alive(started)) and time.monotonic() < settle:
+                time.sleep(0.05)
         finally:
             proc.kill()
-        took = time.monotonic() - interrupted_at
+            for pid in _alive(started):
+                os.kill(pid, signal.SIGKILL)
         received = stalled.messages
+    assert received == at_exit, f"{received - at_exit} message(s) sent after the run had exited"
     assert proc.returncode == 130, (out, err)
-    assert took < 5, f"the run went on for {took:.1f} s after Ctrl-C"
+    assert took < 5, f"the run went on for {took:.1f} s after the signal"
     assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted during deliver_job: "), err
     assert "Traceback" not in err and "checks:" not in out, (out, err)
     assert "sent again once its lease expires (delivery.lease_seconds, 15 s)" in err
+    assert not left, f"processes of the run still running after it exited: {left}"
 
-    engine = make_engine(f"sqlite:///{home / 'store.sqlite3'}")
+    engine = make_engine(db_url)
     with engine.connect() as conn:
         states = dict(conn.execute(select(alerts.c.id, alerts.c.status)).all())
         open_attempts = conn.execute(select(delivery_attempts.c.alert_id).where(
@@ -358,3 +507,27 @@ def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path, st
     assert out.delivered == 12 and out.recovered_unknown == len(set(open_attempts))
     with engine.connect() as conn:
         assert set(conn.execute(select(alerts.c.status)).scalars()) == {"delivered"}
+    engine.dispose()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_run_mid_send_with_one_line_and_loses_no_alert(tmp_path, stop):
+    """Ctrl-C while the sweep waits on a receiver that has the message but drips its answer (the
+    send's outcome unknown). Inside Dagster's step the interrupt was raised from the event loop's
+    signal callback, which logged it ("Exception in callback") and went on: tracebacks, and the run
+    kept sending and ran its checks. Now the run stops at once with one line and exit 130; no alert
+    is escalated or marked sent, the sends cut off keep their attempt rows, and once the lease
+    expires the next sweep sends every alert: the unknown ones again (a duplicate), none lost.
+    SIGTERM alike: Dagster maps it to its interrupt handler (how Kubernetes and a run's termination
+    stop a process), so it met the same callback and was swallowed the same way."""
+    _interrupt_run(tmp_path, stop)
+
+
+@pytest.mark.parametrize(("stop", "whole_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_a_run_of_two_sweep_processes(tmp_path, pg_url, stop, whole_group):
+    """The same with ``delivery.processes: 2`` (PostgreSQL), both workers mid-send: Ctrl-C reaches
+    every process of the terminal's group, SIGTERM only the run's own. Either way the run stops at
+    once with one line and exit 130, no worker process is left sending, and none of the 12 alerts
+    is lost."""
+    _interrupt_run(tmp_path, stop, processes=2, db_url=pg_url, whole_group=whole_group)

@@ -33,6 +33,7 @@ import logging.handlers
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -95,7 +96,9 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     it did before) or anything else, or
     ``("lost", message)`` for a worker that died or hung without a result (it was killed; its claimed
     alerts are taken up again after their lease expires). Never raises for a worker's failure;
-    raises ``ValueError`` for a clock that cannot be sent to a worker.
+    raises ``ValueError`` for a clock that cannot be sent to a worker. An interrupt here
+    (``KeyboardInterrupt``: Ctrl-C, or SIGTERM where Dagster maps it) stops every worker process
+    before it is raised on (:func:`_stop_workers`).
     """
     check_picklable_clock(clock)
     n = cfg.delivery.processes
@@ -113,11 +116,24 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
         ctx = multiprocessing.get_context("spawn")
     workers: list[_Worker] = []
     start_errors: list[str] = []
+    stopping = _Stopping()
 
     def start_workers() -> None:
         # In a thread: the first start waits for the forkserver to import the sweep, while worker 0
         # is already sending.
+        if hasattr(signal, "pthread_sigmask"):
+            # Started from this thread, the forkserver and the workers inherit SIGINT blocked: a Ctrl-C
+            # reaches the whole process group, and met the forkserver still importing the sweep (a
+            # traceback under `run`'s one line) or a worker mid-send. The workers are this
+            # process's to stop (_stop_workers); the signal is handled in the main thread only.
+            # The resource tracker first: starting it unblocks SIGINT in the starting thread.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         for i in range(1, n):
+            if stopping.event.is_set():
+                return
             # A pipe of its own per worker, for its log records and then its result: a worker killed
             # mid-write (the OOM killer) can break only its own stream, never hold a lock that the
             # other workers or this process would wait on for ever, as a shared queue's would.
@@ -133,7 +149,7 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
                 send.close()
             w = _Worker(p, recv)
             w.reader.start()
-            workers.append(w)
+            stopping.add(w, workers)
 
     starter = threading.Thread(target=start_workers, name="deliver-worker-start", daemon=True)
     starter.start()
@@ -142,11 +158,53 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
         results.append(("ok", run_here()))
     except Exception as exc:
         results.append(("failed", (f"worker 0: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None))))
+    except BaseException:
+        # An interrupt: left to the interpreter's exit (which terminates daemon processes), the
+        # workers went on sending in a process that outlived the sweep, or for ever after an exit by
+        # os._exit (`run` ends so while a send blocks a thread), which skips that step.
+        _stop_workers(stopping, workers)
+        raise
     starter.join()
     give_up = time.monotonic() + cfg.delivery.time_budget_seconds + _JOIN_SLACK_SECONDS
     results += [w.collect(give_up) for w in workers]
     results += [("lost", e) for e in start_errors]
     return results
+
+
+class _Stopping:
+    """Whether the workers are being stopped, and the lock that makes a worker started meanwhile
+    either seen by :func:`_stop_workers` or stopped by its starter."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+
+    def add(self, w: _Worker, workers: list[_Worker]) -> None:
+        """Append the started worker ``w`` to ``workers``, or terminate it when the workers are being stopped."""
+        with self.lock:
+            workers.append(w)
+            if self.event.is_set():
+                w.process.terminate()
+
+
+def _stop_workers(stopping: _Stopping, workers: list[_Worker], grace: float = 1.0) -> None:
+    """Terminate (SIGTERM) every worker process started, and kill those still running ``grace``
+    seconds later: each ends like a crashed sweeper, the sends it cut off keep their attempt rows and
+    its claimed alerts are taken up again when their lease expires. A worker started after this
+    call is terminated by its starter (:meth:`_Stopping.add`)."""
+    with stopping.lock:
+        stopping.event.set()
+        started = list(workers)
+    for w in started:
+        w.process.terminate()
+    give_up = time.monotonic() + grace
+    for w in started:
+        w.process.join(max(0.0, give_up - time.monotonic()))
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join(1)
+    log.info("sweep interrupted: %d worker process(es) stopped; their claimed alerts are taken up again "
+             "when their lease expires", len(started))
 
 
 class _Worker:
@@ -164,6 +222,8 @@ class _Worker:
         try:
             while True:
                 kind, *rest = self.recv.recv()
+                if kind == "started":
+                    continue
                 if kind == "log":
                     logging.getLogger(rest[0].name).handle(rest[0])
                 else:
@@ -214,6 +274,13 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     pipe = _PipeQueue(send)
+    try:
+        # Whether the caller still waits for this worker: interrupted while starting it (the forkserver
+        # still importing the sweep), it ended, and the worker went on sweeping with no one to stop
+        # it. Its end of the pipe closed, the write fails.
+        pipe.put("started")
+    except OSError:
+        return
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(pipe)]
     root.setLevel(spec.log_level)

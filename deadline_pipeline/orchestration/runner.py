@@ -6,6 +6,7 @@ persistent ``DAGSTER_HOME``), so ``dagster dev`` shows them afterwards.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -84,16 +85,30 @@ def chain_console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     return log
 
 
+# What earlier versions wrote as the embedded instance's dagster.yaml: replaced by today's.
+_EMBEDDED_BEFORE = "# Embedded Dagster instance (SQLite under this folder).\ntelemetry:\n  enabled: false\n"
+
+
+def _embedded_config(home: Path) -> str:
+    """The embedded instance's ``dagster.yaml``: SQLite storage in ``home``; telemetry off, because the
+    demo promises to work with no network; step output captured by
+    :class:`~deadline_pipeline.orchestration.compute_logs.InterruptibleComputeLogManager` (Dagster's
+    local one, whose helper processes printed tracebacks at Ctrl-C) in Dagster's default folder."""
+    from deadline_pipeline.orchestration import compute_logs
+
+    return (f"{_EMBEDDED_BEFORE}compute_logs:\n  module: {compute_logs.CONFIG_MODULE}\n"
+            f"  class: {compute_logs.CONFIG_CLASS}\n  config:\n    base_dir: {json.dumps(str(home / 'storage'))}\n")
+
+
 def dagster_instance(home: Path) -> dg.DagsterInstance:
     """A persistent Dagster instance in ``home`` (created if missing), also exported as DAGSTER_HOME so
-    that child processes and ``dagster dev`` see the same runs."""
+    that child processes and ``dagster dev`` see the same runs. A ``dagster.yaml`` there is kept as
+    it is, unless it is the embedded default of an earlier version (:func:`_embedded_config`)."""
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
-        # The embedded default: SQLite storage in this folder. Telemetry off, because the demo
-        # promises to work with no network.
-        config.write_text("# Embedded Dagster instance (SQLite under this folder).\ntelemetry:\n  enabled: false\n")
+    if not config.exists() or config.read_text() == _EMBEDDED_BEFORE:
+        config.write_text(_embedded_config(home))
     os.environ["DAGSTER_HOME"] = str(home)
     return dg.DagsterInstance.get()
 
