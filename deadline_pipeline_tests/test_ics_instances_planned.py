@@ -4,13 +4,12 @@ versions, ``plan_all`` on the test database): a recurring to-do starting in a sp
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
 
 from deadline_pipeline.config import load_config
-from deadline_pipeline.store import health
 from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline.watch import checks
 from deadline_pipeline_tests.factories import ics, ingest_and_plan, write_config
@@ -42,13 +41,14 @@ def _alert_states(engine) -> list[tuple[str, str]]:
         return [(r.rule_id, r.status) for r in conn.execute(q)]
 
 
-def _watched(engine, now: datetime) -> dict[str, datetime | None]:
-    """rule id → the first instant ``horizon_planned`` expects of it after ``now``: the rules in force
-    with their overrides folded, each read with the watchers' bounded expansion."""
+def _watched(engine, cfg, now: datetime) -> tuple[int, list[dict]]:
+    """(occurrences judged, occurrences missing) of ``horizon_planned``'s reading of the store at ``now``,
+    every rule in force judged (ingested at ``now``), its whole window from ``now`` on: the check reads
+    the rules and instants as planning does, so it must judge what was planned, and find it."""
     with engine.connect() as conn:
-        [versions] = health.latest_rule_versions(conn).values()
-    return {p["rule_id"]: checks._first_within(p, now, datetime(2028, 1, 1, tzinfo=UTC))
-            for p, _since in checks._planned_rules(versions)}
+        found = checks._missing_occurrences(conn, cfg, now, timedelta(days=400), now, now,
+                                            now + timedelta(days=399))
+    return found.judged, found.missing
 
 
 def _todo(*props: str) -> str:
@@ -84,7 +84,7 @@ def test_a_recurring_todo_starting_in_a_gap_is_due_its_span_after_each_start(eng
     out = ingest_and_plan(engine, cfg, now)
     assert out.problems == []
     assert _planned(engine) == [("gap@test", "active", _utc(e)) for e in expected]
-    assert _watched(engine, now) == {"gap@test": _utc(expected[0])}
+    assert _watched(engine, cfg, now) == (3, [])
 
 
 EVENT = dict(uid="review@test", tzid="America/New_York", dtstart="20270315T090000", summary="Review")
@@ -107,8 +107,7 @@ def test_an_override_of_a_one_off_event_replaces_it(engine, tmp_path):
     active = [p for p in _planned(engine) if p[1] == "active"]
     assert active == [(OVERRIDE_ID, "active", _utc("2027-03-17T13:00:00Z"))]
     assert _alert_states(engine) == [("review@test", "cancelled"), (OVERRIDE_ID, "pending")]
-    assert _watched(engine, datetime(2027, 3, 2, tzinfo=UTC)) == {"review@test": None,
-                                                                   OVERRIDE_ID: _utc("2027-03-17T13:00:00Z")}
+    assert _watched(engine, cfg, datetime(2027, 3, 2, tzinfo=UTC)) == (1, [])
 
 
 def test_a_cancelled_override_of_a_one_off_event_leaves_nothing_planned(engine, tmp_path):
@@ -124,4 +123,4 @@ def test_a_cancelled_override_of_a_one_off_event_leaves_nothing_planned(engine, 
     assert out.problems == []
     assert [p for p in _planned(engine) if p[1] == "active"] == []
     assert _alert_states(engine) == [("review@test", "cancelled")]
-    assert _watched(engine, now) == {"review@test": None}
+    assert _watched(engine, cfg, now) == (0, [])
