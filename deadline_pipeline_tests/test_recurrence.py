@@ -396,7 +396,7 @@ def test_a_business_day_roll_onto_one_day_keeps_each_occurrence():
 
 
 def test_zone_gaps_are_the_nonexistent_wall_clock_spans():
-    from deadline_pipeline.plan.occurrences import zone_gaps
+    from deadline_pipeline.plan.gaps import zone_gaps
 
     assert zone_gaps(APIA, 2011)[-1] == (datetime(2011, 12, 30), datetime(2011, 12, 31))
     assert zone_gaps(NY, 2025) == ((datetime(2025, 3, 9, 2), datetime(2025, 3, 9, 3)),)
@@ -407,7 +407,7 @@ def test_zone_gaps_are_the_nonexistent_wall_clock_spans():
 
 
 def _once(items, zone, **kw):
-    from deadline_pipeline.plan.occurrences import once_per_instant
+    from deadline_pipeline.plan.gaps import once_per_instant
 
     dropped: list = []
     kept = list(once_per_instant(items, zone, dropped, **kw))

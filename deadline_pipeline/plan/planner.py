@@ -27,8 +27,9 @@ from deadline_pipeline import zone_data
 from deadline_pipeline.config import parse_quiet_hours
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.business_days import calendar_data_of
+from deadline_pipeline.plan.gaps import zone_gaps
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
-from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window, zone_gaps
+from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.plan.recurrence import to_instant
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
