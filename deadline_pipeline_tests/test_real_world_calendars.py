@@ -20,6 +20,7 @@ from deadline_pipeline.plan import occurrences as occ_mod
 from deadline_pipeline.plan import vanished as vanished_mod
 from deadline_pipeline.plan.occurrences import ExpansionBudgetExceeded, budget_problem, expand
 from deadline_pipeline.plan.recurrence import apply_overrides
+from deadline_pipeline.plan.rfc_series import series
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import resolve_zone
 
@@ -461,7 +462,7 @@ def test_byweekno_across_new_year_matches_the_rfc(wkst, weekno, weekday):
     from deadline_pipeline.plan.recurrence import validate_rrule
 
     recur = validate_rrule(f"FREQ=YEARLY;BYWEEKNO={weekno};BYDAY={DAYS[weekday]};WKST={DAYS[wkst]}")
-    got = [x.date() for x in occ_mod.series(recur, datetime(2015, 1, 5, 9), until=datetime(2035, 1, 1))]
+    got = [x.date() for x in series(recur, datetime(2015, 1, 5, 9), until=datetime(2035, 1, 1))]
     expected, day = [], datetime(2015, 1, 5).date()
     while day.year < 2035:
         week, weeks = _iso_like_week(day, wkst)
@@ -487,7 +488,7 @@ def test_weekly_bysetpos_counts_positions_from_wkst(wkst, days, pos, offset):
     start = datetime(2026, 1, 5 + offset, 9)
     end = datetime(2026, 3, 1)
     recur = validate_rrule(f"FREQ=WEEKLY;BYDAY={','.join(days)};BYSETPOS={pos};WKST={DAYS[wkst]}")
-    got = list(occ_mod.series(recur, start, until=end))
+    got = list(series(recur, start, until=end))
     expected, week = [], start.date() - timedelta(days=(start.weekday() - wkst) % 7)
     while week < end.date():
         chosen = [d for d in (week + timedelta(days=i) for i in range(7)) if DAYS[d.weekday()] in days]
