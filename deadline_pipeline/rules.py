@@ -31,6 +31,12 @@ END_OF_DAY = time(23, 59, 59)
 # plus its horizon (instants.INSTANT_YEARS). Old starts of yearly rules (1776, 1604) still fit.
 RULE_YEARS = (1000, 9000)
 
+# The longest rule id the store keeps (``rule_versions.rule_id`` and ``lineage``,
+# ``obligations.rule_id``). RFC 5545 sets no bound on a UID (§3.8.4.7), and PostgreSQL refuses a longer
+# value: one such VEVENT failed the whole source's ingest with StringDataRightTruncation, its other
+# rules with it (SQLite kept it, so the two stores disagreed).
+RULE_ID_MAX = 500
+
 
 @dataclass(frozen=True)
 class RuleRecord:
@@ -128,6 +134,14 @@ def year_problem(value: date | datetime, years: tuple[int, int] = RULE_YEARS) ->
     if low <= value.year <= high:
         return None
     return f"year {value.year} is outside the supported range (years {low} to {high})"
+
+
+def id_problem(rule_id: str) -> str | None:
+    """``"rule id is 612 characters long; the store keeps at most 500"`` when ``rule_id`` is longer
+    than :data:`RULE_ID_MAX`, else None. Callers prefix the record that holds it."""
+    if len(rule_id) <= RULE_ID_MAX:
+        return None
+    return f"rule id is {len(rule_id)} characters long; the store keeps at most {RULE_ID_MAX}"
 
 
 def dates_problem(rule: RuleRecord) -> str | None:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import yaml
+from sqlalchemy import select
+
+from deadline_pipeline.config import load_config
+from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+from deadline_pipeline.plan.service import plan_all
+from deadline_pipeline.store.schema import obligations
+from deadline_pipeline.watch.sources import rules_complete
 
 ICS_TEMPLATE = """BEGIN:VCALENDAR\r
 VERSION:2.0\r
@@ -46,6 +54,25 @@ def write_config(folder: Path, *, sources: list[dict], subscribers: list[dict], 
     path = folder / "deadlines.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def ingest_and_plan_feed(engine, folder: Path, fmt: str, payload: str, now: datetime):
+    """Write ``payload`` as source ``feed`` (format ``fmt``) of a configuration in ``folder`` (one subscriber,
+    one ``-P7D`` subscription to a maildir), then fetch, apply and plan it at ``now``. Returns ``(the
+    apply's result, the set of rule ids with obligations, the rules_complete check of feed)``."""
+    (folder / "feed.dat").write_text(payload, newline="")
+    path = write_config(
+        folder, sources=[{"name": "feed", "format": fmt, "location": "feed.dat", "tenant": "t1", "freshness": "P1D"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "America/New_York"}],
+        subscriptions=[{"name": "all", "sources": ["feed"], "offsets": ["-P7D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(folder / "maildir")}})
+    cfg = load_config(path)[0]
+    fetch_snapshot(engine, cfg.sources[0], now)
+    applied = apply_latest_snapshot(engine, cfg.sources[0], now)
+    plan_all(engine, cfg, now)
+    with engine.connect() as conn:
+        planned = set(conn.execute(select(obligations.c.rule_id).distinct()).scalars())
+    return applied, planned, rules_complete(engine, "feed")
 
 
 def rolled_filings_config(folder: Path, holidays: list[str], filings: list[tuple[str, str, str]]) -> Path:

@@ -12,20 +12,14 @@ from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
 
 from deadline_pipeline.cli import main
-from deadline_pipeline.config import load_config
 from deadline_pipeline.ingest.parsers import parse_payload
-from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.occurrences import expand
 from deadline_pipeline.plan.planner import Target, plan_target
-from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.rules import RuleRecord
-from deadline_pipeline.store.schema import obligations
 from deadline_pipeline.timezones import resolve_zone
-from deadline_pipeline.watch.sources import rules_complete
-from deadline_pipeline_tests.factories import ai_deadlines, ics, write_config
+from deadline_pipeline_tests.factories import ai_deadlines, ics, ingest_and_plan_feed
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 RANGE = "is outside the supported range (years 1000 to 9000)"
@@ -105,17 +99,6 @@ def test_an_rdate_whose_instant_cannot_be_planned_skips_its_record(props, shown)
 
 # --- ingest, planning and the checks over a feed with such records --------------------------------
 
-def _configure(tmp_path, fmt: str, payload: str):
-    (tmp_path / "feed.dat").write_text(payload, newline="")
-    path = write_config(
-        tmp_path, sources=[{"name": "feed", "format": fmt, "location": "feed.dat", "tenant": "t1",
-                            "freshness": "P1D"}],
-        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "America/New_York"}],
-        subscriptions=[{"name": "all", "sources": ["feed"], "offsets": ["-P7D"], "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
-    return load_config(path)[0]
-
-
 @pytest.mark.parametrize(("fmt", "payload", "planned"), [
     ("ics", ics({"uid": "far", "tzid": "America/New_York", "dtstart": "99991231T235959", "summary": "Far"},
                 # "No end", written as UNTIL in 9999: floating in a zone west of UTC, and UTC in one east.
@@ -131,16 +114,9 @@ def test_a_feed_with_dates_at_the_edge_is_ingested_and_planned(engine, tmp_path,
     """The record at the edge is skipped (``rules_complete`` red, naming it and the range); every other
     rule is stored and planned, the rules with an UNTIL in 9999 included. Before, the feed failed to
     parse, or planning ended in an OverflowError for every rule."""
-    cfg = _configure(tmp_path, fmt, payload)
-    src = cfg.sources[0]
-    fetch_snapshot(engine, src, T0)
-    applied = apply_latest_snapshot(engine, src, T0)
+    applied, rule_ids, check = ingest_and_plan_feed(engine, tmp_path, fmt, payload, T0)
     assert applied.status == "applied" and applied.skipped == 1, applied
-    plan_all(engine, cfg, T0)
-    with engine.connect() as conn:
-        rule_ids = set(conn.execute(select(obligations.c.rule_id).distinct()).scalars())
     assert rule_ids == planned
-    check = rules_complete(engine, "feed")
     assert not check.passed and RANGE in check.summary, check.summary
 
 

@@ -55,7 +55,7 @@ from sqlalchemy import (
     update,
 )
 
-from deadline_pipeline.rules import RuleRecord, rule_kinds
+from deadline_pipeline.rules import RULE_ID_MAX, RuleRecord, rule_kinds
 from deadline_pipeline.states import PLANNED, REVISABLE, UNSENT, AlertState, ObligationState
 from deadline_pipeline.store.schema import (
     Id,
@@ -81,7 +81,7 @@ stage_obligations = Table(
     "stage_obligations", _stage_md,
     Column("obligation_key", String(64), primary_key=True),
     Column("tenant", String(200)), Column("subscriber_id", Id), Column("source_id", Id),
-    Column("rule_id", String(500)), Column("rule_version", Integer), Column("period", String(64)),
+    Column("rule_id", String(RULE_ID_MAX)), Column("rule_version", Integer), Column("period", String(64)),
     Column("title", Text), Column("due_at", UtcDateTime), Column("fingerprint", String(64)),
     Column("zone_data", String(20)), Column("calendar_data", String(40)),
     prefixes=["TEMPORARY"],

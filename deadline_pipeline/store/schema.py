@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.naming import conv
 
+from deadline_pipeline.rules import RULE_ID_MAX
 from deadline_pipeline.states import CLAIMABLE, AlertState, ObligationState
 
 # Stable constraint names so Alembic migrations can refer to them on both engines.
@@ -169,7 +170,7 @@ rule_versions = Table(
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("source_id", ForeignKey("sources.id"), nullable=False),
-    Column("rule_id", String(500), nullable=False),
+    Column("rule_id", String(RULE_ID_MAX), nullable=False),
     Column("version", Integer, nullable=False),
     Column("snapshot_id", ForeignKey("snapshots.id"), nullable=False),
     Column("valid_from", UtcDateTime, nullable=False),
@@ -178,7 +179,7 @@ rule_versions = Table(
     Column("payload", Json, nullable=False),
     # The id this rule had when it first appeared, when it was renamed since (NULL: its own id).
     # Planning keys obligations on it, so a renamed rule keeps its obligations and delivered reminders.
-    Column("lineage", String(500)),
+    Column("lineage", String(RULE_ID_MAX)),
     # The rule id is unique per source, so two sources may use the same id without colliding.
     UniqueConstraint("source_id", "rule_id", "version"),
 )
@@ -226,7 +227,7 @@ obligations = Table(
     Column("tenant", String(200), nullable=False),
     Column("subscriber_id", ForeignKey("subscribers.id"), nullable=False),
     Column("source_id", ForeignKey("sources.id"), nullable=False),
-    Column("rule_id", String(500), nullable=False),
+    Column("rule_id", String(RULE_ID_MAX), nullable=False),
     Column("rule_version", Integer, nullable=False),
     Column("period", String(64), nullable=False),
     Column("title", Text, nullable=False),

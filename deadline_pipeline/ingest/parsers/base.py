@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 # ParseError (the whole payload is unusable) is defined in the leaf module deadline_pipeline.limits,
 # whose bounded loaders raise it for the configuration as well; every parser takes it from here.
 from deadline_pipeline.limits import ParseError
-from deadline_pipeline.rules import RuleRecord, dates_problem
+from deadline_pipeline.rules import RuleRecord, dates_problem, id_problem
 
 _HTML_START = re.compile(r"^\s*(?:<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>])", re.IGNORECASE)
 
@@ -95,12 +95,13 @@ class ParseResult:
 
     def add(self, rule: RuleRecord, position: str | None) -> None:
         """Append ``rule`` read at ``position`` (kept parallel in ``positions``), or, when one of its
-        dates is outside :data:`~deadline_pipeline.rules.RULE_YEARS`, a skipped record naming it.
+        dates is outside :data:`~deadline_pipeline.rules.RULE_YEARS` or its id is longer than the store
+        keeps (:data:`~deadline_pipeline.rules.RULE_ID_MAX`), a skipped record naming it.
 
         Checked here, where every parser's rules pass: an ai-deadlines entry due in 9999 in UTC-12
-        made the parser fail with "OverflowError: date value out of range", and with it every other
-        rule of the feed."""
-        problem = dates_problem(rule)
+        made the parser fail with "OverflowError: date value out of range", and a 600-character UID
+        failed the source's ingest on PostgreSQL, each with every other rule of the feed."""
+        problem = id_problem(rule.rule_id) or dates_problem(rule)
         if problem:
             self.problems.append(ParseProblem(position or f"rule {rule.rule_id!r}", problem, rule.rule_id))
             return
