@@ -750,3 +750,16 @@ def test_an_ics_rule_line_the_library_drops_or_a_misspelt_one_skips_its_componen
     assert result.rules == []
     (problem,) = result.problems
     assert problem.skipped and shown in problem.message, problem
+
+
+def test_a_csv_with_cr_line_ends_is_read():
+    """Excel's "CSV (Macintosh)" ends lines with CR alone. The header check read it with csv's default
+    newline handling, which raised "new-line character seen in unquoted field", and the whole payload
+    failed as "position unknown: parser failed unexpectedly" while pandas reads it well."""
+    payload = b"id,title,due,timezone\ra,A,2030-01-01,UTC\rb,B,2030-01-02T17:00,Europe/Paris\r"
+    result = parse_payload("csv", payload, source="s")
+    assert result.problems == []
+    assert [(r.rule_id, r.start, r.tz) for r in result.rules] == [
+        ("a", "2030-01-01", "UTC"), ("b", "2030-01-02T17:00:00", "Europe/Paris")]
+    with pytest.raises(ParseError, match=r"line 1: CSV header names a column twice: 'due'"):
+        parse_payload("csv", b"id,title,due,timezone, Due\ra,A,2030-01-01,UTC,x\r", source="s")

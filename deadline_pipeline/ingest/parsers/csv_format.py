@@ -160,7 +160,9 @@ def _refuse_repeated_columns(text: str, source: str) -> None:
     if not lines:
         return
     number = lines[0][0]
-    header = next(csv.reader(io.StringIO(text[text.index(lines[0][1]):])), [])
+    # Universal newlines: a sheet saved with CR line ends (Excel's "CSV (Macintosh)") made csv raise
+    # "new-line character seen in unquoted field" here, and the whole payload failed unexplained.
+    header = next(csv.reader(io.StringIO(text[text.index(lines[0][1]):], newline=None)), [])
     seen: dict[str, int] = {}
     repeats = []
     for column, raw in enumerate(header, start=1):
