@@ -752,6 +752,7 @@ def test_an_ics_rule_line_the_library_drops_or_a_misspelt_one_skips_its_componen
     assert problem.skipped and shown in problem.message, problem
 
 
+
 def test_a_csv_with_cr_line_ends_is_read():
     """Excel's "CSV (Macintosh)" ends lines with CR alone. The header check read it with csv's default
     newline handling, which raised "new-line character seen in unquoted field", and the whole payload
@@ -763,3 +764,24 @@ def test_a_csv_with_cr_line_ends_is_read():
         ("a", "2030-01-01", "UTC"), ("b", "2030-01-02T17:00:00", "Europe/Paris")]
     with pytest.raises(ParseError, match=r"line 1: CSV header names a column twice: 'due'"):
         parse_payload("csv", b"id,title,due,timezone, Due\ra,A,2030-01-01,UTC,x\r", source="s")
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_csv_problems_name_the_line_a_row_starts_on_after_a_multi_line_cell(newline):
+    """A quoted note spanning three lines (one of them blank) and blank or whitespace-only lines between
+    rows: each problem names the physical line its row starts on. Counting lines alone named the line
+    two above the bad row after the note (its neighbour's, or a line inside the note)."""
+    lines = ["id,title,due,timezone,note", "a,A,2030-01-01,UTC,\"first", "", "third\"", "   ",
+             "b,B,2030-02-30,UTC,", "", "c,C,2030-01-03,Mars/Olympus,", ",,,,", "d,D,2030-01-04,UTC,\"x\"\"y\""]
+    result = parse_payload("csv", newline.join(lines).encode(), source="s")
+    assert [p.position for p in result.problems] == ["line 6", "line 8", "line 9"], result.problems
+    assert {r.rule_id for r in result.rules} == {"a", "d"}
+
+
+def test_csv_rows_csv_cannot_count_are_numbered_by_lines_with_a_note():
+    """A cell over csv's field size limit (pandas reads it): the rows are numbered by lines, and a note
+    says so instead of naming lines that may be off without a word."""
+    payload = f"id,title,due,timezone,note\na,A,2030-01-01,UTC,{'x' * 200_000}\nb,B,2030-02-30,UTC,\n".encode()
+    result = parse_payload("csv", payload, source="s")
+    note, bad = result.problems
+    assert not note.skipped and "rows are numbered by lines, not as read (line 2: field larger than" in note.message
+    assert (bad.position, bad.skipped) == ("line 3", True)

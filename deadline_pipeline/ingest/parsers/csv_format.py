@@ -68,8 +68,8 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
     ``content``: UTF-8 bytes. ``source``: the source name, used in messages. ``default_tz``: zone
     for rows with an empty ``timezone`` cell.
 
-    Bad rows are problems positioned ``"line N"`` (the physical line, header = line 1; a quoted
-    cell spanning several lines shifts the numbers of the rows after it). Two rows with one id keep
+    Bad rows are problems positioned ``"line N"`` (the physical line a row starts on, header = line 1;
+    a quoted cell may span lines). Two rows with one id keep
     the one due first (:func:`~.base.drop_duplicate_ids`). Raises :class:`ParseError` for
     undecodable, empty or HTML payloads, a header missing a required column or naming one twice, and
     malformed CSV (e.g. a row with more cells than the header).
@@ -96,8 +96,8 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
             f"found {', '.join(frame.columns)}"
         )
     _refuse_misspelt_rrule(frame.columns, source)
-    line_of = _row_lines(text)
     result = ParseResult()
+    line_of = _row_lines(text, result.problems)
     for index, row in enumerate(frame.to_dict("records")):
         line = line_of[index] if index < len(line_of) else index + 2
         cell = {k: (str(v).strip() if v is not None else "") for k, v in row.items()}
@@ -194,6 +194,26 @@ def _refuse_misspelt_rrule(columns, source: str) -> None:
                          "refused (rename the column)")
 
 
-def _row_lines(text: str) -> list[int]:
-    """The physical line of each data row, assuming no quoted cell spans lines (blank lines skipped)."""
-    return [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()][1:]
+def _row_lines(text: str, problems: list[ParseProblem]) -> list[int]:
+    """The physical line each data row starts on (header = line 1), in the order pandas reads the rows.
+
+    Counted with :mod:`csv` over the text's lines (ended by LF, CR LF or CR): a quoted cell
+    spanning lines counts each of them, and a blank or whitespace-only line is no row (pandas'
+    ``skip_blank_lines``). Counting physical lines alone put every message after a multi-line note a
+    line too early, naming a neighbouring row. :mod:`csv` refuses some texts pandas reads (a cell
+    over its field size limit, 128 KiB): their rows are numbered by non-blank lines, and a note
+    appended to ``problems`` says so."""
+    reader = csv.reader(io.StringIO(text, newline=None))
+    starts: list[int] = []
+    start = 1
+    try:
+        for row in reader:
+            if len(row) > 1 or any(cell.strip() for cell in row):
+                starts.append(start)
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        problems.append(ParseProblem("line 1", (
+            f"rows are numbered by lines, not as read (line {reader.line_num}: {exc}): after a quoted cell "
+            "spanning lines, the line named for a row is too early"), skipped=False))
+        return [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()][1:]
+    return starts[1:]
