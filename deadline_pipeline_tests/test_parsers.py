@@ -708,6 +708,25 @@ def test_an_ai_deadlines_entry_with_a_misspelt_deadline_key_is_skipped(entry, sh
     assert problem.skipped and problem.record_id == "x27" and shown in problem.message, problem
 
 
+@pytest.mark.parametrize(("item", "shown"), [
+    ("{type: paper, date: '2027-03-08 23:59', timezon: UTC+8}", "'timezon' (did you mean 'timezone'?)"),
+    ("{type: paper, date: '2027-03-08 23:59', time_zone: Asia/Shanghai}", "'time_zone' (did you mean 'timezone'?)"),
+    ("{type: paper, dat: '2027-03-08 23:59', timezone: UTC+8}", "'dat' (did you mean 'date'?)"),
+])
+def test_an_ai_deadlines_item_with_a_misspelt_date_or_zone_key_is_skipped(item, shown):
+    """Under an entry's own ``timezone: UTC-12``, an item's ``timezon: UTC+8`` was ignored and the entry's
+    zone read instead: the paper deadline was due 20 hours late (2027-03-09 11:59Z for 15:59Z the day
+    before) while validate and every check said OK. Skipped, it keeps its last good version and
+    rules_complete names the key; the entry's other item is read."""
+    payload = ("- {title: P, year: 2027, id: p27, timezone: UTC-12, deadlines: ["
+               f"{{type: abstract, date: '2027-03-01 23:59'}}, {item}]}}\n")
+    result = parse_payload("ai-deadlines", payload.encode(), source="s")
+    assert [r.rule_id for r in result.rules] == ["p27/abstract/abstract"]
+    (problem,) = result.problems
+    assert problem.skipped and problem.record_id == "p27" and shown in problem.message, problem
+    assert problem.position == "entry 1 (id=p27, line 1) deadline 2 (line 1)", problem
+
+
 @pytest.mark.parametrize("key", ["paper_deadline", "submission_deadline", "deadline_date", "full_paper_deadline",
                                  "paper_due", "submission"])
 def test_an_ai_deadlines_entry_with_its_date_under_an_unread_key_is_skipped(key):

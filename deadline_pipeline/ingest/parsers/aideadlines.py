@@ -185,26 +185,32 @@ def parse_ai_deadlines(content: bytes, *, source: str, default_tz: str | None = 
 
 #: The keys whose values are deadlines or their zone: one misspelt is a deadline lost.
 _DEADLINE_KEYS = ("deadline", "abstract_deadline", "deadlines", "timezone")
+#: The keys of a ``deadlines`` item that hold its date and its zone. A misspelt ``timezone`` in an
+#: item was worse than lost: the entry's zone stood in, so ``timezon: UTC+8`` under ``timezone: UTC-12``
+#: was due 20 hours late with every check green.
+_ITEM_KEYS = ("date", "timezone")
 
 
-def _misspelt_keys(entry: dict) -> str | None:
-    """Why an entry with a key close to one of :data:`_DEADLINE_KEYS` it lacks (``abstract_deadlin``,
-    ``deadlnes``) is skipped, else None. Keys this reader does not know are ignored, so the deadline
-    under such a key was never planned while ``validate`` and every check said OK; skipped, the
-    entry's rules keep their last good version and ``rules_complete`` names the key. No key of the
-    published ai-deadlines files is that close to one of them."""
+def _misspelt_keys(mapping: dict, keys: tuple[str, ...] = _DEADLINE_KEYS, what: str = "entry") -> str | None:
+    """Why a ``mapping`` (``what``: an ``"entry"``, or a ``"deadline"`` item with ``keys`` =
+    :data:`_ITEM_KEYS`) with a key close to one of ``keys`` it lacks (``abstract_deadlin``,
+    ``deadlnes``, ``timezon``) is skipped, else None. Keys this reader does not know are ignored, so
+    the deadline under such a key was never planned (or, for an item's zone, was read in the entry's)
+    while ``validate`` and every check said OK; skipped, the rules keep their last good version and
+    ``rules_complete`` names the key. No key of the published ai-deadlines files is that close to one
+    of them."""
     found = []
-    for key in entry:
-        if not isinstance(key, str) or key in _DEADLINE_KEYS:
+    for key in mapping:
+        if not isinstance(key, str) or key in keys:
             continue
         # 0.8, not the usual 0.75: the published files' own extra keys stay below it.
-        close = near_name(key, [k for k in _DEADLINE_KEYS if k not in entry], cutoff=0.8)
+        close = near_name(key, [k for k in keys if k not in mapping], cutoff=0.8)
         if close:
             found.append(f"{key!r} (did you mean {close!r}?)")
     if not found:
         return None
-    return (f"unknown key {', '.join(found)}: what it holds would be ignored and its deadline never planned, "
-            "so the entry is skipped - correct the key")
+    return (f"unknown key {', '.join(found)}: what it holds would be ignored, so the {what} is skipped "
+            "- correct the key")
 
 
 #: Keys of the published files that hold a date but no deadline: the conference's own days
@@ -329,6 +335,10 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
             continue
         kind = str(item.get("type") or "").strip()
         label = str(item.get("label") or "").strip() or kind
+        misspelt = _misspelt_keys(item, _ITEM_KEYS, "deadline")
+        if misspelt:
+            result.problems.append(ParseProblem(where, misspelt))
+            continue
         if not kind:
             result.problems.append(ParseProblem(where, "deadline has no 'type'; it cannot be identified"))
             continue
