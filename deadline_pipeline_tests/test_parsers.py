@@ -771,6 +771,25 @@ def test_an_ics_rule_line_the_library_drops_or_a_misspelt_one_skips_its_componen
     assert problem.skipped and shown in problem.message, problem
 
 
+@pytest.mark.parametrize(("lines", "shown"), [
+    (("DTSTART;TZDI=Europe/Berlin:20270115T090000",),
+     "DTSTART (line 7) has parameter TZDI, which is no iCalendar parameter; did you mean TZID?"),
+    (("DTSTART;TZID=Europe/Berlin:20270115T090000", "RRULE:FREQ=WEEKLY",
+      "EXDATE;TIZD=Europe/Berlin:20270122T090000"), "EXDATE (line 9) has parameter TIZD"),
+    (("DTSTART;VALUE=DATE:20270115", "RDATE;VALEU=PERIOD:20270201T090000Z/PT1H"), "did you mean VALUE?"),
+])
+def test_an_ics_date_line_with_a_misspelt_parameter_skips_its_component(lines, shown):
+    """The library ignores an unknown parameter: ``DTSTART;TZDI=Europe/Berlin`` was a floating time, due
+    at 09:00 in each subscriber's zone (14:00Z for New York, not 08:00Z), and validate said OK. X- and
+    RFC 5545's other parameters are read as before."""
+    payload = ics("UID:a@x", "DTSTAMP:20260101T000000Z", *lines, "SUMMARY:a")
+    result = parse_payload("ics", payload, source="s")
+    assert result.rules == []
+    (problem,) = result.problems
+    assert problem.skipped and shown in problem.message, problem
+    kept = ics("UID:a@x", "DTSTAMP:20260101T000000Z", "DTSTART;X-TZDI=x;LANGUAGE=en:20270115T090000Z", "SUMMARY:a")
+    assert [(r.start, r.tz) for r in parse_payload("ics", kept, source="s").rules] == [("2027-01-15T09:00:00", "UTC")]
+
 
 def test_a_csv_with_cr_line_ends_is_read():
     """Excel's "CSV (Macintosh)" ends lines with CR alone. The header check read it with csv's default
@@ -783,6 +802,7 @@ def test_a_csv_with_cr_line_ends_is_read():
         ("a", "2030-01-01", "UTC"), ("b", "2030-01-02T17:00:00", "Europe/Paris")]
     with pytest.raises(ParseError, match=r"line 1: CSV header names a column twice: 'due'"):
         parse_payload("csv", b"id,title,due,timezone, Due\ra,A,2030-01-01,UTC,x\r", source="s")
+
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
 def test_csv_problems_name_the_line_a_row_starts_on_after_a_multi_line_cell(newline):

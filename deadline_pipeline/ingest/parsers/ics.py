@@ -227,6 +227,37 @@ def _refuse_lost_properties(component: icalendar.cal.Component, scan: ScannedCom
                         "planned without it")
 
 
+#: The parameters a date or rule line is read with (RFC 5545 §3.2.19, §3.2.20, §3.2.13).
+_TIMING_PARAMETERS = ("TZID", "VALUE", "RANGE")
+#: RFC 5545's other parameters (§3.2) and RFC 7986's: never taken for a misspelt one of the above.
+_KNOWN_PARAMETERS = frozenset({
+    "ALTREP", "CN", "CUTYPE", "DELEGATED-FROM", "DELEGATED-TO", "DIR", "ENCODING", "FMTTYPE", "FBTYPE",
+    "LANGUAGE", "MEMBER", "PARTSTAT", "RELATED", "RELTYPE", "ROLE", "RSVP", "SENT-BY", "DISPLAY", "EMAIL",
+    "FEATURE", "LABEL",
+})
+
+
+def _refuse_misspelt_parameters(component: icalendar.cal.Component, scan: ScannedComponent | None) -> None:
+    """Raise :class:`~.ics_values.Skip` for a date or rule line of :data:`_TIMING` with a parameter name that
+    is no iCalendar parameter but close to one of :data:`_TIMING_PARAMETERS`. The library ignores an
+    unknown parameter (RFC 5545 §3.2 has readers do so), so ``DTSTART;TZDI=Europe/Berlin:20270301T090000``
+    was a floating time, read in each subscriber's zone (due 14:00Z for a New York subscriber, not 08:00Z)
+    while ``validate`` and every check said OK."""
+    lines = {str(name).upper(): numbers for name, numbers in (scan.lines if scan is not None else {}).items()}
+    for name in _TIMING:
+        values = component.get(name)
+        for value in values if isinstance(values, list) else [] if values is None else [values]:
+            for parameter in getattr(value, "params", None) or {}:
+                upper = str(parameter).upper()
+                if upper.startswith("X-") or upper in _TIMING_PARAMETERS or upper in _KNOWN_PARAMETERS:
+                    continue
+                close = near_name(upper, _TIMING_PARAMETERS)
+                if close:
+                    where = f" (line {lines[name][0]})" if name in lines else ""
+                    raise Skip(f"{name}{where} has parameter {upper}, which is no iCalendar parameter; did you mean "
+                               f"{close}? Ignored, the value would be read without it")
+
+
 #: RFC 5545 properties of a VEVENT or VTODO (§3.6.1, §3.6.2) that are not :data:`_TIMING`, and RFC 7986's.
 _KNOWN_PROPERTIES = frozenset({
     "DTSTAMP", "UID", "CLASS", "CREATED", "DESCRIPTION", "GEO", "LAST-MODIFIED", "LOCATION", "ORGANIZER",
@@ -240,6 +271,7 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
                     scan: ScannedComponent | None, problems: list[ParseProblem],
                     position: str) -> RuleRecord:
     _refuse_lost_properties(component, scan)
+    _refuse_misspelt_parameters(component, scan)
     is_todo = component.name == "VTODO"
     key = "DUE" if is_todo and component.get("DUE") is not None else "DTSTART"
     prop = component.get(key)
