@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -168,6 +169,7 @@ def _marking_worker(engine, cfg, now, owner, clock, max_batches) -> None:
 _INTERRUPTED_WHILE_STARTING = """
 import os, sys, time
 from datetime import UTC, datetime
+from pathlib import Path
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.deliver.workers import run_in_processes
 from deadline_pipeline.store.db import make_engine
@@ -194,7 +196,11 @@ def test_a_worker_started_after_its_caller_was_interrupted_does_not_sweep(tmp_pa
     import time
 
     marker = tmp_path / "worker-ran"
-    env = {**os.environ, "WORKER_RAN_MARKER": str(marker)}
+    # The script and the forkserver import this module by name: the repository must be on their path
+    # (an installed package does not bring its tests).
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "WORKER_RAN_MARKER": str(marker),
+           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
     res = subprocess.run([sys.executable, "-c", _INTERRUPTED_WHILE_STARTING, pg_url], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 130, res.stderr
