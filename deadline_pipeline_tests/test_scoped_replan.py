@@ -100,8 +100,9 @@ def test_scoped_replan_leaves_the_store_as_a_full_replan(engine, tmp_path):
     """After each revision (a move, an override of one occurrence, a rename, a withdrawal) a re-plan
     of only the changed rules leaves the same obligations and alerts as a re-plan of every rule —
     and plans fewer obligations. Without the scope's withdrawal filter the scoped run would withdraw
-    every unchanged rule's obligations; without widening to the series, the overridden master's
-    February obligation would stay active."""
+    every unchanged rule's obligations. The override moves the master's February obligation (it is
+    keyed as the occurrence it replaces); the series' widening is what a cancelled override needs
+    (:func:`test_taking_back_a_cancelled_override_replans_the_restored_occurrence`)."""
     cfg = _config(tmp_path)
     full = make_engine(f"sqlite:///{tmp_path / 'full.sqlite3'}")
     upgrade(full)
@@ -124,11 +125,15 @@ def test_scoped_replan_leaves_the_store_as_a_full_replan(engine, tmp_path):
         assert scoped_out.scope.startswith(f"{len(scope.changed)} rule(s) of 1 source(s)"), label
         assert (scoped_out.obligations_moved, scoped_out.obligations_withdrawn) == \
             (full_out.obligations_moved, full_out.obligations_withdrawn), label
-    # The override revision really withdrew the master's February occurrence (the test would not
-    # see a missing widening otherwise).
+    # The override revision really took the master's February occurrence: it moved it (20 → 22
+    # February), the same obligation of each subscriber now planned by the override, none withdrawn.
     with engine.connect() as conn:
+        moved = conn.execute(select(obligations.c.rule_id, obligations.c.status, obligations.c.previous_due_at)
+                             .where(obligations.c.rule_id.like("b@test#%"))).all()
         statuses = {(r, s) for r, s in conn.execute(select(obligations.c.rule_id, obligations.c.status))}
-    assert ("b@test", "withdrawn") in statuses
+    assert [tuple(m) for m in moved] == [("b@test#2027-02-20T11:00:00Z", "active",
+                                          datetime(2027, 2, 20, 11, tzinfo=UTC))] * 3, moved
+    assert ("b@test", "withdrawn") not in statuses
 
 
 def test_rule_scope_widens_to_series_and_lineage():

@@ -4,7 +4,9 @@
 (tenant, rule_id, period); the subscriber is added because an obligation belongs to one subscriber —
 without it, two subscribers of one tenant would share one obligation and one alert row, and one of
 them would never be told. The source is added because rule ids are unique per source only.
-``period`` is the occurrence's original local start, so a revised time does not change the key.
+``period`` is the occurrence's original local start, so a revised time does not change the key; a
+RECURRENCE-ID override is keyed on its master's rule id and the start of the occurrence it replaces
+(``planner.occurrence_identity``), so an override moves that occurrence.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from deadline_pipeline.plan.gaps import zone_gaps
 from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
-from deadline_pipeline.plan.recurrence import to_instant
+from deadline_pipeline.plan.recurrence import REPLACES, master_id_of, to_instant
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
 from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -610,7 +610,10 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
         hi = min(hi, before - timedelta(microseconds=1))
     out: list[PlannedObligation] = []
     problems: list[PlanProblem] = []
-    rules = list(rules)
+    # Masters first: an override is keyed as the occurrence of its master it replaces, in the form
+    # (date or full label) the master's occurrences take in this window (``occurrence_identity``).
+    rules = sorted(rules, key=lambda vr: REPLACES in vr[1].extra)
+    seen: dict[str, tuple[bool, set[str]]] = {}
     profile = _profile(target)
     zone_version = zone_data.version()
     calendar_version = calendar_data_of(target.business_days[0]) if target.business_days else None
@@ -636,15 +639,9 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
             # What was expanded is planned; the occurrences past the cut are not, and only the log said
             # so while plan_complete and `run` stayed green (a silent miss of every later reminder).
             problems.append(PlanProblem(target.source, rule.rule_id, cap_problem(expanded.cut_at, hi)))
-        recurring = bool(rule.rrule or rule.rdates)
-        # A recurring occurrence is identified by its local date when the rule yields at most one per
-        # day: then a revised time of day moves the obligation instead of replacing it (the reminder
-        # moves, a delivered one gets a correction). Several per day fall back to the full local time.
-        by_date = recurring and len({o.period[:10] for o in occurrences}) == len(occurrences)
-        identity = lineage.get(rule.rule_id, rule.rule_id) if lineage else rule.rule_id
+        identity, periods = occurrence_identity(rule, occurrences, lineage, seen)
         zone_name = str(zone)
-        for occ in occurrences:
-            period = (occ.period[:10] if by_date else occ.period) if recurring else ONCE
+        for occ, period in zip(occurrences, periods, strict=True):
             key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
             out.append(PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                          version, period, rule.title, occ.due_at,
@@ -669,6 +666,41 @@ def target_expansion(target: Target, version: int, rule: RuleRecord, lo: datetim
         if cache is not None:
             cache[ckey] = expanded
     return zone, expanded
+
+
+def occurrence_identity(rule: RuleRecord, occurrences: list, lineage: dict[str, str] | None,
+                        seen: dict[str, tuple[bool, set[str]]]) -> tuple[str, list[str]]:
+    """The id the obligations of ``rule``'s ``occurrences`` (its expansion in one window) are keyed on,
+    and each one's period: :data:`ONCE` for a one-off; for a recurring rule its local date when the
+    rule yields at most one per day in the window (a revised time of day then moves the obligation
+    instead of replacing it: the reminder moves, a delivered one gets a correction), else the full
+    local label. A RECURRENCE-ID override (``extra[REPLACES]``, :func:`~.recurrence.apply_overrides`)
+    is keyed as the occurrence of its master it replaces, so an override added by a revision moves
+    that occurrence: before, it was a deadline of its own and the occurrence was withdrawn with a
+    cancellation notice where a reminder had been delivered. ``lineage``: rule id → the id its
+    obligations are keyed on (a renamed rule's first id). ``seen``: id → (whether by date, periods
+    taken) of the recurring rules keyed so far in this window, updated; a master must come before its
+    overrides. An override falls back to the full label when its date is taken by another occurrence
+    of its series (two obligations must never share a key)."""
+    def keyed_on(rule_id: str) -> str:
+        return lineage.get(rule_id, rule_id) if lineage else rule_id
+
+    replaces = rule.extra.get(REPLACES)
+    if replaces is not None and not (rule.rrule or rule.rdates):
+        identity = keyed_on(master_id_of(rule) or rule.rule_id)
+        # A master with no occurrence in this window is keyed by date (its one-a-day default).
+        by_date, taken = seen.setdefault(identity, (True, set()))
+        period = replaces[:10] if by_date and replaces[:10] not in taken else replaces
+        if occurrences:
+            taken.add(period)
+        return identity, [period] * len(occurrences)
+    identity = keyed_on(rule.rule_id)
+    if not (rule.rrule or rule.rdates):
+        return identity, [ONCE] * len(occurrences)
+    by_date = len({o.period[:10] for o in occurrences}) == len(occurrences)
+    periods = [o.period[:10] if by_date else o.period for o in occurrences]
+    seen[identity] = (by_date, set(periods))
+    return identity, periods
 
 
 def _profile(target: Target) -> tuple:

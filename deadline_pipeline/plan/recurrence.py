@@ -390,6 +390,10 @@ def merge_until(rrule: str, end: datetime, zone: tzinfo, *, all_day: bool = Fals
 SPLIT_FROM = "series_from"        # local ISO: occurrences before it belong to another piece
 SPLIT_BEFORE = "series_before"    # local ISO: occurrences at or after it belong to another piece
 SHIFT_SECONDS = "shift_seconds"   # wall-clock shift of each occurrence of a THISANDFUTURE piece
+#: Key of ``RuleRecord.extra`` (set by apply_overrides on a plain override): the label of the master's
+#: occurrence the override replaces, as the master's expansion labels it (by due time), so the override
+#: is planned as that occurrence moved, not as a deadline of its own (``planner.occurrence_identity``).
+REPLACES = "replaces_occurrence"
 
 
 def _rid_local(rid: str, zone: tzinfo | None) -> str:
@@ -573,6 +577,7 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
       an EXDATE of the master, and the override stays a one-off at its own DTSTART. Without this the
       master still yields the original occurrence and the subscriber gets two reminders. A master
       without RRULE or RDATE is folded the same way: its one occurrence, its DTSTART, becomes its EXDATE.
+      The override records that occurrence's label (:data:`REPLACES`): it is the same occurrence, moved.
     * ``RANGE=THISANDFUTURE`` (read from ``extra["range"]``) splits the series: the master keeps the
       occurrences before the RECURRENCE-ID (``extra["series_before"]``), and the override becomes the
       tail — the master's rule (COUNT still counted from the master's DTSTART) from the
@@ -601,7 +606,14 @@ def apply_overrides(rules: list[RuleRecord], *, zone_of=None) -> Folded:
     # Two passes: an override may come before its master in the snapshot.
     replaced: dict[str, RuleRecord] = {}
     for master_id in set(exdates) | set(splits):
-        replaced.update(_fold_master(masters[master_id], exdates.get(master_id, ()), splits.get(master_id, ())))
+        labels = [label for label, _override in exdates.get(master_id, ())]
+        replaced.update(_fold_master(masters[master_id], labels, splits.get(master_id, ())))
+        for label, override in exdates.get(master_id, ()):
+            # Keyed as its master's occurrence (by due time, as the expansion labels it): an override
+            # keyed on its own id withdrew that occurrence ("Cancelled … no further reminders") and
+            # planned the new date as another deadline, when a revision added it after a reminder.
+            due_label = shifted_label(label, due_offset(masters[master_id]))
+            replaced[override.rule_id] = replace(override, extra={**override.extra, REPLACES: due_label})
     out = Folded(counts=counts)
     for r in rules:
         kept = _in_force(r, replaced.get(r.rule_id, r), counts)
@@ -624,11 +636,12 @@ def _zone_reader(zone_of):
 
 
 def _named_occurrences(rules: list[RuleRecord], masters: dict[str, RuleRecord], zone_of,
-                       counts: Counter[str]) -> tuple[dict[str, list[str]], dict[str, list[tuple[str, RuleRecord]]]]:
-    """First pass of :func:`apply_overrides`: per master id, the local labels its plain overrides
-    name (to become EXDATEs) and the ``(label, override)`` of its THISANDFUTURE ones. An override
-    without its master is left alone (counted in ``counts["orphan_overrides"]`` unless cancelled)."""
-    exdates: dict[str, list[str]] = {}
+                       counts: Counter[str]) -> tuple[dict[str, list[tuple[str, RuleRecord]]],
+                                                      dict[str, list[tuple[str, RuleRecord]]]]:
+    """First pass of :func:`apply_overrides`: per master id, the ``(local label, override)`` of its
+    plain overrides (the labels become EXDATEs) and of its THISANDFUTURE ones. An override without
+    its master is left alone (counted in ``counts["orphan_overrides"]`` unless cancelled)."""
+    exdates: dict[str, list[tuple[str, RuleRecord]]] = {}
     splits: dict[str, list[tuple[str, RuleRecord]]] = {}
     for r in rules:
         rid = r.extra.get("recurrence_id")
@@ -648,7 +661,7 @@ def _named_occurrences(rules: list[RuleRecord], masters: dict[str, RuleRecord], 
         if range_of(r) == "THISANDFUTURE":
             splits.setdefault(master.rule_id, []).append((local, r))
         else:
-            exdates.setdefault(master.rule_id, []).append(local)
+            exdates.setdefault(master.rule_id, []).append((local, r))
     return exdates, splits
 
 
@@ -710,7 +723,8 @@ def shift_local(local: datetime, seconds: int) -> datetime:
 
 
 __all__ = [
-    "DUE_OFFSET", "DUE_SPAN", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides", "due_offset",
+    "DUE_OFFSET", "DUE_SPAN", "REPLACES", "Folded", "Lenient", "RRuleError", "Recur", "SUB_DAILY", "apply_overrides",
+    "due_offset",
     "gap_alias", "master_id_of", "merge_until", "occurrence_named", "parse_rrule", "parse_until", "range_of",
     "shifted_label", "to_instant", "until_bound", "validate_rrule",
 ]

@@ -14,7 +14,9 @@ from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.escalations import escalate_series_moved_into_past
 from deadline_pipeline.plan.notices import cancellation_row, correction_row, missed_row
 from deadline_pipeline.plan.occurrences import GRACE
-from deadline_pipeline.plan.planner import Target, plan_target
+from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target, plan_obligations
+from deadline_pipeline.plan.recurrence import REPLACES
+from deadline_pipeline.plan.scope import series_of
 from deadline_pipeline.store import planning as sql
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
-    moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi))
+    moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi), lineage or {})
     if moved:
         ids = sorted(moved)
         delivered = sql.delivered_channels(conn, ids)
@@ -57,8 +59,8 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
         notices, missed = [], []
         for r in stale:
             if r.id in moved:
-                new_due, version, key = moved[r.id]
-                sql.move_obligation(conn, r.id, new_due, version, now)
+                new_due, version, key, rule_id = moved[r.id]
+                sql.move_obligation(conn, r.id, new_due, version, now, rule_id=rule_id)
                 notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
                                for ch in sorted(delivered.get(r.id, ())))
                 # Only a deadline really past: `lo` may be a partition's first day, and a move to an
@@ -94,31 +96,62 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
 
 
 def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetime, hi: datetime,
-                        horizon_end: datetime) -> dict[int, tuple]:
-    """obligation id → (new due instant, rule version, obligation key) for the stale one-off
-    obligations whose rule is still in force for a still-subscribed target but now falls outside this
-    run's window ``[lo, hi]``: before ``lo`` (into the past, or an earlier month) or after ``hi`` up to
-    ``horizon_end`` (a later month of the horizon; all aware UTC). Such a deadline moved; it is not
-    withdrawn: a partition's run that withdrew a deadline moved to the next month sent "Cancelled ... no
-    further reminders will be sent" where a reminder was delivered, and cancelled its reminders until
-    that month was planned."""
-    from deadline_pipeline.plan.planner import ONCE
-
+                        horizon_end: datetime, lineage: dict[int, dict[str, str]]) -> dict[int, tuple]:
+    """obligation id → (new due instant, rule version, obligation key, rule id) for the stale
+    obligations whose deadline is still in force for a still-subscribed target but now falls outside
+    this run's window ``[lo, hi]``: before ``lo`` (into the past, or an earlier month) or after ``hi``
+    up to ``horizon_end`` (a later month of the horizon; all aware UTC). Such a deadline is a one-off
+    rule's, or an occurrence of a series that a RECURRENCE-ID override moved (:func:`_claimants`).
+    It moved; it is not withdrawn: a partition's run that withdrew a deadline moved to the next month
+    sent "Cancelled ... no further reminders will be sent" where a reminder was delivered, and
+    cancelled its reminders until that month was planned. ``lineage``: source id → rule id → the id
+    obligations are keyed on."""
     out: dict[int, tuple] = {}
-    long_ago = timedelta(days=3660)
+    series_plans: dict[tuple, dict[str, PlannedObligation]] = {}
     for r in stale:
         target = subscribed.get((r.subscriber_id, r.source_id))
-        if target is None or r.period != ONCE or r.source_id not in rules_cache:
+        if target is None or r.source_id not in rules_cache:
             continue
-        rules, _withdrawn = rules_cache[r.source_id]
-        match = [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id and not (rule.rrule or rule.rdates)]
-        if not match:
-            continue
-        obs, _problems = plan_target(target, match, lo - long_ago, long_ago + (horizon_end - lo),
-                                     before=horizon_end + timedelta(microseconds=1))
-        if len(obs) == 1 and not lo <= obs[0].due_at <= hi and obs[0].due_at != r.due_at:
-            out[r.id] = (obs[0].due_at, obs[0].rule_version, r.obligation_key)
+        rules = rules_cache[r.source_id][0]
+        if r.period == ONCE:
+            obs = _replanned(target, [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id
+                                      and not (rule.rrule or rule.rdates)], lo, horizon_end, None)
+            ob = obs[0] if len(obs) == 1 else None
+        else:
+            # Once per subscriber and series, not per stale occurrence: a revised daily series
+            # withdraws hundreds of occurrences, and each would expand the master over the whole span.
+            memo = (r.subscriber_id, r.source_id, series_of(r.rule_id))
+            if memo not in series_plans:
+                obs = _replanned(target, _claimants(r, rules), lo, horizon_end, lineage.get(r.source_id))
+                series_plans[memo] = {o.key: o for o in obs}
+            ob = series_plans[memo].get(r.obligation_key)
+        if ob is not None and not lo <= ob.due_at <= hi and ob.due_at != r.due_at:
+            out[r.id] = (ob.due_at, ob.rule_version, r.obligation_key, ob.rule_id)
     return out
+
+
+def _replanned(target: Target, match: list[tuple], lo: datetime, horizon_end: datetime,
+               lineage: dict[str, str] | None) -> list[PlannedObligation]:
+    """The obligations (no alert rows) ``target`` has of the rules ``match`` (``(version, record)``
+    pairs) due from ten years before ``lo`` through ``horizon_end`` (aware UTC); ``[]`` for none."""
+    if not match:
+        return []
+    long_ago = timedelta(days=3660)
+    obs, _problems = plan_obligations(target, match, lo - long_ago, long_ago + (horizon_end - lo),
+                                      before=horizon_end + timedelta(microseconds=1), lineage=lineage)
+    return obs
+
+
+def _claimants(r, rules: list[tuple]) -> list[tuple]:
+    """The ``(version, record)`` pairs of ``rules`` that may plan the stale occurrence ``r`` of a
+    series elsewhere: the series' overrides that replace an occurrence (``extra[REPLACES]``, keyed as
+    the occurrence they replace) with their master (whose occurrences decide the form of that key);
+    empty when the series has no such override (its occurrence was excluded or moved by the RRULE)."""
+    series = series_of(r.rule_id)
+    overrides = [(v, rule) for v, rule in rules if REPLACES in rule.extra and series_of(rule.rule_id) == series]
+    if not overrides:
+        return []
+    return [(v, rule) for v, rule in rules if rule.rule_id == series] + overrides
 
 
 def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],

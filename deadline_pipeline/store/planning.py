@@ -1074,15 +1074,19 @@ def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime,
 
 
 def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule_version: int,
-                    now: datetime) -> None:
+                    now: datetime, *, rule_id: str | None = None) -> None:
     """Move one obligation to ``due_at`` (aware UTC) outside the planning window (a move into the
     past, or into a month another partition plans): the revision is bumped and the old instant kept,
     exactly as a merge does for a move. The fingerprint is cleared: the new instant's reminders are
-    not planned yet, and the run that plans them reads that as a move (:attr:`StagedDiff.moved_before`)."""
+    not planned yet, and the run that plans them reads that as a move (:attr:`StagedDiff.moved_before`).
+    ``rule_id``: the rule that now plans it, when another (a RECURRENCE-ID override moving its
+    master's occurrence), as a merge records it: the checks recompute obligations per rule id."""
     o = obligations
-    conn.execute(update(o).where(o.c.id == obligation_id).values(
-        due_at=due_at, previous_due_at=o.c.due_at, revision=o.c.revision + 1, rule_version=rule_version,
-        fingerprint=None, planned_at=now))
+    values = dict(due_at=due_at, previous_due_at=o.c.due_at, revision=o.c.revision + 1, rule_version=rule_version,
+                  fingerprint=None, planned_at=now)
+    if rule_id is not None:
+        values["rule_id"] = rule_id
+    conn.execute(update(o).where(o.c.id == obligation_id).values(**values))
 
 
 def delivered_channels(conn: Connection, obligation_ids: list[int]) -> dict[int, set[str]]:
