@@ -147,3 +147,44 @@ def test_override_moving_an_occurrence_to_another_month_planned_old_month_alone(
     plan(engine, cfg, T1)
     assert _march_occurrence(engine)[1] == sorted([*rows, ("reminder", new_due, -7 * 86400, "pending"),
                                                    ("reminder", new_due, -86400, "pending")])
+
+
+@pytest.mark.parametrize("master_occurrence", ["never planned", "withdrawn"])
+def test_an_override_obligation_stored_under_its_own_id_is_rekeyed_not_cancelled(engine, tmp_path, master_occurrence):
+    """A store planned when an override was keyed on its own id (``UID#<RECURRENCE-ID>``, period
+    ``once``) holds its obligation under that key, and, where the override came as a revision, the
+    master's occurrence withdrawn under the key the override now takes. Planned again, the override's
+    obligation is re-keyed in place: no cancellation notice for a deadline that stands, no reminder
+    written again (its -P7D, delivered, would have been folded late and sent twice), nothing moved."""
+    from sqlalchemy import insert, update
+
+    from deadline_pipeline.plan.keys import alert_dedup_key, obligation_key
+
+    new_due = NEW_DUE["april"]
+    cfg = _config(tmp_path, MASTER, _override(new_due))
+    ingest(engine, cfg, T0)
+    plan(engine, cfg, T0)
+    later = datetime(2027, 3, 27, tzinfo=UTC)  # after the -P7D reminder of 2 April (26 March 09:00)
+    assert deliver(engine, cfg, later).delivered == 1
+    with engine.begin() as conn:
+        row = conn.execute(select(obligations).where(obligations.c.due_at == new_due)).one()._asdict()
+        legacy = obligation_key("t", "ann", "cal", row["rule_id"], "once")
+        conn.execute(update(obligations).where(obligations.c.id == row["id"])
+                     .values(obligation_key=legacy, period="once"))
+        for a in conn.execute(select(alerts).where(alerts.c.obligation_id == row["id"])).all():
+            conn.execute(update(alerts).where(alerts.c.id == a.id).values(dedup_key=alert_dedup_key(
+                legacy, a.offset_seconds, a.channel, a.kind, a.revision, a.due_at)))
+        if master_occurrence == "withdrawn":
+            conn.execute(insert(obligations).values({
+                **{k: v for k, v in row.items() if k != "id"}, "rule_id": "m@test", "status": "withdrawn",
+                "due_at": OLD_DUE}))
+    before = _march_occurrence(engine)[1]
+    out = plan(engine, cfg, later)
+    assert (out.obligations_rekeyed, out.obligations_withdrawn, out.obligations_moved, out.cancellation_notices,
+            out.alerts_inserted) == (1, 0, 0, 0, 0), out
+    assert _march_occurrence(engine)[1] == before
+    with engine.connect() as conn:
+        keys = conn.execute(select(obligations.c.obligation_key, obligations.c.status)
+                            .where(obligations.c.obligation_key.in_([row["obligation_key"], legacy]))).all()
+    assert [tuple(k) for k in keys] == [(row["obligation_key"], "active")], keys
+    assert plan(engine, cfg, later).obligations_rekeyed == 0

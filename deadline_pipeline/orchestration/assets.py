@@ -312,6 +312,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             # Which time rules computed these instants, and how many moved only because they changed.
             "zone_data": f"IANA {out.zone_data}", "calendar_data": out.calendar_data,
             "moved_by_time_data": out.moved_by_time_data,
+            # Override obligations stored under their own id, re-keyed as the occurrence they replace.
+            "rekeyed": out.obligations_rekeyed,
         })
         yield dg.MaterializeResult(asset_key=ALERTS, metadata={
             "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,

@@ -27,6 +27,13 @@ def obligation_key(tenant: str, subscriber: str, source: str, rule_id: str, peri
     return _digest("obligation", tenant, subscriber, source, rule_id, period)
 
 
+def retired_key(key: str, obligation_id: int) -> str:
+    """64 hex chars no planning run computes: the key a withdrawn obligation (``obligation_id``) is
+    given when the obligation re-keyed to its ``key`` takes it (``override_keys.rekey_legacy_overrides``),
+    so the key stays unique and the withdrawn one keeps its history."""
+    return _digest("retired", key, obligation_id)
+
+
 def alert_dedup_key(obligation_key: str, offset_seconds: int, channel: str, kind: str, seq: int = 0,
                     due_at: datetime | None = None) -> str:
     """64 hex chars: the idempotency key of one alert (SMTP Message-ID, webhook Idempotency-Key).

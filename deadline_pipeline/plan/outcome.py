@@ -19,6 +19,9 @@ class PlanOutcome:
     obligations_planned: int = 0
     obligations_inserted: int = 0
     obligations_moved: int = 0
+    # Obligations of RECURRENCE-ID overrides stored under their own id, re-keyed as the occurrence
+    # they replace (plan.override_keys).
+    obligations_rekeyed: int = 0
     obligations_updated: int = 0
     obligations_unchanged: int = 0
     obligations_withdrawn: int = 0

@@ -40,7 +40,7 @@ from deadline_pipeline.config import (
     SubscriptionConfig,
     parse_duration,
 )
-from deadline_pipeline.plan import chunks, escalations, withdrawals
+from deadline_pipeline.plan import chunks, escalations, override_keys, withdrawals
 from deadline_pipeline.plan.business_days import calendar_data_version, holiday_source_of
 from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
@@ -400,6 +400,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # every stored obligation of its sources, which would make a scoped run cost the store.
         judged = escalations.judge_sources(conn, targets, now)
         watched = sql.planned_pairs(conn, [sid for sid, found in judged.items() if found])
+        override_keys.rekey_legacy_overrides(conn, targets, rules_cache, lineage, lo, horizon_end, out)
         sql.create_stage(conn)
         failed_rules = _plan_in_chunks(conn, targets, rules_cache, lineage, now, horizon, lo, hi, out)
         sql.analyze_planned(conn)

@@ -6,7 +6,7 @@ the past reminders the delivery sweep escalates as missed)."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -14,8 +14,8 @@ from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.escalations import escalate_series_moved_into_past
 from deadline_pipeline.plan.notices import cancellation_row, correction_row, missed_row
 from deadline_pipeline.plan.occurrences import GRACE
-from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target, plan_obligations
-from deadline_pipeline.plan.recurrence import REPLACES
+from deadline_pipeline.plan.override_keys import replanned, series_claimants
+from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target
 from deadline_pipeline.plan.scope import series_of
 from deadline_pipeline.store import planning as sql
 
@@ -101,7 +101,7 @@ def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetim
     obligations whose deadline is still in force for a still-subscribed target but now falls outside
     this run's window ``[lo, hi]``: before ``lo`` (into the past, or an earlier month) or after ``hi``
     up to ``horizon_end`` (a later month of the horizon; all aware UTC). Such a deadline is a one-off
-    rule's, or an occurrence of a series that a RECURRENCE-ID override moved (:func:`_claimants`).
+    rule's, or an occurrence of a series that a RECURRENCE-ID override moved (:func:`~.override_keys.series_claimants`).
     It moved; it is not withdrawn: a partition's run that withdrew a deadline moved to the next month
     sent "Cancelled ... no further reminders will be sent" where a reminder was delivered, and
     cancelled its reminders until that month was planned. ``lineage``: source id → rule id → the id
@@ -114,7 +114,7 @@ def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetim
             continue
         rules = rules_cache[r.source_id][0]
         if r.period == ONCE:
-            obs = _replanned(target, [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id
+            obs = replanned(target, [(v, rule) for v, rule in rules if rule.rule_id == r.rule_id
                                       and not (rule.rrule or rule.rdates)], lo, horizon_end, None)
             ob = obs[0] if len(obs) == 1 else None
         else:
@@ -122,36 +122,12 @@ def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetim
             # withdraws hundreds of occurrences, and each would expand the master over the whole span.
             memo = (r.subscriber_id, r.source_id, series_of(r.rule_id))
             if memo not in series_plans:
-                obs = _replanned(target, _claimants(r, rules), lo, horizon_end, lineage.get(r.source_id))
+                obs = replanned(target, series_claimants(r, rules), lo, horizon_end, lineage.get(r.source_id))
                 series_plans[memo] = {o.key: o for o in obs}
             ob = series_plans[memo].get(r.obligation_key)
         if ob is not None and not lo <= ob.due_at <= hi and ob.due_at != r.due_at:
             out[r.id] = (ob.due_at, ob.rule_version, r.obligation_key, ob.rule_id)
     return out
-
-
-def _replanned(target: Target, match: list[tuple], lo: datetime, horizon_end: datetime,
-               lineage: dict[str, str] | None) -> list[PlannedObligation]:
-    """The obligations (no alert rows) ``target`` has of the rules ``match`` (``(version, record)``
-    pairs) due from ten years before ``lo`` through ``horizon_end`` (aware UTC); ``[]`` for none."""
-    if not match:
-        return []
-    long_ago = timedelta(days=3660)
-    obs, _problems = plan_obligations(target, match, lo - long_ago, long_ago + (horizon_end - lo),
-                                      before=horizon_end + timedelta(microseconds=1), lineage=lineage)
-    return obs
-
-
-def _claimants(r, rules: list[tuple]) -> list[tuple]:
-    """The ``(version, record)`` pairs of ``rules`` that may plan the stale occurrence ``r`` of a
-    series elsewhere: the series' overrides that replace an occurrence (``extra[REPLACES]``, keyed as
-    the occurrence they replace) with their master (whose occurrences decide the form of that key);
-    empty when the series has no such override (its occurrence was excluded or moved by the RRULE)."""
-    series = series_of(r.rule_id)
-    overrides = [(v, rule) for v, rule in rules if REPLACES in rule.extra and series_of(rule.rule_id) == series]
-    if not overrides:
-        return []
-    return [(v, rule) for v, rule in rules if rule.rule_id == series] + overrides
 
 
 def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],

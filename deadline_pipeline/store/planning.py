@@ -1073,6 +1073,35 @@ def unplanned_obligations(conn: Connection, source_ids: list[int], lo: datetime,
     ).all()
 
 
+def override_obligations_keyed_once(conn: Connection, rule_ids: dict[int, list[str]]):
+    """Active obligations with the period ``once`` of the given rules (``rule_ids``: source id → the
+    rule ids of RECURRENCE-ID overrides in force): (id, obligation_key, rule_id, source_id,
+    subscriber_id). Empty for no rule id."""
+    o = obligations
+    which = [and_(o.c.source_id == sid, o.c.rule_id.in_(ids)) for sid, ids in sorted(rule_ids.items()) if ids]
+    if not which:
+        return []
+    return conn.execute(
+        select(o.c.id, o.c.obligation_key, o.c.rule_id, o.c.source_id, o.c.subscriber_id)
+        .where(or_(*which), o.c.status == ObligationState.ACTIVE, o.c.period == "once")
+        .order_by(o.c.id)
+    ).all()
+
+
+def rekey_obligation(conn: Connection, obligation_id: int, key: str, period: str, retired: str) -> bool:
+    """Give obligation ``obligation_id`` the key ``key`` and period ``period``, keeping its id and alerts.
+    A withdrawn obligation holding ``key`` gets ``retired`` instead (keys stay unique; it keeps its
+    history). Returns False, changing nothing, when an active obligation holds ``key``."""
+    o = obligations
+    holder = conn.execute(select(o.c.id, o.c.status).where(o.c.obligation_key == key)).first()
+    if holder is not None and holder.id != obligation_id:
+        if holder.status == ObligationState.ACTIVE:
+            return False
+        conn.execute(update(o).where(o.c.id == holder.id).values(obligation_key=retired))
+    conn.execute(update(o).where(o.c.id == obligation_id).values(obligation_key=key, period=period))
+    return True
+
+
 def move_obligation(conn: Connection, obligation_id: int, due_at: datetime, rule_version: int,
                     now: datetime, *, rule_id: str | None = None) -> None:
     """Move one obligation to ``due_at`` (aware UTC) outside the planning window (a move into the
