@@ -122,7 +122,7 @@ def test_override_after_a_delivered_reminder_moves_the_occurrence(engine, tmp_pa
     assert len(subjects) == 4 and not any("ancel" in s for s in subjects), subjects
     owed = reminders_owed(engine, cfg, after, lookback=timedelta(days=20))
     assert owed.passed, owed.summary
-    planned = w.horizon_planned(engine, after, timedelta(days=30), timedelta(days=cfg.plan.horizon_days))
+    planned = w.horizon_planned(engine, cfg, after, timedelta(days=30), timedelta(days=cfg.plan.horizon_days))
     assert planned.passed, planned.summary
 
 
@@ -139,7 +139,7 @@ def test_override_moving_an_occurrence_to_another_month_planned_old_month_alone(
     assert obs == [("active", new_due)], (obs, rows)
     assert rows == [("correction", new_due, 0, "pending"), ("reminder", OLD_DUE, -7 * 86400, "delivered"),
                     ("reminder", OLD_DUE, -86400, "superseded")], rows
-    planned = w.horizon_planned(engine, T1, timedelta(days=30), timedelta(days=cfg.plan.horizon_days))
+    planned = w.horizon_planned(engine, cfg, T1, timedelta(days=30), timedelta(days=cfg.plan.horizon_days))
     assert planned.passed, planned.summary
     with engine.connect() as conn:
         rule_id = conn.execute(select(obligations.c.rule_id).where(obligations.c.due_at == new_due)).scalar_one()
