@@ -312,6 +312,12 @@ def _iana_names() -> frozenset[str]:
     return frozenset(name for name in listed if _not_portable(name) is None)
 
 
+def zone_names() -> frozenset[str]:
+    """The IANA zone names :func:`resolve_zone` accepts as written (see :func:`_iana_names`): the names a
+    misspelt zone is compared with to say which was meant."""
+    return _iana_names()
+
+
 def _iana(text: str) -> ZoneInfo | None:
     """The IANA zone ``text`` names exactly, or at the end of a ``/vendor/version/Area/City`` prefix."""
     names = _iana_names()
@@ -509,7 +515,39 @@ def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
     for name in matches:
         if name.rsplit("/", 1)[-1].replace("_", " ").casefold() in words:
             return name
-    return matches[0]
+    # A season's abbreviation (TZID=PST defined with the US rules) is its region's zone, not the first
+    # name that agrees (America/Ensenada).
+    region = SEASONAL_ABBREVIATIONS.get(tzid.strip().upper())
+    return region if region in matches else matches[0]
+
+
+def names_zone(name: str) -> bool:
+    """True when :func:`resolve_zone` reads ``name`` (any ``str``) as the zone it names: an IANA name
+    (also behind a vendor prefix) or a Windows name of the CLDR table. False for what it reads by
+    guessing, an abbreviation (``PST``) or an offset-looking name (``GMT-8``, ``UTC+5:30``), and for
+    a name it does not know."""
+    text = name.strip()
+    return _iana(text) is not None or text.casefold() in _WINDOWS_FOLDED
+
+
+@lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar
+def definition_overrides_guess(definition: tzinfo, tzid: str) -> bool:
+    """True when a calendar's VTIMEZONE ``definition`` of ``tzid`` is to be read instead of
+    :func:`resolve_zone`'s reading of the name: ``tzid`` is a guess (not :func:`names_zone`) and the
+    two give another UTC offset somewhere in :data:`EQUIVALENCE_YEARS` (:func:`offset_disagreements`).
+
+    RFC 5545 §3.6.5 makes the VTIMEZONE the definition of its TZID. An IANA name stays that zone (a
+    stale definition under a real name is the usual case), but a name that only looks like one is not:
+    ``TZID:GMT-8`` defined as UTC+8 was read as UTC-8, sixteen hours late. Where the two agree the
+    guess is kept, so the rules of such calendars keep their zone name."""
+    if names_zone(tzid):
+        return False
+    try:
+        guess = resolve_zone(tzid)
+    except UnknownTimeZone:
+        return False  # not a guess either: the definition is read (equivalent_iana_zone)
+    return bool(offset_disagreements(definition, guess))
 
 
 zone_data.on_change(equivalent_iana_zone.cache_clear)
+zone_data.on_change(definition_overrides_guess.cache_clear)

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from deadline_pipeline.config import load_config
 from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline.watch import checks
+from deadline_pipeline.watch.sources import rules_complete
 from deadline_pipeline_tests.factories import ics, ingest_and_plan, write_config
 
 
@@ -124,3 +125,70 @@ def test_a_cancelled_override_of_a_one_off_event_leaves_nothing_planned(engine, 
     assert [p for p in _planned(engine) if p[1] == "active"] == []
     assert _alert_states(engine) == [("review@test", "cancelled")]
     assert _watched(engine, cfg, now) == (0, [])
+
+
+def _calendar(*body: str, head: tuple[str, ...] = ()) -> str:
+    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//test//test//EN", *head, *body, "END:VCALENDAR"]
+    return "".join(line + "\r\n" for line in lines)
+
+
+def _event(uid: str, *props: str) -> tuple[str, ...]:
+    return ("BEGIN:VEVENT", f"UID:{uid}", "DTSTAMP:20260101T000000Z", f"SUMMARY:{uid}", *props, "END:VEVENT")
+
+
+# VTIMEZONEs under names resolve_zone only guesses from: GMT-8 defined as UTC+8 all year, and PST defined
+# with the US daylight saving rules (second Sunday of March to first Sunday of November, as since 2007).
+GMT_MINUS_8_AS_PLUS_8 = ("BEGIN:VTIMEZONE", "TZID:GMT-8", "BEGIN:STANDARD", "DTSTART:19700101T000000",
+                         "TZOFFSETFROM:+0800", "TZOFFSETTO:+0800", "END:STANDARD", "END:VTIMEZONE")
+PST_WITH_US_RULES = ("BEGIN:VTIMEZONE", "TZID:PST",
+                     "BEGIN:STANDARD", "DTSTART:19701101T020000", "RRULE:FREQ=YEARLY;BYMONTH=11;BYDAY=1SU",
+                     "TZOFFSETFROM:-0700", "TZOFFSETTO:-0800", "END:STANDARD",
+                     "BEGIN:DAYLIGHT", "DTSTART:19700308T020000", "RRULE:FREQ=YEARLY;BYMONTH=3;BYDAY=2SU",
+                     "TZOFFSETFROM:-0800", "TZOFFSETTO:-0700", "END:DAYLIGHT", "END:VTIMEZONE")
+
+
+@pytest.mark.parametrize(("calendar", "expected"), [
+    # 17:00 at UTC+8 is 09:00Z; read as the name's guess, UTC-8, it was 2027-03-02T01:00Z: 16 hours late.
+    (_calendar(*GMT_MINUS_8_AS_PLUS_8, *_event("gmt", "DTSTART;TZID=GMT-8:20270301T170000")),
+     [("gmt", "2027-03-01T09:00:00Z")]),
+    # 17:00 on 1 July is PDT by the definition, UTC-7: 00:00Z; read as the fixed PST, 01:00Z, an hour late.
+    (_calendar(*PST_WITH_US_RULES, *_event("pst", "DTSTART;TZID=PST:20270701T170000")),
+     [("pst", "2027-07-02T00:00:00Z")]),
+    # A series across the change of 7 November: 17:00 PDT (00:00Z), then 17:00 PST (01:00Z) as defined.
+    (_calendar(*PST_WITH_US_RULES, *_event("pst-monthly", "DTSTART;TZID=PST:20271015T170000",
+                                           "RRULE:FREQ=MONTHLY;COUNT=2")),
+     [("pst-monthly", "2027-10-16T00:00:00Z"), ("pst-monthly", "2027-11-16T01:00:00Z")]),
+], ids=["gmt-8-defined-as-utc+8", "pst-defined-with-daylight-saving", "pst-series-across-the-change"])
+def test_a_guessed_tzid_is_read_in_the_calendars_vtimezone(engine, tmp_path, calendar, expected):
+    """RFC 5545 §3.6.5: a VTIMEZONE defines its TZID. A name that only looks like a zone (an offset-looking
+    ``GMT-8``, an abbreviation ``PST``) was read as resolve_zone's guess even where the calendar's own
+    definition gave other offsets, with every check green. An IANA name stays that zone."""
+    cfg = _configure(tmp_path, calendar)
+    now = datetime(2027, 2, 1, tzinfo=UTC)
+    out = ingest_and_plan(engine, cfg, now)
+    assert out.problems == []
+    assert _planned(engine) == [(rule_id, "active", _utc(e)) for rule_id, e in expected]
+    assert _watched(engine, cfg, now) == (len(expected), [])
+
+
+def test_a_misspelt_x_wr_timezone_skips_the_floating_components(engine, tmp_path):
+    """A floating time of a calendar whose X-WR-TIMEZONE names no zone (``Europe/Berln``) was read in each
+    subscriber's zone, with a note: 09:00 in Berlin (08:00Z) due at 14:00Z for New York, and
+    ``rules_complete`` green. Now the component is skipped, naming the line and the nearest zone, its last
+    good version stays planned and the check is red; a component with a zone of its own is read."""
+    berlin = _calendar(*_event("floating", "DTSTART:20270301T090000"),
+                       *_event("zoned", "DTSTART;TZID=Asia/Tokyo:20270301T090000"),
+                       head=("X-WR-TIMEZONE:Europe/Berlin",))
+    cfg = _configure(tmp_path, berlin)
+    ingest_and_plan(engine, cfg, datetime(2027, 2, 1, tzinfo=UTC))
+    (tmp_path / "cal.ics").write_text(berlin.replace("Europe/Berlin", "Europe/Berln").replace(
+        "Asia/Tokyo:20270301T090000", "Asia/Tokyo:20270302T090000"), newline="")
+    now = datetime(2027, 2, 2, tzinfo=UTC)
+    ingest_and_plan(engine, cfg, now)
+    active = [p for p in _planned(engine) if p[1] == "active"]
+    assert active == [("floating", "active", _utc("2027-03-01T08:00:00Z")),
+                      ("zoned", "active", _utc("2027-03-02T00:00:00Z"))]
+    check = rules_complete(engine, "cal")
+    assert not check.passed
+    assert "X-WR-TIMEZONE (line 4) 'Europe/Berln'" in check.summary and "Europe/Berlin?" in check.summary, \
+        check.summary

@@ -564,11 +564,24 @@ def test_floating_time_without_calendar_zone():
     assert parse_payload("ics", zoned, source="s").rules[0].tz == "UTC"
 
 
-def test_unknown_x_wr_timezone_is_reported_not_used():
-    payload = ics("UID:f", "DTSTART:20150314T100000", calendar_lines=("X-WR-TIMEZONE:Nowhere/City",))
-    result = parse_payload("ics", payload, source="s")
-    assert result.rules[0].tz is None
-    assert "X-WR-TIMEZONE" in result.problems[0].message
+def test_unknown_x_wr_timezone_skips_the_floating_components():
+    """An X-WR-TIMEZONE that names no zone was a note, and the floating time was read in each subscriber's
+    zone (hours off, every check green): the component with it is skipped, naming the line, the value and
+    the nearest zone name; one with a TZID of its own or a UTC time is read as before."""
+    payload = ics("UID:f", "DTSTART:20150314T100000", calendar_lines=("X-WR-TIMEZONE:Europe/Berln",))
+    result = parse_payload("ics", payload, source="s", default_tz="America/New_York")
+    assert result.rules == []
+    (problem,) = result.problems
+    assert problem.skipped and problem.record_id == "f"
+    assert "X-WR-TIMEZONE (line 4) 'Europe/Berln', which names no zone (did you mean Europe/Berlin?)" in \
+        problem.message, problem.message
+    unknown = ics("UID:f", "DTSTART;VALUE=DATE:20150314", calendar_lines=("X-WR-TIMEZONE:Nowhere/City",))
+    (problem,) = parse_payload("ics", unknown, source="s").problems
+    assert "unknown time zone 'Nowhere/City'" in problem.message, problem.message
+    for own, tz in (("DTSTART;TZID=Asia/Tokyo:20150314T100000", "Asia/Tokyo"), ("DTSTART:20150314T100000Z", "UTC")):
+        zoned = parse_payload("ics", ics("UID:f", own, calendar_lines=("X-WR-TIMEZONE:Europe/Berln",)), source="s")
+        assert [r.tz for r in zoned.rules] == [tz]
+        assert zoned.problems == []
 
 
 def test_all_day_event():

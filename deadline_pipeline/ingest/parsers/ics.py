@@ -24,7 +24,9 @@ What becomes of each component (section numbers are RFC 5545's):
   :func:`~deadline_pipeline.timezones.resolve_zone`, which also maps Windows zone names; a UTC time
   (``Z`` suffix, §3.3.5 form 2) gives ``"UTC"``; a floating time (§3.3.5 form 1) and an all-day date
   take the calendar's ``X-WR-TIMEZONE`` when present, else ``default_tz``, else ``None`` (read later
-  in the subscriber's zone) — never UTC.
+  in the subscriber's zone) — never UTC. An ``X-WR-TIMEZONE`` that names no zone skips the
+  components with such a time, naming its line, value and the nearest zone name
+  (:func:`~.ics_values.floating_zone_of`); the others are read.
 * A UTC time written with a TZID (``DTSTART;TZID=Europe/Berlin:20260725T121500Z``) is the UTC time:
   §3.3.5 says the TZID parameter must not be applied to a UTC value. The library applies it (12:15
   Berlin wall time, 10:15Z), so the TZID is taken off such values of DTSTART, DTEND, DUE,
@@ -71,7 +73,11 @@ A TZID that resolve_zone does not know but the calendar defines in a VTIMEZONE (
 the same offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`; the
 TZID as written is kept in ``extra["tzid"]``). When no IANA zone agrees, a one-off rule or an
 RDATE-only set is converted to its exact UTC instants (``tz="UTC"``) and a rule with an RRULE is a
-problem, since expanding it needs the zone's rules, which the rule record cannot carry.
+problem, since expanding it needs the zone's rules, which the rule record cannot carry. So is a TZID
+resolve_zone reads only by guessing (an abbreviation ``PST``, an offset-looking ``GMT-8``) when the
+calendar's VTIMEZONE of it gives other offsets
+(:func:`~deadline_pipeline.timezones.definition_overrides_guess`): ``GMT-8`` defined as UTC+8 was read
+as UTC-8, sixteen hours late. An IANA or Windows name stays that zone (:mod:`.ics_zones`).
 """
 
 from __future__ import annotations
@@ -108,9 +114,11 @@ from deadline_pipeline.ingest.parsers.ics_revisions import (
 from deadline_pipeline.ingest.parsers.ics_todo import closed_marks, due_offset, todo_due
 from deadline_pipeline.ingest.parsers.ics_values import (
     Skip,
+    UnreadableZone,
     When,
     calendar_zone,
     dates_of,
+    floating_zone_of,
     in_zone,
     prop_list,
     text_of,
@@ -157,7 +165,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     result = ParseResult()
     bodies, result.problems = utc_values_without_tzid(lines)
     tops, unreadable = from_library(lines, bodies, source)
-    components: list[tuple[icalendar.cal.Component, str | None]] = []
+    components: list[tuple[icalendar.cal.Component, str | UnreadableZone | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
         c.name in COMPONENTS for t in tops for c in t.walk()
@@ -167,7 +175,7 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
         if top.name != "VCALENDAR" and any(c.name in COMPONENTS for c in top.walk()):
             result.problems.append(ParseProblem(
                 f"{top.name} {index}", "component outside a VCALENDAR (RFC 5545 §3.4); read anyway", skipped=False))
-        zone = calendar_zone(top, default_tz, result.problems, index)
+        zone = calendar_zone(top, default_tz, lines)
         components.extend((c, zone) for c in top.walk() if c.name in COMPONENTS)
 
     # The scan and the library walk both list components in document order; use the scan's line
@@ -267,7 +275,7 @@ _KNOWN_PROPERTIES = frozenset({
 })
 
 
-def _component_rule(component: icalendar.cal.Component, floating_zone: str | None, uid: str | None,
+def _component_rule(component: icalendar.cal.Component, declared_zone: str | UnreadableZone | None, uid: str | None,
                     scan: ScannedComponent | None, problems: list[ParseProblem],
                     position: str) -> RuleRecord:
     _refuse_lost_properties(component, scan)
@@ -282,6 +290,7 @@ def _component_rule(component: icalendar.cal.Component, floating_zone: str | Non
     if prop is None:
         raise Skip("no DUE or DTSTART" if is_todo else "no DTSTART")
     start = when_of(prop, key)
+    floating_zone = floating_zone_of(start, declared_zone, key)
     if is_todo:
         start = todo_due(component, key, start, scan, floating_zone, problems, position, uid)
 

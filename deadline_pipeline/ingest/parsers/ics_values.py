@@ -16,9 +16,12 @@ from deadline_pipeline.ingest.parsers.base import (
 from deadline_pipeline.rules import format_local, year_problem
 from deadline_pipeline.timezones import (
     UnknownTimeZone,
+    definition_overrides_guess,
     equivalent_iana_zone,
     resolve_zone,
+    zone_names,
 )
+from deadline_pipeline.wording import near_name
 
 
 class Skip(Exception):
@@ -79,27 +82,38 @@ def _value_when(value: object, params: dict, what: str) -> When:
         naive = value.replace(tzinfo=None)
         tzid = params.get("TZID")
         if tzid:
-            try:
-                return When(naive, str(tzid), resolve_zone(str(tzid)))
-            except UnknownTimeZone:
-                pass
-            if isinstance(value.tzinfo, ZoneInfo):  # the library mapped the name to an IANA zone
-                return When(naive, value.tzinfo.key, value.tzinfo)
-            if value.tzinfo is not None:  # defined by a VTIMEZONE of this calendar only
-                # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
-                # same offsets and transitions, so the rule can be planned like any other.
-                iana = equivalent_iana_zone(value.tzinfo, str(tzid))
-                if iana is not None:
-                    return When(naive, iana, ZoneInfo(iana), written=str(tzid))
-                return When(naive, str(tzid), value.tzinfo, known=False)
-            raise Skip(f"{what} has TZID {str(tzid)!r}, a zone that is neither known nor defined "
-                        "by a VTIMEZONE in this calendar")
+            return _zoned_when(naive, str(tzid), value.tzinfo, what)
         if value.tzinfo is not None:  # the "Z" form: an absolute UTC time
             return When(value.astimezone(UTC).replace(tzinfo=None), "UTC", UTC)
         return When(naive, None, None)
     if isinstance(value, date):
         return When(value, None, None)
     raise Skip(f"{what} is {type(value).__name__}, not a date or date-time")
+
+
+def _zoned_when(naive: datetime, tzid: str, library_zone: tzinfo | None, what: str) -> When:
+    """The wall time ``naive`` of property ``what`` written with ``tzid``, which the library read in
+    ``library_zone`` (a ``ZoneInfo`` it mapped the name to, the calendar's VTIMEZONE of that TZID, or
+    ``None``). Raises :class:`Skip` when the zone is neither known nor defined by the calendar."""
+    defined = library_zone is not None and not isinstance(library_zone, ZoneInfo)
+    # A guessed name (TZID:GMT-8, TZID:PST) whose VTIMEZONE defines other offsets is that definition
+    # (§3.6.5): read as the guess, GMT-8 defined as UTC+8 was due sixteen hours late.
+    if not (defined and definition_overrides_guess(library_zone, tzid)):
+        try:
+            return When(naive, tzid, resolve_zone(tzid))
+        except UnknownTimeZone:
+            pass
+    if isinstance(library_zone, ZoneInfo):  # the library mapped the name to an IANA zone
+        return When(naive, library_zone.key, library_zone)
+    if library_zone is not None:  # defined by a VTIMEZONE of this calendar
+        # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
+        # same offsets and transitions, so the rule can be planned like any other.
+        iana = equivalent_iana_zone(library_zone, tzid)
+        if iana is not None:
+            return When(naive, iana, ZoneInfo(iana), written=tzid)
+        return When(naive, tzid, library_zone, known=False)
+    raise Skip(f"{what} has TZID {tzid!r}, a zone that is neither known nor defined "
+                "by a VTIMEZONE in this calendar")
 
 
 def prop_list(component: icalendar.cal.Component, name: str) -> list:
@@ -116,18 +130,49 @@ def text_of(component: icalendar.cal.Component, name: str) -> str | None:
     return str(value)
 
 
+@dataclass(frozen=True)
+class UnreadableZone:
+    """A calendar's X-WR-TIMEZONE that names no zone: ``reason`` names its line and value, and the
+    nearest zone name (else :func:`~deadline_pipeline.timezones.resolve_zone`'s error). Floating times
+    and dates that would be read in it cannot be read (:func:`floating_zone_of`)."""
+
+    reason: str
+
+
 def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
-                   problems: list[ParseProblem], index: int) -> str | None:
-    """The zone for floating times: X-WR-TIMEZONE when known, else default_tz."""
+                   lines: list[tuple[int, str]]) -> str | UnreadableZone | None:
+    """The zone for floating times of ``cal``: its X-WR-TIMEZONE, else ``default_tz``. An X-WR-TIMEZONE
+    :func:`~deadline_pipeline.timezones.resolve_zone` does not know is an :class:`UnreadableZone`
+    naming its line (found in ``lines``, the unfolded lines with their physical numbers), its value and
+    the nearest zone name. ``default_tz`` is not put in its place: the calendar says its floating times
+    are in another zone, so ``default_tz`` (or each subscriber's zone) would be a guess, hours off."""
     declared = cal.get("X-WR-TIMEZONE") if cal.name == "VCALENDAR" else None
-    if declared is not None and str(declared).strip():
-        name = str(declared).strip()
-        try:
-            resolve_zone(name)
-            return name
-        except UnknownTimeZone as exc:
-            problems.append(ParseProblem(f"VCALENDAR {index}", f"X-WR-TIMEZONE ignored: {exc}", skipped=False))
-    return default_tz
+    if declared is None or not str(declared).strip():
+        return default_tz
+    name = str(declared).strip()
+    try:
+        resolve_zone(name)
+        return name
+    except UnknownTimeZone as exc:
+        number = next((n for n, body in lines if body.partition(":")[0].strip().upper() == "X-WR-TIMEZONE"
+                       and body.partition(":")[2].strip() == name), None)
+        close = near_name(name, zone_names())
+        return UnreadableZone(f"X-WR-TIMEZONE{f' (line {number})' if number else ''} {name!r}, which names no "
+                              f"zone ({f'did you mean {close}?' if close else exc})")
+
+
+def floating_zone_of(start: When, zone: str | UnreadableZone | None, what: str) -> str | None:
+    """The calendar's ``zone`` (:func:`calendar_zone`) for a component whose due time, property
+    ``what``, is ``start``; ``None`` when ``start`` has a zone of its own. Raises :class:`Skip` when
+    ``start`` is floating (or a date) and the calendar's zone is unreadable: read in each subscriber's
+    zone instead, 09:00 of a calendar in Berlin was due six hours late for New York while every check
+    stayed green."""
+    if not isinstance(zone, UnreadableZone):
+        return zone
+    if start.tz is None:
+        raise Skip(f"{what} {format_local(start.value)} is floating, read in the calendar's {zone.reason}; it "
+                   "is not read in each subscriber's zone instead")
+    return None
 
 
 def dates_of(component: icalendar.cal.Component, name: str, problems: list[ParseProblem],

@@ -1,6 +1,8 @@
 """VTIMEZONEs a calendar defines for a TZID that names an IANA zone (RFC 5545 §3.6.5): the IANA zone
 is read, and where the calendar's definition gives another UTC offset at an instant the component
-uses, a note says so, naming both offsets (:func:`note_zone_read_anew`). Used by :mod:`.ics`."""
+uses, a note says so, naming both offsets (:func:`note_zone_read_anew`). A name only guessed from
+(``GMT-8``, ``PST``) is read in the calendar's definition where the two differ, so it has no note
+(:func:`~deadline_pipeline.timezones.definition_overrides_guess`). Used by :mod:`.ics`."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord, format_local
 from deadline_pipeline.timezones import (
     UnknownTimeZone,
+    definition_overrides_guess,
     offset_disagreements,
     resolve_zone,
     utc_offset_text,
@@ -76,6 +79,8 @@ def zones_defined_anew(tops: list, lines: list[tuple[int, str]],
                     f"VTIMEZONE TZID={tzid} cannot be compared with the zone of that name, which is read instead: "
                     f"{exc.__class__.__name__}: {exc}"), skipped=False))
                 continue
+            if definition_overrides_guess(ours, tzid):
+                continue  # a guessed name (GMT-8, PST) is read in its definition (ics_values._zoned_when)
             out[tzid] = _DefinedZone(tzid, line, ours, theirs)
     return out
 
