@@ -104,11 +104,29 @@ def kinds_allow(kinds: list[str] | tuple[str, ...] | None, exclude: list[str] | 
     return kinds_admit(kinds, exclude, rule_kinds(rule))
 
 
+#: Deadline types that name one deadline: the paper deadline is typed ``paper`` by most editions of
+#: the ai-deadlines files, ``submission`` by others (WACV, ICLR) and by this reader for a flat
+#: ``deadline:`` key. ``kinds: [abstract, paper]``, the documented example, planned no flat entry's
+#: paper deadline and no WACV deadline at all, every check green while another edition of the
+#: source had a ``paper`` one.
+KIND_ALIASES: tuple[frozenset[str], ...] = (frozenset({"paper", "submission"}),)
+
+
+def selected_kinds(kinds: Collection[str]) -> set[str]:
+    """The kinds a ``kinds`` list selects, lower case: each entry and its :data:`KIND_ALIASES`
+    (``["Paper"]`` -> ``{"paper", "submission"}``). Only ``kinds`` is widened so: an
+    ``exclude_kinds`` entry excludes the type it names and no more, so neither list can drop a
+    deadline it does not name."""
+    chosen = {k.strip().lower() for k in kinds}
+    return chosen.union(*(group for group in KIND_ALIASES if group & chosen))
+
+
 def kinds_admit(kinds: Collection[str] | None, exclude: Collection[str] | None, have: Collection[str]) -> bool:
     """:func:`kinds_allow` for a rule whose kinds are ``have`` (lower case, as :func:`rule_kinds`
-    gives them), e.g. the kinds a withdrawn rule last had."""
+    gives them), e.g. the kinds a withdrawn rule last had. ``kinds`` select their aliases too
+    (:func:`selected_kinds`); ``exclude`` matches as written, ignoring case."""
     have = set(have)
-    if kinds and not have & {k.lower() for k in kinds}:
+    if kinds and not have & selected_kinds(kinds):
         return False
     return not (exclude and have & {k.lower() for k in exclude})
 

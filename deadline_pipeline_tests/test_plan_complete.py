@@ -386,30 +386,47 @@ def _planned_sources(engine) -> set[str]:
                                 .where(obligations.c.status == "active")).scalars())
 
 
+def _wacv_titles(engine) -> list[str]:
+    with engine.connect() as conn:
+        return conn.execute(select(obligations.c.title).join(sources, obligations.c.source_id == sources.c.id)
+                            .where(sources.c.name == "wacv", obligations.c.status == "active")).scalars().all()
+
+
+def test_kinds_paper_selects_the_paper_deadlines_typed_submission(engine, tmp_path, shared_dir):
+    """``kinds: [abstract, paper]``, the documented example, over ``sources: [all, wacv]``: WACV types
+    its paper deadlines ``submission`` (as the reader types a flat ``deadline:``), and none was
+    planned while ``all``'s ``paper`` ones kept every check green. ``paper`` selects them too."""
+    cfg, _ = _conferences(tmp_path, shared_dir, ["abstract", "paper"])
+    ingest(engine, cfg, SPRING_2026)
+    out = _plan(engine, cfg, SPRING_2026)
+    assert out.problems == [] and _planned_sources(engine) == {"all", "wacv"}, out.problems
+    titles = _wacv_titles(engine)
+    assert any("Round 1 Paper Submission" in t for t in titles), titles
+    assert not any("Registration" in t for t in titles), titles
+    assert w.plan_complete(engine, SPRING_2026).passed
+
+
 def test_kinds_matching_no_rule_of_one_named_source_turn_plan_complete_red(engine, tmp_path, shared_dir):
-    """``sources: [all, wacv]`` with ``kinds: [paper, abstract]``: ``all`` has paper deadlines, WACV
-    none (its are ``submission``). WACV's deadlines are not planned, and plan_complete is red naming
-    the subscription, WACV, the kinds asked for and WACV's own kinds; with ``submission`` added,
-    WACV's deadlines are planned and the plan is complete."""
-    cfg, _ = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
+    """``sources: [all, wacv]`` with ``kinds: [abstract, rebuttal_start]``: ``all`` has abstract deadlines,
+    WACV none. WACV's deadlines are not planned, and plan_complete is red naming the subscription,
+    WACV, the kinds asked for and WACV's own kinds; with ``submission`` added, WACV's paper
+    deadlines are planned and the plan is complete."""
+    cfg, _ = _conferences(tmp_path, shared_dir, ["abstract", "rebuttal_start"])
     ingest(engine, cfg, SPRING_2026)
     out = _plan(engine, cfg, SPRING_2026)
     assert _planned_sources(engine) == {"all"}
     (problem,) = out.problems
     assert problem.source == "wacv", problem
-    assert problem.message.startswith("subscription 'papers': kinds ['paper', 'abstract'] match no rule of source "
-                                      "'wacv'; its kinds are ["), problem.message
+    assert problem.message.startswith("subscription 'papers': kinds ['abstract', 'rebuttal_start'] match no rule "
+                                      "of source 'wacv'; its kinds are ["), problem.message
     assert "'submission'" in problem.message and "'registration'" in problem.message, problem.message
     check = w.plan_complete(engine, SPRING_2026)
     assert not check.passed and check.count == 1, check.summary
     assert "wacv" in check.summary and "'submission'" in check.offenders[0]["detail"], check.offenders
-    cfg, _ = _conferences(tmp_path, shared_dir, ["paper", "abstract", "submission"])
+    cfg, _ = _conferences(tmp_path, shared_dir, ["abstract", "rebuttal_start", "submission"])
     out = _plan(engine, cfg, SPRING_2026)
     assert out.problems == [] and _planned_sources(engine) == {"all", "wacv"}, out.problems
-    with engine.connect() as conn:
-        titles = conn.execute(select(obligations.c.title).join(sources, obligations.c.source_id == sources.c.id)
-                              .where(sources.c.name == "wacv", obligations.c.status == "active")).scalars().all()
-    assert any("Round 1 Paper Submission" in t for t in titles), titles
+    assert any("Round 1 Paper Submission" in t for t in _wacv_titles(engine))
     assert w.plan_complete(engine, SPRING_2026).passed
 
 
@@ -464,6 +481,50 @@ def test_kinds_and_exclude_kinds_are_judged_together():
     assert subscription_selection_problems([(target, rules, {"r0/paper": {"deadline", "paper"}})]) == []
     # A withdrawn rule the exclusion dropped as well does not excuse it.
     assert len(subscription_selection_problems([(target, rules, {"r0/sub": {"deadline", "submission"}})])) == 1
+
+
+def test_paper_and_submission_are_one_kind_in_kinds_not_in_exclude_kinds():
+    """``kinds`` selects ``paper`` and ``submission`` together (a flat ai-deadlines ``deadline:`` is
+    typed ``submission``), so ``kinds: [abstract, paper]`` plans it, and ``paper`` over a source that
+    only has ``submission`` is no misspelt entry; ``exclude_kinds`` drops only the type it names."""
+    from deadline_pipeline.ingest.parsers import parse_payload
+    from deadline_pipeline.plan.planner import Target, subscription_selection_problems
+    from deadline_pipeline.rules import kinds_admit, kinds_allow
+
+    (flat,) = parse_payload("ai-deadlines", b"- {id: c27, deadline: '2027-03-01 23:59', timezone: AoE}\n",
+                            source="s").rules
+    assert kinds_allow(["abstract", "Paper"], (), flat)
+    assert kinds_admit(["submission"], (), {"deadline", "paper"})
+    assert kinds_admit(None, ["paper"], {"deadline", "submission"})
+    assert not kinds_admit(None, ["submission"], {"deadline", "submission"})
+    target = Target(1, "ann", "t1", "UTC", 1, "wacv", None, ("*",), (-86400,), ("box",),
+                    kinds=("abstract", "paper"), subscription="papers")
+    assert subscription_selection_problems([(target, [(1, flat)], {})]) == []
+
+
+def test_editions_whose_every_deadline_kinds_leave_out_are_logged_not_red(engine, tmp_path, shared_dir, caplog):
+    """``kinds: [abstract, rebuttal_start]``: WACV's editions list no such deadline, and neither do
+    some of ``all``'s. The kinds problem names WACV (no rule at all); the editions of ``all`` left out
+    while others of it are planned are legitimate but logged, naming the subscription and them."""
+    from deadline_pipeline.plan.planner import Target, editions_left_out
+    from deadline_pipeline.rules import RuleRecord
+
+    def rule(edition, kind):
+        return 1, RuleRecord(f"{edition}/{kind}", "t", "2027-03-01T12:00:00", "UTC",
+                             extra={"edition_id": edition, "deadline_type": kind})
+
+    target = Target(1, "ann", "t1", "UTC", 1, "conf", None, ("*",), (-86400,), ("box",),
+                    kinds=("paper",), subscription="papers")
+    rules = [rule("a27", "paper"), rule("a27", "notification"), rule("b27", "notification"), rule("c27", "submission")]
+    assert editions_left_out(target, rules) == ["b27"]
+    assert editions_left_out(Target(1, "ann", "t1", "UTC", 1, "conf", None, ("*",), (-86400,), ("box",)), rules) == []
+    cfg, _ = _conferences(tmp_path, shared_dir, ["abstract", "rebuttal_start"])
+    ingest(engine, cfg, SPRING_2026)
+    with caplog.at_level("INFO", logger="deadline_pipeline.plan.service"):
+        _plan(engine, cfg, SPRING_2026)
+    (line,) = [r.getMessage() for r in caplog.records if "select no deadline of" in r.getMessage()
+               and "'all'" in r.getMessage()]
+    assert line.startswith("subscription 'papers': kinds ['abstract', 'rebuttal_start']"), line
 
 
 def test_a_misspelt_kinds_entry_is_named_with_the_kind_meant():
@@ -533,7 +594,7 @@ def test_run_exits_1_when_an_exclude_kinds_entry_is_misspelt(tmp_path, db_url):
 
 
 def test_run_exits_1_when_kinds_match_no_rule_of_one_named_source(tmp_path, db_url, shared_dir):
-    _, path = _conferences(tmp_path, shared_dir, ["paper", "abstract"])
+    _, path = _conferences(tmp_path, shared_dir, ["abstract", "rebuttal_start"])
     line = _failed_plan_complete(path, db_url, tmp_path, "2026-05-01T00:00:00Z")
     assert "'wacv'" in line and "'submission'" in line, line
 

@@ -32,7 +32,7 @@ from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.plan.recurrence import REPLACES, master_id_of, to_instant
-from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds
+from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds, selected_kinds
 from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 from deadline_pipeline.wording import near_name
@@ -442,6 +442,27 @@ def _kinds_problem(target: Target, rules: list[tuple[int, RuleRecord]], withdraw
     return PlanProblem(target.source, "*", f"{_name(target)}{what}; its kinds are {present}")
 
 
+def editions_left_out(target: Target, rules: list[tuple[int, RuleRecord]]) -> list[str]:
+    """The editions (``extra["edition_id"]``, an ai-deadlines conference year) with active ``rules``
+    that ``target``'s patterns select but none its ``kinds`` / ``exclude_kinds`` admit, sorted; ``[]``
+    when neither is set. Information, not a problem: an edition that lists only its notification
+    yet is rightly left out by ``kinds: [paper]``; but a kind named differently by one edition (WACV's
+    ``submission``) left out every deadline of it while other editions kept the source's checks
+    green, so the planning run logs these (:func:`~deadline_pipeline.plan.service.subscriptions_selection_problems`)."""
+    if not target.kinds and not target.exclude_kinds:
+        return []
+    seen: set[str] = set()
+    admitted: set[str] = set()
+    for _, rule in rules:
+        edition = rule.extra.get("edition_id")
+        if edition is None or not target.wants(rule.rule_id):
+            continue
+        seen.add(str(edition))
+        if kinds_allow(target.kinds, target.exclude_kinds, rule):
+            admitted.add(str(edition))
+    return sorted(seen - admitted)
+
+
 def misspelt_kinds_problem(per_source: list[tuple[Target, list[tuple[int, RuleRecord]], Withdrawn]], *,
                            with_kinds: bool = True) -> PlanProblem | None:
     """The problem of one subscription's ``kinds`` / ``exclude_kinds`` entries that are no kind of any
@@ -468,7 +489,8 @@ def misspelt_kinds_problem(per_source: list[tuple[Target, list[tuple[int, RuleRe
     listed = (("kinds", (target.kinds or ()) if with_kinds else ()), ("exclude_kinds", target.exclude_kinds))
     for key, entries in listed:
         for entry in entries:
-            if entry.lower() in present:
+            # A `kinds` entry selects its aliases too: `paper` over WACV's `submission` is no typo.
+            if (selected_kinds([entry]) if key == "kinds" else {entry.lower()}) & present:
                 continue
             close = near_name(entry.lower(), present)
             if close:

@@ -47,8 +47,10 @@ from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.outcome import PlanOutcome
 from deadline_pipeline.plan.planner import (
     GAP_RULE_FALLBACKS_TEXT,
+    RULE_ID_SAMPLE,
     PlanProblem,
     Target,
+    editions_left_out,
     gap_rule_fallbacks,
     renamed_out_problem,
     subscription_selection_problems,
@@ -518,10 +520,23 @@ def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[in
     for per_source in by_subscription.values():
         ordered = sorted(per_source.items(), key=lambda i: i[1].source)
         problems.extend(subscription_selection_problems((t, *rules_cache[sid]) for sid, t in ordered))
+        for sid, t in ordered:
+            _log_editions_left_out(t, rules_cache[sid][0])
         renamed = (renamed_out_problem(t, lineage[sid], recorded_lineage.get(sid, {}))
                    for sid, t in ordered if lineage.get(sid))
         problems.extend(p for p in renamed if p is not None)
     return problems
+
+
+def _log_editions_left_out(target: Target, rules: list) -> None:
+    """Log the editions of ``target``'s source whose every deadline its kinds leave out
+    (:func:`~deadline_pipeline.plan.planner.editions_left_out`): legitimate, so no problem, but seen."""
+    left = editions_left_out(target, rules)
+    if left:
+        shown = ", ".join(left[:RULE_ID_SAMPLE]) + (f", … ({len(left)} in all)" if len(left) > RULE_ID_SAMPLE else "")
+        log.info("subscription %r: kinds %s / exclude_kinds %s select no deadline of %d edition(s) of source %r "
+                 "that list some: %s", target.subscription, list(target.kinds or ()), list(target.exclude_kinds),
+                 len(left), target.source, shown)
 
 
 # A run that inserted at least this many rows refreshes the tables' statistics before it reads them
