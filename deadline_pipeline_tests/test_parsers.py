@@ -198,10 +198,45 @@ def test_hf_same_type_twice_gets_two_ids(hf: dict[str, ParseResult]):
 
 
 def test_hf_typed_entry_ignores_its_legacy_flat_keys(hf: dict[str, ParseResult]):
-    # cvpr26 has both `deadlines:` and a zone-less flat `deadline:`; only the typed items count.
+    # cvpr26 has both `deadlines:` and zone-less flat `deadline:` / `abstract_deadline:` copying its
+    # paper and abstract items; only the typed items count, and no flat key of a real file is read
+    # as a rule of its own.
     ids = {r.rule_id for r in hf["cvpr"].rules if r.rule_id.startswith("cvpr26/")}
-    assert "cvpr26/submission/deadline" not in ids
+    assert "cvpr26/submission/deadline" not in ids and "cvpr26/abstract/abstract_deadline" not in ids
     assert "cvpr26/paper/Paper Submission" in ids and len(ids) == 7
+    assert not [p for r in hf.values() for p in r.problems if "copies no item" in p.message]
+
+
+def test_a_flat_deadline_beside_typed_items_it_copies_not_is_read_as_its_own_rule():
+    """A flat ``deadline`` beside a ``deadlines`` list holding only a supplementary item was taken for a
+    legacy copy and dropped: the paper deadline never planned, validate OK. It is its own rule now,
+    with a note naming the key; a flat key that copies an item (cvpr26's form, or with the entry's
+    zone at the same instant) still adds nothing, and one at another instant is read too."""
+    def entry(flat: str, zone: str = "  timezone: AoE\n", item_zone: str = "") -> ParseResult:
+        return parse_payload("ai-deadlines", (
+            "- title: CONF\n  year: 2027\n  id: conf27\n" + flat + zone +
+            "  deadlines:\n  - type: supplementary\n    label: Supplementary\n    date: '2027-03-08 23:59:59'\n"
+            + item_zone + "  - type: paper\n    label: Paper Submission\n    date: '2027-02-01 23:59:59'\n" + item_zone
+        ).encode(), source="s")
+
+    result = entry("  deadline: '2027-03-01 23:59:59'\n")
+    paper = {r.rule_id: r for r in result.rules}["conf27/submission/deadline"]
+    assert (paper.start, paper.tz, paper.extra["deadline_type"]) == ("2027-03-01T23:59:59", "AoE", "submission")
+    assert len(result.rules) == 3, [r.rule_id for r in result.rules]
+    (note,) = result.problems
+    assert not note.skipped and note.record_id == "conf27" and "'deadline'" in note.message, note
+    # Copies: the same wall time and instant; and zone-less, the wall time alone (cvpr26).
+    assert len(entry("  deadline: '2027-02-01 23:59:59'\n").rules) == 2
+    assert len(entry("  deadline: '2027-2-1 23:59:59'\n", zone="", item_zone="    timezone: AoE\n").rules) == 2
+    # Same wall time in another zone, or an abstract_deadline no abstract item copies: their own rules.
+    other = entry("  deadline: '2027-02-01 23:59:59'\n", item_zone="    timezone: UTC\n")
+    assert "conf27/submission/deadline" in {r.rule_id for r in other.rules}
+    abstract = entry("  deadline: '2027-02-01 23:59:59'\n  abstract_deadline: '2027-02-01 23:59:59'\n")
+    assert {r.rule_id for r in abstract.rules} == {
+        "conf27/supplementary/Supplementary", "conf27/paper/Paper Submission", "conf27/abstract/abstract_deadline"}
+    # Zone-less and uncopied with no default_tz: a skipped record naming the key, never a silent drop.
+    nozone = entry("  deadline: '2027-03-01 23:59:59'\n", zone="", item_zone="    timezone: AoE\n")
+    assert any(p.skipped and p.position.endswith(" deadline") for p in nozone.problems), nozone.problems
 
 
 # --- ai-deadlines: leniency and broken payloads ------------------------------------------------

@@ -7,9 +7,11 @@ Two forms of entry are read, and may be mixed in one file:
   ``{id}/abstract/abstract_deadline``;
 * **typed**: ``{title, year, id, deadlines: [{type, label, date, timezone}], ...}``; each item gives
   the rule ``{id}/{type}/{label}``. The label is part of the identity because one edition may list
-  the same type twice (two submission rounds). When an entry has ``deadlines``, its flat
-  ``deadline``/``abstract_deadline`` keys are ignored: such files keep them only as legacy copies
-  of the typed items, without a time zone.
+  the same type twice (two submission rounds). When an entry has ``deadlines``, a flat
+  ``deadline``/``abstract_deadline`` key that copies one of its items (a ``paper`` or ``submission``
+  item, an ``abstract`` one, at the same wall time and, when the entry has a zone, instant) is a
+  legacy copy and read no further: such files keep them without a time zone. One that copies no
+  item is read as in a flat entry, with a note naming the key.
 
 Times are kept as written: ``start`` is the local wall-clock time (``2024-06-15T23:59:00``; a
 date-only value stays a date, meaning the end of that day) and ``tz`` the zone as the source spelled
@@ -44,7 +46,7 @@ from deadline_pipeline.ingest.parsers.base import (
     drop_duplicate_ids,
 )
 from deadline_pipeline.ingest.parsers.limits import RepeatedKey, SafeLoader, load_yaml, repeated_keys
-from deadline_pipeline.rules import RuleRecord
+from deadline_pipeline.rules import RuleRecord, parse_local, selected_kinds
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
 from deadline_pipeline.wording import near_name
 
@@ -277,6 +279,7 @@ def _read_entry(entry: dict, node, edition: str, position: str, default_tz: str 
         specs = _typed_specs(entry, node, position, entry_tz_raw, result, repeated_in_items)
         if specs is None:
             return
+        specs += _uncopied_flat_specs(entry, edition, position, specs, result)
     else:
         specs = _flat_specs(entry, position, entry_tz_raw, result)
 
@@ -350,20 +353,65 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
 def _flat_specs(entry: dict, position: str, entry_tz_raw, result: ParseResult) -> list[_Spec]:
     """The specs of a flat entry, one per key of :data:`FLAT_KEYS` it sets; a missing ``deadline`` is
     an ``unannounced`` problem, a missing optional key nothing."""
-    specs: list[_Spec] = []
-    for key, kind, label in FLAT_KEYS:
-        if key == "deadline" and entry.get(key) is None:
-            # A readable entry that announces no deadline. Not announced yet, it is information;
-            # but an entry whose deadline in force lost its key must not withdraw that rule
-            # (ingest holds it and turns rules_complete red: ParseProblem.unannounced).
-            result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
-                                                unannounced=True))
+    if entry.get("deadline") is None:
+        # A readable entry that announces no deadline. Not announced yet, it is information;
+        # but an entry whose deadline in force lost its key must not withdraw that rule
+        # (ingest holds it and turns rules_complete red: ParseProblem.unannounced).
+        result.problems.append(ParseProblem(position, "entry has no 'deadline' (none announced yet?)",
+                                            unannounced=True))
+    return _flat_key_specs(entry, position, entry_tz_raw)
+
+
+def _flat_key_specs(entry: dict, position: str, entry_tz_raw) -> list[_Spec]:
+    """One spec per key of :data:`FLAT_KEYS` that ``entry`` sets (``null`` means "none")."""
+    # Flat rules read "Paper Submission" in titles but keep the key in their identity.
+    return [(f"{position} {key}", kind, key, label, entry.get(key), entry_tz_raw)
+            for key, kind, label in FLAT_KEYS if entry.get(key) is not None]
+
+
+def _uncopied_flat_specs(entry: dict, edition: str, position: str, typed: list[_Spec],
+                         result: ParseResult) -> list[_Spec]:
+    """The specs of a typed entry's flat keys (:data:`FLAT_KEYS`) that copy none of its ``typed``
+    items, each with a note (``skipped=False``) naming the key; a key that copies one gives nothing.
+
+    The published files keep ``deadline``/``abstract_deadline`` beside ``deadlines`` as legacy copies
+    of the paper and abstract items (cvpr26, without a zone). A flat ``deadline`` beside a list that
+    holds only a supplementary item copies nothing: ignored, the paper deadline was never planned
+    while ``validate`` and every check said OK. Planned on its own, a copy this test misses is at
+    worst a second reminder of the same date (:func:`_copies`)."""
+    specs = []
+    for spec in _flat_key_specs(entry, position, entry.get("timezone")):
+        if any(_copies(spec, item, has_zone=bool(str(entry.get("timezone") or "").strip())) for item in typed):
             continue
-        if entry.get(key) is None:
-            continue  # abstract_deadline is optional; `null` means "none"
-        # Flat rules read "Paper Submission" in titles but keep the key in their identity.
-        specs.append((f"{position} {key}", kind, key, label, entry.get(key), entry_tz_raw))
+        where, kind, key, _, raw_date, _ = spec
+        specs.append(spec)
+        result.problems.append(ParseProblem(
+            where, f"flat {key!r} ({raw_date!r}) copies no item of 'deadlines' (none of type "
+            f"{sorted(selected_kinds([kind]))} at that time), so it is read as its own rule "
+            f"'{edition}/{kind}/{key}'", edition, skipped=False))
     return specs
+
+
+def _copies(flat: _Spec, item: _Spec, *, has_zone: bool) -> bool:
+    """Whether the ``flat`` key's spec is a copy of the typed ``item``: a type the flat kind selects
+    (:func:`~deadline_pipeline.rules.selected_kinds`: ``deadline`` copies a ``paper`` or
+    ``submission`` item, ``abstract_deadline`` an ``abstract`` one) and the same wall time, and,
+    when the entry has a zone (``has_zone``), the same instant. A flat key of an entry without a zone
+    has none of its own (the legacy copies are written so), so its wall time alone is compared.
+    Unreadable dates or zones copy nothing (the flat key is then read, and its problem named)."""
+    if item[1].strip().lower() not in selected_kinds([flat[1]]):
+        return False
+    try:
+        wall = normalise_local(flat[4])
+        if wall != normalise_local(item[4]):
+            return False
+        if not has_zone:
+            return True
+        moment = parse_local(wall)
+        return (moment.replace(tzinfo=resolve_zone(str(flat[5]).strip()))
+                == moment.replace(tzinfo=resolve_zone(str(item[5]).strip())))
+    except ValueError:  # UnknownTimeZone is one
+        return False
 
 
 def _date_and_zone(raw_date, raw_tz, default_tz: str | None) -> tuple[str, str] | str:
