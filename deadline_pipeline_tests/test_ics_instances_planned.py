@@ -192,3 +192,40 @@ def test_a_misspelt_x_wr_timezone_skips_the_floating_components(engine, tmp_path
     assert not check.passed
     assert "X-WR-TIMEZONE (line 4) 'Europe/Berln'" in check.summary and "Europe/Berlin?" in check.summary, \
         check.summary
+
+
+CUSTOM = "Customized Time Zone"
+
+
+def _custom_zone(offset: str) -> tuple[str, ...]:
+    """Outlook's ``Customized Time Zone``: one name for whatever zone the exporting machine had."""
+    return ("BEGIN:VTIMEZONE", f"TZID:{CUSTOM}", "BEGIN:STANDARD", "DTSTART:19700101T000000",
+            f"TZOFFSETFROM:{offset}", f"TZOFFSETTO:{offset}", "END:STANDARD", "END:VTIMEZONE")
+
+
+def test_each_calendar_is_read_in_its_own_vtimezones_not_in_one_read_before(engine, tmp_path):
+    """Two sources read in one process, each defining ``Customized Time Zone`` its own way (+08:00 and
+    +02:00), and a third writing ``TZID=PST`` with no VTIMEZONE after one that defined PST with the US
+    rules. The library keeps VTIMEZONE definitions in a process-wide cache by TZID (first one kept), so
+    the second source's 17:00 was read at +08:00 (09:00Z, six hours early) and the third's July 17:00
+    as PDT: each instant depended on which source had been read before it."""
+    sources = {
+        "perth": _calendar(*_custom_zone("+0800"), *_event("perth", f"DTSTART;TZID={CUSTOM}:20270715T170000")),
+        "cairo": _calendar(*_custom_zone("+0200"), *_event("cairo", f"DTSTART;TZID={CUSTOM}:20270715T170000")),
+        "la": _calendar(*PST_WITH_US_RULES, *_event("la", "DTSTART;TZID=PST:20270715T170000")),
+        # PST without a definition: the abbreviation's fixed UTC-8 (with its out-of-season note).
+        "plain": _calendar(*_event("plain", "DTSTART;TZID=PST:20270715T170000")),
+    }
+    for name, calendar in sources.items():
+        (tmp_path / f"{name}.ics").write_text(calendar, newline="")
+    cfg = load_config(write_config(
+        tmp_path,
+        sources=[{"name": name, "format": "ics", "location": f"{name}.ics", "tenant": "t"} for name in sources],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": list(sources), "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    ))[0]
+    ingest_and_plan(engine, cfg, datetime(2027, 2, 1, tzinfo=UTC))
+    assert sorted((rule_id, due) for rule_id, _status, due in _planned(engine)) == [
+        ("cairo", _utc("2027-07-15T15:00:00Z")), ("la", _utc("2027-07-16T00:00:00Z")),
+        ("perth", _utc("2027-07-15T09:00:00Z")), ("plain", _utc("2027-07-16T01:00:00Z"))]

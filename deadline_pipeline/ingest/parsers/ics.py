@@ -95,7 +95,7 @@ from deadline_pipeline.ingest.parsers.base import (
     decode_text,
     drop_duplicate_ids,
 )
-from deadline_pipeline.ingest.parsers.ics_library import from_library, lost_by_component, unreadable_skips
+from deadline_pipeline.ingest.parsers.ics_library import from_library, lost_by_component, own_zones, unreadable_skips
 from deadline_pipeline.ingest.parsers.ics_lines import (
     COMPONENTS,
     WHAT,
@@ -153,7 +153,13 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
     """
     if not isinstance(content, (bytes, bytearray)):
         raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
-    raw_lines = unfold(bytes(content))
+    with own_zones():  # the zones of this payload's VTIMEZONEs, not of one read before
+        return _parse_ics(bytes(content), source, default_tz)
+
+
+def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResult:
+    """:func:`parse_ics` of ``content`` (bytes) within :func:`~.ics_library.own_zones`."""
+    raw_lines = unfold(content)
     try:
         text = decode_text(b"\r\n".join(line for _n, line in raw_lines), source=source, what=WHAT)
     except ParseError:

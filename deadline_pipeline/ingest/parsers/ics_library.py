@@ -6,7 +6,10 @@ property, line and value) instead of the whole payload (:func:`from_library`,
 from __future__ import annotations
 
 import re
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import icalendar
@@ -61,6 +64,31 @@ class _Unreadable:
         if not self.split:
             return f"line {self.number}: {self.error}"
         return f"{self.name} (line {self.number}) {self.value!r}: {self.error}"
+
+
+#: One payload read at a time (:func:`own_zones`).
+_LIBRARY_ZONES = threading.Lock()
+
+
+@contextmanager
+def own_zones() -> Iterator[None]:
+    """Within the block (one payload's reading), the library knows the zones of this payload's
+    VTIMEZONEs only, and no other thread reads a payload.
+
+    The library keeps every zone a VTIMEZONE defines in one process-wide cache by TZID (icalendar's
+    ``tzp``, first definition kept) and reads a TZID through it in any later calendar. So one source's
+    ``TZID:Customized Time Zone`` (+08:00, Outlook's name for any custom zone) was the next source's
+    definition of it too (its own +02:00 ignored: six hours off), and a ``TZID=PST`` without a
+    VTIMEZONE was read in whichever source had defined ``PST`` before — an instant decided by the order
+    sources were read in, in one process (``run``, a backfill) and not in another. (The same fault is
+    vobject's issue 153.) A fresh provider (``icalendar.use_zoneinfo``) forgets every earlier
+    definition; it is made again on the way out so none leaks to the library's other users."""
+    with _LIBRARY_ZONES:
+        icalendar.use_zoneinfo()
+        try:
+            yield
+        finally:
+            icalendar.use_zoneinfo()
 
 
 def _library_read(bodies: list[str]) -> list:
