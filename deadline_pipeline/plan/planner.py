@@ -690,6 +690,10 @@ def target_expansion(target: Target, version: int, rule: RuleRecord, lo: datetim
     return zone, expanded
 
 
+#: ``seen``'s entry of a one-off rule (:func:`occurrence_identity`): its override is keyed ``once`` too.
+_ONE_OFF: tuple[bool, set[str]] = (False, {ONCE})
+
+
 def occurrence_identity(rule: RuleRecord, occurrences: list, lineage: dict[str, str] | None,
                         seen: dict[str, tuple[bool, set[str]]]) -> tuple[str, list[str]]:
     """The id the obligations of ``rule``'s ``occurrences`` (its expansion in one window) are keyed on,
@@ -710,6 +714,10 @@ def occurrence_identity(rule: RuleRecord, occurrences: list, lineage: dict[str, 
     replaces = rule.extra.get(REPLACES)
     if replaces is not None and not (rule.rrule or rule.rdates):
         identity = keyed_on(master_id_of(rule) or rule.rule_id)
+        if seen.get(identity) is _ONE_OFF:
+            # The override of a one-off's one occurrence is that one-off, moved: keyed as it was
+            # (``once``), the move is a correction, not a cancellation and a new deadline.
+            return identity, [ONCE] * len(occurrences)
         # A master with no occurrence in this window is keyed by date (its one-a-day default).
         by_date, taken = seen.setdefault(identity, (True, set()))
         period = replaces[:10] if by_date and replaces[:10] not in taken else replaces
@@ -718,6 +726,7 @@ def occurrence_identity(rule: RuleRecord, occurrences: list, lineage: dict[str, 
         return identity, [period] * len(occurrences)
     identity = keyed_on(rule.rule_id)
     if not (rule.rrule or rule.rdates):
+        seen[identity] = _ONE_OFF
         return identity, [ONCE] * len(occurrences)
     by_date = len({o.period[:10] for o in occurrences}) == len(occurrences)
     periods = [o.period[:10] if by_date else o.period for o in occurrences]
