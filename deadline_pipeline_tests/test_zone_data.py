@@ -294,3 +294,41 @@ def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path
         assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
         again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
         assert not again.run_requests
+
+
+def test_a_zone_data_switch_reads_an_unchanged_calendar_again(engine, tmp_path):
+    """The zone data is an input of a parse, not only of planning: a RECURRENCE-ID is stored as its
+    UTC instant. Read under 2025b (Vancouver on PST in November), the cancelled occurrence of
+    16 November 09:00 was stored as 17:00Z; planned under the package's data (09:00 is 16:00Z) it
+    named no occurrence, so the occurrence its publisher cancelled was reminded with every check
+    green, for as long as the file's bytes stayed the same. Now the next ingest reads it again."""
+    from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+    from deadline_pipeline.plan.service import plan_all
+
+    series = dict(uid="weekly", tzid="America/Vancouver", dtstart="20261109T090000", summary="Weekly filing",
+                  rrule="FREQ=WEEKLY;COUNT=3")
+    cancelled = dict(series, rrule=None, recurrence_id="20261116T090000", status="CANCELLED")
+    (tmp_path / "cal.ics").write_text(ics(series, cancelled))
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    (src,) = cfg.sources
+
+    def ingest_and_plan(now: datetime):
+        fetch_snapshot(engine, src, now)
+        applied = apply_latest_snapshot(engine, src, now)
+        plan_all(engine, cfg, now)
+        with engine.connect() as conn:
+            due = conn.execute(select(obligations.c.due_at).where(obligations.c.status == "active")
+                               .order_by(obligations.c.due_at)).scalars().all()
+        return applied, [d.replace(tzinfo=UTC) for d in due]
+
+    with zone_database(old(tmp_path)):
+        _, due = ingest_and_plan(at("2026-11-01T00:00:00"))
+    assert due == [at("2026-11-09T17:00:00"), at("2026-11-23T17:00:00")]
+    applied, due = ingest_and_plan(at("2026-11-01T01:00:00"))
+    assert applied.status == "applied"
+    assert f"zone_data 2025b → {PACKAGE}" in applied.reparsed, applied.reparsed
+    assert due == [at("2026-11-09T16:00:00"), at("2026-11-23T16:00:00")]

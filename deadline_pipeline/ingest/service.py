@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import SourceConfig
 from deadline_pipeline.ingest.diff import pair_renames
 from deadline_pipeline.ingest.fetch import FetchError, fetch
@@ -87,12 +88,22 @@ class UnknownSnapshot(LookupError):
 
 def parse_settings(src: SourceConfig) -> dict[str, str | None]:
     """The inputs a parse of ``src``'s bytes depends on, besides the bytes: ``{"format": the parser,
-    "timezone": the zone of times written without one (None when unset), "reader": the version of
-    the code and libraries that read (:func:`~deadline_pipeline.ingest.reader.reader_version`)}``.
-    Every key is an input of :func:`apply_snapshot`'s parse; each parse stores them on its snapshot
-    (``snapshots.parse_settings``), and :func:`apply_latest_snapshot` parses the latest snapshot again
-    when they differ from the configuration's and this release's."""
-    return {"format": src.format, "timezone": src.timezone, "reader": reader_version()}
+    "timezone": the zone of times written without one (None when unset), "zone_data": the IANA
+    version of the zone database in force (:func:`~deadline_pipeline.zone_data.version`), "reader":
+    the version of the code and libraries that read
+    (:func:`~deadline_pipeline.ingest.reader.reader_version`)}``. Every key is an input of
+    :func:`apply_snapshot`'s parse; each parse stores them on its snapshot (``snapshots.parse_settings``),
+    and :func:`apply_latest_snapshot` parses the latest snapshot again when they differ from the
+    configuration's and this process's.
+
+    The zone data is one because a parse reads instants with it: a RECURRENCE-ID is stored as its UTC
+    instant, and a TZID only a VTIMEZONE defines is matched to the IANA zone with the same rules.
+    Parsed under 2025b, where Vancouver still changed clocks, the cancelled 16 November 09:00
+    occurrence of a weekly series was stored as 17:00Z; planned under 2026f (09:00 is 16:00Z) it
+    named no occurrence, so the cancelled one was reminded, every check green, until the file's bytes
+    changed."""
+    return {"format": src.format, "timezone": src.timezone, "zone_data": zone_data.version(),
+            "reader": reader_version()}
 
 
 def settings_change(stored: dict | None, current: dict[str, str | None]) -> str | None:
