@@ -17,7 +17,7 @@ from deadline_pipeline.deliver.sweep import sweep
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.plan.service import plan_all
 from deadline_pipeline.store import health
-from deadline_pipeline.store.schema import alerts, obligations, subscribers
+from deadline_pipeline.store.schema import alerts, delivery_attempts, obligations, subscribers
 from deadline_pipeline.watch import checks as w
 from deadline_pipeline.watch.watchdog import Notice, evaluate, incident_notices, record_notice
 from deadline_pipeline_tests.factories import ics, write_config
@@ -465,6 +465,26 @@ def test_horizon_planned_names_one_missing_occurrence_of_a_rule_whose_others_are
     assert out.offenders == [{"subscriber": "bob", "source": "cal", "rule_id": "w@test",
                               "due_at": "2027-02-15T09:00:00+00:00"}]
     assert "bob × cal rule w@test due 2027-02-15T09:00:00+00:00" in out.summary, out.summary
+
+
+def test_horizon_planned_names_a_missing_obligation_due_within_the_week(engine, tmp_path):
+    """A deadline five days ahead (A, 15 January) whose obligation is gone: judged only from a week
+    ahead on, the check stayed green, and nothing was red until a reminder's send time had passed
+    (reminders_owed) — for a -P1D reminder, the day before the deadline. It is judged from the grace on."""
+    cfg, _ = setup_config(tmp_path, events=(EVENT_A, EVENT_W))
+    cycle(engine, cfg, T0)
+    with engine.begin() as conn:
+        ids = conn.execute(select(obligations.c.id).where(obligations.c.subscriber_id == _bob(engine),
+                                                          obligations.c.rule_id == "a@test")).scalars().all()
+        assert len(ids) == 1, ids
+        its_alerts = select(alerts.c.id).where(alerts.c.obligation_id == ids[0])
+        conn.execute(delete(delivery_attempts).where(delivery_attempts.c.alert_id.in_(its_alerts)))
+        conn.execute(delete(alerts).where(alerts.c.obligation_id == ids[0]))
+        conn.execute(delete(obligations).where(obligations.c.id == ids[0]))
+    out = all_checks(engine, cfg, T0)["horizon_planned"]
+    assert not out.passed and out.count == 1, out.summary
+    assert out.offenders == [{"subscriber": "bob", "source": "cal", "rule_id": "a@test",
+                              "due_at": "2027-01-15T11:00:00+00:00"}]
 
 
 def test_horizon_planned_is_green_for_a_master_whose_occurrence_an_override_moved(engine, tmp_path):

@@ -18,7 +18,7 @@ Checks and what exactly they promise:
     (1) the ``plan`` heartbeat completed within ``plan_interval`` of ``now`` and its last run did not
     crash — planning covers ``[P, P + horizon]`` when it last ran at P, so this bounds the uncovered
     tail to one planning interval; and (2) every occurrence due inside
-    ``[now + 7 days, now + horizon - 1 day]`` of every rule an active subscription (active
+    ``[now + 15 min, now + horizon - 1 day]`` of every rule an active subscription (active
     subscriber) selects (patterns, ``kinds`` / ``exclude_kinds``) has an active obligation of that
     (subscriber, source, rule) due at that instant — the rule matched by its id or its lineage (a
     renamed rule's obligations stay keyed on its first id). Each due instant is read as planning
@@ -64,6 +64,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.plan.occurrences import GRACE
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
@@ -364,10 +365,12 @@ def horizon_planned(engine: Engine, cfg: DeadlinesConfig, now: datetime,
     with engine.connect() as conn:
         beats = health.read_heartbeats(conn)
         since = _judged_since(beats.get(PLAN_COMPONENT), plan_interval)
-        # A week at the near end, as before the due instants were read rolled; a day at the far end
-        # absorbs the planner's window ending at its own run's start + horizon, up to one plan
-        # interval before now + horizon.
-        lo, hi = now + timedelta(days=7), now + horizon - timedelta(days=1)
+        # From the grace on at the near end: due instants are read as planning reads them (rolled,
+        # overrides folded), so nothing ahead is excused; a week there (kept while they were read
+        # unrolled) left a deadline of the coming week without its obligation green until a reminder's
+        # send time had passed (reminders_owed). A day at the far end absorbs the planner's window
+        # ending at its own run's start + horizon, up to one plan interval before now + horizon.
+        lo, hi = now + GRACE, now + horizon - timedelta(days=1)
         found = _Coverage() if since is None else _missing_occurrences(conn, cfg, now, horizon, since, lo, hi)
     beat_out = _age_outcome("horizon_planned", "planning", beats, (PLAN_COMPONENT,), now, plan_interval)
     crashed = beats.get(PLAN_COMPONENT, {}).get("last_outcome") == "crashed"
