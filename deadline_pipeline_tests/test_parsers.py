@@ -715,6 +715,19 @@ def test_csv_missing_required_columns_raises():
         parse_payload("csv", b"title,due\nx,2030-01-01\n", source="sheet")
 
 
+@pytest.mark.parametrize(("payload", "line", "name"), [
+    (b"id;title;due;timezone\nq1;VAT;2026-08-07;Europe/London\n", 1, "semicolon"),
+    # A cell with commas made pandas refuse the rows as "malformed CSV" before the header was read.
+    (b"id;title;due;timezone\nq1;VAT, Q1, UK, late;2026-08-07;Europe/London\n", 1, "semicolon"),
+    (b"\nid\ttitle\tdue\ttimezone\nq1\tVAT\t2026-08-07\tEurope/London\n", 2, "tab"),
+])
+def test_csv_with_another_delimiter_is_refused_naming_it(payload, line, name):
+    """A semicolon-separated sheet was refused as lacking title, due and timezone while listing them."""
+    with pytest.raises(ParseError, match=rf"^source 'sheet': line {line}: CSV header .* looks {name}-separated; "
+                                         r"this reader expects commas"):
+        parse_payload("csv", payload, source="sheet")
+
+
 def test_csv_malformed_raises_with_line():
     with pytest.raises(ParseError, match=r"^source 'sheet': line 3: malformed CSV"):
         parse_payload("csv", b"title,due,timezone\na,2030-01-01,UTC\nb,2030-01-01,UTC,extra,more\n",

@@ -75,6 +75,7 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
     malformed CSV (e.g. a row with more cells than the header).
     """
     text = decode_text(content, source=source, what=WHAT)
+    _refuse_other_delimiter(text, source)
     try:
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=True)
     except pd.errors.EmptyDataError:
@@ -177,6 +178,31 @@ def _refuse_repeated_columns(text: str, source: str) -> None:
         raise ParseError(f"source {source!r}: line {number}: CSV header names a column twice: {', '.join(repeats)} "
                          "(names are compared ignoring case and surrounding spaces); which one holds the data "
                          "cannot be told, so the payload is refused")
+
+
+_OTHER_DELIMITERS = {";": "semicolon", "\t": "tab"}
+
+
+def _refuse_other_delimiter(text: str, source: str) -> None:
+    """Raise :class:`ParseError` when the header is not comma-separated but semicolon- or tab-separated.
+
+    A spreadsheet saved in a locale whose decimal mark is the comma writes ``id;title;due;timezone``
+    (and some exports use tabs). Read with commas the header is one column and the payload was
+    refused as lacking ``title``, ``due`` and ``timezone`` while listing them all — or, when a cell
+    held commas, as "malformed CSV" — never saying the separator was the fault. This reader has no
+    delimiter setting (a parse depends on the payload alone), so the message asks for commas.
+    """
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    header = {column_name(c) for c in next(csv.reader([first]), [])}
+    if all(c in header for c in REQUIRED):
+        return
+    for delimiter, name in _OTHER_DELIMITERS.items():
+        cells = {column_name(c) for c in first.split(delimiter)}
+        if delimiter in first and any(c in cells for c in REQUIRED):
+            number = text.splitlines().index(first) + 1
+            raise ParseError(f"source {source!r}: line {number}: CSV header {first.strip()!r} looks {name}-separated; "
+                             f"this reader expects commas ({','.join(REQUIRED)}); save the file as comma-separated "
+                             "CSV (in a spreadsheet: 'CSV UTF-8 (Comma delimited)')")
 
 
 def _refuse_misspelt_rrule(columns, source: str) -> None:
