@@ -326,6 +326,27 @@ def test_html_page_empty_and_latin1_payloads_raise(fmt: str, payload: str):
         parse_payload(fmt, latin1, source="x")
 
 
+@pytest.mark.parametrize("fmt", ["ai-deadlines", "ics", "csv", "govuk-bank-holidays"])
+@pytest.mark.parametrize(("encoding", "why"), [
+    ("utf-16", "UTF-16 \\(it starts with a UTF-16 byte order mark"),
+    ("utf-32", "UTF-32 \\(it starts with a UTF-32 byte order mark"),
+    # No mark: ASCII in UTF-16 is valid UTF-8, NULs and all.
+    ("utf-16-le", "UTF-16-LE \\(no byte order mark, a NUL byte beside every character"),
+    ("utf-16-be", "UTF-16-BE \\(no byte order mark, a NUL byte beside every character"),
+])
+def test_a_utf16_or_utf32_payload_is_refused_naming_its_encoding(fmt: str, encoding: str, why: str):
+    """With a mark it read "not valid UTF-8 (byte 0xff)"; without one, a CSV header of NUL-strewn names."""
+    text = {
+        "ai-deadlines": "- id: c1\n  title: x\n",
+        "ics": "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nEND:VCALENDAR\r\n",
+        "csv": "title,due,timezone\nx,2030-01-01,UTC\n",
+        "govuk-bank-holidays": '{"england-and-wales": {"events": []}}',
+    }[fmt]
+    with pytest.raises(ParseError, match=rf"^source 'x': line 1: payload looks like {why}\), not UTF-8; .* "
+                                         r"must be UTF-8: save the file as UTF-8$"):
+        parse_payload(fmt, text.encode(encoding), source="x")
+
+
 def test_yaml_that_is_not_a_list_raises():
     with pytest.raises(ParseError, match="source 's': line 1: expected a YAML list"):
         parse_payload("ai-deadlines", b"title: not a list\n", source="s")

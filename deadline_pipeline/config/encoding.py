@@ -5,22 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from deadline_pipeline.config.errors import ConfigError
-
-
-def _utf16_without_bom(data: bytes) -> str | None:
-    """``"UTF-16-LE"`` or ``"UTF-16-BE"`` when the first line of ``data`` reads as UTF-16 text of that
-    byte order: a NUL byte in (at least three quarters of) every other position, after each byte for
-    little-endian, before it for big-endian, and none in the others; else ``None``. ASCII text in
-    UTF-16 is valid UTF-8 (a NUL is a character), so a spreadsheet's "Unicode text" export saved
-    without a byte order mark passed the UTF-8 check and was refused for "unknown column
-    'i\\x00d\\x00'"; a UTF-8 text file holds no NUL."""
-    end = data.find(b"\n", 0, 4096)
-    line = data[: end if end >= 0 else 4096]
-    for name, nul_at in (("UTF-16-LE", 1), ("UTF-16-BE", 0)):
-        nuls, others = line[nul_at::2], line[1 - nul_at::2]
-        if len(line) >= 2 and b"\0" not in others and nuls.count(0) * 4 >= len(nuls) * 3:
-            return name
-    return None
+from deadline_pipeline.unicode_forms import other_unicode
 
 
 def first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, int] | None:
@@ -28,18 +13,14 @@ def first_non_utf8(data: bytes, path: Path) -> tuple[UnicodeDecodeError, int, in
     offset of that line's start)`` for its first byte that is not, ``error.start`` being that byte's
     offset in ``data``. Raises :class:`ConfigError` naming ``path`` when the whole file is in another
     encoding, not one bad byte: it starts with a UTF-16 or UTF-32 byte order mark, or its first line
-    is UTF-16 without one (:func:`_utf16_without_bom`)."""
-    import codecs
-
-    # The marks first: a UTF-16 file with one has the NULs of one without it.
-    for name, boms in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
-                       ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
-        if data.startswith(boms):
+    is UTF-16 without one (:func:`~deadline_pipeline.unicode_forms.other_unicode`)."""
+    found = other_unicode(data)
+    if found is not None:
+        name, has_mark = found
+        if has_mark:
             raise ConfigError(f"{path}: the file is {name} (it starts with a {name} byte order mark); save it "
                               "as UTF-8")
-    utf16 = _utf16_without_bom(data)
-    if utf16 is not None:
-        raise ConfigError(f"{path}: line 1: the file looks like {utf16} without a byte order mark (a NUL byte "
+        raise ConfigError(f"{path}: line 1: the file looks like {name} without a byte order mark (a NUL byte "
                           "beside every character); save it as UTF-8")
     try:
         # "utf-8", not "utf-8-sig": a byte order mark is UTF-8 too, and the -sig codec counts the

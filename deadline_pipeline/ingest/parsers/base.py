@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 # whose bounded loaders raise it for the configuration as well; every parser takes it from here.
 from deadline_pipeline.limits import ParseError
 from deadline_pipeline.rules import RuleRecord, dates_problem, id_problem
+from deadline_pipeline.unicode_forms import other_unicode
 
 _HTML_START = re.compile(r"^\s*(?:<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>])", re.IGNORECASE)
 
@@ -109,6 +110,24 @@ class ParseResult:
         self.positions.append(position)
 
 
+def refuse_other_unicode(content: bytes, *, source: str, what: str) -> None:
+    """Raise :class:`ParseError` naming ``source`` when ``content`` is UTF-16 or UTF-32 text
+    (:func:`~deadline_pipeline.unicode_forms.other_unicode`: a byte order mark, or a NUL byte beside
+    every character of the first line) and ask for UTF-8; ``what`` names the expected format.
+
+    A spreadsheet's "Unicode text" and Windows tools write UTF-16: with a mark it was reported as
+    "not valid UTF-8 (byte 0xff)", which does not say what the file is; without one, ASCII in UTF-16
+    is valid UTF-8 and a CSV header of NUL-strewn names "lacked" every column."""
+    found = other_unicode(content)
+    if found is None:
+        return
+    name, has_mark = found
+    why = (f"it starts with a {name} byte order mark" if has_mark
+           else "no byte order mark, a NUL byte beside every character")
+    raise ParseError(f"source {source!r}: line 1: payload looks like {name} ({why}), not UTF-8; {what} must be "
+                     "UTF-8: save the file as UTF-8")
+
+
 def decode_text(content: bytes, *, source: str, what: str) -> str:
     """Decode a payload as UTF-8 (a leading byte-order mark is dropped) and refuse unusable ones.
 
@@ -119,6 +138,7 @@ def decode_text(content: bytes, *, source: str, what: str) -> str:
     """
     if not isinstance(content, (bytes, bytearray)):
         raise ParseError(f"source {source!r}: expected bytes, got {type(content).__name__}")
+    refuse_other_unicode(bytes(content), source=source, what=what)
     try:
         text = bytes(content).decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -94,6 +94,7 @@ from deadline_pipeline.ingest.parsers.base import (
     check_recur,
     decode_text,
     drop_duplicate_ids,
+    refuse_other_unicode,
 )
 from deadline_pipeline.ingest.parsers.ics_library import from_library, lost_by_component, own_zones, unreadable_skips
 from deadline_pipeline.ingest.parsers.ics_lines import (
@@ -159,6 +160,8 @@ def parse_ics(content: bytes, *, source: str, default_tz: str | None = None) -> 
 
 def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResult:
     """:func:`parse_ics` of ``content`` (bytes) within :func:`~.ics_library.own_zones`."""
+    # Before unfolding: the line breaks it takes out shift which bytes of UTF-16 text are NUL.
+    refuse_other_unicode(content, source=source, what=WHAT)
     raw_lines = unfold(content)
     try:
         text = decode_text(b"\r\n".join(line for _n, line in raw_lines), source=source, what=WHAT)
