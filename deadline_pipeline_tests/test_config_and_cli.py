@@ -129,6 +129,28 @@ def test_a_missing_subscriber_file_is_reported_with_the_other_errors(tmp_path):
     assert lines[0] in res.stderr + res.stdout and "offsetz" in res.stderr + res.stdout, res.stderr
 
 
+def test_two_source_names_with_one_asset_key_are_both_named_with_their_lines(tmp_path):
+    """``a-b`` and ``a_b`` are both Dagster's ``source/a_b``: refused when the definitions were built,
+    the message printed the two identical keys (``['source/a_b', 'source/a_b']``) and named neither
+    source nor line. Now at load, naming both names, the later one's line and why they clash; the same
+    from the command line (``run`` loads the definitions)."""
+    path = _write(tmp_path, "sources:\n"
+                            "  - {name: a-b, format: ics, location: a.ics}\n"
+                            "  - {name: c, format: ics, location: c.ics}\n"
+                            "  - {name: a_b, format: ics, location: b.ics}\n"  # line 4
+                            "subscribers:\n  - {id: a, email: a@example.org}\n"
+                            "subscriptions:\n  - {name: s, sources: [a-b, a_b, c], subscribers: [a], channels: [m]}\n"
+                            "channels: {m: {type: maildir, path: m}}\n")
+    expected = (f"{path}: sources[2].name: source names 'a-b' (sources[0].name) and 'a_b' give the same Dagster asset "
+                "key source/a_b (each character other than a letter, digit or '_' becomes '_'); rename one of them "
+                "(got 'a_b') [line 4]")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == expected
+    res = _cli("run", "--config", str(path), "--db-url", f"sqlite:///{tmp_path / 's.sqlite3'}", cwd=tmp_path)
+    assert res.returncode == 2 and expected in res.stderr + res.stdout, res.stderr
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

@@ -50,6 +50,7 @@ from deadline_pipeline.config.sections import (
     SubscriberConfig,
     SubscriptionConfig,
     WatchConfig,
+    asset_name,
 )
 from deadline_pipeline.config.text import parse_quiet_hours
 from deadline_pipeline.durations import parse_duration
@@ -62,7 +63,7 @@ __all__ = [
     "DEFAULT_CONFIG_NAME", "SOURCE_FORMATS", "AppriseChannel", "BusinessDaysConfig", "CaldavChannel",
     "ChannelConfig", "ConfigError", "DeadlinesConfig", "DeliveryConfig", "EscalationConfig", "MaildirChannel",
     "NetworkConfig", "PlanConfig", "SlackChannel", "SmtpChannel", "SourceConfig", "SubscriberConfig",
-    "SubscriptionConfig", "WatchConfig", "WebhookChannel", "channel_send_window", "did_you_mean", "load_config",
-    "parse_duration",
+    "SubscriptionConfig", "WatchConfig", "WebhookChannel", "asset_name", "channel_send_window", "did_you_mean",
+    "load_config", "parse_duration",
     "parse_quiet_hours", "tenant_problems",
 ]

@@ -83,6 +83,12 @@ class BusinessDaysConfig(Section):
         return v
 
 
+def asset_name(source: str) -> str:
+    """The part of a source's Dagster asset keys (``source/<it>``, ``snapshot/<it>``) its name gives:
+    every character other than a letter, digit or ``_`` replaced by ``_`` (Dagster refuses them)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", source)
+
+
 class SourceConfig(Section):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=100)]
     format: Literal["ai-deadlines", "ics", "csv", "govuk-bank-holidays"]
@@ -440,6 +446,24 @@ class DeadlinesConfig(Section):
                 out.append(problem_at(("sources", k, "business_days", "calendar"), s.business_days.calendar,
                                       f"source {s.name!r}: refers to unknown source {ref.name!r}; known: "
                                       f"{sorted(set(names))}"))
+        return out + self._asset_key_problems()
+
+    def _asset_key_problems(self) -> list:
+        """Two different source names with one Dagster asset key (``a-b`` and ``a_b`` are both
+        ``source/a_b``: :func:`asset_name`), at the later one's ``name``. Dagster cannot hold two
+        assets under one key; refused when the definitions were built, the message printed the two
+        identical keys and named neither source nor line."""
+        first: dict[str, int] = {}
+        out = []
+        for k, s in enumerate(self.sources):
+            key = asset_name(s.name)
+            seen = first.setdefault(key, k)
+            other = self.sources[seen].name
+            if seen != k and other != s.name:  # the same name twice is reported as a repeat
+                out.append(problem_at(("sources", k, "name"), s.name,
+                                      f"source names {other!r} (sources[{seen}].name) and {s.name!r} give the same "
+                                      f"Dagster asset key source/{key} (each character other than a letter, digit "
+                                      "or '_' becomes '_'); rename one of them"))
         return out
 
     def _subscription_problems(self, i: int, sub: SubscriptionConfig, known: frozenset[str]) -> list:

@@ -16,12 +16,11 @@ reports metadata the UI plots, and records heartbeats.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from deadline_pipeline.config import DeadlinesConfig, SourceConfig
+from deadline_pipeline.config import DeadlinesConfig, SourceConfig, asset_name
 from deadline_pipeline.deliver.throttle import log_first
 from deadline_pipeline.ingest.service import ApplyOutcome, apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.instants import instant_text
@@ -46,7 +45,7 @@ ALERTS = dg.AssetKey("alerts")
 
 def source_key(name: str) -> dg.AssetKey:
     """The asset key of a configured source: ``source/<name>`` with characters Dagster refuses replaced."""
-    return dg.AssetKey(["source", re.sub(r"[^A-Za-z0-9_]", "_", name)])
+    return dg.AssetKey(["source", asset_name(name)])
 
 
 def snapshot_key(name: str) -> dg.AssetKey:
