@@ -809,6 +809,24 @@ def test_an_ai_deadlines_item_with_a_misspelt_date_or_zone_key_is_skipped(item, 
     assert problem.position == "entry 1 (id=p27, line 1) deadline 2 (line 1)", problem
 
 
+@pytest.mark.parametrize(("item", "shown"), [
+    ("{type: paper, deadline: '2027-03-08 23:59'}",
+     "deadline has no 'date' key (its keys: type, deadline); did you mean 'date' for 'deadline'?"),
+    ("{type: paper, label: Paper}", "deadline has no 'date' key (its keys: type, label)"),
+    ("{type: paper, date: }", "deadline's 'date' is empty"),
+])
+def test_an_ai_deadlines_item_without_a_date_names_the_missing_key(item, shown):
+    """``deadline:`` (the flat entries' key) in place of ``date:`` was reported as "date None is not
+    'YYYY-MM-DD…'": a value nobody wrote, not the key to rename."""
+    payload = ("- {title: P, year: 2027, id: p27, timezone: UTC-12, deadlines: ["
+               f"{{type: abstract, date: '2027-03-01 23:59'}}, {item}]}}\n")
+    result = parse_payload("ai-deadlines", payload.encode(), source="s")
+    assert [r.rule_id for r in result.rules] == ["p27/abstract/abstract"]
+    (problem,) = result.problems
+    assert (problem.skipped, problem.record_id, problem.message) == (True, "p27", shown), problem
+    assert problem.position == "entry 1 (id=p27, line 1) deadline 2 (line 1)", problem
+
+
 @pytest.mark.parametrize("key", ["paper_deadline", "submission_deadline", "deadline_date", "full_paper_deadline",
                                  "paper_due", "submission"])
 def test_an_ai_deadlines_entry_with_its_date_under_an_unread_key_is_skipped(key):

@@ -238,11 +238,7 @@ def _date_under_unread_key(entry: dict) -> str | None:
         if not isinstance(key, str) or key in _DEADLINE_KEYS or key in NOT_DEADLINE_DATES:
             continue
         named = "deadline" in key.lower() or "due" in key.lower()
-        try:
-            dated = bool(normalise_local(value))
-        except ValueError:
-            dated = False
-        if named or dated:
+        if named or _reads_as_date(value):
             found.append(f"{key!r} ({value!r})")
     if not found:
         return None
@@ -345,9 +341,39 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
         if not kind:
             result.problems.append(ParseProblem(where, "deadline has no 'type'; it cannot be identified"))
             continue
+        no_date = _no_date(item)
+        if no_date:
+            result.problems.append(ParseProblem(where, no_date))
+            continue
         raw_tz = item.get("timezone", entry_tz_raw)
         specs.append((where, kind, label, label, item.get("date"), raw_tz))
     return specs
+
+
+def _no_date(item: dict) -> str | None:
+    """Why a ``deadlines`` item without a ``date`` (no such key, or an empty one) is skipped, else None.
+
+    Names the keys it has and the one that seems to hold the date (close to ``date``, or a value that
+    reads as one: ``deadline: '2027-03-08 23:59'``, the flat entries' key). It was reported as "date
+    None is not 'YYYY-MM-DD…'", which named a value nobody wrote and not the key to rename."""
+    if item.get("date") is not None:
+        return None
+    if "date" in item:
+        return "deadline's 'date' is empty"
+    keys = [str(k) for k in item]
+    held = [k for k in keys if k not in ("type", "label", "timezone")
+            and (near_name(k, ["date"]) or _reads_as_date(item[k]))]
+    hint = f"; did you mean 'date' for {held[0]!r}?" if held else ""
+    return f"deadline has no 'date' key (its keys: {', '.join(keys)}){hint}"
+
+
+def _reads_as_date(value: object) -> bool:
+    """Whether ``value`` reads as a local date or date-time (:func:`normalise_local`)."""
+    try:
+        normalise_local(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _flat_specs(entry: dict, position: str, entry_tz_raw, result: ParseResult) -> list[_Spec]:
