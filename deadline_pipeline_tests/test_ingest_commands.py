@@ -18,7 +18,7 @@ from deadline_pipeline.orchestration.assets import build_assets
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
 from deadline_pipeline.orchestration.source_checks import SOURCE_CHECKS_FACTORY
 from deadline_pipeline.store.db import get_engine
-from deadline_pipeline_tests.factories import ai_deadlines, write_config
+from deadline_pipeline_tests.factories import ai_deadlines, ics, write_config
 
 T0 = datetime(2027, 1, 10, tzinfo=UTC)
 
@@ -91,6 +91,29 @@ def test_rules_diff_govuk_revisions_report_exactly_the_early_may_move(world, sha
         ("northern-ireland/2020/early_may", "2020-05-04 (floating)", "2020-05-08 (floating)"),
     ]
     assert data["unchanged"] == 244
+
+
+def test_rules_diff_says_a_cancelled_event_is_cancelled_not_skipped(tmp_path):
+    """The STATUS:CANCELLED event's note counted as "1 record(s) of the 'to' snapshot were skipped
+    while parsing": a skipped record is a fault of the feed held in force, a cancellation the
+    publisher's intent, withdrawn. Said as cancelled, and counted apart in --json."""
+    events = [dict(uid=f"e{i}@test", tzid="Europe/Berlin", dtstart=f"2027060{i}T120000", summary=f"E{i}")
+              for i in range(1, 5)]  # one withdrawn of four: under the quarantine's share
+    (tmp_path / "cal.ics").write_text(ics(*events))
+    path = write_config(tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics"}],
+                        subscribers=[], subscriptions=[], channels={})
+    world = {"path": path, "url": f"sqlite:///{tmp_path / 'store.sqlite3'}", "cfg": load_config(path)[0]}
+    world["engine"] = get_engine(world["url"])
+    _ingest(world, "cal", T0)
+    (tmp_path / "cal.ics").write_text(ics({**events[0], "status": "CANCELLED"}, *events[1:]))
+    assert _ingest(world, "cal", T0 + timedelta(hours=1)).status == "applied"
+    text = _run(world, "rules", "diff", "cal")
+    assert text.exit_code == 0, text.output
+    assert "withdrawn  e1@test" in text.output and "skipped" not in text.output, text.output
+    assert ("note: 1 record(s) of the 'to' snapshot were cancelled or completed by their publisher "
+            "(STATUS:CANCELLED, a completed to-do): not in force, their reminders withdrawn") in text.output
+    data = json.loads(_run(world, "rules", "diff", "cal", "--json").stdout)
+    assert (data["skipped_records"], data["closed_records"]) == ({"from": 0, "to": 0}, {"from": 0, "to": 1})
 
 
 def test_rules_diff_bad_input_exits_2(world):

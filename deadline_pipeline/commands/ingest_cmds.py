@@ -183,14 +183,20 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         old = _rules_of_snapshot(conn, row, from_id, default_tz) if from_id is not None else None
         new = _rules_of_snapshot(conn, row, to_id, default_tz)
     diff = diff_snapshots(old.rules if old else [], new.rules, new.problems)
-    skipped = {"from": len(old.problems) if old else 0, "to": len(new.problems)}
+    # A skipped record is not a cancelled event: the first is a fault of the feed (its rule held in
+    # force), the second the publisher's intent (its rule withdrawn). Counting every parse problem
+    # said "1 record(s) … skipped" for a STATUS:CANCELLED event.
+    sides = {"from": old.problems if old else [], "to": new.problems}
+    skipped = {side: sum(p.skipped for p in problems) for side, problems in sides.items()}
+    closed = {side: sum(p.closed for p in problems) for side, problems in sides.items()}
     if pending:
         # This diff reads the snapshots with the configuration's settings; the rules in force are
         # still the old reading, and the diff alone would be taken for what the store holds.
         click.echo(f"note: {pending}", err=True)
     if as_json:
         click.echo(json.dumps({"source": source, "from": from_id, "to": to_id, "to_quarantined": waiting is not None,
-                               "skipped_records": skipped, **diff.to_json()}, indent=2, ensure_ascii=False))
+                               "skipped_records": skipped, "closed_records": closed, **diff.to_json()},
+                              indent=2, ensure_ascii=False))
         return EXIT_OK
     if waiting is not None:
         header = (f"source {source}: snapshot {from_id} (in force) -> {to_id} (quarantined, not applied; "
@@ -201,11 +207,21 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
         header = (f"source {source}: snapshot {from_id} -> {to_id}" if from_id is not None
                   else f"source {source}: only one applied snapshot ({to_id}); every rule shows as added")
     click.echo(format_diff(diff, header=header))
-    for side, count in skipped.items():
-        if count:
-            click.echo(f"note: {count} record(s) of the '{side}' snapshot were skipped while parsing "
-                       "(see the snapshot's parse_error)", err=True)
+    _echo_parse_counts(skipped, closed)
     return EXIT_OK
+
+
+def _echo_parse_counts(skipped: dict[str, int], closed: dict[str, int]) -> None:
+    """The notes below a diff: per snapshot (``"from"``, ``"to"``), the records skipped while parsing
+    and those their publisher cancelled or completed (:attr:`ParseProblem.closed`)."""
+    for side in ("from", "to"):
+        if skipped[side]:
+            click.echo(f"note: {skipped[side]} record(s) of the '{side}' snapshot were skipped while parsing "
+                       "(see the snapshot's parse_error)", err=True)
+        if closed[side]:
+            click.echo(f"note: {closed[side]} record(s) of the '{side}' snapshot were cancelled or completed by "
+                       "their publisher (STATUS:CANCELLED, a completed to-do): not in force, their reminders "
+                       "withdrawn", err=True)
 
 
 # --- source accept -------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class ParseProblem:
     without ``deadline``: "not announced yet" in a real feed). It counts as skipped — rules held in
     force, ``rules_complete`` red, the source's ``last_error`` — only when it may be a rule in force
     that the snapshot lacks (:func:`counted_problems`); otherwise it is listed as information.
+    ``closed``: a note (``skipped`` False) that the publisher closed the record (an iCalendar
+    STATUS:CANCELLED, a completed to-do): read, and taken out of force on purpose. Counted apart from
+    skipped records and other notes: ``rules diff`` said "1 record(s) … skipped" for a cancellation.
     """
 
     position: str
@@ -49,6 +52,7 @@ class ParseProblem:
     record_id: str | None = None
     skipped: bool = True
     unannounced: bool = False
+    closed: bool = False
 
     def may_be(self, rule_id: str, known: Iterable[str] = ()) -> bool:
         """Whether ``rule_id`` may be one of the rules this skipped record would have yielded.

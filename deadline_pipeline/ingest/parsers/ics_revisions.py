@@ -40,7 +40,7 @@ def without_cancelled(result: ParseResult) -> ParseResult:
             continue
         override = "recurrence_id" in rule.extra
         reasons[rule.rule_id] = f"an override of a series that is {closed}" if override else closed
-    return _withdraw(result, reasons)
+    return _withdraw(result, reasons, closed=True)
 
 
 def without_vanished_overrides(result: ParseResult) -> ParseResult:
@@ -56,9 +56,10 @@ def without_vanished_overrides(result: ParseResult) -> ParseResult:
     return _withdraw(result, vanished_overrides(result.rules))
 
 
-def _withdraw(result: ParseResult, reasons: dict[str, str]) -> ParseResult:
+def _withdraw(result: ParseResult, reasons: dict[str, str], *, closed: bool = False) -> ParseResult:
     """Drop the rules named in ``reasons`` (``{rule_id: why}``), each with a note: ``"<why>: not in
-    force, its reminders are withdrawn"`` at the rule's position.
+    force, its reminders are withdrawn"`` at the rule's position; ``closed``: the publisher closed
+    them (:attr:`ParseProblem.closed`).
 
     A note (``skipped=False``), not a skipped record: ingest holds a skipped record's last version in
     force, and its reminders would still go out. Missing from the snapshot, the rule is withdrawn.
@@ -76,7 +77,8 @@ def _withdraw(result: ParseResult, reasons: dict[str, str]) -> ParseResult:
         uid = str(rule.extra.get("uid") or rule.rule_id)
         result.problems.append(ParseProblem(
             position or f"{rule.extra.get('component', 'VEVENT')} UID={uid}",
-            f"{reasons[rule.rule_id]}: not in force, its reminders are withdrawn", rule.rule_id, skipped=False))
+            f"{reasons[rule.rule_id]}: not in force, its reminders are withdrawn", rule.rule_id, skipped=False,
+            closed=closed))
     result.rules = kept
     result.positions = where if len(result.positions) == len(positions) else result.positions
     return result
