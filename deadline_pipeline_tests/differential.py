@@ -104,7 +104,12 @@ def reference(content: bytes, window: tuple[datetime, datetime] = WINDOW) -> Cou
     import recurring_ical_events
     import x_wr_timezone
 
-    with warnings.catch_warnings():
+    from deadline_pipeline.ingest.parsers.ics_library import own_zones
+
+    # Read in its own VTIMEZONEs only, as ours is: the library's process-wide cache of them would give
+    # a file without a VTIMEZONE the definition another file of the corpus gave its TZID, and the
+    # reference's reading would depend on the order the files are read in.
+    with warnings.catch_warnings(), own_zones():
         warnings.simplefilter("ignore")
         cal = icalendar.Calendar.from_ical(content)
     floating = _floating_zone(cal)

@@ -12,6 +12,7 @@ import pytest
 from dateutil.rrule import DAILY, rrule
 
 from deadline_pipeline.plan import occurrences as occ
+from deadline_pipeline.plan import rfc_series as rfc
 from deadline_pipeline.plan.recurrence import validate_rrule
 from deadline_pipeline.rules import RuleRecord
 
@@ -234,31 +235,31 @@ def test_run_counts_items_before_the_window_against_the_budget(monkeypatch):
 
 def test_counted_from_drops_items_before_dtstart_without_using_up_count():
     items = [datetime(2026, 1, d) for d in (1, 2, 3, 4, 5)]
-    assert list(occ._counted_from(items, datetime(2026, 1, 3), 2)) == [datetime(2026, 1, 3), datetime(2026, 1, 4)]
-    assert list(occ._counted_from(items, datetime(2026, 1, 3), None)) == items[2:]
+    assert list(rfc._counted_from(items, datetime(2026, 1, 3), 2)) == [datetime(2026, 1, 3), datetime(2026, 1, 4)]
+    assert list(rfc._counted_from(items, datetime(2026, 1, 3), None)) == items[2:]
 
 
 def test_widened_weeks_asks_for_the_neighbours_and_keeps_bysetpos_for_later():
-    kwargs, setpos, begin = occ._widened_weeks({"byweekno": [53], "bysetpos": [1]}, [53], datetime(2026, 5, 4, 9))
+    kwargs, setpos, begin = rfc._widened_weeks({"byweekno": [53], "bysetpos": [1]}, [53], datetime(2026, 5, 4, 9))
     assert kwargs == {"byweekno": [52, 53]} and setpos == [1] and begin == datetime(2026, 1, 1, 9)
-    kwargs, setpos, begin = occ._widened_weeks({"byweekno": [1]}, [1], datetime(2026, 5, 4, 9))
+    kwargs, setpos, begin = rfc._widened_weeks({"byweekno": [1]}, [1], datetime(2026, 5, 4, 9))
     assert kwargs == {"byweekno": [1, 2]} and setpos is None and begin == datetime(2026, 5, 4, 9)
 
 
 def test_in_weeks_numbers_a_straddling_week_as_rfc_5545_does():
     # 2022-01-02 (a Sunday) is in week 52 of 2021 for Monday weeks; dateutil called it week 53.
-    assert occ._in_weeks(datetime(2022, 1, 2), [52], 0)
-    assert not occ._in_weeks(datetime(2022, 1, 2), [53], 0)
-    assert occ._in_weeks(datetime(2021, 12, 27), [-1], 0)  # the last week of 2021
+    assert rfc._in_weeks(datetime(2022, 1, 2), [52], 0)
+    assert not rfc._in_weeks(datetime(2022, 1, 2), [53], 0)
+    assert rfc._in_weeks(datetime(2021, 12, 27), [-1], 0)  # the last week of 2021
 
 
 def test_right_weeks_picks_bysetpos_per_calendar_year():
     # Week 2 of 2026 starts on 5 January, of 2027 on 11 January (4 January is always in week 1).
     items = [datetime(2026, 1, 5), datetime(2026, 1, 6), datetime(2027, 1, 4), datetime(2027, 1, 11),
              datetime(2027, 1, 12)]
-    assert list(occ._right_weeks(iter(items), [2], 0, [-1])) == [datetime(2026, 1, 6), datetime(2027, 1, 12)]
-    assert list(occ._right_weeks(iter(items), [2], 0, [1])) == [datetime(2026, 1, 5), datetime(2027, 1, 11)]
-    assert list(occ._right_weeks(iter(items), [2], 0, None)) == items[:2] + items[3:]
+    assert list(rfc._right_weeks(iter(items), [2], 0, [-1])) == [datetime(2026, 1, 6), datetime(2027, 1, 12)]
+    assert list(rfc._right_weeks(iter(items), [2], 0, [1])) == [datetime(2026, 1, 5), datetime(2027, 1, 11)]
+    assert list(rfc._right_weeks(iter(items), [2], 0, None)) == items[:2] + items[3:]
 
 
 def test_filtered_keeps_an_item_inside_the_piece_and_off_the_exdate_days():

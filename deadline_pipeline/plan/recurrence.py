@@ -501,7 +501,7 @@ def _starts_at(master: RuleRecord, local: datetime) -> bool:
 
     Only the time of day is judged, which is what tells a gap instance (02:30) from the existing time
     sharing its instant (03:30): when both may start, the existing one is the series' (a nonexistent
-    time on the instant of an existing one is dropped, ``occurrences.once_per_instant``). An RRULE
+    time on the instant of an existing one is dropped, ``gaps.once_per_instant``). An RRULE
     stepped in elapsed time (sub-daily without BYxxx) never yields a nonexistent wall time, so for it
     every time that exists counts as reached."""
     start = parse_local(shifted_label(master.start, -due_offset(master)))
