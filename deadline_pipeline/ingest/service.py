@@ -27,6 +27,7 @@ from deadline_pipeline.ingest.versions import (
     diff_rules,
     held_back,
     quarantine_reason,
+    returned_to_series,
 )
 from deadline_pipeline.plan import first_seen
 from deadline_pipeline.rules import RuleRecord
@@ -338,7 +339,9 @@ def apply_snapshot(engine: Engine, src: SourceConfig, snapshot_id: int, now: dat
     lineage_of = {new.rule_id: latest[old.rule_id].get("lineage") or old.rule_id for old, new in renames}
     renamed_away = {old.rule_id for old, _new in renames}
     report["renamed"] = [[old.rule_id, new.rule_id] for old, new in renames][:200]
-    judged = RuleDiff(diff.added, diff.changed, [r for r in diff.withdrawn if r not in renamed_away], diff.unchanged)
+    returned = returned_to_series(diff.withdrawn, latest, {r.rule_id for r in rules})
+    judged = RuleDiff(diff.added, diff.changed, [r for r in diff.withdrawn if r not in renamed_away | returned],
+                      diff.unchanged)
     reason = quarantine_reason(judged, active_before, len(rules), max_withdraw_share, latest=latest, now=now)
     if reason and not force:
         msg = f"snapshot {snapshot_id} quarantined: {reason}; run 'deadline-pipeline source accept {snapshot_id}'"

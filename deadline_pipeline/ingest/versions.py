@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from deadline_pipeline.plan.recurrence import master_id_of
 from deadline_pipeline.rules import RuleRecord
 
 log = logging.getLogger(__name__)
@@ -108,3 +109,19 @@ def quarantine_reason(diff: RuleDiff, active_before: int, parsed_count: int,
         return (f"would withdraw {withdrawn} of {base} active future rules "
                 f"(more than {max_withdraw_share:.0%})")
     return None
+
+
+def returned_to_series(withdrawn: list[str], latest: dict[str, dict], parsed_ids: set[str]) -> set[str]:
+    """The ``withdrawn`` rule ids that are RECURRENCE-ID overrides (RFC 5545 §3.8.4.4; their stored
+    ``latest`` payload has ``extra.recurrence_id``) whose master is in the new snapshot (``parsed_ids``):
+    their occurrences go back to the series (moved back, a correction where a reminder was delivered),
+    nothing is cancelled. :func:`quarantine_reason` must not count them: taking the overrides of two
+    series back out of a feed withdrew 2 of its 4 rules, and the routine edit was quarantined."""
+    out = set()
+    for rid in withdrawn:
+        payload = (latest.get(rid) or {}).get("payload") or {}
+        if (payload.get("extra") or {}).get("recurrence_id") is None:
+            continue
+        if master_id_of(RuleRecord.from_payload(payload)) in parsed_ids:
+            out.add(rid)
+    return out
