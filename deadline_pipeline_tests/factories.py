@@ -107,6 +107,19 @@ def ingest_and_plan(engine, cfg, now):
     return plan_all(engine, cfg, now)
 
 
+def cal_ics_config(folder: Path):
+    """The loaded configuration (:class:`~deadline_pipeline.config.DeadlinesConfig`) of one ICS source
+    ``cal`` read from ``folder / "cal.ics"`` (tenant t), subscriber ann (UTC) reminded ``-P1D`` by
+    maildir; the calendar file is the caller's to write."""
+    from deadline_pipeline.config import load_config
+
+    return load_config(write_config(
+        folder, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(folder / "maildir")}}))[0]
+
+
 def free_port() -> int:
     """A loopback TCP port that nothing listens on right now."""
     import socket

@@ -643,20 +643,15 @@ def test_overrides_taken_back_out_of_a_feed_are_not_a_mass_withdrawal(engine, tm
     Counted as withdrawn rules, that was 2 of 4 (over the 30% share) and the routine edit was
     quarantined (source_not_quarantined red, 'source accept' needed). Their masters stay: nothing is
     cancelled, so the snapshot is applied and the occurrences move back."""
-    from deadline_pipeline.config import load_config
     from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-    from deadline_pipeline_tests.factories import ics, write_config
+    from deadline_pipeline_tests.factories import cal_ics_config, ics
 
     weekly = dict(uid="weekly@x", tzid="Europe/Berlin", dtstart="20270111T090000", summary="Weekly",
                   rrule="FREQ=WEEKLY;COUNT=8")
     once = dict(uid="once@x", tzid="Europe/Berlin", dtstart="20270301T090000", summary="Once")
     moved = [dict(weekly, rrule=None, dtstart="20270113T150000", recurrence_id="20270111T090000"),
              dict(once, dtstart="20270302T090000", recurrence_id="20270301T090000")]
-    cfg = load_config(write_config(
-        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
-        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
-        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    cfg = cal_ics_config(tmp_path)
     (src,) = cfg.sources
     statuses = []
     for i, events in enumerate(((weekly, once), (weekly, once, *moved), (weekly, once))):

@@ -26,7 +26,7 @@ from deadline_pipeline import zone_data
 from deadline_pipeline.config import load_config
 from deadline_pipeline.store.schema import alerts, heartbeats, obligations
 from deadline_pipeline.watch import checks as w
-from deadline_pipeline_tests.factories import ics, write_config
+from deadline_pipeline_tests.factories import cal_ics_config, ics, write_config
 from deadline_pipeline_tests.test_watch_checks import cycle, plan
 
 PACKAGE = zone_data.package_version()
@@ -309,11 +309,7 @@ def test_a_zone_data_switch_reads_an_unchanged_calendar_again(engine, tmp_path):
                   rrule="FREQ=WEEKLY;COUNT=3")
     cancelled = dict(series, rrule=None, recurrence_id="20261116T090000", status="CANCELLED")
     (tmp_path / "cal.ics").write_text(ics(series, cancelled))
-    cfg = load_config(write_config(
-        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
-        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
-        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
-        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    cfg = cal_ics_config(tmp_path)
     (src,) = cfg.sources
 
     def ingest_and_plan(now: datetime):
