@@ -107,7 +107,7 @@ def test_named_occurrences_sorts_plain_overrides_from_splits_and_counts_orphans(
     counts: Counter = Counter()
     exdates, splits = rec._named_occurrences([MASTER, plain, tail, orphan, cancelled_orphan], {"u": MASTER},
                                              lambda r: UTC, counts)
-    assert exdates == {"u": ["2026-01-12T09:00:00"]}
+    assert exdates == {"u": [("2026-01-12T09:00:00", plain)]}
     assert splits == {"u": [("2026-01-26T09:00:00", tail)]}
     assert counts == Counter({"orphan_overrides": 1})
 
