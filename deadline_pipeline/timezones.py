@@ -452,28 +452,39 @@ def offset_disagreements(ours: tzinfo, theirs: tzinfo) -> list[tuple[datetime, d
     Used to say where a zone read in place of another moves instants: a calendar's VTIMEZONE under an
     IANA name read as the IANA zone, an abbreviation read as its fixed offset beside its region's zone.
     """
-    mine = _transitions(ours)
-    key = getattr(theirs, "key", None)
+    return _signature_disagreements(_transitions(ours), _iana_transitions(theirs))
+
+
+def _iana_transitions(zone: tzinfo) -> tuple:
+    """:func:`_transitions` of ``zone``, cached by its key when it is a ``ZoneInfo`` (cleared when the
+    zone data in force changes)."""
+    key = getattr(zone, "key", None)
     cache = _iana_signatures()
-    other = cache.get(key) if key else None
-    if other is None:
-        other = _transitions(theirs)
+    signature = cache.get(key) if key else None
+    if signature is None:
+        signature = _transitions(zone)
         if key:
-            cache[key] = other
+            cache[key] = signature
+    return signature
 
-    def offset(signature: tuple, instant: datetime) -> timedelta | None:
-        current = signature[0]
-        for moment, new in signature[1]:
-            if moment > instant:
-                break
-            current = new
-        return current
 
+def _offset_in(signature: tuple, instant: datetime) -> timedelta | None:
+    """The UTC offset a :func:`_transitions` signature gives at ``instant`` (naive UTC)."""
+    current = signature[0]
+    for moment, new in signature[1]:
+        if moment > instant:
+            break
+        current = new
+    return current
+
+
+def _signature_disagreements(mine: tuple, other: tuple) -> list[tuple[datetime, datetime, timedelta, timedelta]]:
+    """:func:`offset_disagreements` of two :func:`_transitions` signatures."""
     edges = sorted({datetime(EQUIVALENCE_YEARS[0], 1, 1), datetime(EQUIVALENCE_YEARS[1], 1, 1),
                     *(moment for moment, _new in mine[1]), *(moment for moment, _new in other[1])})
     spans: list[tuple[datetime, datetime, timedelta, timedelta]] = []
     for start, end in zip(edges, edges[1:], strict=False):
-        a, b = offset(mine, start), offset(other, start)
+        a, b = _offset_in(mine, start), _offset_in(other, start)
         if a == b:
             continue
         if spans and spans[-1][1] == start and spans[-1][2:] == (a, b):
@@ -483,7 +494,6 @@ def offset_disagreements(ours: tzinfo, theirs: tzinfo) -> list[tuple[datetime, d
     return spans
 
 
-@lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar
 def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
     """The IANA zone whose UTC offsets and transitions equal ``zone``'s over :data:`EQUIVALENCE_YEARS`.
 
@@ -493,9 +503,16 @@ def equivalent_iana_zone(zone: tzinfo, tzid: str) -> str | None:
     When several zones agree, the one whose city appears in ``tzid`` is preferred, else the first by
     name. Returns ``None`` when no IANA zone agrees (the rule is then refused with a clear message).
     """
-    own = _transitions(zone)
+    return _equivalent_to_signature(_transitions(zone), tzid)
+
+
+# Keyed by the definition's transitions, not its tzinfo object: each calendar is read with its own
+# VTIMEZONE objects (ics_library.own_zones), so a cache keyed by object never hit again and every
+# parse of a calendar with a custom zone compared it against all IANA zones anew (0.15 s per zone).
+@lru_cache(maxsize=256)
+def _equivalent_to_signature(own: tuple, tzid: str) -> str | None:
     probes = [datetime(year, month, 15, 12) for year in (2026, 2035) for month in (1, 4, 7, 10)]
-    want = [p.replace(tzinfo=UTC).astimezone(zone).utcoffset() for p in probes]
+    want = [_offset_in(own, p) for p in probes]
     cache = _iana_signatures()
     matches = []
     for name in sorted(_iana_names()):
@@ -530,7 +547,6 @@ def names_zone(name: str) -> bool:
     return _iana(text) is not None or text.casefold() in _WINDOWS_FOLDED
 
 
-@lru_cache(maxsize=64)  # keyed by the tzinfo object: the library shares one per TZID and calendar
 def definition_overrides_guess(definition: tzinfo, tzid: str) -> bool:
     """True when a calendar's VTIMEZONE ``definition`` of ``tzid`` is to be read instead of
     :func:`resolve_zone`'s reading of the name: ``tzid`` is a guess (not :func:`names_zone`) and the
@@ -542,12 +558,17 @@ def definition_overrides_guess(definition: tzinfo, tzid: str) -> bool:
     guess is kept, so the rules of such calendars keep their zone name."""
     if names_zone(tzid):
         return False
+    return _signature_overrides_guess(_transitions(definition), tzid)
+
+
+@lru_cache(maxsize=256)  # keyed by transitions, as _equivalent_to_signature and for the same reason
+def _signature_overrides_guess(definition: tuple, tzid: str) -> bool:
     try:
         guess = resolve_zone(tzid)
     except UnknownTimeZone:
         return False  # not a guess either: the definition is read (equivalent_iana_zone)
-    return bool(offset_disagreements(definition, guess))
+    return bool(_signature_disagreements(definition, _iana_transitions(guess)))
 
 
-zone_data.on_change(equivalent_iana_zone.cache_clear)
-zone_data.on_change(definition_overrides_guess.cache_clear)
+zone_data.on_change(_equivalent_to_signature.cache_clear)
+zone_data.on_change(_signature_overrides_guess.cache_clear)
