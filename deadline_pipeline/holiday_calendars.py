@@ -69,3 +69,18 @@ def library_calendar(spec: str):
         return _library_calendar("US", None, spec) + _library_calendar("US", "DC", spec)
     country, _, subdiv = text.partition("-")
     return _library_calendar(country, subdiv or None, spec)
+
+
+def calendar_data_version() -> str:
+    """Which holiday data business days come from: ``"holidays 0.109"``.
+
+    The ``holidays`` distribution name and ``holidays.__version__``. Each release revises holidays
+    and weekend working days (a government publishes a year's transfers the year before), so
+    the same nominal date may roll differently under another release: recorded beside a rolled
+    date, this says which data rolled it, and every heartbeat records the one its process reads
+    (two processes on different releases plan different working days: ``time_data_agrees``). A
+    ``source:`` calendar (an ingested holiday source) is that source's data, not this library's.
+    """
+    import holidays
+
+    return f"holidays {holidays.__version__}"

@@ -209,23 +209,53 @@ def test_a_zone_data_switch_corrects_exactly_the_moved_obligations(engine, tmp_p
     assert len(messages(tmp_path)) == sent_before + len(new)
 
 
-def test_processes_on_different_zone_data_turn_the_check_red(engine, tmp_path):
-    """A planner that computed with 2025b and a sweep and checker on the package: red, naming each
-    process's version; green again once the planner runs on the package too."""
+@contextmanager
+def older_time_data(kind: str, tmp_path, monkeypatch):
+    """Within the block this process computes with older time data of ``kind``: ``"zone data"`` (IANA
+    2025b, a real older database) or ``"holidays"`` (release 0.100; one process cannot import two
+    releases of the library, so the version it records is set, which is what the comparison reads)."""
+    if kind == "zone data":
+        with zone_database(old(tmp_path)):
+            yield
+    else:
+        import holidays
+
+        with monkeypatch.context() as patched:
+            patched.setattr(holidays, "__version__", "0.100")
+            yield
+
+
+def older_and_ours(kind: str) -> tuple[str, dict, str]:
+    """(the older version as named in summaries, its offender fields, this process's version as named)."""
+    from deadline_pipeline.holiday_calendars import calendar_data_version
+
+    if kind == "zone data":
+        return "IANA 2025b", {"zone_data": "2025b"}, f"IANA {PACKAGE}"
+    return "holidays 0.100", {"calendar_data": "holidays 0.100"}, calendar_data_version()
+
+
+@pytest.mark.parametrize("kind", ["zone data", "holidays"])
+def test_processes_on_different_time_data_turn_the_check_red(engine, tmp_path, monkeypatch, kind):
+    """A planner that computed with 2025b (or rolled working days with another ``holidays`` release)
+    and a sweep and checker on ours: red, naming each process's version; green again once the planner
+    runs on ours too. (Only the zone data was compared once: a planner on another ``holidays`` release,
+    rolling a deadline to another working day than the checker expects, was green.)"""
+    older, fields, ours = older_and_ours(kind)
     cfg = setup(tmp_path)
     real_now = datetime.now(UTC)
-    with zone_database(old(tmp_path)):
+    with older_time_data(kind, tmp_path, monkeypatch):
         plan(engine, cfg, real_now)
     from deadline_pipeline_tests.test_watch_checks import deliver
 
     deliver(engine, cfg, real_now)
     out = w.time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=90))
     assert not out.passed
-    assert "plan IANA 2025b" in out.summary and f"this check IANA {PACKAGE}" in out.summary, out.summary
-    assert {"component": "plan", "zone_data": "2025b"} in out.offenders
+    assert f"plan {older}" in out.summary and f"this check {ours}" in out.summary, out.summary
+    assert {"component": "plan", **fields} in out.offenders
     plan(engine, cfg, datetime.now(UTC))
     out = w.time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=90))
     assert out.passed, out.summary
+    assert ours in out.summary
 
 
 def test_a_horizon_planned_with_other_zone_data_is_red_however_old_its_heartbeat(engine, tmp_path):
@@ -264,9 +294,12 @@ def test_the_cause_of_a_move_names_what_changed():
         "the working-day calendar changed (holidays 0.108 → holidays 0.109)"
 
 
-def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path, db_url):
-    """``replan_on_zone_data``, evaluated with the Dagster sensor API: the horizon planned with 2025b
-    and the package in force → one run of the whole horizon, which moves Vancouver; then nothing."""
+@pytest.mark.parametrize("kind", ["zone data", "holidays"])
+def test_new_time_data_requests_a_replan_of_the_whole_horizon(tmp_path, db_url, monkeypatch, kind):
+    """``replan_on_time_data``, evaluated with the Dagster sensor API: the horizon planned with 2025b
+    (or another ``holidays`` release) and ours in force → one run of the whole horizon, which moves
+    Vancouver; then nothing. (A ``holidays`` upgrade waited for the hourly horizon run, leaving
+    business-day-rolled reminders a working day off for up to an hour.)"""
     import dagster as dg
 
     from deadline_pipeline.orchestration.build import INGEST_JOB, build_definitions
@@ -274,24 +307,26 @@ def test_a_new_zone_data_version_requests_a_replan_of_the_whole_horizon(tmp_path
     from deadline_pipeline.orchestration.planning import PLAN_JOB
     from deadline_pipeline.store.db import make_engine
 
-    as_of = "2026-11-01T00:00:00Z"
+    older, _fields, ours = older_and_ours(kind)
     setup(tmp_path)
     with dg.instance_for_test() as instance:
-        defs = build_definitions(tmp_path / "deadlines.yaml", db_url=db_url, as_of=as_of)
-        sensor = next(s for s in defs.sensors if s.name == "replan_on_zone_data")
+        defs = build_definitions(tmp_path / "deadlines.yaml", db_url=db_url, as_of="2026-11-01T00:00:00Z")
+        sensor = next(s for s in defs.sensors if s.name == "replan_on_time_data")
         resources = {"store": defs.resources["store"], "clock": defs.resources["clock"]}
         tags = range_tags(*horizon_range(at("2026-11-01T00:00:00")))
-        with zone_database(old(tmp_path)):
+        with older_time_data(kind, tmp_path, monkeypatch):
             assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
             assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
             quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
-            assert not quiet.run_requests and "planned with IANA 2025b" in quiet.skip_message
+            assert not quiet.run_requests and older in quiet.skip_message, quiet.skip_message
         tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
         (request,) = tick.run_requests
         assert {k: v for k, v in request.tags.items() if k in tags} == tags
-        assert request.run_key.startswith(f"zone-data:2025b->{PACKAGE}@")
+        # The change as the sensor logs it: "IANA 2025b → 2026f", "holidays 0.100 → holidays 0.109".
+        assert request.run_key.startswith(f"time-data:{older} → {ours.removeprefix('IANA ')}@"), request.run_key
         assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
-        assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
+        if kind == "zone data":
+            assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
         again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
         assert not again.run_requests
 

@@ -49,7 +49,12 @@ from typing import Protocol, runtime_checkable
 
 # The library calendars and their spec grammar live in a leaf module, so that the configuration can
 # check a calendar name without importing the planner; re-exported here for the planner's callers.
-from deadline_pipeline.holiday_calendars import UnknownCalendar, holiday_source_of, library_calendar
+from deadline_pipeline.holiday_calendars import (
+    UnknownCalendar,
+    calendar_data_version,
+    holiday_source_of,
+    library_calendar,
+)
 
 CONVENTIONS = ("none", "following", "modified-following", "preceding")
 WEEKEND = frozenset({5, 6})  # Saturday, Sunday (date.weekday())
@@ -213,20 +218,6 @@ def _on_weekend(day: date, cal: HolidayCalendar) -> bool:
     if callable(check):
         return bool(check(day))
     return day.weekday() in getattr(cal, "weekend", WEEKEND)
-
-
-def calendar_data_version() -> str:
-    """Which holiday data business days come from: ``"holidays 0.109"``.
-
-    The ``holidays`` distribution name and ``holidays.__version__``. Each release revises holidays
-    and weekend working days (a government publishes a year's transfers the year before), so
-    the same nominal date may roll differently under another release: recorded beside a rolled
-    date, this says which data rolled it. A ``source:`` calendar (an ingested holiday source) is
-    that source's data, not this library's.
-    """
-    import holidays
-
-    return f"holidays {holidays.__version__}"
 
 
 def _roll(day: date, cal: HolidayCalendar, step: int) -> date:

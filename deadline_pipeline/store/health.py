@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
 from deadline_pipeline import zone_data
+from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.states import HANDLED, RETRYABLE, REVISABLE, AlertState, ObligationState
@@ -36,9 +37,9 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
                                    last_completed_at=completed_at, last_outcome=outcome,
                                    detail=redact_optional(detail),
                                    clock="replay" if replay else "live", first_completed_at=completed_at,
-                                   zone_data=zone_data.version())],
+                                   zone_data=zone_data.version(), calendar_data=calendar_data_version())],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
-                                           "clock", "zone_data"])
+                                           "clock", "zone_data", "calendar_data"])
     # A row created by beat_started has no first completion yet; this is it.
     conn.execute(update(heartbeats).where(heartbeats.c.component == component,
                                           heartbeats.c.first_completed_at.is_(None))
@@ -85,23 +86,28 @@ def first_plan_completion(conn: Connection) -> datetime | None:
                         .where(heartbeats.c.component.like("plan%"))).scalar_one()
 
 
-def zone_data_by_component(conn: Connection, real_now: datetime, window: timedelta) -> dict[str, str]:
-    """component → the IANA zone-data version its process recorded, for every live heartbeat that
-    completed or started within ``window`` before ``real_now`` (aware UTC) and recorded one: the
-    processes serving the store now, whose versions must agree (see ``time_data_agrees``)."""
+def time_data_by_component(conn: Connection, real_now: datetime,
+                           window: timedelta) -> dict[str, tuple[str | None, str | None]]:
+    """component → (IANA zone-data version, holiday-calendar release) its process recorded, for every
+    live heartbeat that completed or started within ``window`` before ``real_now`` (aware UTC) and
+    recorded either (``None``: not recorded, by a release before the record): the processes serving
+    the store now, whose versions must agree (see ``time_data_agrees``)."""
     since = real_now - window
-    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.zone_data).where(
-        heartbeats.c.clock == "live", heartbeats.c.zone_data.is_not(None),
+    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.zone_data, heartbeats.c.calendar_data).where(
+        heartbeats.c.clock == "live",
+        or_(heartbeats.c.zone_data.is_not(None), heartbeats.c.calendar_data.is_not(None)),
         or_(heartbeats.c.last_completed_at >= since, heartbeats.c.last_started_at >= since)))
-    return {c: v for c, v in rows.all()}
+    return {c: (z, k) for c, z, k in rows.all()}
 
 
-def plan_zone_data(conn: Connection, component: str = "plan") -> tuple[str | None, datetime | None]:
-    """(zone-data version, ``last_completed_at``) of the last run of the horizon planner
-    ``component``; the version is ``None`` before its first run, or when it predates the record."""
-    row = conn.execute(select(heartbeats.c.zone_data, heartbeats.c.last_completed_at)
+def plan_time_data(conn: Connection,
+                   component: str = "plan") -> tuple[str | None, str | None, datetime | None]:
+    """(IANA zone-data version, holiday-calendar release, ``last_completed_at``) of the last run of
+    the horizon planner ``component``; a version is ``None`` before its first run, or when it
+    predates its record."""
+    row = conn.execute(select(heartbeats.c.zone_data, heartbeats.c.calendar_data, heartbeats.c.last_completed_at)
                        .where(heartbeats.c.component == component)).first()
-    return (row[0], row[1]) if row else (None, None)
+    return (row[0], row[1], row[2]) if row else (None, None, None)
 
 
 def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[str | None, str | None], int]:
@@ -118,10 +124,12 @@ def beat_started(conn: Connection, component: str, started_at: datetime) -> None
     """Record that a run of ``component`` started, leaving ``last_completed_at`` alone, so a run that
     dies half-way shows as "started at X, last completed long before" instead of leaving no trace."""
     ins = dialect_insert(conn, heartbeats).values(component=component, last_started_at=started_at,
-                                                  last_outcome="running", zone_data=zone_data.version())
+                                                  last_outcome="running", zone_data=zone_data.version(),
+                                                  calendar_data=calendar_data_version())
     conn.execute(ins.on_conflict_do_update(index_elements=["component"],
                                            set_={"last_started_at": started_at, "last_outcome": "running",
-                                                 "zone_data": ins.excluded.zone_data}))
+                                                 "zone_data": ins.excluded.zone_data,
+                                                 "calendar_data": ins.excluded.calendar_data}))
 
 
 def beat_failed(conn: Connection, component: str, error: str) -> None:

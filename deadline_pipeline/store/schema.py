@@ -340,4 +340,7 @@ heartbeats = Table(
     # The IANA zone-data version the component's process computed with (see zone_data): two
     # processes on different versions plan and check different instants.
     Column("zone_data", String(20)),
+    # The holiday-calendar release it rolled business days with (holiday_calendars.calendar_data_version),
+    # for the same reason.
+    Column("calendar_data", String(40)),
 )

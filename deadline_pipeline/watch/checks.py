@@ -466,30 +466,46 @@ def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> 
 
 
 def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),
-                     own: str | None = None) -> CheckOutcome:
-    """Every process serving the store computes instants with one IANA zone-data version: the
-    versions recorded by the live heartbeats of the last ``window`` before ``real_now`` (aware UTC,
-    the real clock: a replay's heartbeats prove nothing) and ``own`` (default: this process's,
-    :func:`~deadline_pipeline.zone_data.version`) are all equal. Red otherwise, naming each
-    process's version: a planner on 2025b and a checker on 2026f put America/Vancouver's deadlines an
-    hour apart, and neither would say so. Also red while the last horizon plan's version differs
-    from the one in force (the re-plan of the horizon is pending: ``replan_on_zone_data``)."""
+                     own: str | None = None, own_calendar: str | None = None) -> CheckOutcome:
+    """Every process serving the store computes instants with one IANA zone-data version and one
+    holiday-calendar release: the versions recorded by the live heartbeats of the last ``window``
+    before ``real_now`` (aware UTC, the real clock: a replay's heartbeats prove nothing) and ``own`` /
+    ``own_calendar`` (default: this process's, :func:`~deadline_pipeline.zone_data.version` and
+    :func:`~deadline_pipeline.holiday_calendars.calendar_data_version`) are all equal. Red otherwise,
+    naming each process's versions: a planner on 2025b and a checker on 2026f put America/Vancouver's
+    deadlines an hour apart, and a planner on another ``holidays`` release rolls a deadline to another
+    working day; neither would say so. Also red while the last horizon plan's versions differ from
+    the ones in force (the re-plan of the horizon is pending: ``replan_on_time_data``). A version not
+    recorded (a heartbeat of a release before the record) is compared with nothing.
+
+    ``offenders``: ``{"component", "zone_data"}`` or ``{"component", "calendar_data"}`` per version
+    that differs from this process's."""
     from deadline_pipeline import zone_data
+    from deadline_pipeline.holiday_calendars import calendar_data_version
 
     own = own or zone_data.version()
+    own_calendar = own_calendar or calendar_data_version()
     with engine.connect() as conn:
-        seen = health.zone_data_by_component(conn, real_now, window)
-        planned_with, _ = health.plan_zone_data(conn)
+        seen = health.time_data_by_component(conn, real_now, window)
+        planned_zone, planned_calendar, _ = health.plan_time_data(conn)
     # The horizon plan however old its heartbeat: its instants are the ones reminders go out at.
-    versions = {**seen, **({"horizon plan": planned_with} if planned_with else {}), "this check": own}
-    distinct = sorted(set(versions.values()))
-    if len(distinct) == 1:
+    seen = {**seen, "horizon plan": (planned_zone, planned_calendar), "this check": (own, own_calendar)}
+    zones = {c: z for c, (z, _k) in seen.items() if z}
+    calendars = {c: k for c, (_z, k) in seen.items() if k}
+    if len(set(zones.values())) == 1 and len(set(calendars.values())) == 1:
         return CheckOutcome("time_data_agrees", True, 0,
-                            f"every process of the last {human_duration(window)} computes with IANA {own}"
-                            f" ({', '.join(sorted(versions))})")
-    offenders = [{"component": c, "zone_data": v} for c, v in sorted(versions.items()) if v != own]
-    named = ", ".join(f"{c} IANA {v}" for c, v in sorted(versions.items()))
+                            f"every process of the last {human_duration(window)} computes with IANA {own} and "
+                            f"{own_calendar} ({', '.join(sorted(zones))})")
+    offenders = [*({"component": c, "zone_data": v} for c, v in sorted(zones.items()) if v != own),
+                 *({"component": c, "calendar_data": v} for c, v in sorted(calendars.items()) if v != own_calendar)]
+    parts = []
+    if len(set(zones.values())) > 1:
+        parts.append("processes compute instants with different time-zone data: "
+                     + ", ".join(f"{c} IANA {v}" for c, v in sorted(zones.items())))
+    if len(set(calendars.values())) > 1:
+        parts.append("processes roll business days with different holiday calendars: "
+                     + ", ".join(f"{c} {v}" for c, v in sorted(calendars.items())))
     return CheckOutcome("time_data_agrees", False, len(offenders),
-                        f"processes compute instants with different time-zone data: {named}; deploy one zone "
-                        f"database everywhere (DEADLINE_ZONE_DATA and the tzdata package) so due instants agree",
+                        "; ".join(parts) + "; deploy one zone database (DEADLINE_ZONE_DATA and the tzdata package) "
+                        "and one holidays release everywhere so due instants agree",
                         offenders)

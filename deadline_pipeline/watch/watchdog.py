@@ -210,9 +210,10 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     # Planning that ran on time but reported problems (its heartbeat says "partial").
     planned = plan_complete(engine, now)
     report.rows.append(WatchRow("plan_complete", "plan", planned.passed, planned.summary))
-    # Processes on different zone data put one deadline at two instants (the real clock: recent heartbeats).
+    # Processes on different zone data or holiday calendars put one deadline at two instants (the
+    # real clock: recent heartbeats).
     agrees = time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=watch.plan_interval_minutes))
-    report.rows.append(WatchRow("time_data_agrees", "zone data", agrees.passed, agrees.summary))
+    report.rows.append(WatchRow("time_data_agrees", "time data", agrees.passed, agrees.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
     for name in names if names is not None else sorted(states):
         state = states.get(name)
