@@ -809,6 +809,23 @@ def test_an_ai_deadlines_item_with_a_misspelt_date_or_zone_key_is_skipped(item, 
     assert problem.position == "entry 1 (id=p27, line 1) deadline 2 (line 1)", problem
 
 
+@pytest.mark.parametrize("empty", ["timezone:", "timezone: ''", "timezone: '  '", "timezone: null"])
+def test_an_ai_deadlines_item_with_an_empty_zone_takes_its_entrys_zone(empty):
+    """An item's empty ``timezone:`` (a template's blank left in) is no zone, like an absent key. It went
+    to the source's ``default_tz`` instead of the entry's ``UTC+8``: the paper deadline was due at 23:59Z,
+    eight hours late, while validate and every check said OK."""
+    payload = ("- title: P\n  year: 2027\n  id: p27\n  timezone: UTC+8\n  deadlines:\n"
+               "    - {type: abstract, date: '2027-02-20 23:59'}\n"
+               f"    - type: paper\n      date: '2027-03-01 23:59'\n      {empty}\n")
+    for default_tz in ("UTC", None):
+        result = parse_payload("ai-deadlines", payload.encode(), source="s", default_tz=default_tz)
+        assert result.problems == [], result.problems
+        assert {r.rule_id: (r.tz, instant(r)) for r in result.rules} == {
+            "p27/abstract/abstract": ("UTC+8", utc("2027-02-20T15:59:00Z")),
+            "p27/paper/paper": ("UTC+8", utc("2027-03-01T15:59:00Z")),
+        }
+
+
 @pytest.mark.parametrize(("item", "shown"), [
     ("{type: paper, deadline: '2027-03-08 23:59'}",
      "deadline has no 'date' key (its keys: type, deadline); did you mean 'date' for 'deadline'?"),

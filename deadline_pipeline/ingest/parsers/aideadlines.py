@@ -307,7 +307,7 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
                  repeated_in_items: dict[int, list[RepeatedKey]]) -> list[_Spec] | None:
     """The specs of a typed entry's ``deadlines`` items, in order; each unusable item (a key written
     twice, not a mapping, no ``type``) is a problem instead. ``None`` (with a problem) when
-    ``deadlines`` is not a list. An item without ``timezone`` takes ``entry_tz_raw``."""
+    ``deadlines`` is not a list. An item without ``timezone``, or with an empty one, takes ``entry_tz_raw``."""
     items = entry.get("deadlines") or []
     if not isinstance(items, list):
         result.problems.append(ParseProblem(position, "'deadlines' is not a list"))
@@ -345,7 +345,12 @@ def _typed_specs(entry: dict, node, position: str, entry_tz_raw, result: ParseRe
         if no_date:
             result.problems.append(ParseProblem(where, no_date))
             continue
-        raw_tz = item.get("timezone", entry_tz_raw)
+        raw_tz = item.get("timezone")
+        if raw_tz is None or (isinstance(raw_tz, str) and not raw_tz.strip()):
+            # An empty ``timezone:`` is no zone, as an absent one: the entry's zone. Read as absent only
+            # when the key was missing, the item fell through to the source's ``default_tz`` (23:59 under
+            # an entry in UTC+8 read in UTC, eight hours late with every check green).
+            raw_tz = entry_tz_raw
         specs.append((where, kind, label, label, item.get("date"), raw_tz))
     return specs
 
