@@ -174,6 +174,28 @@ def test_a_guessed_tzid_is_read_in_the_calendars_vtimezone(engine, tmp_path, cal
     assert _watched(engine, cfg, now) == (len(expected), [])
 
 
+def test_a_date_written_with_a_tzid_is_an_all_day_date(engine, tmp_path):
+    """``DTSTART;TZID=America/New_York:20270310`` (no VALUE=DATE) can only be a date: RFC 5545 §3.3.4, and a
+    TZID does not apply to a date (§3.2.19). The library read it as midnight in the zone, so the all-day
+    deadline was due at 00:00 (05:00Z), a day before the end of the day it is due at, and an EXDATE so
+    written excluded nothing, with every check green. Now both are dates (read in ann's zone, as an
+    all-day date without X-WR-TIMEZONE is), each line with a note."""
+    calendar = _calendar(*_event("filing", "DTSTART;TZID=America/New_York:20270310"),
+                         *_event("daily", "DTSTART;TZID=America/New_York:20270315", "RRULE:FREQ=DAILY;COUNT=3",
+                                 "EXDATE;TZID=America/New_York:20270316"))
+    cfg = _configure(tmp_path, calendar)
+    now = datetime(2027, 3, 1, tzinfo=UTC)
+    out = ingest_and_plan(engine, cfg, now)
+    assert out.problems == []
+    assert _planned(engine) == [("filing", "active", _utc("2027-03-11T04:59:59Z")),
+                                ("daily", "active", _utc("2027-03-16T03:59:59Z")),
+                                ("daily", "active", _utc("2027-03-18T03:59:59Z"))]
+    assert _watched(engine, cfg, now) == (3, [])
+    check = rules_complete(engine, "cal")
+    assert check.passed and "DTSTART;TZID=America/New_York:20270310 is a DATE written without VALUE=DATE" in str(
+        check.metadata), check
+
+
 def test_a_misspelt_x_wr_timezone_skips_the_floating_components(engine, tmp_path):
     """A floating time of a calendar whose X-WR-TIMEZONE names no zone (``Europe/Berln``) was read in each
     subscriber's zone, with a note: 09:00 in Berlin (08:00Z) due at 14:00Z for New York, and

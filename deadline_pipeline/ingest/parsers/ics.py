@@ -32,6 +32,10 @@ What becomes of each component (section numbers are RFC 5545's):
   Berlin wall time, 10:15Z), so the TZID is taken off such values of DTSTART, DTEND, DUE,
   RECURRENCE-ID, EXDATE and RDATE before the library reads them, and each such line is a note
   naming its line (``validate`` reports it). An RRULE's UNTIL is then compared with the UTC instants.
+* A date written with a TZID and no VALUE=DATE (``DTSTART;TZID=America/New_York:20270310``) is that date
+  (§3.3.4; a TZID does not apply to a DATE, §3.2.19): the library reads it as midnight in the zone, a
+  day before the end of the day an all-day deadline is due at, so the line is read as ``VALUE=DATE``
+  without the TZID, with a note naming its line.
 * ``rrule``: the RECUR value (§3.3.10) re-serialised by ``vRecur.to_ical()``, after checking the
   raw text for repeated parts and COUNT+UNTIL (the library silently keeps the last of a repeated
   part, which would change the rule's meaning). An EXRULE (RFC 2445, deprecated by RFC 5545) is not
@@ -101,10 +105,10 @@ from deadline_pipeline.ingest.parsers.ics_lines import (
     COMPONENTS,
     WHAT,
     ScannedComponent,
+    library_lines,
     named_lines,
     scan_components,
     unfold,
-    utc_values_without_tzid,
 )
 from deadline_pipeline.ingest.parsers.ics_revisions import (
     latest_revisions,
@@ -172,7 +176,7 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
     lines = list(zip(numbers, text.split("\r\n"), strict=True)) if text else []
     scanned = scan_components(lines, source)
     result = ParseResult()
-    bodies, result.problems = utc_values_without_tzid(lines)
+    bodies, result.problems = library_lines(lines)
     tops, unreadable = from_library(lines, bodies, source)
     components: list[tuple[icalendar.cal.Component, str | UnreadableZone | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]

@@ -160,7 +160,7 @@ def _strictly_read(bodies: list[tuple[int, str]]) -> list[tuple[int, int, str, s
 def from_library(lines: list[tuple[int, str]], bodies: list[tuple[int, str]],
                   source: str) -> tuple[list, list[_Unreadable]]:
     """The library's reading of ``bodies`` (the lines as handed over, with their physical line numbers,
-    see :func:`~.ics_lines.utc_values_without_tzid`), and the lines left out of it (:func:`_unreadable_lines`).
+    see :func:`~.ics_lines.library_lines`), and the lines left out of it (:func:`_unreadable_lines`).
 
     The library reads every component but a VEVENT strictly: one value it refuses in a VTODO, a VALARM
     or the VCALENDAR (``DURATION:P1Y``, ``DUE:2026XX01``) made it refuse the whole payload, "position

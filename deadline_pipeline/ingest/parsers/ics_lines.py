@@ -1,6 +1,7 @@
 """The physical lines of an iCalendar payload, read before the library reads it: unfolding
 (RFC 5545 §3.1), each component's lines and their numbers (:class:`ScannedComponent`), and the
-UTC values written with a TZID that the library would misread (§3.3.5). Used by :mod:`.ics`."""
+UTC values (§3.3.5) and the dates (§3.3.4) written with a TZID, which the library would misread. Used by
+:mod:`.ics`."""
 
 from __future__ import annotations
 
@@ -149,6 +150,19 @@ def _utc_form(value: str) -> bool:
     return value.split("/", 1)[0].strip().upper().endswith("Z")
 
 
+def _zoned_parts(body: str) -> tuple[str, object, str, object] | None:
+    """``(name, parameters, value, TZID or None)`` of a content line of a :data:`_ZONED` property;
+    ``None`` for another property's line and for a line the library cannot split (its to report)."""
+    head = NAME.match(body)
+    if head is None or head.group(0).upper() not in _ZONED:
+        return None
+    try:
+        name, params, value = Contentline(body).parts()
+    except Exception:  # noqa: BLE001 — an unsplittable line is the library's to report
+        return None
+    return name, params, value, params.get("TZID")
+
+
 def _tzid_off_utc_values(body: str) -> tuple[list[str], str] | None:
     """A content line with a TZID and UTC values, rewritten so the library reads those values as UTC.
 
@@ -157,14 +171,10 @@ def _tzid_off_utc_values(body: str) -> tuple[list[str], str] | None:
     line that needs no change. Without this, icalendar 7 applies the TZID to ``…Z`` and drops the
     ``Z``: ``DTSTART;TZID=Europe/Berlin:20260725T121500Z`` became 10:15Z instead of 12:15Z.
     """
-    head = NAME.match(body)
-    if head is None or head.group(0).upper() not in _ZONED:
+    parts = _zoned_parts(body)
+    if parts is None:
         return None
-    try:
-        name, params, value = Contentline(body).parts()
-    except Exception:  # noqa: BLE001 — an unsplittable line is the library's to report
-        return None
-    tzid = params.get("TZID")
+    name, params, value, tzid = parts
     values = value.split(",")
     utc = [v for v in values if _utc_form(v)]
     if not tzid or not utc:
@@ -181,14 +191,44 @@ def _tzid_off_utc_values(body: str) -> tuple[list[str], str] | None:
     return lines, note
 
 
-def utc_values_without_tzid(lines: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], list[ParseProblem]]:
-    """The logical lines to hand to the library (:func:`_tzid_off_utc_values` applied to each), each with
-    its physical line number, and a note per rewritten line, positioned at its physical line (``"line
-    N"``). ``lines``: the unfolded lines with their physical line numbers. Pure."""
+#: A DATE value (§3.3.4): eight digits, no time.
+_DATE = re.compile(r"^\d{8}$")
+
+
+def _tzid_off_dates(body: str) -> tuple[list[str], str] | None:
+    """A content line with a TZID, no VALUE parameter and only DATE values, rewritten as
+    ``VALUE=DATE`` without the TZID, and the note saying so; ``None`` for any other line.
+
+    ``DTSTART;TZID=America/New_York:20270310`` is no DATE-TIME (the default value type, §3.3.5, has a
+    time), so the only thing it can mean is the date, an all-day deadline due at the end of that day;
+    a TZID does not apply to a DATE (§3.2.19). icalendar 7 reads it as midnight in the zone, and the
+    deadline was due at 00:00, a day early, with every check green.
+    """
+    parts = _zoned_parts(body)
+    if parts is None:
+        return None
+    name, params, value, tzid = parts
+    values = [v.strip() for v in value.split(",")]
+    if not tzid or "VALUE" in params or not all(_DATE.match(v) for v in values):
+        return None
+    plain = params.copy()
+    del plain["TZID"]
+    plain["VALUE"] = "DATE"
+    note = (f"{name};TZID={tzid}:{value} is a DATE written without VALUE=DATE (RFC 5545 §3.3.4); read as "
+            f"the date{'s' if len(values) > 1 else ''} written (an all-day start is due at the end of its day), "
+            "the TZID is not applied (§3.2.19)")
+    return [f"{name};{plain.to_ical().decode()}:{','.join(values)}"], note
+
+
+def library_lines(lines: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], list[ParseProblem]]:
+    """The logical lines to hand to the library (:func:`_tzid_off_utc_values` and
+    :func:`_tzid_off_dates` applied to each), each with its physical line number, and a note per
+    rewritten line, positioned at its physical line (``"line N"``). ``lines``: the unfolded lines with
+    their physical line numbers. Pure."""
     bodies: list[tuple[int, str]] = []
     notes: list[ParseProblem] = []
     for number, body in lines:
-        rewritten = _tzid_off_utc_values(body)
+        rewritten = _tzid_off_utc_values(body) or _tzid_off_dates(body)
         if rewritten is None:
             bodies.append((number, body))
             continue
