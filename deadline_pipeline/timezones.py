@@ -2,15 +2,17 @@
 
 Accepted spellings:
 
-* IANA names (``America/Los_Angeles``), through :mod:`zoneinfo` — checked *before* abbreviations,
+* IANA names (``America/Los_Angeles``; in any case, ``europe/berlin``, since no two differ only in
+  case), through :mod:`zoneinfo` — checked *before* abbreviations,
   so the IANA zones ``CET``, ``EET``, ``MET``, ``WET``, ``EST5EDT``, ``CST6CDT``, ``MST7MDT`` and
   ``PST8PDT`` are those zones with their daylight saving, never a fixed abbreviation offset (reading
   ``CET`` as a fixed UTC+1 puts every summer deadline an hour late);
 * prefixed IANA names as Mozilla/Evolution write TZIDs (``/mozilla.org/20050126_1/Asia/Tokyo``,
   ``/softwarestudio.org/Olson_20011030_5/America/New_York``): the IANA name at the end;
-* ``AoE`` ("Anywhere on Earth") = the fixed offset UTC-12, which never observes daylight saving
-  (the convention of conference deadlines, e.g. the IEEE and NeurIPS calls for papers);
-* fixed offsets ``UTC``, ``UTC-12``, ``UTC+5:30``, ``GMT+8``, ``+02:00`` (``GMT+8`` means eight hours
+* ``AoE`` (also spelt out, ``Anywhere on Earth``) = the fixed offset UTC-12, which never observes
+  daylight saving (the convention of conference deadlines, e.g. the IEEE and NeurIPS calls for papers);
+* fixed offsets ``UTC``, ``UTC-12``, ``UTC+5:30``, ``GMT+8``, ``+02:00``, their minus also written as the
+  minus sign U+2212 or a dash (``UTC−12``, ``UTC–12``) (``GMT+8`` means eight hours
   *ahead* of UTC, as conference pages use it — not the inverted POSIX ``Etc/GMT+8``);
 * abbreviations with one common meaning, mapped explicitly (``PST``/``PDT``…): a daylight-time
   abbreviation means that fixed offset, because a source that writes ``PDT`` means -07:00 even when
@@ -268,6 +270,14 @@ _WINDOWS_FOLDED: dict[str, str] = {k.casefold(): v for k, v in WINDOWS_ZONES.ite
 _OFFSET = re.compile(r"^(?:UTC|GMT|UT)?\s*(?P<sign>[+-])\s*(?P<h>\d{1,2})(?::?(?P<m>\d{2}))?$", re.IGNORECASE)
 
 
+# "UTC−12" with the minus sign U+2212, or a dash a word processor put for the hyphen ("UTC–12"): the
+# offset is written in full, so it is read; refused, the source's deadlines went unplanned.
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-",
+                              "\u2014": "-", "\ufe63": "-", "\uff0d": "-", "\uff0b": "+"})
+# AoE spelt out, as calls for papers write it ("Anywhere on Earth", "anywhere-on-earth").
+_ANYWHERE_ON_EARTH = re.compile(r"^anywhere[\s_-]+on[\s_-]+earth$", re.IGNORECASE)
+
+
 def _fixed(hours: float, name: str) -> timezone:
     if abs(hours) > 14:
         raise UnknownTimeZone(f"time zone {name!r}: offset {hours:+g} h is outside UTC-14..UTC+14")
@@ -312,6 +322,15 @@ def _iana_names() -> frozenset[str]:
     return frozenset(name for name in listed if _not_portable(name) is None)
 
 
+@lru_cache(maxsize=1)
+def _iana_folded() -> dict[str, str]:
+    """``{name.casefold(): name}`` of :func:`_iana_names` whose folded form no other name shares."""
+    seen: dict[str, list[str]] = {}
+    for name in _iana_names():
+        seen.setdefault(name.casefold(), []).append(name)
+    return {folded: names[0] for folded, names in seen.items() if len(names) == 1}
+
+
 def zone_names() -> frozenset[str]:
     """The IANA zone names :func:`resolve_zone` accepts as written (see :func:`_iana_names`): the names a
     misspelt zone is compared with to say which was meant."""
@@ -325,6 +344,11 @@ def _iana(text: str) -> ZoneInfo | None:
         return ZoneInfo(text)
     if text.upper() in names and "/" not in text:  # "cet", "est5edt" as some producers write them
         return ZoneInfo(text.upper())
+    folded = _iana_folded().get(text.casefold())
+    if folded is not None:
+        # "europe/berlin", "America/new_york": IANA names differ in more than case from no other name, so the
+        # zone meant is certain; refused, every deadline of such a source or calendar went unplanned.
+        return ZoneInfo(folded)
     if text.startswith("/"):
         parts = [p for p in text.split("/") if p]
         for i in range(1, len(parts)):
@@ -374,7 +398,9 @@ def _resolve(name: str) -> tzinfo:
             return iana
     if upper in ABBREVIATIONS:
         return _fixed(ABBREVIATIONS[upper], text)
-    m = _OFFSET.match(text)
+    if _ANYWHERE_ON_EARTH.match(text):
+        return _fixed(ABBREVIATIONS["AOE"], text)
+    m = _OFFSET.match(text.translate(_MINUS_SIGNS))
     if m:
         hours = int(m.group("h")) + int(m.group("m") or 0) / 60
         return _fixed(hours if m.group("sign") == "+" else -hours, text)

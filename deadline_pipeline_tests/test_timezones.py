@@ -23,6 +23,26 @@ def test_fixed_offsets_and_abbreviations(name, hours):
     assert offset(name) == timedelta(hours=hours)
 
 
+@pytest.mark.parametrize("name, hours", [
+    ("Anywhere on Earth", -12), ("anywhere-on-earth", -12), ("UTC\u221212", -12), ("UTC\u201312", -12),
+    ("GMT\u22125:30", -5.5), ("\u221203:00", -3),
+])
+def test_spelt_out_aoe_and_a_minus_sign_are_read(name, hours):
+    """Calls for papers spell AoE out, and word processors put the minus sign U+2212 or an en dash for the
+    hyphen; refused as unknown zones, every deadline written so went unplanned."""
+    assert offset(name) == timedelta(hours=hours)
+
+
+@pytest.mark.parametrize("name, iana", [
+    ("europe/berlin", "Europe/Berlin"), ("AMERICA/NEW_YORK", "America/New_York"), ("Asia/calcutta", "Asia/Calcutta"),
+    ("etc/gmt+5", "Etc/GMT+5"),
+])
+def test_iana_names_are_read_in_any_case(name, iana):
+    """No two IANA names differ only in case, so ``europe/berlin`` (an ICS TZID or X-WR-TIMEZONE, a YAML
+    or CSV zone as some exporters write them) can mean one zone; it was refused, the deadline unplanned."""
+    assert resolve_zone(name) == ZoneInfo(iana)
+
+
 def test_gmt_plus_means_ahead_of_utc_not_posix_inverted():
     assert offset("GMT+8") == timedelta(hours=8)
     assert ZoneInfo("Etc/GMT+8").utcoffset(datetime(2026, 1, 1)) == timedelta(hours=-8)
