@@ -20,6 +20,9 @@ Accepted spellings:
   adds a note when the season is wrong: :data:`SEASONAL_ABBREVIATIONS`);
 * Windows zone names (``W. Europe Standard Time``), through the CLDR table below.
 
+IANA's ``Etc/GMT+5`` is read as IANA defines it, five hours *behind* UTC (the POSIX sign), unlike
+``GMT+5``; ingest says so for each source that uses one (:func:`inverted_sign`).
+
 Anything else raises :class:`UnknownTimeZone` naming the input. So do the keys of a machine's
 zoneinfo folder that are not IANA zone names and mean different instants on different machines:
 ``localtime``, ``Factory``, ``posixrules``, ``posix/…``, ``right/…`` (IANA names are those of the
@@ -117,6 +120,30 @@ def ambiguous_abbreviation(name: object) -> str | None:
     offset = f"UTC{hours:+g}" if hours else "UTC"
     return (f"time zone {name.strip()!r} is ambiguous: read as {offset}, but it also names {others}; "
             "write the IANA name of the zone meant")
+
+
+_POSIX_SIGNED = re.compile(r"^Etc/GMT(?P<sign>[+-])(?P<h>\d{1,2})$", re.IGNORECASE)
+
+
+def inverted_sign(name: object) -> str | None:
+    """For a zone written as IANA's ``Etc/GMT+5`` or ``Etc/GMT-8`` (any case, surrounding space ignored),
+    a sentence saying it is read as IANA defines it, with POSIX's inverted sign, and what to write if the
+    other reading was meant; ``None`` for anything else (``Etc/GMT+0``, ``GMT+8``, an IANA city).
+
+    ``Etc/GMT+8`` is eight hours *behind* UTC, ``GMT+8`` (:data:`_OFFSET`) eight hours ahead. A publisher
+    who meant Beijing by ``Etc/GMT+8`` gets its deadlines sixteen hours late; which was meant cannot be told,
+    so it is read as IANA says and said where the source's records are reported."""
+    if not isinstance(name, str):
+        return None
+    m = _POSIX_SIGNED.match(name.strip())
+    if m is None or not int(m.group("h")):
+        return None
+    hours = int(m.group("h"))
+    behind = m.group("sign") == "+"
+    read, other = (f"UTC-{hours}", f"UTC+{hours}") if behind else (f"UTC+{hours}", f"UTC-{hours}")
+    return (f"time zone {name.strip()!r} is read as IANA defines it, {read} ({hours} hour(s) "
+            f"{'behind' if behind else 'ahead of'} UTC): in the Etc area the sign is POSIX's, the inverse of "
+            f"'GMT{m.group('sign')}{hours}'; if {other} was meant, write {other}")
 
 
 # Windows time-zone names → IANA, from the Unicode CLDR windowsZones table (territory "001", the

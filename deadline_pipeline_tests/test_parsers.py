@@ -86,6 +86,27 @@ def test_an_ambiguous_zone_abbreviation_is_read_as_documented_and_said():
     assert any("'IST' is ambiguous" in p.message for p in floating.problems), floating.problems
 
 
+def test_an_etc_gmt_zone_is_read_with_its_posix_sign_and_said():
+    """IANA's ``Etc/GMT+8`` is eight hours behind UTC, ``GMT+8`` eight hours ahead: a publisher who meant
+    Beijing by the first has every deadline sixteen hours late. The reading stays IANA's (which was meant
+    cannot be told), and it was silent; now one note per such zone says it. A zone a calendar's own
+    VTIMEZONE was matched to (a fixed UTC-12 read as ``Etc/GMT+12``) is no spelling of the publisher's: no
+    note."""
+    csv = b"id,title,due,timezone\nb1,Filing,2027-03-01 23:59,Etc/GMT+8\nb2,Filing,2027-03-01 23:59,Etc/GMT+0\n"
+    result = parse_payload("csv", csv, source="s")
+    assert instant(result.rules[0]) == utc("2027-03-02T07:59:00Z")  # the reading is unchanged
+    assert [(p.skipped, p.position) for p in result.problems] == [(False, "1 rule(s), first 'b1'")]
+    assert ("'Etc/GMT+8' is read as IANA defines it, UTC-8 (8 hour(s) behind UTC)" in result.problems[0].message
+            and "if UTC+8 was meant, write UTC+8" in result.problems[0].message), result.problems
+    calendar = ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//t//EN\r\nBEGIN:VTIMEZONE\r\nTZID:Office\r\n"
+                "BEGIN:STANDARD\r\nDTSTART:19700101T000000\r\nTZOFFSETFROM:-1200\r\nTZOFFSETTO:-1200\r\n"
+                "END:STANDARD\r\nEND:VTIMEZONE\r\nBEGIN:VEVENT\r\nUID:o@t\r\nDTSTAMP:20260101T000000Z\r\n"
+                "DTSTART;TZID=Office:20270301T170000\r\nRRULE:FREQ=WEEKLY;COUNT=2\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n")
+    matched = parse_payload("ics", calendar.encode(), source="s")
+    assert [(r.tz, r.extra["tzid"]) for r in matched.rules] == [("Etc/GMT+12", "Office")]
+    assert matched.problems == []
+
+
 def test_every_pwc_file_parses_without_problems(data: Path):
     files = [data / "ai-deadlines-pwc" / "conferences.yml",
              *sorted((data / "ai-deadlines-pwc" / "revisions").glob("*.yml"))]

@@ -19,6 +19,7 @@ from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.timezones import (
     UnknownTimeZone,
     ambiguous_abbreviation,
+    inverted_sign,
     offset_disagreements,
     resolve_zone,
     seasonal_abbreviation,
@@ -59,17 +60,24 @@ def parse_payload(fmt: str, content: bytes, *, source: str, default_tz: str | No
 
 
 def _note_ambiguous_zones(result: ParseResult, default_tz: str | None) -> None:
-    """One note (nothing skipped) per ambiguous zone abbreviation the rules use (``CST`` read as US
-    Central, say), with how many rules and the first: the reading is a guess, so it is said where the
-    source's records are reported, not applied silently."""
+    """One note (nothing skipped) per ambiguous zone the rules use — an abbreviation (``CST`` read as US
+    Central, say; :func:`~deadline_pipeline.timezones.ambiguous_abbreviation`) or an ``Etc/GMT±N`` read
+    with its POSIX sign (:func:`~deadline_pipeline.timezones.inverted_sign`) — with how many rules and
+    the first: which reading was meant is a guess, so it is said where the source's records are
+    reported, not applied silently. A zone a calendar's VTIMEZONE was matched to (``extra["tzid"]``
+    names what was written) is no spelling of the publisher's and has no note."""
     by_zone: dict[str, list[str]] = {}
     for rule in result.rules:
         zone = rule.tz if rule.tz is not None else default_tz
-        if ambiguous_abbreviation(zone):
+        written = (rule.extra or {}).get("tzid")
+        if written is not None and written != rule.tz:
+            continue
+        if ambiguous_abbreviation(zone) or inverted_sign(zone):
             by_zone.setdefault(zone.strip(), []).append(rule.rule_id)
     for zone, ids in by_zone.items():
         result.problems.append(ParseProblem(
-            f"{len(ids)} rule(s), first {ids[0]!r}", ambiguous_abbreviation(zone), None, skipped=False))
+            f"{len(ids)} rule(s), first {ids[0]!r}", ambiguous_abbreviation(zone) or inverted_sign(zone), None,
+            skipped=False))
 
 
 def _note_out_of_season(result: ParseResult, default_tz: str | None) -> None:
