@@ -174,6 +174,32 @@ def test_a_guessed_tzid_is_read_in_the_calendars_vtimezone(engine, tmp_path, cal
     assert _watched(engine, cfg, now) == (len(expected), [])
 
 
+@pytest.mark.parametrize(("start", "due", "expected"), [
+    # Each Monday 09:00 start is due on the Sunday after, each Thursday one on the Wednesday after, at the
+    # end of the day in Berlin (CET, UTC+1): 22:59:59Z.
+    ("DTSTART;TZID=Europe/Berlin:20270301T090000", "DUE;VALUE=DATE:20270307",
+     ["2027-03-07T22:59:59Z", "2027-03-10T22:59:59Z", "2027-03-14T22:59:59Z", "2027-03-17T22:59:59Z"]),
+    # The reverse: a DATE start, a DUE at 17:00 Berlin six days and 17 hours after it.
+    ("DTSTART;VALUE=DATE:20270301", "DUE;TZID=Europe/Berlin:20270307T170000",
+     ["2027-03-07T16:00:00Z", "2027-03-10T16:00:00Z", "2027-03-14T16:00:00Z", "2027-03-17T16:00:00Z"]),
+], ids=["date-due", "date-start"])
+def test_a_recurring_todo_with_a_date_and_a_date_time_steps_its_starts(engine, tmp_path, start, due, expected):
+    """A DUE and a DTSTART of different value types (RFC 5545 §3.8.2.3 forbids it) had no common clock, so
+    the series was stepped from the DUE as if it were the start: with BYDAY=MO,TH the dues fell on Sunday,
+    Monday, Thursday and Monday, the Wednesday ones a day late, with every check green. Now the DATE is
+    put on the other's clock and each instance is due the same span after its own start, with a note."""
+    calendar = _calendar("BEGIN:VTODO", "UID:mixed@test", "DTSTAMP:20260101T000000Z", "SUMMARY:Timesheet",
+                         start, due, "RRULE:FREQ=WEEKLY;BYDAY=MO,TH;COUNT=4", "END:VTODO")
+    cfg = _configure(tmp_path, calendar)
+    now = datetime(2027, 2, 1, tzinfo=UTC)
+    out = ingest_and_plan(engine, cfg, now)
+    assert out.problems == []
+    assert _planned(engine) == [("mixed@test", "active", _utc(e)) for e in expected]
+    assert _watched(engine, cfg, now) == (4, [])
+    check = rules_complete(engine, "cal")
+    assert check.passed and "which RFC 5545 §3.8.2.3 forbids" in str(check.metadata), check
+
+
 def test_a_date_written_with_a_tzid_is_an_all_day_date(engine, tmp_path):
     """``DTSTART;TZID=America/New_York:20270310`` (no VALUE=DATE) can only be a date: RFC 5545 §3.3.4, and a
     TZID does not apply to a date (§3.2.19). The library read it as midnight in the zone, so the all-day

@@ -116,7 +116,7 @@ from deadline_pipeline.ingest.parsers.ics_revisions import (
     without_cancelled,
     without_vanished_overrides,
 )
-from deadline_pipeline.ingest.parsers.ics_todo import closed_marks, due_offset, todo_due
+from deadline_pipeline.ingest.parsers.ics_todo import closed_marks, due_offset, due_on_start_clock, todo_due
 from deadline_pipeline.ingest.parsers.ics_values import (
     Skip,
     UnreadableZone,
@@ -310,6 +310,7 @@ def _component_rule(component: icalendar.cal.Component, declared_zone: str | Unr
     rrule = _rrule(component, scan)
     _note_exrules(component, scan, problems, position, uid)
     rdates = dates_of(component, "RDATE", problems, position)
+    start = due_on_start_clock(component, start, rrule is not None or bool(rdates), scan, problems, position, uid)
     extra: dict = {}
     if start.written:
         extra["tzid"] = start.written

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 import icalendar
 
@@ -16,7 +16,7 @@ from deadline_pipeline.ingest.parsers.base import (
 from deadline_pipeline.ingest.parsers.ics_lines import ScannedComponent, named_lines
 from deadline_pipeline.ingest.parsers.ics_values import Skip, When, text_of, when_of
 from deadline_pipeline.plan.offsets import Offset
-from deadline_pipeline.rules import format_local, year_problem
+from deadline_pipeline.rules import END_OF_DAY, format_local, year_problem
 from deadline_pipeline.timezones import (
     resolve_zone,
 )
@@ -90,6 +90,11 @@ def due_offset(todo: icalendar.cal.Component, due: When, scan: ScannedComponent 
         begin = when_of(prop, "DTSTART")
     except Skip:
         return {}  # an unreadable DTSTART of a to-do read at its DUE: no occurrence to shift from
+    if not isinstance(begin.value, datetime) and isinstance(due.value, datetime):
+        # A DATE DTSTART with a DATE-TIME DUE (§3.8.2.3 forbids it, said by due_on_start_clock): the start
+        # of that day on the DUE's clock, so the series still steps in DTSTARTs. From the DUE it put a
+        # BYDAY=MO,TH series' Sunday due on Mondays and Thursdays.
+        begin = When(datetime.combine(begin.value, time.min), due.tz, due.zone)
     if begin.aware is not None and due.aware is not None:
         begin = When(begin.aware.astimezone(due.zone).replace(tzinfo=None), due.tz, due.zone)
     if type(begin.value) is not type(due.value) or (begin.zone is None) != (due.zone is None):
@@ -101,6 +106,42 @@ def due_offset(todo: icalendar.cal.Component, due: When, scan: ScannedComponent 
         return {"due_offset_seconds": seconds}
     duration = _duration(todo["DURATION"], scan)  # read by todo_due already: raises nothing new
     return {"due_offset_seconds": seconds, "due_span": Offset(duration.days, duration.seconds).iso()}
+
+
+def due_on_start_clock(todo: icalendar.cal.Component, due: When, recurring: bool, scan: ScannedComponent | None,
+                       problems: list[ParseProblem], position: str, uid: str | None) -> When:
+    """A recurring to-do's ``due`` (its DUE) on its DTSTART's clock when one is a DATE and the other a
+    DATE-TIME, which RFC 5545 §3.8.2.3 forbids, with a note appended to ``problems`` (at ``position``,
+    record ``uid``) naming both lines; ``due`` unchanged otherwise, and for a VEVENT, a one-off
+    (``recurring`` False: no RRULE and no RDATE) or an override.
+
+    A DATE DUE becomes the end of that day (23:59:59) in DTSTART's zone (floating when DTSTART is), so
+    :func:`due_offset` finds the span each instance is due after its start; a DATE DTSTART is read there
+    as the start of its day on the DUE's clock. Without a common clock the series was stepped from the
+    DUE instead of the DTSTART: with ``FREQ=WEEKLY;BYDAY=MO,TH`` from Monday 09:00 and a DUE on Sunday,
+    the Wednesday dues of the Thursday starts were planned on Thursdays, a day late, and the Sunday ones
+    on Mondays."""
+    prop = todo.get("DTSTART")
+    if (todo.name != "VTODO" or not recurring or todo.get("RECURRENCE-ID") is not None or todo.get("DUE") is None
+            or prop is None or isinstance(prop, list)):
+        return due  # a one-off or an override is due at its DUE: there is no series to step
+    try:
+        begin = when_of(prop, "DTSTART")
+    except Skip:
+        return due  # read at its DUE: there is no start to step from
+    if isinstance(begin.value, datetime) == isinstance(due.value, datetime):
+        return due
+    lines = f"{named_lines(scan, 'DUE')} and DTSTART"
+    if isinstance(begin.value, datetime):
+        problems.append(ParseProblem(position, (
+            f"{lines} differ in value type (a DATE and a DATE-TIME), which RFC 5545 §3.8.2.3 forbids; each "
+            "instance is due at the end of its DUE day (23:59:59) on the DTSTART's clock"
+            f"{f' ({begin.tz})' if begin.tz else ''}"), uid, skipped=False))
+        return When(datetime.combine(due.value, END_OF_DAY), begin.tz, begin.zone, begin.known, begin.written)
+    problems.append(ParseProblem(position, (
+        f"{lines} differ in value type (a DATE-TIME and a DATE), which RFC 5545 §3.8.2.3 forbids; each "
+        "instance starts at 00:00 of its DTSTART day on the DUE's clock"), uid, skipped=False))
+    return due
 
 
 def todo_due(todo: icalendar.cal.Component, key: str, start: When, scan: ScannedComponent | None,
