@@ -316,6 +316,14 @@ class Receiver(BaseHTTPRequestHandler):
             "/error": (500, {}, b"boom"),
             "/bad": (400, {}, b"bad payload"),
             "/slow": (200, {}, b"{}"),
+            # Slack-compatible receivers: Slack and Mattermost answer a bare "ok"; the Slack Web API
+            # (a chat.postMessage URL configured by mistake) and Rocket.Chat refuse with a 200.
+            "/slack-ok": (200, {"Content-Type": "text/plain"}, b"ok"),
+            "/slack-refused": (200, {"Content-Type": "application/json"}, b'{"ok": false, "error": "not_authed"}'),
+            "/slack-limited": (200, {"Content-Type": "application/json"}, b'{"ok": false, "error": "ratelimited"}'),
+            "/rocket-refused": (200, {"Content-Type": "application/json"},
+                                b'{"success": false, "error": "Invalid integration id or token provided."}'),
+            "/rocket-ok": (200, {"Content-Type": "application/json"}, b'{"success": true}'),
         }
         status, headers, payload = answers[self.path]
         try:
@@ -615,6 +623,36 @@ def test_slack_send_ends_within_its_timeout_however_the_answer_drips(where, monk
         finally:
             ch.close()
     assert (err.permanent, err.outcome) == (False, "unknown")
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/slack-ok", "HTTP 200"),
+    ("/rocket-ok", "HTTP 200"),
+    ("/plain", "HTTP 204"),
+    ("/slack-refused", (True, "failed", "not_authed")),
+    ("/rocket-refused", (True, "failed", "Invalid integration id")),
+    ("/slack-limited", (False, "failed", "ratelimited")),
+])
+def test_slack_a_200_that_says_the_post_was_refused_is_not_delivered(http_server, monkeypatch, path, expected):
+    """A 2xx whose JSON body says ``"ok": false`` (the Slack Web API, e.g. a chat.postMessage URL
+    configured by mistake) or ``"success": false`` (Rocket.Chat) posted nothing: recorded as
+    delivered, the reminder was a silent miss with every check green. It is a failure naming the
+    receiver's error: permanent (escalated at once), retryable for a rate limit."""
+    _server, base = http_server
+    monkeypatch.setenv("DP_TEST_SLACK_BODY", base + path)
+    ch = build_channel("chat", SlackChannel(type="slack", url_env="DP_TEST_SLACK_BODY", timeout_seconds=5),
+                       network=loopback_policy())
+    try:
+        if isinstance(expected, str):
+            assert ch.send(make_notification()).provider_message_id == expected
+            return
+        with pytest.raises(DeliveryError) as info:
+            ch.send(make_notification())
+    finally:
+        ch.close()
+    permanent, outcome, named = expected
+    assert (info.value.permanent, info.value.outcome) == (permanent, outcome)
+    assert named in str(info.value) and "$DP_TEST_SLACK_BODY" in str(info.value)
 
 
 def test_a_spent_request_deadline_stops_before_connecting_and_only_inside_its_block():

@@ -11,7 +11,12 @@ Idempotency class ``"notification"``: incoming webhooks take no idempotency key,
 unknown outcome can post a visible duplicate message; it carries the same reference (the dedup key)
 so a reader can tell it is the same alert. Answers are classified like the webhook channel's
 (2xx sent; 408/429/503 retryable with ``Retry-After``; other 5xx unknown; other 4xx permanent, e.g.
-Slack's 403 ``invalid_token`` or 404 ``no_service``). A send ends within ``timeout_seconds`` in all
+Slack's 403 ``invalid_token`` or 404 ``no_service``). A 2xx is sent only when its body does not
+refuse the post (:func:`refusal_in_body`): the Slack Web API (a ``chat.postMessage`` URL configured
+in place of an incoming webhook) and Rocket.Chat answer a refusal with HTTP 200 and
+``{"ok": false, "error": …}`` / ``{"success": false, …}``; recorded as delivered, that reminder
+was never posted and no check could tell. Such a refusal is permanent ``"failed"`` (escalated at
+once: the same post would be refused again), retryable for a rate limit. A send ends within ``timeout_seconds`` in all
 (plus a few milliseconds), however slowly the answer arrives; a timeout after the request left is
 retryable ``"unknown"``, one while connecting retryable ``"failed"``. The URL is registered as a
 secret when read, so no log line or error can print it, and every connection passes the outbound
@@ -37,6 +42,25 @@ from deadline_pipeline.security.outbound import (
     request_deadline,
 )
 from deadline_pipeline.security.redact import secret_from_env
+
+# Errors in a 2xx refusal body that a later attempt can get past (Slack Web API error names).
+RETRYABLE_BODY_ERRORS = frozenset({"ratelimited", "rate_limited", "internal_error", "fatal_error",
+                                   "service_unavailable", "request_timeout"})
+
+
+def refusal_in_body(text: str) -> str | None:
+    """The receiver's error when a 2xx answer's body ``text`` is a JSON object saying the post was
+    refused (``"ok": false`` or ``"success": false``, compared as JSON ``false`` only): its
+    ``error`` (or ``"no error given"``), else ``None`` (a bare ``ok``, an empty body, any other
+    JSON). Pure; never raises."""
+    try:
+        data = json.loads(text) if text and text.lstrip().startswith("{") else None
+    except ValueError:  # not JSON: a bare "ok" or a page of text, which refuses nothing
+        return None
+    if not isinstance(data, dict) or not (data.get("ok") is False or data.get("success") is False):
+        return None
+    error = data.get("error")
+    return str(error)[:200] if error not in (None, "") else "no error given"
 
 
 def slack_escape(text: str) -> str:
@@ -101,8 +125,15 @@ class SlackSender:
         except httpx.TransportError as exc:
             raise DeliveryError(f"channel {self.name!r} (slack {shown}): no answer after sending, the message may "
                                 f"have been posted: {type(exc).__name__}", permanent=False, outcome="unknown") from exc
-        return classify(self.name, shown, response.status_code, response.reason_phrase, response.headers,
-                        response.text, None)
+        result = classify(self.name, shown, response.status_code, response.reason_phrase, response.headers,
+                          response.text, None)
+        refused = refusal_in_body(response.text)
+        if refused is not None:
+            # A 200 that posted nothing: marked delivered, the reminder would be a silent miss.
+            raise DeliveryError(f"channel {self.name!r} (slack {shown}): HTTP {response.status_code} but the "
+                                f"receiver refused the post: {refused!r} (is the URL an incoming webhook?)",
+                                permanent=refused not in RETRYABLE_BODY_ERRORS)
+        return result
 
     def close(self) -> None:
         """Close the HTTP client."""
