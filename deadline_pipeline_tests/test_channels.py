@@ -324,6 +324,8 @@ class Receiver(BaseHTTPRequestHandler):
             "/rocket-refused": (200, {"Content-Type": "application/json"},
                                 b'{"success": false, "error": "Invalid integration id or token provided."}'),
             "/rocket-ok": (200, {"Content-Type": "application/json"}, b'{"success": true}'),
+            "/queued": (202, {}, b""),
+            "/moved": (307, {"Location": "http://127.0.0.2:9/elsewhere"}, b""),
         }
         status, headers, payload = answers[self.path]
         try:
@@ -632,6 +634,10 @@ def test_slack_send_ends_within_its_timeout_however_the_answer_drips(where, monk
     ("/slack-refused", (True, "failed", "not_authed")),
     ("/rocket-refused", (True, "failed", "Invalid integration id")),
     ("/slack-limited", (False, "failed", "ratelimited")),
+    # Accepted for later processing: all a receiver promises; the post is not judged further.
+    ("/queued", "HTTP 202"),
+    # Never followed to another host: a permanent failure (escalated), naming why.
+    ("/moved", (True, "failed", "redirects are not followed")),
 ])
 def test_slack_a_200_that_says_the_post_was_refused_is_not_delivered(http_server, monkeypatch, path, expected):
     """A 2xx whose JSON body says ``"ok": false`` (the Slack Web API, e.g. a chat.postMessage URL

@@ -235,6 +235,45 @@ def test_a_sweeper_with_a_clock_25_s_ahead_takes_no_live_lease(engine):
     assert out.delivered == 1 and states(engine)["claimed"] == 10 and later
 
 
+def test_a_host_clock_hours_behind_the_store_turns_clock_agrees_red_where_the_other_checks_stay_green(pg_url):
+    """PostgreSQL, whose clock is the store's. A reminder is 2 h overdue by the real clock, but this
+    host's clock runs 3 h behind: by it the reminder is not due yet, so the sweep holds it back and
+    alerts_reconciled and sweep_alive, judging by the same clock, stay green - a silent miss for as
+    long as the clock is wrong. clock_agrees (a Dagster check and a watchdog row) is red naming the
+    offset, and green with the right clock."""
+    from deadline_pipeline.store import health
+    from deadline_pipeline.store.db import db_clock, make_engine, upgrade
+    from deadline_pipeline.watch import checks as w
+
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    try:
+        with engine.connect() as conn:
+            real = db_clock(conn)
+        behind = real - timedelta(hours=3)
+        # The watchdog row, on the store before seeding (the seeded rule rows are not full rules).
+        row = {r.check: r for r in evaluate(engine, behind, host_now=behind).rows}["clock_agrees"]
+        assert not row.ok and "behind" in row.detail, row.detail
+        assert {r.check: r for r in evaluate(engine, behind).rows}["clock_agrees"].ok
+        [a] = seed(engine, 1, channel="fake", send_at=real - timedelta(hours=2))
+        cfg = DeadlinesConfig(channels={"fake": MaildirChannel(type="maildir", path="/x")})
+        fake = FakeChannel()
+        assert sweep(engine, cfg, behind, channels={"fake": fake}).claimed == 0 and fake.sent == []
+        with engine.begin() as conn:  # what the sensor writes when it finds nothing claimable
+            health.beat(conn, "deliver:idle", started_at=behind, completed_at=behind, outcome="idle")
+        assert w.alerts_reconciled(engine, behind).passed and w.sweep_alive(engine, behind).passed
+        assert states(engine) == {"pending": 1} and a
+
+        out = w.clock_agrees(engine, behind)
+        assert not out.passed and "3 h 0 min behind" in out.summary and "behind" in out.summary, out.summary
+        assert -3 * 3600 - 60 < out.metadata["offset_seconds"] < -3 * 3600 + 60
+        ahead = w.clock_agrees(engine, datetime.now(UTC) + timedelta(hours=5))
+        assert not ahead.passed and "ahead of" in ahead.summary, ahead.summary
+        assert w.clock_agrees(engine, datetime.now(UTC)).passed
+    finally:
+        engine.dispose()
+
+
 # --------------------------------------------------------------------------- 7. retry, watchdog
 
 

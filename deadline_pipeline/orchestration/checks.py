@@ -107,7 +107,17 @@ def time_data_agrees_check(store: StoreResource, settings: SettingsResource, clo
                      evaluated_at=clock.now())
 
 
+@dg.asset_check(asset=ALERTS, name="clock_agrees",
+                description="This host's clock, by which the sweep judges what is due and the checks judge ages, is "
+                            "within 2 minutes of the store's.")
+def clock_agrees_check(store: StoreResource, clock: ClockResource):
+    from datetime import UTC, datetime
+
+    # The real clock even in a replay: the host's clock is what is judged, not the instant replayed.
+    return to_result(w.clock_agrees(store.engine(), datetime.now(UTC)), evaluated_at=clock.now())
+
+
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, plan_complete_check,
-              time_data_agrees_check,
+              time_data_agrees_check, clock_agrees_check,
               fanout_complete_check,
               reminders_owed_check, escalations_acknowledged_check]

@@ -50,6 +50,11 @@ Checks and what exactly they promise:
 ``escalations_acknowledged``
     zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
     that a human took it over).
+``clock_agrees``
+    this process's clock and the store's (PostgreSQL's ``clock_timestamp()``) differ by at most
+    :data:`CLOCK_SKEW`. Every other check judges ages by the same host clock the sweep uses to
+    decide what is due: a host clock hours behind left every reminder unsent (not yet due by that
+    clock) while ``alerts_reconciled`` and ``sweep_alive`` stayed green.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from deadline_pipeline.plan.occurrences import GRACE
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
+from deadline_pipeline.store.db import db_clock
 from deadline_pipeline.wording import human_duration, shorten
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,8 @@ log = logging.getLogger(__name__)
 SWEEP_COMPONENTS = ("deliver", "deliver:idle")
 PLAN_COMPONENT = "plan"
 PLAN_COMPONENTS = ("plan", "plan:backfill")
+# Machines' clocks drift by seconds under NTP; more than this apart is not drift.
+CLOCK_SKEW = timedelta(minutes=2)
 # Channel type → the subscriber contact it needs (planning skips a channel whose contact is missing).
 CONTACT_OF_TYPE = {"smtp": "email", "maildir": "email", "webhook": "webhook_url", "slack": None}
 
@@ -463,6 +471,38 @@ def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> 
     summary = (f"{count} escalated alert(s) not acknowledged; oldest escalated {instant_text(oldest[0]['updated_at'])}"
                if count else "every escalated alert is acknowledged")
     return CheckOutcome("escalations_acknowledged", count == 0, count, summary, offenders)
+
+
+def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOCK_SKEW) -> CheckOutcome:
+    """This process's clock (``host_now``, aware UTC: its real clock, never a replayed instant) and
+    the store's clock (:func:`~deadline_pipeline.store.db.db_clock`, read right after) differ by
+    at most ``tolerance``. Red otherwise, saying which is ahead and by how much; metadata
+    ``offset_seconds`` is host minus store.
+
+    Why: the sweep decides what is due (``send_at <= now``) and every check judges ages by this
+    host's clock, so a clock hours behind (a host up before NTP synced, a stopped NTP daemon) kept
+    due reminders waiting while ``alerts_reconciled`` and ``sweep_alive`` judged with the same wrong
+    clock and stayed green; hours ahead, reminders went out early and were escalated as missed
+    before their deadline. Leases are on the store's clock already, so it is the reference. On
+    SQLite the store's clock is this host's own: a host clock that is wrong is not seen there."""
+    with engine.connect() as conn:
+        store_now = db_clock(conn)
+        dialect = conn.dialect.name
+    offset = host_now - store_now
+    seconds = offset.total_seconds()
+    meta = {"offset_seconds": round(seconds, 3), "store_clock": instant_text(store_now)}
+    if abs(offset) <= tolerance:
+        note = " (SQLite: the store's clock is this host's)" if dialect == "sqlite" else ""
+        return CheckOutcome("clock_agrees", True, 0, f"this host's clock is within {human_duration(tolerance)} of the "
+                            f"store's ({seconds:+.1f} s){note}", [], meta)
+    side = "behind" if seconds < 0 else "ahead of"
+    return CheckOutcome("clock_agrees", False, 1,
+                        f"this host's clock ({instant_text(host_now)}) is {human_duration(abs(offset))} {side} the "
+                        f"store's ({instant_text(store_now)}): reminders are judged due by the wrong clock "
+                        f"({'held back' if seconds < 0 else 'sent early and escalated as missed too soon'}) and "
+                        "the other checks judge ages by it too; fix NTP on this host (timedatectl)",
+                        [{"host_clock": instant_text(host_now), "store_clock": instant_text(store_now),
+                          "offset_seconds": round(seconds, 3)}], meta)
 
 
 def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),

@@ -13,6 +13,8 @@ It reads the store through the named statements of :mod:`deadline_pipeline.store
   (beyond :data:`CLOCK_SKEW`) is red by itself: a replay (``--as-of``) wrote into a live store, or
   clocks disagree. Without this a future heartbeat read as "completed -1 day ago (ok)" and hid a
   dead sweep for as long as the replay was ahead;
+* clocks — this host's clock within :data:`CLOCK_SKEW` of the store's (``clock_agrees``): the rows
+  above judge ages by this host's clock, so one hours behind hid reminders it held back;
 * escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``), saying
   so when the last sweep's heartbeat (``deliver``, outcome ``notices_failed``) could not send every
   escalation notice;
@@ -49,7 +51,7 @@ from deadline_pipeline.store.health import (
     source_health_rows,
 )
 from deadline_pipeline.store.sources import all_sources
-from deadline_pipeline.watch.checks import oldest_text, plan_complete, time_data_agrees
+from deadline_pipeline.watch.checks import CLOCK_SKEW, clock_agrees, oldest_text, plan_complete, time_data_agrees
 from deadline_pipeline.watch.reconcile import reminders_owed, unwatched_misses
 from deadline_pipeline.watch.sources import SourceState, evaluate_fresh, evaluate_not_quarantined, rules_complete
 from deadline_pipeline.wording import human_duration
@@ -59,8 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Machines' clocks drift by seconds under NTP; more than this ahead is not drift.
-CLOCK_SKEW = timedelta(minutes=2)
 SWEEP_COMPONENTS = ("deliver", "deliver:idle")
 
 
@@ -176,10 +176,13 @@ def _source_states(conn, names: list[str] | None) -> dict[str, SourceState]:
     return {r[0]: SourceState(*r) for r in source_health_rows(conn, names)}
 
 
-def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) -> WatchReport:
+def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None,
+             host_now: datetime | None = None) -> WatchReport:
     """Every invariant at ``now`` (aware UTC). ``cfg`` gives the intervals and the list of sources
     (a configured source missing from the store is red); without it the defaults apply and every
-    source in the store is watched. A store that cannot be read is one red row, never an exception."""
+    source in the store is watched. ``host_now`` (aware UTC, default this host's real clock, also
+    under a replayed ``now``) is what ``clock_agrees`` compares with the store's clock. A store that
+    cannot be read is one red row, never an exception."""
     watch = cfg.watch if cfg else WatchConfig()
     grace = timedelta(minutes=watch.grace_minutes)
     hb_grace = timedelta(minutes=watch.heartbeat_grace_minutes)
@@ -214,6 +217,10 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None) 
     # real clock: recent heartbeats).
     agrees = time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=watch.plan_interval_minutes))
     report.rows.append(WatchRow("time_data_agrees", "time data", agrees.passed, agrees.summary))
+    # A host clock hours behind the store's holds every reminder back while the rows above, judged
+    # by that same clock, stay green.
+    clocks = clock_agrees(engine, host_now or datetime.now(UTC))
+    report.rows.append(WatchRow("clock_agrees", "host clock", clocks.passed, clocks.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
     for name in names if names is not None else sorted(states):
         state = states.get(name)
