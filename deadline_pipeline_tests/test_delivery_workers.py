@@ -166,6 +166,41 @@ def test_workers_use_the_environment_as_at_the_call(pg, gated, monkeypatch):
         Webhook(secret).verify(req["body"].decode(), {k.lower(): v for k, v in req["headers"].items()})
 
 
+def test_workers_compute_with_the_callers_zone_data(pg, gated, monkeypatch, tmp_path):
+    """Every process of a sweep shows due times with the zone database the caller computes with and
+    records, even when the forkserver chose another from its environment when it started."""
+    from deadline_pipeline import zone_data
+    from deadline_pipeline_tests.test_zone_data import old_zone_folder
+
+    server, base = gated
+    # A first multi-process sweep starts the forkserver (if no earlier test did) on the package's data.
+    first = sweep(pg, _config(), T0, owner=OWNER)
+    assert first.processes == 2 and first.claimed == 0 and not first.errors, first
+    monkeypatch.setenv("PYTHONTZPATH", str(old_zone_folder(tmp_path / "zoneinfo-2025b")))
+    monkeypatch.setenv("DEADLINE_ZONE_DATA", "system")
+    zone_data.activate()
+    try:
+        assert zone_data.version() == "2025b"
+        n = 200
+        seed(pg, n, webhook_url=f"{base}/ok", tz="America/Vancouver")  # due 2027-03-02T09:00Z
+        watch = WorkerWatch(pg, server)
+        watch.start()
+        out = sweep(pg, _config(), T0, owner=OWNER)
+        watch.join(5)
+    finally:
+        monkeypatch.delenv("PYTHONTZPATH")
+        monkeypatch.delenv("DEADLINE_ZONE_DATA")
+        zone_data.activate()
+    assert out.delivered == n, out.errors[:3]
+    with pg.connect() as conn:
+        key_of = dict(conn.execute(select(alerts.c.id, alerts.c.dedup_key)).all())
+    by_worker1 = {key_of[a] for a, o in _owners(pg).items() if any("#w1." in x for x in o)}
+    assert by_worker1, "worker 1 sent some of the alerts"
+    # 2025b: Vancouver on PST until 14 March 2027 (2026f: UTC-7 all year, 02:00-07:00).
+    shown = Counter(json.loads(r["body"])["data"]["due_local"] for r in server.requests)
+    assert shown == {"2027-03-02T01:00:00-08:00": n}, shown
+
+
 def test_a_worker_log_record_reaches_the_callers_logger(pg, gated, caplog):
     server, base = gated
     caplog.set_level(logging.WARNING, logger="deadline_pipeline.deliver.sweep")

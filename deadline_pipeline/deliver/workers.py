@@ -42,6 +42,7 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import DeadlinesConfig
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class _WorkerSpec:
     max_batches: int | None
     env: dict[str, str]
     log_level: int
+    # The zone database the caller computes with and records in its heartbeat (zone_data.in_force()).
+    zone_data: zone_data.ZoneData
 
 
 def check_picklable_clock(clock: Callable[[], datetime] | None) -> None:
@@ -105,7 +108,8 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
     spec = _WorkerSpec(run=run_worker, url=engine.url.render_as_string(hide_password=False), cfg=cfg, now=now,
                        owner=owner, clock=clock, max_batches=max_batches, env=dict(os.environ),
                        # The level our own loggers run at here (a caller may set it on the package only).
-                       log_level=logging.getLogger("deadline_pipeline").getEffectiveLevel())
+                       log_level=logging.getLogger("deadline_pipeline").getEffectiveLevel(),
+                       zone_data=zone_data.in_force())
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         # Workers fork from a server that has the sweep imported (the module of the function each
@@ -284,6 +288,7 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(pipe)]
     root.setLevel(spec.log_level)
+    _use_callers_zone_data(spec.zone_data, index)
     engine = make_engine(spec.url)
     now = spec.now
     try:
@@ -294,6 +299,23 @@ def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
         pipe.put("result", "failed", (f"worker {index}: {type(exc).__name__}: {exc}", getattr(exc, "outcome", None)))
     finally:
         engine.dispose()
+
+
+def _use_callers_zone_data(callers: zone_data.ZoneData, index: int) -> None:
+    """Compute with the caller's zone database ``callers`` in this worker, activating it (logged) when
+    the worker's own differs.
+
+    A worker forked from the forkserver has the database the forkserver chose from *its* environment
+    when it started (``DEADLINE_ZONE_DATA``, ``PYTHONTZPATH``, the installed ``tzdata``), not the
+    caller's: with a forkserver started before ``DEADLINE_ZONE_DATA=system`` was set, the caller
+    planned and recorded 2025b while worker 1 rendered America/Vancouver's due times with 2026f, an hour
+    off in every message it sent ("due_local" 02:00-07:00 for a 01:00-08:00 deadline), every check green."""
+    own = zone_data.in_force()
+    if (own.source, own.version, own.folder) == (callers.source, callers.version, callers.folder):
+        return
+    zone_data.activate(callers)
+    log.info("deliver-worker-%d: computing with the caller's zone data %s, not %s (chosen when the forkserver "
+             "started)", index, callers.describe(), own.describe())
 
 
 def merge_outcomes(outcomes: list, into) -> None:
