@@ -363,3 +363,21 @@ def test_a_zone_data_switch_reads_an_unchanged_calendar_again(engine, tmp_path):
     assert applied.status == "applied"
     assert f"zone_data 2025b → {PACKAGE}" in applied.reparsed, applied.reparsed
     assert due == [at("2026-11-09T16:00:00"), at("2026-11-23T16:00:00")]
+
+
+def test_a_zone_data_switch_reaches_the_local_times_a_webhook_shows(tmp_path):
+    """The webhook body's local due times follow the zone data in force, like the e-mail's: its
+    per-name caches of zones and texts are emptied when the database switches."""
+    from deadline_pipeline.deliver.channels.webhook import payload
+    from deadline_pipeline.deliver.notification import Notification
+
+    n = Notification(dedup_key="k", kind="reminder", subscriber_id="ann", email=None, webhook_url=None,
+                     subscriber_tz="America/Vancouver", source="s", rule_id="r", title="t",
+                     due_at=at("2026-11-16T17:00:00"), offset_seconds=0, rule_tz="America/Edmonton")
+    data = payload(n)["data"]
+    assert (data["due_local"], data["due_in_deadline_timezone"]) == ("2026-11-16T10:00:00-07:00",
+                                                                     "2026-11-16T11:00:00-06:00")
+    with zone_database(old(tmp_path)):
+        data = payload(n)["data"]
+    assert (data["due_local"], data["due_in_deadline_timezone"]) == ("2026-11-16T09:00:00-08:00",
+                                                                     "2026-11-16T10:00:00-07:00")

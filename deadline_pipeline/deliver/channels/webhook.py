@@ -74,6 +74,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import WebhookChannel
 from deadline_pipeline.deliver import incident as inc_mod
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_NOTIFICATION
@@ -163,6 +164,13 @@ def _due_texts(due_at: datetime, subscriber_tz: str | None, rule_tz: str | None)
     """``(due_at as UTC "Z", in the subscriber's zone, in the deadline's zone)``; cached because a
     sweep sends the same deadline to many subscribers and at several offsets."""
     return iso_z(due_at), _local_iso(due_at, subscriber_tz), _local_iso(due_at, rule_tz)
+
+
+# Both caches are keyed by zone *names*: kept across a switch of the zone data in force, they went on
+# showing the old rules' local times ("due_local": 01:00-08:00 in Vancouver) beside a due_at planned
+# with the new ones (02:00-07:00), while the e-mail of the same alert said 02:00.
+zone_data.on_change(_zone_or_none.cache_clear)
+zone_data.on_change(_due_texts.cache_clear)
 
 
 def payload(n: Notification, body: str = "standard-webhooks", routing_key: str | None = None) -> dict | list:
