@@ -103,7 +103,10 @@ def seasonal_abbreviation(name: object) -> tuple[tzinfo, ZoneInfo] | None:
         return None
     if datetime(2026, 1, 1, tzinfo=zone).utcoffset() != datetime(2026, 7, 1, tzinfo=zone).utcoffset():
         return None
-    return zone, ZoneInfo(region)
+    try:
+        return zone, _zone(region)
+    except UnknownTimeZone:  # the region's zone is not in the zone data in force: no season to compare with
+        return None
 
 
 def ambiguous_abbreviation(name: object) -> str | None:
@@ -364,24 +367,42 @@ def zone_names() -> frozenset[str]:
     return _iana_names()
 
 
+def _zone(name: str) -> ZoneInfo:
+    """The ``ZoneInfo`` of the IANA zone ``name`` (a name of :func:`_iana_names`) in the zone data in
+    force, never the ``tzdata`` package's copy behind a system folder that lacks it
+    (:func:`~deadline_pipeline.zone_data.key_in_force`). Raises :class:`UnknownTimeZone` naming the
+    zone, the database in force and the remedies when that database does not hold it."""
+    key = zone_data.key_in_force(name)
+    if key is None:
+        zd = zone_data.in_force()
+        meant = zone_data.package_links().get(name)
+        instead = f"write {meant!r}, the zone it names, " if meant else ""
+        raise UnknownTimeZone(
+            f"time zone {name!r} is not in the zone data in force ({zd.describe()}): read from the tzdata "
+            f"package instead (IANA {zone_data.package_version()}), it would be planned with another version's "
+            f"rules than the one recorded; {instead}install the folder's missing zones (Debian and Ubuntu: "
+            f"tzdata-legacy) or set {zone_data.ENV}=package")
+    return ZoneInfo(key)
+
+
 def _iana(text: str) -> ZoneInfo | None:
     """The IANA zone ``text`` names exactly, or at the end of a ``/vendor/version/Area/City`` prefix."""
     names = _iana_names()
     if text in names:
-        return ZoneInfo(text)
+        return _zone(text)
     if text.upper() in names and "/" not in text:  # "cet", "est5edt" as some producers write them
-        return ZoneInfo(text.upper())
+        return _zone(text.upper())
     folded = _iana_folded().get(text.casefold())
     if folded is not None:
         # "europe/berlin", "America/new_york": IANA names differ in more than case from no other name, so the
         # zone meant is certain; refused, every deadline of such a source or calendar went unplanned.
-        return ZoneInfo(folded)
+        return _zone(folded)
     if text.startswith("/"):
         parts = [p for p in text.split("/") if p]
         for i in range(1, len(parts)):
             candidate = "/".join(parts[i:])
             if candidate in names:
-                return ZoneInfo(candidate)
+                return _zone(candidate)
     return None
 
 
@@ -433,7 +454,7 @@ def _resolve(name: str) -> tzinfo:
         return _fixed(hours if m.group("sign") == "+" else -hours, text)
     windows = _WINDOWS_FOLDED.get(text.casefold())
     if windows is not None:
-        return ZoneInfo(windows)
+        return _zone(windows)
     # Said for what it is, not "unknown": the key may open a file in a machine's zoneinfo folder
     # (before, any key with a "/" was opened as one, and posix/… and right/… were accepted).
     why = _not_portable(text) or (_not_portable(text.rsplit("/", 1)[-1]) if text.startswith("/") else None)
@@ -570,8 +591,8 @@ def _equivalent_to_signature(own: tuple, tzid: str) -> str | None:
     matches = []
     for name in sorted(_iana_names()):
         try:
-            candidate = ZoneInfo(name)
-        except (ZoneInfoNotFoundError, ValueError):
+            candidate = _zone(name)
+        except (UnknownTimeZone, ZoneInfoNotFoundError, ValueError):
             continue
         if [p.replace(tzinfo=UTC).astimezone(candidate).utcoffset() for p in probes] != want:
             continue

@@ -33,6 +33,7 @@ import re
 import sysconfig
 import zoneinfo
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,61 @@ def on_change(clear) -> None:
 def in_force() -> ZoneData:
     """The zone database this process computes with (activated on first use)."""
     return _in_force if _in_force is not None else activate()
+
+
+def _links(zi: str) -> dict[str, str]:
+    """``{link name: the zone it names}`` from the text of a ``tzdata.zi`` (its ``L TARGET NAME`` lines;
+    a link to a link is followed to the zone)."""
+    links = {}
+    for line in zi.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "L":
+            links[parts[2]] = parts[1]
+    for name in links:
+        seen = {name}
+        while links[name] in links and links[name] not in seen:  # a chain; a cycle is left as it is
+            seen.add(links[name])
+            links[name] = links[links[name]]
+    return links
+
+
+@lru_cache(maxsize=8)
+def folder_links(folder: str) -> dict[str, str]:
+    """The links of the zone database in ``folder`` (its ``tzdata.zi``), ``{}`` when it has none."""
+    try:
+        return _links((Path(folder) / "tzdata.zi").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return {}
+
+
+@lru_cache(maxsize=1)
+def package_links() -> dict[str, str]:
+    """The links of the ``tzdata`` package's database (``US/Eastern`` → ``America/New_York``)."""
+    from importlib.resources import files
+
+    return _links(files("tzdata.zoneinfo").joinpath("tzdata.zi").read_text(encoding="utf-8"))
+
+
+def key_in_force(key: str) -> str | None:
+    """The key the database in force holds the IANA zone ``key`` (a name of the ``tzdata`` package's
+    zone list) under: ``key`` itself, or the zone it links to where a system folder lacks the link's
+    own file but its ``tzdata.zi`` names the link and the folder holds the zone; ``None`` when the
+    folder holds neither.
+
+    Why: :mod:`zoneinfo` reads a key its search path lacks from the ``tzdata`` package, so with a
+    system folder in force such a key was computed with the package's rules under the folder's
+    version. Debian 13 and Ubuntu 23.10 on move the ``backward`` names (``US/Eastern``,
+    ``Canada/Pacific``) to ``tzdata-legacy``: without it, under a 2025b folder, ``Canada/Pacific`` was
+    planned with 2026f (16:00Z) and ``America/Vancouver``, the same zone, with 2025b (17:00Z), both
+    recorded as 2025b."""
+    folder = in_force().folder
+    if folder is None:
+        return key
+    root = Path(folder)
+    if (root / key).is_file():
+        return key
+    target = folder_links(folder).get(key)
+    return target if target is not None and (root / target).is_file() else None
 
 
 def version() -> str:

@@ -660,19 +660,18 @@ BLIP_ZONE = """Zone Atlantic/Reykjavik 0:00 - GMT 2026 Mar 8 2:00u
 
 def _blip_zone_data(tmp_path):
     """A zoneinfo folder marked newer than any release whose Atlantic/Reykjavik is :data:`BLIP_ZONE`,
-    compiled by the system's ``zic``."""
+    compiled by the system's ``zic``, every other zone as the ``tzdata`` package has it."""
     import shutil
     import subprocess
 
     from deadline_pipeline import zone_data
+    from deadline_pipeline_tests.test_zone_data import package_copy
 
     if shutil.which("zic") is None:
         pytest.skip("zic (the IANA zone compiler) is not installed")
-    folder = tmp_path / "zoneinfo-blip"
-    folder.mkdir()
+    folder = package_copy(tmp_path / "zoneinfo-blip", "2099a")
     (tmp_path / "blip.zone").write_text(BLIP_ZONE)
     subprocess.run(["zic", "-d", str(folder), str(tmp_path / "blip.zone")], check=True)
-    (folder / "tzdata.zi").write_text("# version 2099a\n")
     return zone_data.ZoneData("system", "2099a", str(folder), "system")
 
 

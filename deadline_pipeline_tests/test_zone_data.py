@@ -2,8 +2,8 @@
 the project's (the ``tzdata`` package, or a newer system folder), the same in every process, named
 on every obligation and heartbeat; a change of it is a revision whose corrections name the zones.
 
-The old database of these tests is built, not read from the machine: a zoneinfo folder marked
-``2025b`` whose ``America/Vancouver`` and ``America/Edmonton`` follow the rules those zones had
+The old database of these tests is built, not read from the machine: a copy of the package's zoneinfo
+folder marked ``2025b`` whose ``America/Vancouver`` and ``America/Edmonton`` follow the rules those zones had
 before British Columbia and Alberta stayed on summer time from 2026-11-01 (the same transitions as
 ``America/Los_Angeles`` and ``America/Denver``, which is what 2025b says for 2026–2027).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mailbox
 import os
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -36,15 +37,22 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+def package_copy(folder: Path, version: str) -> Path:
+    """A system zoneinfo folder marked IANA ``version``: every zone file of the ``tzdata`` package and
+    its ``tzdata.zi`` (links included) under that version's first line, as a distribution ships one."""
+    shutil.copytree(str(files("tzdata").joinpath("zoneinfo")), folder, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    rest = (folder / "tzdata.zi").read_text().split("\n", 1)[1]
+    (folder / "tzdata.zi").write_text(f"# version {version}\n{rest}")
+    return folder
+
+
 def old_zone_folder(folder: Path, version: str = "2025b") -> Path:
     """A zoneinfo folder of IANA ``version`` in which Vancouver and Edmonton still observe standard
-    time in winter (their pre-2026 rules); every other key falls back to the ``tzdata`` package."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tzdata.zi").write_text(f"# version {version}\n")
+    time in winter (their pre-2026 rules), every other zone as the ``tzdata`` package has it."""
+    package_copy(folder, version)
     for zone, same_as in (("America/Vancouver", "America/Los_Angeles"), ("America/Edmonton", "America/Denver")):
-        target = folder / zone
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(files("tzdata.zoneinfo").joinpath(same_as).read_bytes())
+        (folder / zone).write_bytes(files("tzdata.zoneinfo").joinpath(same_as).read_bytes())
     return folder
 
 
@@ -381,3 +389,29 @@ def test_a_zone_data_switch_reaches_the_local_times_a_webhook_shows(tmp_path):
         data = payload(n)["data"]
     assert (data["due_local"], data["due_in_deadline_timezone"]) == ("2026-11-16T09:00:00-08:00",
                                                                      "2026-11-16T10:00:00-07:00")
+
+
+def test_a_zone_the_system_folder_lacks_is_not_read_from_the_package(tmp_path):
+    """With a system folder in force, a key it lacks is read as the zone its ``tzdata.zi`` links it to
+    in that folder, or refused naming the remedies; never with the package's rules under the folder's
+    version (Debian 13 and Ubuntu put ``Canada/Pacific``, ``US/Eastern`` in tzdata-legacy)."""
+    from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
+
+    folder = old_zone_folder(tmp_path / "zoneinfo-2025b")
+    (folder / "Canada" / "Pacific").unlink()  # tzdata-legacy not installed; tzdata.zi still lists the link
+    (folder / "US" / "Eastern").unlink()
+    zi = folder / "tzdata.zi"
+    zi.write_text("".join(line for line in zi.read_text().splitlines(keepends=True) if " US/Eastern" not in line))
+    nine = datetime(2026, 11, 16, 9)
+    with zone_database(zone_data.ZoneData("system", "2025b", str(folder), "system")):
+        vancouver = nine.replace(tzinfo=resolve_zone("America/Vancouver")).astimezone(UTC)
+        pacific = nine.replace(tzinfo=resolve_zone("Canada/Pacific")).astimezone(UTC)
+        with pytest.raises(UnknownTimeZone) as refused:
+            resolve_zone("US/Eastern")
+    assert vancouver == pacific == at("2026-11-16T17:00:00"), (vancouver, pacific)
+    assert str(refused.value) == (
+        "time zone 'US/Eastern' is not in the zone data in force (IANA 2025b (system folder "
+        f"{folder})): read from the tzdata package instead (IANA {PACKAGE}), it would be planned with another "
+        "version's rules than the one recorded; write 'America/New_York', the zone it names, install the "
+        "folder's missing zones (Debian and Ubuntu: tzdata-legacy) or set DEADLINE_ZONE_DATA=package")
+    assert resolve_zone("US/Eastern").key == "US/Eastern"  # the package holds every name of its list

@@ -104,13 +104,18 @@ def _zoned_when(naive: datetime, tzid: str, library_zone: tzinfo | None, what: s
         except UnknownTimeZone:
             pass
     if isinstance(library_zone, ZoneInfo):  # the library mapped the name to an IANA zone
-        return When(naive, library_zone.key, library_zone)
+        # Read again in the zone data in force: the library's own ZoneInfo is the tzdata package's
+        # copy where a system folder in force lacks the key (zone_data.key_in_force).
+        try:
+            return When(naive, library_zone.key, resolve_zone(library_zone.key))
+        except UnknownTimeZone as exc:
+            raise Skip(f"{what} has TZID {tzid!r}: {exc}") from None
     if library_zone is not None:  # defined by a VTIMEZONE of this calendar
         # The file's definition is authoritative (§3.6.5): read it as the IANA zone with the
         # same offsets and transitions, so the rule can be planned like any other.
         iana = equivalent_iana_zone(library_zone, tzid)
         if iana is not None:
-            return When(naive, iana, ZoneInfo(iana), written=tzid)
+            return When(naive, iana, resolve_zone(iana), written=tzid)
         return When(naive, tzid, library_zone, known=False)
     raise Skip(f"{what} has TZID {tzid!r}, a zone that is neither known nor defined "
                 "by a VTIMEZONE in this calendar")
