@@ -415,3 +415,45 @@ def test_a_zone_the_system_folder_lacks_is_not_read_from_the_package(tmp_path):
         "version's rules than the one recorded; write 'America/New_York', the zone it names, install the "
         "folder's missing zones (Debian and Ubuntu: tzdata-legacy) or set DEADLINE_ZONE_DATA=package")
     assert resolve_zone("US/Eastern").key == "US/Eastern"  # the package holds every name of its list
+
+
+# Readers of zone rules that bypass the database in force: dateutil's and pytz's own zone lookups read
+# the machine's folder (dateutil.tz.gettz: America/Vancouver on UTC-8 in November 2026 on a 2025b
+# machine) or their own copy, tzlocal the machine's zone, and a ZoneInfo(key) built outside timezones
+# falls back to the tzdata package where a system folder in force lacks the key.
+_OTHER_ZONE_READERS = ("dateutil.tz", "dateutil.zoneinfo", "pytz", "tzlocal")
+
+
+def _zone_reads(tree) -> list[tuple[int, str]]:
+    import ast
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, f"import {a.name}") for a in node.names if a.name.startswith(_OTHER_ZONE_READERS)]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = {a.name for a in node.names}
+            if node.module.startswith(_OTHER_ZONE_READERS) or (node.module == "dateutil" and "tz" in names):
+                out.append((node.lineno, f"from {node.module} import {', '.join(sorted(names))}"))
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in ("ZoneInfo", "gettz", "get_localzone", "from_file", "no_cache"):
+                out.append((node.lineno, f"{name}(...)"))
+    return out
+
+
+def test_zone_rules_are_read_only_through_timezones():
+    """Every zone of the package is built by ``timezones`` (``resolve_zone`` and its helpers), which
+    reads the database in force and nothing else."""
+    import ast
+
+    import deadline_pipeline
+
+    root = Path(deadline_pipeline.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for line, what in _zone_reads(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (rel == "timezones.py" and what == "ZoneInfo(...)"):
+                found.append(f"deadline_pipeline/{rel}:{line}: {what}")
+    assert found == [], "zone rules read around timezones.resolve_zone:\n" + "\n".join(found)
