@@ -74,11 +74,22 @@ def version_key(version: str) -> tuple[int, str]:
     return int(m.group("year")), m.group("letter").rjust(2, " ")
 
 
+_PACKAGE_VERSION = re.compile(r'^IANA_VERSION\s*=\s*["\'](?P<version>[^"\']+)["\']', re.MULTILINE)
+
+
 def package_version() -> str:
-    """The IANA version of the installed ``tzdata`` package (a dependency), e.g. ``"2026f"``."""
+    """The IANA version of the installed ``tzdata`` package (a dependency), e.g. ``"2026f"``: read
+    from the package's files as they are now, not from the module imported at start, so that a
+    package upgraded under a running process is seen (:func:`refresh`)."""
+    from importlib.resources import files
+
     import tzdata
 
-    return tzdata.IANA_VERSION
+    try:
+        m = _PACKAGE_VERSION.search(files("tzdata").joinpath("__init__.py").read_text(encoding="utf-8"))
+    except OSError:
+        m = None
+    return m.group("version") if m else tzdata.IANA_VERSION
 
 
 def folder_version(folder: str | os.PathLike) -> str | None:
@@ -169,6 +180,27 @@ _on_change: list = []
 def on_change(clear) -> None:
     """Register ``clear()`` (a cache's clear method) to run whenever :func:`activate` switches."""
     _on_change.append(clear)
+
+
+def refresh() -> ZoneData:
+    """The zone database in force, activated again (logged as a warning) when its files now hold
+    another IANA version than the one this process activated: the ``tzdata`` package's
+    (:func:`package_version`, read from its files) or the system folder's (:func:`folder_version`).
+    Run where a stage starts (planning), so a long-lived process computes and records one database.
+    Which database is in force does not change here (``newest`` is decided at start).
+
+    Why: :mod:`zoneinfo` reads a zone's file when the zone is first built, so after ``tzdata`` was
+    upgraded under a running process (a Celery worker runs planning steps in-process), a zone built
+    before kept the old rules, one built after read the new ones, and both were recorded under the
+    version imported at start: America/Vancouver planned with 2026g's rules and recorded as 2026f,
+    and the checks, run in the same worker, green."""
+    current = in_force()
+    now = package_version() if current.folder is None else folder_version(current.folder)
+    if now is None or now == current.version:
+        return current
+    log.warning("zone data changed under this process: %s is now IANA %s; computing with it",
+                current.describe(), now)
+    return activate(ZoneData(current.source, now, current.folder, current.policy, current.other))
 
 
 def in_force() -> ZoneData:

@@ -457,3 +457,60 @@ def test_zone_rules_are_read_only_through_timezones():
             if not (rel == "timezones.py" and what == "ZoneInfo(...)"):
                 found.append(f"deadline_pipeline/{rel}:{line}: {what}")
     assert found == [], "zone rules read around timezones.resolve_zone:\n" + "\n".join(found)
+
+
+# A process that plans, has tzdata upgraded under it (Vancouver's rules changed, version 2099a), then
+# plans a calendar that now holds a Vancouver deadline; prints that obligation's due instant and version.
+_UPGRADED_UNDER_A_RUNNING_PROCESS = """
+import json, pathlib, re, sys
+import tzdata
+from deadline_pipeline.config import load_config
+from deadline_pipeline.store.db import make_engine, upgrade
+from deadline_pipeline_tests.factories import ics
+from deadline_pipeline_tests.test_watch_checks import cycle
+from deadline_pipeline_tests.test_zone_data import at, due_instants
+
+config = pathlib.Path(sys.argv[1])
+berlin = dict(uid="ber", tzid="Europe/Berlin", dtstart="20261116T090000", summary="Berlin filing")
+vancouver = dict(uid="van", tzid="America/Vancouver", dtstart="20261116T090000", summary="Vancouver filing")
+cfg = load_config(config)[0]
+engine = make_engine(f"sqlite:///{config.parent / 'store.sqlite3'}")
+upgrade(engine)
+cycle(engine, cfg, at("2026-11-01T00:00:00"))
+package = pathlib.Path(tzdata.__file__).parent
+(package / "zoneinfo" / "America" / "Vancouver").write_bytes(
+    (package / "zoneinfo" / "America" / "Los_Angeles").read_bytes())
+init = package / "__init__.py"
+init.write_text(re.sub(r'IANA_VERSION = "[^"]+"', 'IANA_VERSION = "2099a"', init.read_text()))
+(config.parent / "cal.ics").write_text(ics(berlin, vancouver))
+cycle(engine, cfg, at("2026-11-01T01:00:00"))
+due, version = due_instants(engine)["van"]
+print(json.dumps([due.isoformat(), version]))
+"""
+
+
+def test_a_tzdata_upgrade_under_a_running_process_is_planned_and_recorded_as_one_version(tmp_path):
+    """A long-lived process (a Celery worker plans in-process) whose ``tzdata`` is upgraded while it
+    runs plans the next run with the new version and records that version, not new rules for the
+    zones it builds from then on under the version it imported at start."""
+    import json
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(files("tzdata").joinpath("__init__.py")).parent, site / "tzdata",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="ber", tzid="Europe/Berlin", dtstart="20261116T090000",
+                                               summary="Berlin filing")))
+    config = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[{"id": "ann", "tenant": "t", "email": "ann@example.org", "timezone": "UTC"}],
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}})
+    worktree = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(worktree)]), "DEADLINE_ZONE_DATA": "package"}
+    env.pop("PYTHONTZPATH", None)
+    done = subprocess.run([sys.executable, "-c", _UPGRADED_UNDER_A_RUNNING_PROCESS, str(config)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 2099a's Vancouver keeps changing clocks (09:00 PST is 17:00Z), and the obligation says 2099a.
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["2026-11-16T17:00:00+00:00", "2099a"]
+    assert "zone data changed under this process: IANA " in done.stderr

@@ -72,6 +72,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine
 
+from deadline_pipeline import zone_data
 from deadline_pipeline.config import DeadlinesConfig, channel_send_window
 from deadline_pipeline.deliver.channels.base import IDEMPOTENCY_BOOKING, Channel
 from deadline_pipeline.deliver.channels.registry import build_channel
@@ -182,6 +183,8 @@ def sweep(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, owner: str | N
     process.
     """
     owner = owner or lease_owner()
+    # Due times are shown in local time: with the zone data installed now, as planning uses it.
+    zone_data.refresh()
     processes = cfg.delivery.processes
     if processes > 1 and channels:
         raise ValueError("delivery.processes > 1 cannot use channel instances passed in `channels` (each worker "

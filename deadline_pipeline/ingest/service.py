@@ -90,7 +90,7 @@ class UnknownSnapshot(LookupError):
 def parse_settings(src: SourceConfig) -> dict[str, str | None]:
     """The inputs a parse of ``src``'s bytes depends on, besides the bytes: ``{"format": the parser,
     "timezone": the zone of times written without one (None when unset), "zone_data": the IANA
-    version of the zone database in force (:func:`~deadline_pipeline.zone_data.version`), "reader":
+    version of the zone database in force (:func:`~deadline_pipeline.zone_data.refresh`), "reader":
     the version of the code and libraries that read
     (:func:`~deadline_pipeline.ingest.reader.reader_version`)}``. Every key is an input of
     :func:`apply_snapshot`'s parse; each parse stores them on its snapshot (``snapshots.parse_settings``),
@@ -103,7 +103,7 @@ def parse_settings(src: SourceConfig) -> dict[str, str | None]:
     occurrence of a weekly series was stored as 17:00Z; planned under 2026f (09:00 is 16:00Z) it
     named no occurrence, so the cancelled one was reminded, every check green, until the file's bytes
     changed."""
-    return {"format": src.format, "timezone": src.timezone, "zone_data": zone_data.version(),
+    return {"format": src.format, "timezone": src.timezone, "zone_data": zone_data.refresh().version,
             "reader": reader_version()}
 
 

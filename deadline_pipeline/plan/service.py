@@ -375,7 +375,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         lo = max(lo, after)
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
-    out = PlanOutcome(zone_data=zone_data.version(), calendar_data=calendar_data_version())
+    out = PlanOutcome(zone_data=zone_data.refresh().version, calendar_data=calendar_data_version())
     fallbacks_before = gap_rule_fallbacks()
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
