@@ -40,6 +40,10 @@ def parse_instant(text: str, years: tuple[int, int] = INSTANT_YEARS) -> datetime
         raise ValueError(impossible_part(raw) or f"not an ISO 8601 instant; write e.g. {EXAMPLE}") from None
     if value.tzinfo is None:
         raise ValueError(f"has no offset; write e.g. {EXAMPLE}")
+    offset = _OFFSET.search(raw)
+    if offset and int(offset.group(2)) >= 60:
+        # Python reads "+05:75" as +06:15: a typo in --as-of would replay another instant, unsaid.
+        raise ValueError("its UTC offset's minutes are out of range (00 to 59)")
     return in_years(value, years)
 
 

@@ -297,7 +297,10 @@ WINDOWS_ZONES: dict[str, str] = {
 # Outlook writes the name in any case ("w. europe standard time" has been seen in exports).
 _WINDOWS_FOLDED: dict[str, str] = {k.casefold(): v for k, v in WINDOWS_ZONES.items()}
 
-_OFFSET = re.compile(r"^(?:UTC|GMT|UT)?\s*(?P<sign>[+-])\s*(?P<h>\d{1,2})(?::?(?P<m>\d{2}))?$", re.IGNORECASE)
+# Hours alone (1 or 2 digits), hours:minutes, or ISO 8601's compact hhmm (4 digits). Minutes are 00-59.
+# Read more loosely, "UTC+5:75" was +06:15 and "UTC+123" +01:23: a typo became an instant, unsaid.
+_OFFSET = re.compile(r"^(?:UTC|GMT|UT)?\s*(?P<sign>[+-])\s*"
+                     r"(?:(?P<h>\d{1,2})(?::(?P<m>[0-5]\d))?|(?P<hh>\d{2})(?P<mm>[0-5]\d))$", re.IGNORECASE)
 
 
 # "UTC−12" with the minus sign U+2212, or a dash a word processor put for the hyphen ("UTC–12"): the
@@ -450,7 +453,8 @@ def _resolve(name: str) -> tzinfo:
         return _fixed(ABBREVIATIONS["AOE"], text)
     m = _OFFSET.match(text.translate(_MINUS_SIGNS))
     if m:
-        hours = int(m.group("h")) + int(m.group("m") or 0) / 60
+        hours = (int(m.group("h")) + int(m.group("m") or 0) / 60 if m.group("h") is not None
+                 else int(m.group("hh")) + int(m.group("mm")) / 60)
         return _fixed(hours if m.group("sign") == "+" else -hours, text)
     windows = _WINDOWS_FOLDED.get(text.casefold())
     if windows is not None:

@@ -43,6 +43,28 @@ def test_iana_names_are_read_in_any_case(name, iana):
     assert resolve_zone(name) == ZoneInfo(iana)
 
 
+@pytest.mark.parametrize("name", ["UTC+5:75", "GMT+1:60", "UTC+123", "UTC-12345", "GMT+1:2", "+5:3"])
+def test_an_offset_with_impossible_minutes_or_digits_is_refused_not_read(name):
+    """Minutes are 00-59, and a compact offset is hhmm: read loosely, "UTC+5:75" was +06:15 and
+    "UTC+123" +01:23, a typo planned as an instant without a word."""
+    with pytest.raises(UnknownTimeZone, match="unknown time zone"):
+        resolve_zone(name)
+
+
+@pytest.mark.parametrize("name, hours", [("UTC-0930", -9.5), ("+0545", 5.75), ("UTC+05:45", 5.75), ("GMT+08", 8)])
+def test_offsets_in_every_well_formed_spelling_are_read(name, hours):
+    assert offset(name) == timedelta(hours=hours)
+
+
+def test_an_as_of_offset_with_impossible_minutes_is_refused():
+    """Python's own reader takes "+05:75" as +06:15; a replayed now is refused instead."""
+    from deadline_pipeline.instants import parse_instant
+
+    with pytest.raises(ValueError, match="minutes are out of range"):
+        parse_instant("2026-05-01T12:00:00+05:75")
+    assert parse_instant("2026-05-01T12:00:00+05:45") == datetime(2026, 5, 1, 6, 15, tzinfo=UTC)
+
+
 def test_gmt_plus_means_ahead_of_utc_not_posix_inverted():
     assert offset("GMT+8") == timedelta(hours=8)
     assert ZoneInfo("Etc/GMT+8").utcoffset(datetime(2026, 1, 1)) == timedelta(hours=-8)
