@@ -331,12 +331,32 @@ def test_new_time_data_requests_a_replan_of_the_whole_horizon(tmp_path, db_url, 
         (request,) = tick.run_requests
         assert {k: v for k, v in request.tags.items() if k in tags} == tags
         # The change as the sensor logs it: "IANA 2025b → 2026f", "holidays 0.100 → holidays 0.109".
-        assert request.run_key.startswith(f"time-data:{older} → {ours.removeprefix('IANA ')}@"), request.run_key
+        assert request.run_key.startswith(f"time-data:{older} → {ours.removeprefix('IANA ')}#"), request.run_key
+        # Evaluated again before the requested run completed: nothing more.
+        waiting = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources,
+                                                               cursor=tick.cursor))
+        assert not waiting.run_requests and "was requested" in waiting.skip_message
+        with older_time_data(kind, tmp_path, monkeypatch):
+            # The re-plan ran in a process on the older data (a code server or worker not restarted):
+            # the plan records it again, with a new heartbeat, and a request now would be the next of
+            # a full horizon re-plan every minute.
+            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+        stuck = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources,
+                                                             cursor=tick.cursor))
+        assert not stuck.run_requests and "other time data than this sensor's" in stuck.skip_message
         assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
         if kind == "zone data":
             assert due_instants(make_engine(db_url))["van"] == (at("2026-11-16T16:00:00"), PACKAGE)
-        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
-        assert not again.run_requests
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources,
+                                                             cursor=tick.cursor))
+        assert not again.run_requests and again.cursor == "1|"
+        # The same change once more after agreement (a rollback and the same upgrade again): requested.
+        with older_time_data(kind, tmp_path, monkeypatch):
+            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
+        redo = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources,
+                                                            cursor=again.cursor))
+        (request,) = redo.run_requests
+        assert "#1@" in request.run_key, request.run_key
 
 
 def test_a_zone_data_switch_reads_an_unchanged_calendar_again(engine, tmp_path):

@@ -43,7 +43,9 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
     """The ``replan_on_time_data`` sensor for ``plan_job``: one run of the whole horizon when the
     ``plan`` heartbeat recorded another IANA zone-data version or ``holidays`` release than the ones
     in force (run key per change and per plan that recorded it, so a change is re-planned once, and
-    again after a rollback)."""
+    again after a rollback). The cursor holds the change requested: it is not requested again until the
+    plan and the versions in force have agreed once, so planning processes on other time data than the
+    sensor's (time_data_agrees red) get one re-plan, not one a minute."""
 
     @dg.sensor(job=plan_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
                name="replan_on_time_data",
@@ -57,20 +59,36 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
         if planned_zone is None and planned_calendar is None:
             return dg.SkipReason("no horizon plan has recorded its time data yet")
         changes = time_data_change(planned_zone, planned_calendar, zone_in_force, calendar_in_force)
+        # The cursor: "<agreements seen>|<change requested since the last agreement>".
+        seen_text, _, requested = (context.cursor or "0|").partition("|")
+        agreements = int(seen_text) if seen_text.isdigit() else 0
         if not changes:
-            return dg.SkipReason(f"the horizon was planned with IANA {planned_zone or zone_in_force} and "
-                                 f"{planned_calendar or calendar_in_force}, the versions in force")
+            return dg.SensorResult(skip_reason=f"the horizon was planned with IANA {planned_zone or zone_in_force} "
+                                               f"and {planned_calendar or calendar_in_force}, the versions in force",
+                                   cursor=f"{agreements + 1 if requested else agreements}|")
+        change = "; ".join(changes)
+        if requested == change:
+            # Requested once for this change already. Requested again on every evaluation until the
+            # plan recorded the new data, each re-plan by processes on other time data than this
+            # sensor's (a code server not restarted after a tzdata upgrade, another DEADLINE_ZONE_DATA)
+            # wrote a new heartbeat and so a new run key: a full horizon re-plan every minute.
+            return dg.SkipReason(f"a re-plan for {change} was requested; the last horizon plan still records IANA "
+                                 f"{planned_zone} and {planned_calendar}: either that run has not completed, or the "
+                                 "planning processes use other time data than this sensor's (time_data_agrees "
+                                 "is red then)")
         try:
             first, last = horizon_range(clock.now(), horizon_days, partitions_def)
         except PartitionRangeError as exc:
-            context.log.error(f"time data changed ({'; '.join(changes)}) but the horizon cannot be re-planned: {exc}")
+            context.log.error(f"time data changed ({change}) but the horizon cannot be re-planned: {exc}")
             return dg.SkipReason(str(exc))
-        context.log.warning(f"time data changed since the horizon was planned ({'; '.join(changes)}); "
+        context.log.warning(f"time data changed since the horizon was planned ({change}); "
                             f"re-planning {first[:7]}..{last[:7]}")
-        # Keyed by the plan that recorded the old version too: Dagster never reuses a run key, so a
-        # key of the versions alone skipped the second 2025b → 2026f after an upgrade, a rollback
-        # and the same upgrade again.
+        # Keyed by the agreements seen and the plan that recorded the old version too: Dagster never
+        # reuses a run key, so a key of the versions alone skipped the second 2025b → 2026f after an
+        # upgrade, a rollback and the same upgrade again.
         stamp = planned_at.isoformat() if planned_at else "-"
-        return dg.RunRequest(run_key=f"time-data:{'; '.join(changes)}@{stamp}", tags=range_tags(first, last))
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"time-data:{change}#{agreements}@{stamp}",
+                                                           tags=range_tags(first, last))],
+                               cursor=f"{agreements}|{change}")
 
     return replan_on_time_data
