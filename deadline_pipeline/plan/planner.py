@@ -635,7 +635,7 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     # Masters first: an override is keyed as the occurrence of its master it replaces, in the form
     # (date or full label) the master's occurrences take in this window (``occurrence_identity``).
     rules = sorted(rules, key=lambda vr: REPLACES in vr[1].extra)
-    seen: dict[str, tuple[bool, set[str]]] = {}
+    seen: dict[str, tuple[bool, set[str] | frozenset[str]]] = {}
     profile = _profile(target)
     zone_version = zone_data.version()
     calendar_version = calendar_data_of(target.business_days[0]) if target.business_days else None
@@ -691,11 +691,13 @@ def target_expansion(target: Target, version: int, rule: RuleRecord, lo: datetim
 
 
 #: ``seen``'s entry of a one-off rule (:func:`occurrence_identity`): its override is keyed ``once`` too.
-_ONE_OFF: tuple[bool, set[str]] = (False, {ONCE})
+#: One object shared by every plan of the process and compared by identity, so it is immutable: a
+#: ``taken.add`` reaching it would have given every later one-off's entry that period too.
+_ONE_OFF: tuple[bool, frozenset[str]] = (False, frozenset({ONCE}))
 
 
 def occurrence_identity(rule: RuleRecord, occurrences: list, lineage: dict[str, str] | None,
-                        seen: dict[str, tuple[bool, set[str]]]) -> tuple[str, list[str]]:
+                        seen: dict[str, tuple[bool, set[str] | frozenset[str]]]) -> tuple[str, list[str]]:
     """The id the obligations of ``rule``'s ``occurrences`` (its expansion in one window) are keyed on,
     and each one's period: :data:`ONCE` for a one-off; for a recurring rule its local date when the
     rule yields at most one per day in the window (a revised time of day then moves the obligation
