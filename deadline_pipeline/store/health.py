@@ -232,12 +232,15 @@ def escalated_unacknowledged(conn: Connection, limit: int = 10) -> tuple[int, li
 
 def rule_versions_with_reports(conn: Connection, source_id: int) -> list:
     """Every stored version of every rule of ``source_id``, by rule id then version, as rows of
-    ``(rule_id, version, withdrawn, payload, valid_from, parse_report)``: ``payload`` the rule record
-    as stored (dict), ``valid_from`` aware UTC, ``parse_report`` the report (dict or None) of the
-    snapshot the version came from, which says whether a withdrawal may be trusted."""
+    ``(rule_id, version, withdrawn, payload, valid_from, parse_report, lineage)``: ``payload`` the rule
+    record as stored (dict), ``valid_from`` aware UTC, ``parse_report`` the report (dict or None) of
+    the snapshot the version came from, which says whether a withdrawal may be trusted, ``lineage``
+    the id the version records its obligations keyed on after a rename (None or its own id: not
+    renamed; no claim resolved)."""
     return conn.execute(
         select(rule_versions.c.rule_id, rule_versions.c.version, rule_versions.c.withdrawn,
-               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report)
+               rule_versions.c.payload, rule_versions.c.valid_from, snapshots.c.parse_report,
+               rule_versions.c.lineage)
         .join(snapshots, snapshots.c.id == rule_versions.c.snapshot_id)
         .where(rule_versions.c.source_id == source_id)
         .order_by(rule_versions.c.rule_id, rule_versions.c.version)

@@ -74,6 +74,7 @@ from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
 from deadline_pipeline.store.db import db_clock
+from deadline_pipeline.watch.planned import SourceReading, planning_view
 from deadline_pipeline.wording import human_duration, shorten
 
 log = logging.getLogger(__name__)
@@ -264,52 +265,32 @@ class _Coverage:
     skipped: set[tuple[str, str]] = field(default_factory=set)
 
 
-def _judged_rules(conn, sources: dict[int, str], since: datetime) -> dict[int, tuple[list, dict[str, str]]]:
-    """For each of ``sources`` (id → name): source id → (its rules as planning plans them,
-    ``(version, RuleRecord)`` with RECURRENCE-ID overrides folded into their masters; rule id →
-    lineage), read with planning's own functions (:func:`~deadline_pipeline.store.planning.source_rules`,
-    :func:`~deadline_pipeline.plan.service.fold_overrides`), less the rules whose series (master and
-    overrides, withdrawn ones too) has a version that came into force after ``since``: not planned
-    yet, judging them would be red in the minutes between an ingest and the next planning run.
-    The versions' instants are read after the rules, so a version committed in between is left out
-    (not judged), never judged unplanned."""
-    from deadline_pipeline.plan.outcome import PlanOutcome
+def _judged_rules(sources: dict[int, SourceReading], since: datetime) -> dict[int, tuple[list, dict[str, str]]]:
+    """For each of ``sources`` (source id → its rules as planning plans them,
+    :func:`~deadline_pipeline.watch.planned.planning_view` with ``trust_withdrawals``): source id →
+    (its folded rules ``(version, RuleRecord)``; rule id → lineage), less the rules whose series
+    (master and overrides, withdrawn ones too) has a version that came into force after ``since``:
+    not planned yet, judging them would be red in the minutes between an ingest and the next
+    planning run."""
     from deadline_pipeline.plan.scope import series_of
-    from deadline_pipeline.plan.service import fold_overrides
-    from deadline_pipeline.store.planning import source_rules
 
-    scratch = PlanOutcome()  # a fold that fails is planning's problem to report (plan_complete)
-    read = {sid: source_rules(conn, sid) for sid in sources}
-    newest: dict[tuple[int, str], datetime] = {}
-    for sid, versions in health.latest_rule_versions(conn).items():
-        for rid, v in versions.items():
-            key = (sid, series_of(rid))
-            newest[key] = max(newest.get(key, v["valid_from"]), v["valid_from"])
-    out = {}
-    for sid, rules in read.items():
-        folded = fold_overrides(rules.active, sources[sid], scratch)
-        out[sid] = ([(v, r) for v, r in folded if newest.get((sid, series_of(r.rule_id)), since) <= since],
-                    rules.lineage)
-    return out
+    return {sid: ([(v, r) for v, r in read.rules if read.series_changed.get(series_of(r.rule_id), since) <= since],
+                  read.lineage) for sid, read in sources.items()}
 
 
 def _missing_occurrences(conn, cfg: DeadlinesConfig, now: datetime, horizon: timedelta, since: datetime, lo: datetime,
                          hi: datetime) -> _Coverage:
     """Every occurrence due in ``[lo, hi]`` (aware UTC) of every rule each active subscription selects,
-    read as planning reads it — its targets and business-day calendars
-    (:func:`~deadline_pipeline.plan.service.targets_from_rows`,
-    :func:`~deadline_pipeline.plan.service.business_calendars`), each expansion over planning's own
+    read as planning reads it — its targets, business-day calendars and rules
+    (:func:`~deadline_pipeline.watch.planned.planning_view`), each expansion over planning's own
     window at ``now`` (:func:`~deadline_pipeline.plan.planner.target_expansion`, cached across the
     subscriptions that share it) — without an active obligation of that subscriber, source and rule
     (its id or lineage) due at that instant."""
     from deadline_pipeline.plan.occurrences import window
-    from deadline_pipeline.plan.outcome import PlanOutcome
-    from deadline_pipeline.plan.service import business_calendars, targets_from_rows
-    from deadline_pipeline.store.planning import active_targets
 
-    scratch = PlanOutcome()  # planning's own problems are reported by planning, not here
-    targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
-    rules = _judged_rules(conn, {t.source_id: t.source for t in targets}, since)
+    view = planning_view(conn, cfg, trust_withdrawals=True)
+    targets = view.targets
+    rules = _judged_rules(view.sources, since)
     planned = health.active_obligation_instants(conn, lo, hi)
     span = window(now, horizon)
     cache: dict = {}

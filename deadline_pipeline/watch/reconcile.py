@@ -8,7 +8,8 @@ recomputes what is owed from the rule versions in force instead:
 1. **Rules in force**, per source, from ``rule_versions`` alone: the latest version of each rule —
    unless that version is a withdrawal made by a snapshot that *skipped* a record which may have been
    that rule (its ``parse_report``) and no human accepted it; then the last good version is in force
-   (only a parseable snapshot that lacks a rule withdraws it).
+   (only a parseable snapshot that lacks a rule withdraws it). Read with the targets as planning
+   reads them (:func:`~deadline_pipeline.watch.planned.planning_view`, ``trust_withdrawals=False``).
 2. **Owed reminders**: every (subscriber, rule, due instant, offset, channel) of the active
    subscriptions whose send instant lies in ``[now - lookback, now - grace]``, expanded from those
    rules with the planner's calendar arithmetic (zones, business-day rolling, offsets whose days are
@@ -46,58 +47,22 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 
 from deadline_pipeline.config import DeadlinesConfig
-from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.first_seen import MISSED_UNWATCHED, FirstSeenPassed, judge_source
-from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import OPEN, AlertState
 from deadline_pipeline.store.health import (
     obligation_fingerprints,
     planned_rules,
     reminder_outcomes,
-    rule_versions_with_reports,
 )
-from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, active_targets, reminder_statuses_of_rule
+from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, reminder_statuses_of_rule
 from deadline_pipeline.store.sources import freshness_window
 from deadline_pipeline.watch.checks import CheckOutcome
+from deadline_pipeline.watch.planned import planning_view
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LOOKBACK = timedelta(days=7)
-
-
-def _withdrawal_justified(rule_id: str, report: dict | None, known: list[str]) -> bool:
-    """Whether a snapshot with this parse report may withdraw ``rule_id``: it skipped no record that
-    may have been the rule (``known``: the source's rule ids, so that a skipped record under an id
-    never seen may be any rule, see :meth:`ParseProblem.may_be`), or a human accepted its skipped
-    records."""
-    if not report or report.get("accepted"):
-        return True
-    if report.get("skipped_count", 0) > len(report.get("skipped") or []):
-        # The stored list was capped: an unlisted skipped record may be this rule.
-        return False
-    return not any(ParseProblem(p.get("position", ""), p.get("message", ""), p.get("record_id")).may_be(rule_id, known)
-                   for p in report.get("skipped") or [])
-
-
-def rules_in_force(conn, source_id: int) -> list[tuple[int, RuleRecord, datetime]]:
-    """(version, record, valid_from) of every rule of a source in force, per the module docstring."""
-    rows = rule_versions_with_reports(conn, source_id)
-    by_rule: dict[str, list] = {}
-    for r in rows:
-        by_rule.setdefault(r.rule_id, []).append(r)
-    known = list(by_rule)
-    out = []
-    for rule_id, versions in by_rule.items():
-        in_force = None
-        for v in versions:
-            if not v.withdrawn:
-                in_force = v
-            elif _withdrawal_justified(rule_id, v.parse_report, known):
-                in_force = None
-        if in_force is not None:
-            out.append((in_force.version, RuleRecord.from_payload(in_force.payload), in_force.valid_from))
-    return out
 
 
 def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: timedelta = timedelta(minutes=30),
@@ -106,24 +71,17 @@ def reminders_owed(engine: Engine, cfg: DeadlinesConfig, now: datetime, grace: t
     the send instants judged. Never raises for what it finds; offenders name subscriber, rule, due
     instant, offset, channel and why the outbox does not explain the reminder."""
     from deadline_pipeline.plan.occurrences import window
-    from deadline_pipeline.plan.outcome import PlanOutcome
     from deadline_pipeline.plan.planner import merged_fingerprint, plan_target
-    from deadline_pipeline.plan.service import business_calendars, fold_overrides, targets_from_rows
 
     lo, hi = now - lookback, now - grace
-    scratch = PlanOutcome()  # planning's own problems are reported by planning, not here
     owed: dict[tuple, dict] = {}
     with engine.connect() as conn:
-        targets = targets_from_rows(cfg, active_targets(conn), scratch, business_calendars(conn, cfg, scratch))
-        rules_cache: dict[int, tuple] = {}
+        view = planning_view(conn, cfg, trust_withdrawals=False)
+        targets = view.targets
         planned_pairs = planned_rules(conn)
         fingerprints: dict[tuple, str] = {}  # (subscriber, source, rule, due) -> what planning would plan from
         for t in targets:
-            if t.source_id not in rules_cache:
-                rules = rules_in_force(conn, t.source_id)
-                since = {r.rule_id: valid_from for _v, r, valid_from in rules}
-                rules_cache[t.source_id] = (fold_overrides([(v, r) for v, r, _f in rules], t.source, scratch), since)
-            rules, since = rules_cache[t.source_id]
+            rules, since = view.sources[t.source_id].rules, view.sources[t.source_id].valid_from
             # Due instants up to the latest offset after ``hi`` can have a send instant before it; a
             # day of slack because calendar days across a DST change outlast their nominal length.
             span = max((abs(o) for o in t.offsets_seconds), default=0) + 86400
