@@ -707,3 +707,94 @@ def test_a_quiet_window_edge_read_by_the_gap_rule_is_counted_in_plan_complete(tm
     assert logged and out.passed and out.metadata["gap_rule_fallbacks"] == len(logged), out
     assert f"{len(logged)} quiet-window edge(s) read by the gap rule" in out.summary
     assert to_result(out).metadata["gap_rule_fallbacks"].value == len(logged)
+
+
+def test_two_plans_in_one_process_each_count_only_their_own_gap_rule_fallbacks(tmp_path, pg_url, caplog):
+    """Two planning runs in one process at once (the hourly plan and a backfill run in-process): each
+    records only the gap-rule fallbacks of the alert rows it built itself. Counted by a process-wide
+    counter read before and after each run, the run that planned second took the first one's
+    fallbacks as its own, and plan_complete summed them twice."""
+    import threading
+    import time as clock
+
+    from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
+    from deadline_pipeline.plan.service import sync_configuration
+    from deadline_pipeline.store.db import make_engine, upgrade
+    from deadline_pipeline.store.planning import PLANNING_LOCK
+    from deadline_pipeline_tests.test_zone_data import zone_database
+
+    choice = _blip_zone_data(tmp_path)
+    (tmp_path / "cal.ics").write_text(ics(dict(uid="d@test", tzid="UTC", dtstart="20260308T120000",
+                                               summary="Filing")), newline="")
+    cfg = load_config(write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t1"}],
+        subscribers=[{"id": "ann", "tenant": "t1", "email": "ann@example.org", "timezone": "Atlantic/Reykjavik",
+                      "quiet_hours": "02:30-06:00"}],
+        subscriptions=[{"name": "all", "sources": ["cal"], "offsets": ["-PT9H"], "channels": ["box"]}],
+        channels={"box": {"type": "maildir", "path": str(tmp_path / "maildir")}}))[0]
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    outs, errors = [], []
+
+    def plan() -> None:
+        try:
+            outs.append(plan_all(engine, cfg, now))
+        except Exception as exc:  # re-raised below, on the test's thread
+            errors.append(exc)
+
+    try:
+        with zone_database(choice):
+            fetch_snapshot(engine, cfg.sources[0], now)
+            apply_latest_snapshot(engine, cfg.sources[0], now)
+            sync_configuration(engine, cfg)
+            runs = [threading.Thread(target=plan) for _ in range(2)]
+            # Both runs start, then wait for the planning lock held here: they overlap, as a
+            # backfill and the hourly plan of one process do.
+            with engine.begin() as holder:
+                holder.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": PLANNING_LOCK})
+                for run in runs:
+                    run.start()
+                waited_until = clock.monotonic() + 60
+                with engine.connect() as probe:
+                    while probe.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                                "AND NOT granted").scalar() < 2:
+                        assert clock.monotonic() < waited_until, "the two planning runs never waited for the lock"
+                        clock.sleep(0.05)
+            for run in runs:
+                run.join(120)
+            assert not errors, errors
+            logged = [r for r in caplog.records if "read by the gap rule" in r.getMessage()]
+            # The run that planned first built the reminder and met the fallbacks; the second found
+            # it planned already and built nothing.
+            assert logged and sorted(o.gap_rule_fallbacks for o in outs) == [0, len(logged)], (outs, len(logged))
+            for component, out, seconds in zip(("plan", "plan:backfill"), outs, (1, 2), strict=True):
+                record_plan_run(engine, component, started_at=now, completed_at=now + timedelta(seconds=seconds),
+                                label="2026-03..2027-03", problems=out.problems, counts=out.heartbeat_counts())
+            check = w.plan_complete(engine, now + timedelta(seconds=3))
+    finally:
+        engine.dispose()
+    assert check.passed and check.metadata["gap_rule_fallbacks"] == len(logged), check
+
+
+def test_overrides_folding_takes_out_are_counted_in_plan_complete_and_stay_green(engine, tmp_path):
+    """A weekly series whose calendar cancels one occurrence (a RECURRENCE-ID override with
+    STATUS:CANCELLED): folding it takes that occurrence out, which planning counted nowhere (the
+    fold's counts were dropped). The run records it in its heartbeat's counts and plan_complete
+    shows it in its metadata — green: the calendar cancelled it, no reminder is owed."""
+    from deadline_pipeline.orchestration.checks import to_result
+    from deadline_pipeline_tests.factories import cal_ics_config, ingest_and_plan
+
+    (tmp_path / "cal.ics").write_text(ics(
+        dict(uid="w@test", tzid="UTC", dtstart="20260302T120000", summary="Weekly", rrule="FREQ=WEEKLY;COUNT=4"),
+        dict(uid="w@test", tzid="UTC", dtstart="20260309T120000", summary="Weekly", recurrence_id="20260309T120000",
+             status="CANCELLED")), newline="")
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    out = ingest_and_plan(engine, cal_ics_config(tmp_path), now)
+    assert out.override_folds["cancelled_occurrences"] == 1 and out.obligations_planned == 3, out
+    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="2026-03..2027-03",
+                    problems=out.problems, counts=out.heartbeat_counts())
+    check = w.plan_complete(engine, now)
+    assert check.passed and check.metadata["cancelled_occurrences"] == 1, check
+    assert check.metadata["orphan_overrides"] == 0 and check.metadata["gap_rule_fallbacks"] == 0, check
+    assert to_result(check).metadata["cancelled_occurrences"].value == 1

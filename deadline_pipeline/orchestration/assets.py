@@ -294,7 +294,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         component = _plan_component(covers, scope is not None, bool(out.problems))
         record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
                         label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
-                        problems=out.problems, replay=clock.frozen, gap_rule_fallbacks=out.gap_rule_fallbacks)
+                        problems=out.problems, replay=clock.frozen, counts=out.heartbeat_counts())
         with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         log_first(context.log.error, [f"source {p.source} rule {p.rule_id}: {p.message}" for p in out.problems],

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from deadline_pipeline.plan.planner import PlanProblem
 
 log = logging.getLogger(__name__)
+
+#: The names of :attr:`PlanOutcome.override_folds` (``plan.recurrence.Folded.counts``).
+OVERRIDE_FOLD_COUNTS = ("orphan_overrides", "cancelled_occurrences", "override_rrule_ignored")
 
 
 @dataclass
@@ -54,8 +58,15 @@ class PlanOutcome:
     # (logged; shown in the plan's metadata).
     direct_write_fallbacks: int = 0
     # Quiet-window edges read by the gap rule because no gap of the zone held a nonexistent time
-    # (planner._gap_end; logged, in the plan heartbeat's detail, shown by plan_complete).
+    # (planner._gap_end, counted by this run's planner.PlanMemo; logged, in the plan heartbeat's
+    # counts, shown by plan_complete).
     gap_rule_fallbacks: int = 0
+    # What folding the RECURRENCE-ID overrides into their masters left loose or took out, summed over
+    # the sources read (plan.recurrence.Folded.counts, logged by apply_overrides): ``orphan_overrides``
+    # (planned as they are), ``cancelled_occurrences`` (taken out as the calendar says),
+    # ``override_rrule_ignored`` (planned as one instance). In the heartbeat's counts, shown by
+    # plan_complete.
+    override_folds: Counter[str] = field(default_factory=Counter)
     # A revision re-plan's scope (:meth:`~deadline_pipeline.plan.scope.RuleScope.describe`); empty for a
     # plan of every rule.
     scope: str = ""
@@ -76,6 +87,12 @@ class PlanOutcome:
             new.append(p)
             log.error("%s: source %s rule %s: %s", log_as, p.source, p.rule_id, p.message)
         return new
+
+    def heartbeat_counts(self) -> dict[str, int]:
+        """The counts the run's heartbeat records (``heartbeats.counts``) for ``plan_complete``:
+        ``gap_rule_fallbacks`` and each of :attr:`override_folds` (every name present, 0 included)."""
+        return {"gap_rule_fallbacks": self.gap_rule_fallbacks,
+                **{name: self.override_folds.get(name, 0) for name in OVERRIDE_FOLD_COUNTS}}
 
     @property
     def alerts_written(self) -> int:

@@ -19,7 +19,7 @@ import fnmatch
 import hashlib
 import logging
 import threading
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta, tzinfo
 
@@ -39,21 +39,27 @@ from deadline_pipeline.wording import near_name
 
 log = logging.getLogger(__name__)
 
-# Quiet-window edges read by the gap rule because :func:`zone_gaps` held no gap for a time that does
-# not exist (:func:`_gap_end`): zone data with an offset change undone within the scan step. Counted
-# for the whole process (planning computes in helper threads, hence the lock); a planning run reports
-# the count its own run added (:func:`gap_rule_fallbacks`), so the plan_complete check shows it.
-_GAP_RULE_FALLBACKS = [0]
-# How a planning heartbeat's detail names its run's count (the plan_complete check parses it back).
-GAP_RULE_FALLBACKS_TEXT = "gap-rule fallback(s)"
-_GAP_RULE_LOCK = threading.Lock()
 
+class PlanMemo(dict):
+    """The memo one planning run shares across its targets, chunks and helper threads (the ``cache``
+    of :func:`plan_target`, :func:`reminder_rows`: deterministic values by key), and that run's own
+    count of quiet-window edges read by the gap rule (``gap_rule_fallbacks``, :func:`_gap_end`).
 
-def gap_rule_fallbacks() -> int:
-    """How many times this process read a quiet-window edge by the gap rule (:func:`_gap_end`'s
-    fallback) so far; a caller takes the difference around its run."""
-    with _GAP_RULE_LOCK:
-        return _GAP_RULE_FALLBACKS[0]
+    Counted per run, not per process: a process-wide counter read before and after a run took the
+    fallbacks of another run in the same process meanwhile (a backfill next to the hourly plan) as
+    its own. Counted once per alert template computed, as the template is memoised. A plain dict as
+    ``cache`` memoises without counting (a check's recomputation, ``preview``: planning reports the
+    fallbacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gap_rule_fallbacks = 0
+        # Alert rows are built on the planning thread and on a helper thread at once.
+        self._lock = threading.Lock()
+
+    def count_gap_rule_fallback(self) -> None:
+        with self._lock:
+            self.gap_rule_fallbacks += 1
 
 REFUSED_FREQUENCIES = ("SECONDLY", "MINUTELY")
 ONCE = "once"  # the period of a one-off rule: its identity survives a moved due time
@@ -252,46 +258,48 @@ def _sent_at_once(due_at: datetime | None, now: datetime) -> str:
     return "sent at once because the deadline is still ahead"
 
 
-def _first_shown(wall: datetime, zone: tzinfo) -> datetime:
+def _first_shown(wall: datetime, zone: tzinfo, on_fallback: Callable[[], None] | None = None) -> datetime:
     """The first instant (aware UTC) at which the clock in ``zone`` shows ``wall`` (naive) or a later
     time: the first of a time a fall-back repeats; for a time a spring-forward gap skips, the end of
     the gap (on a 02:00→03:00 night, 02:30 → the instant of 03:00)."""
     first = to_instant(wall, zone)
     if first.astimezone(zone).replace(tzinfo=None) == wall:
         return first
-    return _gap_end(wall, zone)
+    return _gap_end(wall, zone, on_fallback)
 
 
-def _last_shown(wall: datetime, zone: tzinfo) -> datetime:
+def _last_shown(wall: datetime, zone: tzinfo, on_fallback: Callable[[], None] | None = None) -> datetime:
     """The last instant (aware UTC) at which the clock in ``zone`` runs from an earlier time onto
     ``wall`` (naive): the second of a time a fall-back repeats (``fold=1``) — unless the clock jumps
     back onto it (``wall`` is the first repeated time: the second pass starts there, not before), then
     the first; for a time a gap skips, the end of the gap (the clock then shows a later time)."""
     last = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
     if last.astimezone(zone).replace(tzinfo=None) != wall:
-        return _gap_end(wall, zone)
+        return _gap_end(wall, zone, on_fallback)
     first = to_instant(wall, zone)
     if last != first and (last - timedelta(microseconds=1)).astimezone(zone).replace(tzinfo=None) > wall:
         return first
     return last
 
 
-def _gap_end(wall: datetime, zone: tzinfo) -> datetime:
-    """The instant a spring-forward gap holding ``wall`` (a naive time ``zone`` skips) ends."""
+def _gap_end(wall: datetime, zone: tzinfo, on_fallback: Callable[[], None] | None = None) -> datetime:
+    """The instant a spring-forward gap holding ``wall`` (a naive time ``zone`` skips) ends.
+    ``on_fallback`` is called when it is read by the gap rule instead (below)."""
     for start, end in zone_gaps(zone, wall.year):
         if start <= wall < end:
             return to_instant(end, zone)
     # Not reached for a time that does not exist while zone_gaps holds every gap touching its year; it
     # is reached by zone data whose offset changes and changes back within zone_gaps' scan step. The
-    # planner's gap rule then gives an instant at or after the gap's end: later, never inside. Counted,
-    # so plan_complete shows it: a warning alone scrolled away while quiet windows ended late.
+    # planner's gap rule then gives an instant at or after the gap's end: later, never inside. Counted
+    # (PlanMemo), so plan_complete shows it: a warning alone scrolled away while quiet windows ended late.
     log.warning("no spring-forward gap of %s holds %s; the window's edge read by the gap rule", zone, wall)
-    with _GAP_RULE_LOCK:
-        _GAP_RULE_FALLBACKS[0] += 1
+    if on_fallback is not None:
+        on_fallback()
     return to_instant(wall, zone)
 
 
-def quiet_until(instant: datetime, window_: tuple[time, time], zone: tzinfo) -> datetime | None:
+def quiet_until(instant: datetime, window_: tuple[time, time], zone: tzinfo,
+                on_fallback: Callable[[], None] | None = None) -> datetime | None:
     """The end (aware UTC) of the quiet window ``instant`` (aware) lies in, or None when it lies in none.
 
     ``window_``: ``(start, end)`` local wall times in ``zone`` (:func:`~deadline_pipeline.config.parse_quiet_hours`),
@@ -302,15 +310,16 @@ def quiet_until(instant: datetime, window_: tuple[time, time], zone: tzinfo) -> 
     01:30 sent the reminder an hour before the end, and one sent at 01:15 EST was moved 45 minutes
     *back* to it), and a start or end that a spring-forward gap skips is where the gap ends, when the
     clock first shows a later time. A window whose end is the start of another (a gap of a whole day,
-    Samoa 2011-12-30) continues into it."""
+    Samoa 2011-12-30) continues into it. ``on_fallback`` is called for each edge read by the gap rule
+    (:class:`PlanMemo`)."""
     start, end = window_
     wraps = timedelta(days=1) if end <= start else timedelta(0)
     t, inside = instant, False
     for _ in range(4):  # a window reaches into the next only across a skipped day: at most a chain of two
         day = t.astimezone(zone).date()
         for d in (day - timedelta(days=2), day - timedelta(days=1), day):
-            lo = _first_shown(datetime.combine(d, start), zone)
-            hi = _last_shown(datetime.combine(d + wraps, end), zone)
+            lo = _first_shown(datetime.combine(d, start), zone, on_fallback)
+            hi = _last_shown(datetime.combine(d + wraps, end), zone, on_fallback)
             if lo <= t < hi:
                 t, inside = hi, True
                 break
@@ -320,17 +329,19 @@ def quiet_until(instant: datetime, window_: tuple[time, time], zone: tzinfo) -> 
 
 
 def apply_quiet_hours(send_at: datetime, due_at: datetime, quiet: str | None,
-                      zone: tzinfo | None) -> tuple[datetime, str | None]:
+                      zone: tzinfo | None,
+                      on_fallback: Callable[[], None] | None = None) -> tuple[datetime, str | None]:
     """Defer ``send_at`` (aware UTC) to the end of the subscriber's quiet window when it falls inside
     (:func:`quiet_until`; ``quiet``: ``"HH:MM-HH:MM"`` wall times in ``zone``, the subscriber's).
 
     Returns ``(send_at, reason)``; ``reason`` is None when nothing changed. A deferral that would land
     after ``due_at`` is not made: the reminder goes out inside the quiet hours rather than too late.
     Raises ``ValueError`` for a ``quiet`` that is not such a window (configuration loading refuses it).
+    ``on_fallback``: as for :func:`quiet_until`.
     """
     if not quiet:
         return send_at, None
-    until = quiet_until(send_at, parse_quiet_hours(quiet), zone)
+    until = quiet_until(send_at, parse_quiet_hours(quiet), zone, on_fallback)
     if until is None:
         return send_at, None
     deferred = until.astimezone(send_at.tzinfo)
@@ -790,7 +801,7 @@ def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict 
     template = cache.get(ckey) if cache is not None else None
     if template is None:
         template = _alert_template(ob.due_at, target, ob.tz or resolve_zone(ob.zone), now, moved, owed_since,
-                                   ob.wall)
+                                   ob.wall, cache.count_gap_rule_fallback if isinstance(cache, PlanMemo) else None)
         if cache is not None:
             cache[ckey] = template
     return template
@@ -798,16 +809,17 @@ def _template(ob: PlannedObligation, target: Target, now: datetime, cache: dict 
 
 def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetime,
                     moved: bool = False, owed_since: datetime | None = None,
-                    wall: datetime | None = None) -> list[tuple]:
+                    wall: datetime | None = None, on_fallback: Callable[[], None] | None = None) -> list[tuple]:
     """``((offset seconds, channel, send_at, status, status_reason), offset)`` of each reminder of one
     due instant for ``target``'s subscription shape (``moved``: see :func:`fold_late`; ``wall``: the
-    due instant's nominal wall time when a gap skips it, ``PlannedObligation.wall``)."""
+    due instant's nominal wall time when a gap skips it, ``PlannedObligation.wall``; ``on_fallback``:
+    as for :func:`quiet_until`)."""
     subscriber_zone = resolve_zone(target.subscriber_tz) if target.quiet_hours else None
     alerts: list[PlannedAlert] = []
     for offset in target.offsets:
         seconds = offset.nominal_seconds
         send_at, reason = apply_quiet_hours(send_instant(due_at, offset, zone, wall), due_at,
-                                            target.quiet_hours, subscriber_zone)
+                                            target.quiet_hours, subscriber_zone, on_fallback)
         for channel in target.channels:
             alerts.append(PlannedAlert(seconds, channel, "reminder", "", send_at, status_reason=reason,
                                        due_at=due_at, offset=offset))
@@ -817,7 +829,7 @@ def _alert_template(due_at: datetime, target: Target, zone: tzinfo, now: datetim
             if a.status == AlertState.PENDING and a.send_at <= now:
                 # A late reminder goes out now — unless now is inside the subscriber's quiet
                 # hours, where it waits for the window's end like any other reminder.
-                later, why = apply_quiet_hours(now, due_at, target.quiet_hours, subscriber_zone)
+                later, why = apply_quiet_hours(now, due_at, target.quiet_hours, subscriber_zone, on_fallback)
                 if later != now:
                     a.send_at, a.status_reason = later, f"{a.status_reason}; {why}"
     return [((a.offset_seconds, a.channel, a.send_at, a.status, a.status_reason), a.offset) for a in alerts]

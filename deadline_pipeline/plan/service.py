@@ -46,12 +46,11 @@ from deadline_pipeline.plan.occurrences import window
 from deadline_pipeline.plan.offsets import Offset
 from deadline_pipeline.plan.outcome import PlanOutcome
 from deadline_pipeline.plan.planner import (
-    GAP_RULE_FALLBACKS_TEXT,
     RULE_ID_SAMPLE,
+    PlanMemo,
     PlanProblem,
     Target,
     editions_left_out,
-    gap_rule_fallbacks,
     renamed_out_problem,
     subscription_selection_problems,
 )
@@ -74,19 +73,19 @@ def problems_detail(problems: list[PlanProblem], limit: int = 5) -> str:
 
 
 def record_plan_run(engine: Engine, component: str, *, started_at: datetime, completed_at: datetime, label: str,
-                    problems: list[PlanProblem], replay: bool = False, gap_rule_fallbacks: int = 0) -> None:
+                    problems: list[PlanProblem], replay: bool = False, counts: dict[str, int] | None = None) -> None:
     """Write the heartbeat of one completed planning run: outcome ``partial`` when it reported
-    problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``, followed by
-    ``"; M gap-rule fallback(s)"`` when ``gap_rule_fallbacks`` (:attr:`PlanOutcome.gap_rule_fallbacks`)
-    is not 0. The ``plan_complete`` check and the watchdog read it back, so a problem known only to
-    the run's log turns red, and a fallback is counted where the check is read."""
+    problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``, and ``counts``
+    (:meth:`PlanOutcome.heartbeat_counts`: the run's gap-rule fallbacks and override folds; name →
+    count) as the heartbeat's structured counts. The ``plan_complete`` check and the watchdog read
+    them back, so a problem known only to the run's log turns red, and a fallback is counted where
+    the check is read."""
     from deadline_pipeline.store import health
 
-    fallbacks = f"; {gap_rule_fallbacks} {GAP_RULE_FALLBACKS_TEXT}" if gap_rule_fallbacks else ""
     with engine.begin() as conn:
         health.beat(conn, component, started_at=started_at, completed_at=completed_at,
                     outcome="partial" if problems else "ok",
-                    detail=f"{label}; {problems_detail(problems)}{fallbacks}", replay=replay)
+                    detail=f"{label}; {problems_detail(problems)}", replay=replay, counts=counts)
 
 
 def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, source: SourceConfig) -> bool:
@@ -246,7 +245,8 @@ def _subscription_rows(cfg: DeadlinesConfig, src_ids: dict[str, int], sub_ids: d
 def fold_overrides(rules: list[tuple[int, RuleRecord]], source: str, out: PlanOutcome) -> list[tuple[int, RuleRecord]]:
     """Fold RECURRENCE-ID overrides into their masters (each occurrence planned once), keeping each
     record's version. A source whose overrides cannot be folded is planned unfolded, loudly: a
-    duplicate reminder is allowed, a missing one is not."""
+    duplicate reminder is allowed, a missing one is not. What the fold left loose or took out
+    (:attr:`~deadline_pipeline.plan.recurrence.Folded.counts`) is added to ``out.override_folds``."""
     versions = {r.rule_id: v for v, r in rules}
     try:
         folded = apply_overrides([r for _, r in rules])
@@ -254,6 +254,7 @@ def fold_overrides(rules: list[tuple[int, RuleRecord]], source: str, out: PlanOu
         log.error("planning: source %s: overrides not folded, planned as they are: %s", source, exc)
         out.problems.append(PlanProblem(source, "*", f"overrides not folded: {exc}"))
         return rules
+    out.override_folds.update(folded.counts)
     return [(versions.get(r.rule_id, 0), r) for r in folded]
 
 
@@ -376,7 +377,6 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome(zone_data=zone_data.refresh().version, calendar_data=calendar_data_version())
-    fallbacks_before = gap_rule_fallbacks()
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
         if sql.lock_planning(conn):
@@ -417,8 +417,6 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
         # the error (a concurrent run's KeyError read "current transaction is aborted").
         sql.drop_stage(conn)
-    # Another planning run in this process at the same time adds its own: over-counted, never hidden.
-    out.gap_rule_fallbacks = gap_rule_fallbacks() - fallbacks_before
     return out
 
 
@@ -447,7 +445,7 @@ def _plan_in_chunks(conn, targets: list[Target], rules_cache: dict[int, tuple], 
     (:mod:`.chunks`) into the staging tables made by the caller; returns the (source id, rule id) of
     rules with a planning problem, whose stored obligations must not be withdrawn."""
     failed_rules: set[tuple[int, str]] = set()
-    cache: dict = {}
+    cache = PlanMemo()  # this run's own: it counts the run's gap-rule fallbacks
     # A store without obligations gets new chunks only, until one turns out not to be new:
     # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
     # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
@@ -465,6 +463,7 @@ def _plan_in_chunks(conn, targets: list[Target], rules_cache: dict[int, tuple], 
         while (chunk := pending.result()) is not None:
             pending = pool.submit(next, prepared, None)
             expect_new["new"] = chunks.write_chunk(conn, chunk, now, out, cache, pool)
+    out.gap_rule_fallbacks += cache.gap_rule_fallbacks
     return failed_rules
 
 

@@ -29,17 +29,19 @@ from deadline_pipeline.store.upsert import dialect_insert, upsert
 
 
 def beat(conn: Connection, component: str, *, started_at: datetime, completed_at: datetime, outcome: str,
-         detail: str | None = None, replay: bool = False) -> None:
+         detail: str | None = None, replay: bool = False, counts: dict[str, int] | None = None) -> None:
     """Record the end of one run of ``component`` (also when it found nothing to do). ``replay``:
     the run's clock was frozen by ``--as-of`` (recorded as ``clock = 'replay'``), so the heartbeat
-    proves nothing about the live pipeline."""
+    proves nothing about the live pipeline. ``counts``: name → count of what the run did that a check
+    reads back (``heartbeats.counts``; None: the component records none)."""
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome,
                                    detail=redact_optional(detail),
                                    clock="replay" if replay else "live", first_completed_at=completed_at,
-                                   zone_data=zone_data.version(), calendar_data=calendar_data_version())],
+                                   zone_data=zone_data.version(), calendar_data=calendar_data_version(),
+                                   counts=counts)],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
-                                           "clock", "zone_data", "calendar_data"])
+                                           "clock", "zone_data", "calendar_data", "counts"])
     # A row created by beat_started has no first completion yet; this is it.
     conn.execute(update(heartbeats).where(heartbeats.c.component == component,
                                           heartbeats.c.first_completed_at.is_(None))
@@ -160,7 +162,8 @@ def recorded_run(engine: Engine, component: str, now: Callable[[], datetime]) ->
 
 
 def read_heartbeats(conn: Connection) -> dict[str, dict]:
-    """component → its heartbeat row (``last_started_at``, ``last_completed_at``, ``last_outcome``, ``detail``)."""
+    """component → its heartbeat row (``last_started_at``, ``last_completed_at``, ``last_outcome``, ``detail``,
+    ``counts``: name → count of the last completed run, or None)."""
     return {r["component"]: dict(r) for r in conn.execute(select(*heartbeats.c)).mappings().all()}
 
 

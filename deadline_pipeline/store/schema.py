@@ -343,4 +343,7 @@ heartbeats = Table(
     # The holiday-calendar release it rolled business days with (holiday_calendars.calendar_data_version),
     # for the same reason.
     Column("calendar_data", String(40)),
+    # name -> count of what the last completed run did that a check reads back (planning's gap-rule
+    # fallbacks and override folds, plan_complete); NULL: none recorded (migration 0019).
+    Column("counts", Json),
 )

@@ -47,6 +47,13 @@ Checks and what exactly they promise:
     ``watchdog`` agree. Metadata ``gap_rule_fallbacks``: quiet-window edges those runs read by the
     gap rule because the planner's gap scan saw no gap at a time the zone data skips (named in the
     summary when not 0; it does not turn the check red: the edge is read at or after the gap's end).
+    Metadata ``orphan_overrides``, ``cancelled_occurrences``, ``override_rrule_ignored``: what folding
+    the RECURRENCE-ID overrides left loose or took out in those runs. None turns the check red, as
+    none leaves a reminder unplanned: an orphan override is planned as it is (a duplicate at worst),
+    a cancelled occurrence is one the calendar itself cancelled, and an override's RRULE is dropped
+    because an override is one instance (RFC 5545 §3.8.4.4), which is planned. A fold that fails is
+    a planning problem (red above). All of these are read from the heartbeats' structured ``counts``
+    (:meth:`~deadline_pipeline.plan.outcome.PlanOutcome.heartbeat_counts`), each run's own.
 ``escalations_acknowledged``
     zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
     that a human took it over).
@@ -70,6 +77,7 @@ from sqlalchemy import Engine
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.occurrences import GRACE
+from deadline_pipeline.plan.outcome import OVERRIDE_FOLD_COUNTS
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
@@ -195,21 +203,13 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     full = beats.get("plan") if beats.get("plan", {}).get("last_completed_at") else None
     judged = [b for b in done if b is full or full is None or b["last_completed_at"] > full["last_completed_at"]]
     out = _plan_complete_outcome(judged)
-    fallbacks = sum(_gap_rule_fallbacks(b.get("detail") or "") for b in judged)
-    out.metadata["gap_rule_fallbacks"] = fallbacks
+    for name in ("gap_rule_fallbacks", *OVERRIDE_FOLD_COUNTS):
+        out.metadata[name] = sum(int((b.get("counts") or {}).get(name, 0)) for b in judged)
+    fallbacks = out.metadata["gap_rule_fallbacks"]
     if fallbacks:
         out.summary += (f"; {fallbacks} quiet-window edge(s) read by the gap rule: the zone data has an "
                         "offset change the planner's gap scan did not see (see the planning log)")
     return out
-
-
-def _gap_rule_fallbacks(detail: str) -> int:
-    """The count of gap-rule fallbacks a planning heartbeat's ``detail`` names (written by
-    :func:`~deadline_pipeline.plan.service.record_plan_run`), 0 when it names none."""
-    from deadline_pipeline.plan.planner import GAP_RULE_FALLBACKS_TEXT
-
-    found = re.search(rf"; (\d+) {re.escape(GAP_RULE_FALLBACKS_TEXT)}$", detail)
-    return int(found.group(1)) if found else 0
 
 
 def _plan_complete_outcome(judged: list[dict]) -> CheckOutcome:
