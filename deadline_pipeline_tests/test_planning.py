@@ -835,3 +835,101 @@ def test_a_skipped_local_day_plans_and_sends_one_reminder_per_instant(engine, tm
     sweep(engine, cfg, datetime(2011, 12, 30, 18, 0, 30, tzinfo=UTC))
     [(subject, _body)] = _mails(tmp_path / "maildir")
     assert subject.startswith("Reminder: Daily return due 2011-12-31 09:00 +14")
+
+
+def _subscriber_file_config(tmp_path, ids, **extra):
+    """The configuration of ``_configure`` (events A and B) whose subscribers are the rows ``ids`` of
+    ``subs.csv`` (written anew); returns ``(config, its path, the CSV's path)``."""
+    (tmp_path / "cal.ics").write_text(ics(A, B), newline="")
+    csv_path = tmp_path / "subs.csv"
+    csv_path.write_text("id,tenant,email,timezone\n" + "".join(f"{i},t,{i}@example.org,UTC\n" for i in ids))
+    path = write_config(
+        tmp_path, sources=[{"name": "cal", "format": "ics", "location": "cal.ics", "tenant": "t"}],
+        subscribers=[], subscribers_csv="subs.csv",
+        subscriptions=[{"name": "s", "sources": ["cal"], "offsets": ["-P1D"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}}, **extra)
+    return load_config(path)[0], path, csv_path
+
+
+def _open_reminders_by_subscriber(engine) -> dict[str, int]:
+    q = (select(subscribers.c.external_id, alerts.c.id)
+         .join(obligations, obligations.c.subscriber_id == subscribers.c.id)
+         .join(alerts, alerts.c.obligation_id == obligations.c.id)
+         .where(alerts.c.status == "pending", obligations.c.status == "active"))
+    out: dict[str, int] = {}
+    with engine.connect() as conn:
+        for ext, _ in conn.execute(q):
+            out[ext] = out.get(ext, 0) + 1
+    return out
+
+
+def _plan_and_check(engine, cfg, now):
+    """Plan at ``now``, record the run's heartbeat as the plan asset does, and return ``(outcome,
+    plan_complete, the watchdog's plan_complete row)``."""
+    from deadline_pipeline.plan.service import record_plan_run
+    from deadline_pipeline.watch import checks as w
+    from deadline_pipeline.watch.watchdog import evaluate
+
+    out = plan_all(engine, cfg, now)
+    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="test", problems=out.problems)
+    row = {r.check: r for r in evaluate(engine, now, cfg).rows}["plan_complete"]
+    return out, w.plan_complete(engine, now), row
+
+
+def test_a_subscriber_file_cut_short_keeps_the_missing_subscribers_until_accepted(engine, tmp_path):
+    """A subscriber file that lost 7 of its 10 rows at a line boundary (a truncated copy) withdrew the
+    7 and cancelled their reminders without a word, every check green. Now planning keeps them with
+    their reminders, plan_complete (and the watchdog) is red naming the file, the counts and the
+    command; after ``subscribers accept`` the next run withdraws them, quietly as for one removal."""
+    from click.testing import CliRunner
+
+    from deadline_pipeline.cli import main
+
+    ids = [f"s{n:02d}" for n in range(10)]
+    cfg, path, csv_path = _subscriber_file_config(tmp_path, ids)
+    _ingest_plan(engine, cfg, T0)
+    assert _open_reminders_by_subscriber(engine) == {i: 2 for i in ids}
+
+    cfg, _, _ = _subscriber_file_config(tmp_path, ids[:3])
+    out, check, row = _plan_and_check(engine, cfg, T0 + timedelta(hours=1))
+    assert _open_reminders_by_subscriber(engine) == {i: 2 for i in ids}
+    assert out.subscribers_held == 7 and out.obligations_withdrawn == 0 and out.alerts_cancelled == 0
+    assert not check.passed and not row.ok
+    for text in (check.summary, row.detail):
+        assert str(csv_path) in text and "would withdraw 7 of 10 subscribers" in text, text
+        assert "deadline-pipeline subscribers accept" in text, text
+
+    url = engine.url.render_as_string(hide_password=False)
+    res = CliRunner().invoke(main, ["subscribers", "accept", "--config", str(path), "--db-url", url])
+    assert res.exit_code == 0, res.output
+    assert "7 subscriber(s) missing from it withdrawn" in res.output and "withdrawn  s09" in res.output
+
+    out, check, row = _plan_and_check(engine, cfg, T0 + timedelta(hours=2))
+    assert out.subscribers_held == 0 and out.obligations_withdrawn == 14 and out.cancellation_notices == 0
+    assert _open_reminders_by_subscriber(engine) == {i: 2 for i in ids[:3]}
+    assert check.passed and row.ok, check.summary
+
+
+@pytest.mark.parametrize("kept", [9, 7])
+def test_removing_at_most_the_share_of_subscribers_is_quiet(engine, tmp_path, kept):
+    """One subscriber of 10 removed, or 3 (30 %, not more than plan.max_subscriber_withdraw_share):
+    withdrawn and their reminders cancelled quietly, as before; planning reports nothing."""
+    ids = [f"s{n:02d}" for n in range(10)]
+    cfg, _, _ = _subscriber_file_config(tmp_path, ids)
+    _ingest_plan(engine, cfg, T0)
+    cfg, _, _ = _subscriber_file_config(tmp_path, ids[:kept])
+    out, check, row = _plan_and_check(engine, cfg, T0 + timedelta(hours=1))
+    assert out.subscribers_held == 0 and out.obligations_withdrawn == 2 * (10 - kept)
+    assert out.cancellation_notices == 0
+    assert _open_reminders_by_subscriber(engine) == {i: 2 for i in ids[:kept]}
+    assert check.passed and row.ok, check.summary
+
+
+def test_the_subscriber_withdraw_share_is_configurable(engine, tmp_path):
+    """``plan.max_subscriber_withdraw_share: 0.8`` lets 7 of 10 go at once."""
+    ids = [f"s{n:02d}" for n in range(10)]
+    cfg, _, _ = _subscriber_file_config(tmp_path, ids)
+    _ingest_plan(engine, cfg, T0)
+    cfg, _, _ = _subscriber_file_config(tmp_path, ids[:3], plan={"max_subscriber_withdraw_share": 0.8})
+    out = plan_all(engine, cfg, T0 + timedelta(hours=1))
+    assert out.subscribers_held == 0 and out.obligations_withdrawn == 14

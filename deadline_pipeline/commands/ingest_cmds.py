@@ -2,6 +2,8 @@
 
 * ``rules diff SOURCE [--from SNAPSHOT --to SNAPSHOT] [--json]``: what changed between two snapshots;
 * ``source accept SNAPSHOT``: apply a quarantined snapshot after a human looked at it;
+* ``subscribers accept``: withdraw the subscribers a planning run held (its subscriber list left out
+  too many at once), after a human looked at the list;
 * ``snapshots list SOURCE`` and ``snapshots prune --keep-days N [--dry-run]``: see and prune raw bytes;
 * ``validate --format FMT FILE``: parse a file strictly, listing every problem with its position.
 
@@ -278,6 +280,35 @@ def source_accept(snapshot_id: int, db_url: str | None, config: str | None, as_o
     return EXIT_OK
 
 
+# --- subscribers accept --------------------------------------------------------------------------
+
+
+def subscribers_accept(db_url: str | None, config: str | None) -> int:
+    """``subscribers accept``: mirror the configuration's subscriber list as it is, withdrawing the
+    subscribers planning held; returns the exit code. Raises :class:`_BadInput` for an unusable
+    configuration or store, or a configuration without subscribers or subscriptions."""
+    from deadline_pipeline.plan.service import NothingToPlan, sync_configuration
+
+    cfg = _config(config)
+    engine = _engine(db_url)
+    try:
+        hold = sync_configuration(engine, cfg, accept_removals=True)
+    except NothingToPlan as exc:
+        raise _BadInput(str(exc)) from None
+    if hold is None:
+        click.echo("no subscriber is held: the subscriber list withdraws at most "
+                   f"{cfg.plan.max_subscriber_withdraw_share:.0%} of the subscribers with reminders to send; "
+                   "nothing to accept")
+        return EXIT_OK
+    click.echo(f"accepted {hold.listed_in}: {len(hold.kept)} subscriber(s) missing from it withdrawn "
+               f"({hold.removed} of {hold.owed} with reminders to send):")
+    for ext in hold.kept:
+        click.echo(f"  withdrawn  {ext}")
+    click.echo("their reminders are cancelled at the next planning run: run the pipeline "
+               "(or 'deadline-pipeline run') to re-plan")
+    return EXIT_OK
+
+
 # --- snapshots -----------------------------------------------------------------------------------
 
 
@@ -405,7 +436,7 @@ def _skipped_as_ingest_counts(problems: list) -> str:
 
 
 def register(main: click.Group) -> None:
-    """Add ``rules``, ``source``, ``snapshots`` and ``validate`` to the command line."""
+    """Add ``rules``, ``source``, ``subscribers``, ``snapshots`` and ``validate`` to the command line."""
     from deadline_pipeline.ingest.parsers import PARSERS
 
     rules = _group(main, "rules", "Rules as the sources state them, and how they change.")
@@ -437,6 +468,18 @@ def register(main: click.Group) -> None:
     def accept_cmd(snapshot_id, db_url, config, as_of):
         """Apply the quarantined SNAPSHOT after a human looked at it, and mark its source fresh."""
         sys.exit(source_accept(snapshot_id, db_url, config, as_of))
+
+    subscribers = _group(main, "subscribers", "The subscribers planning mirrors from the configuration.")
+
+    @subscribers.command("accept")
+    @_DB_URL
+    @_CONFIG
+    @_guarded
+    def subscribers_accept_cmd(db_url, config):
+        """Withdraw the subscribers planning kept because the subscriber list left out more than
+        plan.max_subscriber_withdraw_share of them at once, after a human checked the list (their
+        reminders are cancelled at the next planning run)."""
+        sys.exit(subscribers_accept(db_url, config))
 
     @snaps.command("list")
     @click.argument("source_name", metavar="SOURCE")

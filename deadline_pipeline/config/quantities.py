@@ -89,6 +89,11 @@ HeartbeatGraceMinutes = _count(0, WEEK_MINUTES)
 
 # --- planning -------------------------------------------------------------------------------------
 HorizonDays = _count(1, 3660)
+#: A share (0.30 = 30 %) of what a run may withdraw at once: more is far more often a broken input
+#: than an intent. The default is the sources' quarantine share and the subscribers' hold share
+#: (``plan.max_subscriber_withdraw_share``), one number for both.
+WithdrawShare = Annotated[float, NOT_A_BOOLEAN, Field(ge=0.0, le=1.0)]
+MAX_WITHDRAW_SHARE = 0.30
 
 # ISO 8601 durations: an offset or freshness window longer than the longest planning horizon is a
 # typo (and ``due + offset`` could leave the representable years: OverflowError in planning).

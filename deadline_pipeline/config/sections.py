@@ -29,6 +29,7 @@ from deadline_pipeline.config.channels import (
     ChannelConfig,
 )
 from deadline_pipeline.config.quantities import (
+    MAX_WITHDRAW_SHARE,
     BackoffBaseSeconds,
     BackoffCapSeconds,
     BatchSize,
@@ -45,6 +46,7 @@ from deadline_pipeline.config.quantities import (
     SweepIntervalMinutes,
     Switch,
     TimeBudgetSeconds,
+    WithdrawShare,
 )
 from deadline_pipeline.config.text import (
     ONE_LINE_NAME,
@@ -392,6 +394,11 @@ class NetworkConfig(Section):
 
 class PlanConfig(Section):
     horizon_days: HorizonDays = 366
+    # A planning run whose subscriber list would withdraw more than this share of the subscribers
+    # owed reminders (two or more of them) keeps them instead, red in plan_complete, until
+    # `deadline-pipeline subscribers accept`: a subscriber file cut short at a line withdrew the
+    # missing subscribers and cancelled their reminders without a word.
+    max_subscriber_withdraw_share: WithdrawShare = MAX_WITHDRAW_SHARE
     # First due month (UTC, "YYYY-MM") of the plan partitions; default: the month of the first
     # planning run recorded in the store. Replays (--as-of) before it are refused.
     first_month: str | None = None

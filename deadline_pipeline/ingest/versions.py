@@ -8,12 +8,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from deadline_pipeline.config.quantities import MAX_WITHDRAW_SHARE
 from deadline_pipeline.plan.recurrence import master_id_of
 from deadline_pipeline.rules import RuleRecord
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_WITHDRAW_SHARE = 0.30
+# The subscribers' hold uses the same share by default (plan.max_subscriber_withdraw_share).
+DEFAULT_MAX_WITHDRAW_SHARE = MAX_WITHDRAW_SHARE
 
 
 @dataclass

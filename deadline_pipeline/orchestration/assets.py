@@ -313,6 +313,9 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "moved_by_time_data": out.moved_by_time_data,
             # Override obligations stored under their own id, re-keyed as the occurrence they replace.
             "rekeyed": out.obligations_rekeyed,
+            # Subscribers kept although the subscriber list leaves them out (too many at once;
+            # plan_complete names the file and `subscribers accept`).
+            "subscribers_held": out.subscribers_held,
         })
         yield dg.MaterializeResult(asset_key=ALERTS, metadata={
             "planned": out.alerts_planned, "inserted": out.alerts_inserted, "moved": out.alerts_moved,

@@ -70,6 +70,9 @@ class PlanOutcome:
     # A revision re-plan's scope (:meth:`~deadline_pipeline.plan.scope.RuleScope.describe`); empty for a
     # plan of every rule.
     scope: str = ""
+    # Subscribers kept although the subscriber list leaves them out: it would have withdrawn too
+    # large a share of those owed reminders (plan.subscriber_hold; logged, a planning problem).
+    subscribers_held: int = 0
     # (source, rule id, message) of each problem in ``problems``: a problem every subscriber of a
     # subscription meets (a refused rule) is listed and logged once, not once per subscriber.
     _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)

@@ -56,6 +56,7 @@ from deadline_pipeline.plan.planner import (
 )
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.plan.scope import RuleScope, series_of
+from deadline_pipeline.plan.subscriber_hold import SubscriberHold, judge_removal
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import all_sources, find_source, sync_source
@@ -201,8 +202,14 @@ class NothingToPlan(ValueError):
     obligation, which is far more often a broken file than an intent."""
 
 
-def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
+def sync_configuration(engine: Engine, cfg: DeadlinesConfig, *, accept_removals: bool = False) -> SubscriberHold | None:
     """Mirror the configuration's sources, subscribers and subscriptions into the store.
+
+    Returns the :class:`~deadline_pipeline.plan.subscriber_hold.SubscriberHold` when the subscriber
+    list would withdraw more than ``plan.max_subscriber_withdraw_share`` of the subscribers owed
+    reminders: those it leaves out are then kept active with their stored subscriptions (their
+    reminders stay). ``accept_removals=True`` (``subscribers accept``: a human looked) mirrors the
+    list as it is; the hold it overrode is returned all the same. None when nothing was held.
 
     Raises :class:`NothingToPlan` when the configuration has no subscriber or no subscription.
     """
@@ -216,13 +223,19 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig) -> None:
             row = sync_source(conn, name=s.name, tenant=s.tenant, fmt=s.format, location=s.location,
                               freshness_seconds=int(s.freshness_window.total_seconds()))
             src_ids[s.name] = row.id
+        active = sql.active_subscriber_ids(conn)
+        hold = judge_removal({s.id for s in cfg.subscribers}, set(active), sql.subscribers_owed_reminders(conn),
+                             cfg.plan.max_subscriber_withdraw_share,
+                             cfg.subscribers_csv or "the configuration's subscribers")
+        kept = {} if hold is None or accept_removals else {ext: active[ext] for ext in hold.kept}
         # Generators: the store reads and writes them a page at a time (sql.MIRROR_PAGE).
         sub_ids = sql.sync_subscribers(conn, (
             dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone,
                  quiet_hours=s.quiet_hours, caldav_url=s.caldav_url, apprise_target=s.apprise_target)
             for s in cfg.subscribers
-        ))
-        sql.sync_subscriptions(conn, _subscription_rows(cfg, src_ids, sub_ids))
+        ), keep=kept)
+        sql.sync_subscriptions(conn, _subscription_rows(cfg, src_ids, sub_ids), keep_subscribers=kept.values())
+    return hold
 
 
 def _subscription_rows(cfg: DeadlinesConfig, src_ids: dict[str, int], sub_ids: dict[str, int]) -> Iterator[dict]:
@@ -367,7 +380,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     rule that merely failed to expand keeps its obligations (it is reported instead, because
     cancelling them would turn a parse problem into a silent miss).
     """
-    sync_configuration(engine, cfg)
+    hold = sync_configuration(engine, cfg)
     horizon = timedelta(days=cfg.plan.horizon_days)
     lo, hi = window(now, horizon)
     # A deadline that left this run's months for another month of the horizon is moved, not withdrawn.
@@ -377,6 +390,10 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
     out = PlanOutcome(zone_data=zone_data.refresh().version, calendar_data=calendar_data_version())
+    if hold is not None:
+        # First of the problems: the plan heartbeat's detail (what plan_complete shows) lists the first few.
+        out.subscribers_held = len(hold.kept)
+        out.add_problems([PlanProblem("subscribers", "*", hold.message())], "planning: subscribers held")
     out.add_problems(reach_problems(cfg), "planning")
     with engine.begin() as conn:
         if sql.lock_planning(conn):

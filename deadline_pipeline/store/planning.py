@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -56,7 +56,7 @@ from sqlalchemy import (
 )
 
 from deadline_pipeline.rules import RULE_ID_MAX, RuleRecord, rule_kinds
-from deadline_pipeline.states import PLANNED, REVISABLE, UNSENT, AlertState, ObligationState
+from deadline_pipeline.states import OPEN, PLANNED, REVISABLE, UNSENT, AlertState, ObligationState
 from deadline_pipeline.store.schema import (
     Id,
     UtcDateTime,
@@ -132,10 +132,12 @@ def _differing(rows: list[dict], stored: dict, key, fields: list[str]) -> list[d
 MIRROR_PAGE = 2_000
 
 
-def sync_subscribers(conn: Connection, rows: Iterable[dict]) -> dict[str, int]:
+def sync_subscribers(conn: Connection, rows: Iterable[dict], keep: Collection[str] = ()) -> dict[str, int]:
     """Upsert subscribers (``external_id, tenant, email, webhook_url, timezone, quiet_hours`` and
     optionally ``caldav_url, apprise_target``), read from ``rows`` a page of :data:`MIRROR_PAGE` at
-    a time; subscribers absent from ``rows`` become inactive (never deleted). Returns external_id → id."""
+    a time; subscribers absent from ``rows`` become inactive (never deleted), except those whose
+    external id is in ``keep`` (held by the planning guard: they stay as stored). Returns
+    external_id → id of the subscribers in ``rows``."""
     wanted: set[str] = set()
     for page in pages(rows, MIRROR_PAGE):
         for r in page:
@@ -153,17 +155,19 @@ def sync_subscribers(conn: Connection, rows: Iterable[dict]) -> dict[str, int]:
     for i, ext, active in conn.execute(select(subscribers.c.id, subscribers.c.external_id, subscribers.c.active)):
         if ext in wanted:
             out[ext] = i
-        elif active:
+        elif active and ext not in keep:
             gone.append(i)
     for part in pages(gone, 500):
         conn.execute(update(subscribers).where(subscribers.c.id.in_(part)).values(active=False))
     return out
 
 
-def sync_subscriptions(conn: Connection, rows: Iterable[dict]) -> None:
+def sync_subscriptions(conn: Connection, rows: Iterable[dict], keep_subscribers: Collection[int] = ()) -> None:
     """Upsert subscription rows (``name, subscriber_id, source_id, rule_patterns, offsets, channels,
     late_policy``, optional ``kinds`` / ``exclude_kinds``), read from ``rows`` a page of
-    :data:`MIRROR_PAGE` at a time; rows absent from ``rows`` become inactive."""
+    :data:`MIRROR_PAGE` at a time; rows absent from ``rows`` become inactive, except those of the
+    subscriber ids in ``keep_subscribers`` (held subscribers keep what they were planned with)."""
+    keep_subscribers = set(keep_subscribers)
 
     def key(r):
         return r["name"], r["subscriber_id"], r["source_id"]
@@ -184,9 +188,29 @@ def sync_subscriptions(conn: Connection, rows: Iterable[dict]) -> None:
                conflict=["name", "subscriber_id", "source_id"], update=SUBSCRIPTION_FIELDS, count=False)
     active = conn.execute(select(subscriptions.c.id, subscriptions.c.name, subscriptions.c.subscriber_id,
                                  subscriptions.c.source_id).where(subscriptions.c.active.is_(True)))
-    gone = [i for i, name, subscriber_id, source_id in active if (name, subscriber_id, source_id) not in wanted]
+    gone = [i for i, name, subscriber_id, source_id in active
+            if (name, subscriber_id, source_id) not in wanted and subscriber_id not in keep_subscribers]
     for part in pages(gone, 500):
         conn.execute(update(subscriptions).where(subscriptions.c.id.in_(part)).values(active=False))
+
+
+def active_subscriber_ids(conn: Connection) -> dict[str, int]:
+    """external_id → id of every active subscriber."""
+    return {ext: i for i, ext in conn.execute(select(subscribers.c.id, subscribers.c.external_id)
+                                              .where(subscribers.c.active.is_(True)))}
+
+
+def subscribers_owed_reminders(conn: Connection) -> set[str]:
+    """external_id of every active subscriber with an active obligation that has a reminder still
+    to send (an alert in :data:`~deadline_pipeline.states.OPEN`): who would lose a reminder if
+    withdrawn now."""
+    o = obligations
+    query = (select(subscribers.c.external_id).distinct()
+             .join(o, o.c.subscriber_id == subscribers.c.id)
+             .join(alerts, alerts.c.obligation_id == o.c.id)
+             .where(subscribers.c.active.is_(True), o.c.status == ObligationState.ACTIVE,
+                    alerts.c.status.in_(OPEN)))
+    return set(conn.execute(query).scalars())
 
 
 #: Rows of :func:`active_targets` read from the cursor at a time.
