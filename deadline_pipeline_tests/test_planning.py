@@ -933,3 +933,30 @@ def test_the_subscriber_withdraw_share_is_configurable(engine, tmp_path):
     cfg, _, _ = _subscriber_file_config(tmp_path, ids[:3], plan={"max_subscriber_withdraw_share": 0.8})
     out = plan_all(engine, cfg, T0 + timedelta(hours=1))
     assert out.subscribers_held == 0 and out.obligations_withdrawn == 14
+
+
+def test_a_subscriber_file_cut_short_turns_plan_complete_red_in_a_pipeline_run(tmp_path):
+    """The same through ``deadline-pipeline run`` (Dagster: ingest, plan, deliver, checks): the run
+    with the file cut from 10 rows to 3 keeps the 7 subscribers' reminders and exits red, its
+    plan_complete check naming the file."""
+    from click.testing import CliRunner
+
+    from deadline_pipeline.cli import main
+    from deadline_pipeline.store.db import get_engine
+
+    ids = [f"s{n:02d}" for n in range(10)]
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    env = {"DEADLINE_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+
+    def run(as_of):
+        return CliRunner().invoke(main, ["run", "--config", str(path), "--db-url", url, "--as-of", as_of], env=env)
+
+    _, path, csv_path = _subscriber_file_config(tmp_path, ids)
+    first = run("2027-01-10T00:00:00Z")
+    assert first.exit_code == 0, first.output
+    _subscriber_file_config(tmp_path, ids[:3])
+    cut = run("2027-01-10T01:00:00Z")
+    assert _open_reminders_by_subscriber(get_engine(url)) == {i: 2 for i in ids}
+    assert cut.exit_code != 0, cut.output
+    red = [line for line in cut.output.splitlines() if "plan_complete" in line]
+    assert red and str(csv_path) in cut.output and "would withdraw 7 of 10" in cut.output, cut.output
