@@ -222,6 +222,29 @@ def test_a_date_written_with_a_tzid_is_an_all_day_date(engine, tmp_path):
         check.metadata), check
 
 
+def test_a_one_off_todo_with_a_date_due_is_due_on_its_start_clock_and_value_date_time_over_a_date_is_a_date(
+        engine, tmp_path):
+    """A one-off to-do with ``DTSTART;TZID=Europe/Berlin`` and ``DUE;VALUE=DATE`` (RFC 5545 §3.8.2.3 forbids
+    the mix) was read as a floating date, due at the end of the day in each subscriber's zone (New York
+    here: 04:59:59Z, six hours after Berlin's end of day), without a note, while the same pair in a series
+    was read on Berlin's clock. Now it is due at the end of its DUE day on the DTSTART's clock, with the
+    note. And ``DTSTART;VALUE=DATE-TIME;TZID=…:20270310`` (a date under a DATE-TIME label) was read as
+    midnight in the zone, a day early, without the note the same line without VALUE gets."""
+    calendar = _calendar("BEGIN:VTODO", "UID:oneoff@test", "DTSTAMP:20260101T000000Z", "SUMMARY:Report",
+                         "DTSTART;TZID=Europe/Berlin:20270104T090000", "DUE;VALUE=DATE:20270105", "END:VTODO",
+                         *_event("labelled", "DTSTART;VALUE=DATE-TIME;TZID=America/New_York:20270310"))
+    cfg = _configure(tmp_path, calendar)
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    out = ingest_and_plan(engine, cfg, now)
+    assert out.problems == []
+    assert _planned(engine) == [("oneoff@test", "active", _utc("2027-01-05T22:59:59Z")),
+                                ("labelled", "active", _utc("2027-03-11T04:59:59Z"))]
+    check = rules_complete(engine, "cal")
+    notes = str(check.metadata)
+    assert check.passed and "it is due at the end of its DUE day (23:59:59) on the DTSTART's clock" in notes, notes
+    assert "DTSTART;VALUE=DATE-TIME;TZID=America/New_York:20270310 is a DATE written without VALUE=DATE" in notes
+
+
 def test_a_misspelt_x_wr_timezone_skips_the_floating_components(engine, tmp_path):
     """A floating time of a calendar whose X-WR-TIMEZONE names no zone (``Europe/Berln``) was read in each
     subscriber's zone, with a note: 09:00 in Berlin (08:00Z) due at 14:00Z for New York, and

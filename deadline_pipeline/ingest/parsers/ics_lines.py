@@ -196,25 +196,28 @@ _DATE = re.compile(r"^\d{8}$")
 
 
 def _tzid_off_dates(body: str) -> tuple[list[str], str] | None:
-    """A content line with a TZID, no VALUE parameter and only DATE values, rewritten as
-    ``VALUE=DATE`` without the TZID, and the note saying so; ``None`` for any other line.
+    """A content line with a TZID, no VALUE parameter or ``VALUE=DATE-TIME``, and only DATE values,
+    rewritten as ``VALUE=DATE`` without the TZID, and the note saying so; ``None`` for any other line.
 
     ``DTSTART;TZID=America/New_York:20270310`` is no DATE-TIME (the default value type, §3.3.5, has a
     time), so the only thing it can mean is the date, an all-day deadline due at the end of that day;
     a TZID does not apply to a DATE (§3.2.19). icalendar 7 reads it as midnight in the zone, and the
-    deadline was due at 00:00, a day early, with every check green.
+    deadline was due at 00:00, a day early, with every check green. ``VALUE=DATE-TIME`` over a date
+    says the same thing no better: it was read as midnight too, without the note.
     """
     parts = _zoned_parts(body)
     if parts is None:
         return None
     name, params, value, tzid = parts
     values = [v.strip() for v in value.split(",")]
-    if not tzid or "VALUE" in params or not all(_DATE.match(v) for v in values):
+    declared = str(params.get("VALUE", "")).upper()
+    if not tzid or declared not in ("", "DATE-TIME") or not all(_DATE.match(v) for v in values):
         return None
     plain = params.copy()
     del plain["TZID"]
     plain["VALUE"] = "DATE"
-    note = (f"{name};TZID={tzid}:{value} is a DATE written without VALUE=DATE (RFC 5545 §3.3.4); read as "
+    written = f"{name};VALUE=DATE-TIME;TZID={tzid}" if declared else f"{name};TZID={tzid}"
+    note = (f"{written}:{value} is a DATE written without VALUE=DATE (RFC 5545 §3.3.4); read as "
             f"the date{'s' if len(values) > 1 else ''} written (an all-day start is due at the end of its day), "
             "the TZID is not applied (§3.2.19)")
     return [f"{name};{plain.to_ical().decode()}:{','.join(values)}"], note

@@ -110,21 +110,22 @@ def due_offset(todo: icalendar.cal.Component, due: When, scan: ScannedComponent 
 
 def due_on_start_clock(todo: icalendar.cal.Component, due: When, recurring: bool, scan: ScannedComponent | None,
                        problems: list[ParseProblem], position: str, uid: str | None) -> When:
-    """A recurring to-do's ``due`` (its DUE) on its DTSTART's clock when one is a DATE and the other a
-    DATE-TIME, which RFC 5545 §3.8.2.3 forbids, with a note appended to ``problems`` (at ``position``,
-    record ``uid``) naming both lines; ``due`` unchanged otherwise, and for a VEVENT, a one-off
-    (``recurring`` False: no RRULE and no RDATE) or an override.
+    """A to-do's ``due`` (its DUE) on its DTSTART's clock when one is a DATE and the other a DATE-TIME,
+    which RFC 5545 §3.8.2.3 forbids, with a note appended to ``problems`` (at ``position``, record
+    ``uid``) naming both lines; ``due`` unchanged otherwise, and for a VEVENT. ``recurring``: the
+    to-do has an RRULE or RDATE (its instances step from DTSTART).
 
     A DATE DUE becomes the end of that day (23:59:59) in DTSTART's zone (floating when DTSTART is), so
-    :func:`due_offset` finds the span each instance is due after its start; a DATE DTSTART is read there
-    as the start of its day on the DUE's clock. Without a common clock the series was stepped from the
-    DUE instead of the DTSTART: with ``FREQ=WEEKLY;BYDAY=MO,TH`` from Monday 09:00 and a DUE on Sunday,
-    the Wednesday dues of the Thursday starts were planned on Thursdays, a day late, and the Sunday ones
-    on Mondays."""
+    :func:`due_offset` finds the span each instance is due after its start; a DATE DTSTART of a
+    series is read there as the start of its day on the DUE's clock. Without a common clock a series
+    was stepped from the DUE instead of the DTSTART: with ``FREQ=WEEKLY;BYDAY=MO,TH`` from Monday 09:00
+    and a DUE on Sunday, the Wednesday dues of the Thursday starts were planned on Thursdays, a day
+    late, and the Sunday ones on Mondays. A one-off or an override with a DATE DUE is read on the same
+    clock: read as a floating date it was due at the end of the day in each subscriber's zone (13 hours
+    apart for Berlin and AoE) while its series was due on Berlin's clock, without a note."""
     prop = todo.get("DTSTART")
-    if (todo.name != "VTODO" or not recurring or todo.get("RECURRENCE-ID") is not None or todo.get("DUE") is None
-            or prop is None or isinstance(prop, list)):
-        return due  # a one-off or an override is due at its DUE: there is no series to step
+    if todo.name != "VTODO" or todo.get("DUE") is None or prop is None or isinstance(prop, list):
+        return due
     try:
         begin = when_of(prop, "DTSTART")
     except Skip:
@@ -133,11 +134,14 @@ def due_on_start_clock(todo: icalendar.cal.Component, due: When, recurring: bool
         return due
     lines = f"{named_lines(scan, 'DUE')} and DTSTART"
     if isinstance(begin.value, datetime):
+        which = "each instance is" if recurring and todo.get("RECURRENCE-ID") is None else "it is"
         problems.append(ParseProblem(position, (
-            f"{lines} differ in value type (a DATE and a DATE-TIME), which RFC 5545 §3.8.2.3 forbids; each "
-            "instance is due at the end of its DUE day (23:59:59) on the DTSTART's clock"
+            f"{lines} differ in value type (a DATE and a DATE-TIME), which RFC 5545 §3.8.2.3 forbids; {which} "
+            "due at the end of its DUE day (23:59:59) on the DTSTART's clock"
             f"{f' ({begin.tz})' if begin.tz else ''}"), uid, skipped=False))
         return When(datetime.combine(due.value, END_OF_DAY), begin.tz, begin.zone, begin.known, begin.written)
+    if not recurring or todo.get("RECURRENCE-ID") is not None:
+        return due  # due at its DUE, a DATE-TIME: there is no series to step
     problems.append(ParseProblem(position, (
         f"{lines} differ in value type (a DATE-TIME and a DATE), which RFC 5545 §3.8.2.3 forbids; each "
         "instance starts at 00:00 of its DTSTART day on the DUE's clock"), uid, skipped=False))
