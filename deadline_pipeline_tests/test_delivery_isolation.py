@@ -274,6 +274,101 @@ def test_a_host_clock_hours_behind_the_store_turns_clock_agrees_red_where_the_ot
         engine.dispose()
 
 
+def _deliver_on_host(pg_url, tmp_path, *, behind: timedelta = timedelta(0), as_of: datetime | None = None):
+    """``deliver_job`` in process on the PostgreSQL store (nothing to send), its process deciding by
+    a clock ``behind`` the real one (a host whose clock is wrong, not a replay: ``frozen`` is false),
+    or replaying ``as_of`` (``--as-of``). Returns the ``deliver`` heartbeat row."""
+    import dagster as dg
+    import yaml
+
+    from deadline_pipeline.orchestration.deliver import deliver_job
+    from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource, StoreResource
+    from deadline_pipeline.store import health
+    from deadline_pipeline.store.db import make_engine
+
+    class HostClock(ClockResource):
+        """The real clock of a host that runs ``behind_seconds`` behind."""
+
+        behind_seconds: float = 0.0
+
+        def now(self) -> datetime:
+            return super().now() - timedelta(seconds=0 if self.as_of else self.behind_seconds)
+
+    path = tmp_path / "deadlines.yaml"
+    path.write_text(yaml.safe_dump({
+        "sources": [{"name": "cal", "format": "ics", "location": "cal.ics"}],
+        "subscribers": [{"id": "s1", "email": "s1@example.org"}],
+        "subscriptions": [{"name": "all", "sources": ["cal"], "channels": ["box"]}],
+        "channels": {"box": {"type": "maildir", "path": str(tmp_path / "mail")}},
+    }))
+    clock = HostClock(as_of=as_of.isoformat() if as_of else None, behind_seconds=behind.total_seconds())
+    result = deliver_job.execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+        resources={"store": StoreResource(db_url=pg_url), "settings": SettingsResource(config_path=str(path)),
+                   "clock": clock})
+    assert result.success
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            return health.read_heartbeats(conn)["deliver"]
+    finally:
+        engine.dispose()
+
+
+def test_a_sweeper_on_another_host_three_hours_behind_turns_clock_agrees_red_naming_deliver(pg_url, tmp_path):
+    """PostgreSQL. The sweep runs on a host whose clock is 3 h behind (every reminder is "not due
+    yet" there), and clock_agrees runs on a host whose clock is right: it compared only its own
+    clock and was green, a silent miss. The sweep's heartbeat now records its host's offset against
+    the store's clock as it is written, and clock_agrees (the check and the watchdog row) is red
+    naming 'deliver', the offset and the direction - though the heartbeat's own stamps are 3 h old,
+    older than the check's window by them."""
+    from deadline_pipeline.store.db import make_engine, upgrade
+    from deadline_pipeline.watch import checks as w
+
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    try:
+        beat = _deliver_on_host(pg_url, tmp_path, behind=timedelta(hours=3))
+        out = w.clock_agrees(engine, datetime.now(UTC))
+        assert not out.passed, out.summary
+        assert "deliver's host clock is 3 h 0 min behind the store's" in out.summary, out.summary
+        assert "held back" in out.summary and "this host's clock" not in out.summary, out.summary
+        [offender] = out.offenders
+        assert offender["component"] == "deliver" and -3 * 3600 - 60 < offender["offset_seconds"] < -3 * 3600 + 60
+        row = {r.check: r for r in evaluate(engine, datetime.now(UTC)).rows}["clock_agrees"]
+        assert not row.ok and "deliver's host clock is 3 h 0 min behind" in row.detail, row.detail
+        assert beat["clock"] == "live" and 3 * 3600 - 60 < beat["clock_offset_seconds"] < 3 * 3600 + 60, beat
+        # Written before the window (by the store's clock): a host that stopped writing is not judged.
+        assert w.clock_agrees(engine, datetime.now(UTC), window=timedelta(0)).passed
+    finally:
+        engine.dispose()
+
+
+def test_a_replayed_sweep_heartbeat_never_counts_and_a_sweep_on_the_right_clock_is_green(pg_url, tmp_path):
+    """PostgreSQL. A replay (``--as-of`` 3 h back) writes a heartbeat stamped 3 h before the store's
+    clock: its instant is made up, so it records no offset and clock_agrees stays green (measured
+    against the replayed instant it would read as a host 3 h behind). A sweep on a right clock
+    records an offset within a second or so, and clock_agrees is green with it measured."""
+    from deadline_pipeline.store.db import make_engine, upgrade
+    from deadline_pipeline.watch import checks as w
+
+    engine = make_engine(pg_url)
+    upgrade(engine)
+    try:
+        replayed = _deliver_on_host(pg_url, tmp_path, as_of=datetime.now(UTC) - timedelta(hours=3))
+        assert replayed["clock"] == "replay" and replayed["clock_offset_seconds"] is None, replayed
+        out = w.clock_agrees(engine, datetime.now(UTC))
+        assert out.passed and out.metadata["heartbeats_measured"] == 0, out.summary
+
+        live = _deliver_on_host(pg_url, tmp_path)
+        assert live["clock"] == "live" and abs(live["clock_offset_seconds"]) < 5, live
+        out = w.clock_agrees(engine, datetime.now(UTC))
+        assert out.passed and out.metadata["heartbeats_measured"] == 1, out.summary
+        assert {r.check: r for r in evaluate(engine, datetime.now(UTC)).rows}["clock_agrees"].ok
+    finally:
+        engine.dispose()
+
+
 # --------------------------------------------------------------------------- 7. retry, watchdog
 
 

@@ -88,7 +88,7 @@ def _observer(src: SourceConfig, network) -> dg.AssetsDefinition:
         with engine.begin() as conn:
             health.beat(conn, f"ingest:{src.name}", started_at=started, completed_at=clock.now(),
                         outcome="ok" if outcome.error is None else "failed", detail=outcome.error,
-                        replay=clock.frozen)
+                        replay=clock.frozen, host_clock=clock.now)
         meta = {"status": outcome.status, "size_bytes": outcome.size}
         if outcome.snapshot_id is not None:
             meta["snapshot_id"] = outcome.snapshot_id
@@ -294,7 +294,8 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
         component = _plan_component(covers, scope is not None, bool(out.problems))
         record_plan_run(engine, component, started_at=now, completed_at=clock.now(),
                         label=f"{context.partition_key_range.start}..{context.partition_key_range.end}",
-                        problems=out.problems, replay=clock.frozen, counts=out.heartbeat_counts())
+                        problems=out.problems, replay=clock.frozen, counts=out.heartbeat_counts(),
+                        host_clock=clock.now)
         with engine.connect() as conn:
             states = health.alerts_by_state(conn)
         log_first(context.log.error, [f"source {p.source} rule {p.rule_id}: {p.message}" for p in out.problems],

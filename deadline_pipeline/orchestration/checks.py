@@ -109,12 +109,15 @@ def time_data_agrees_check(store: StoreResource, settings: SettingsResource, clo
 
 @dg.asset_check(asset=ALERTS, name="clock_agrees",
                 description="This host's clock, by which the sweep judges what is due and the checks judge ages, is "
-                            "within 2 minutes of the store's.")
-def clock_agrees_check(store: StoreResource, clock: ClockResource):
+                            "within 2 minutes of the store's, and so was the clock of every process whose "
+                            "heartbeat was written in the last plan interval.")
+def clock_agrees_check(store: StoreResource, settings: SettingsResource, clock: ClockResource):
     from datetime import UTC, datetime
 
     # The real clock even in a replay: the host's clock is what is judged, not the instant replayed.
-    return to_result(w.clock_agrees(store.engine(), datetime.now(UTC)), evaluated_at=clock.now())
+    # The heartbeats' window is the one time_data_agrees uses: the processes serving the store now.
+    window = timedelta(minutes=settings.load().watch.plan_interval_minutes)
+    return to_result(w.clock_agrees(store.engine(), datetime.now(UTC), window=window), evaluated_at=clock.now())
 
 
 ALL_CHECKS = [alerts_reconciled_check, sweep_alive_check, horizon_planned_check, plan_complete_check,

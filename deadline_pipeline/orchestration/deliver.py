@@ -48,9 +48,12 @@ def deliver_sweep(context, store: StoreResource, settings: SettingsResource, clo
             yield _observation(exc.outcome)
         raise dg.Failure(description=f"delivery sweep failed: {exc}") from exc
     finished = clock.now()
+    # This op's process writes the sweep's heartbeat, with its clock's offset against the store's
+    # (clock_agrees reads it from any host). The worker processes of delivery.processes write none:
+    # they are started on this host and read the same host clock, so this offset is theirs too.
     with engine.begin() as conn:
         health.beat(conn, "deliver", started_at=started, completed_at=finished, outcome=sweep_beat_outcome(out),
-                    detail=sweep_beat_detail(out), replay=clock.frozen)
+                    detail=sweep_beat_detail(out), replay=clock.frozen, host_clock=clock.now)
     log_first(context.log.warning, out.errors, what="error(s)")
     yield _observation(out)
     yield dg.Output(None)
@@ -104,6 +107,6 @@ def deliver_sensor(context: dg.SensorEvaluationContext, store: StoreResource, cl
         now = clock.now()
         with store.engine().begin() as conn:
             health.beat(conn, "deliver:idle", started_at=now, completed_at=now, outcome="idle",
-                        detail="nothing claimable", replay=clock.frozen)
+                        detail="nothing claimable", replay=clock.frozen, host_clock=clock.now)
         return dg.SkipReason("no alert is claimable now")
     return dg.RunRequest(tags={"claimable_at_request": str(due)})

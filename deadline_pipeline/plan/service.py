@@ -26,7 +26,7 @@ What a re-plan does to alerts (issue "Planning that is safe to recompute"):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -74,19 +74,22 @@ def problems_detail(problems: list[PlanProblem], limit: int = 5) -> str:
 
 
 def record_plan_run(engine: Engine, component: str, *, started_at: datetime, completed_at: datetime, label: str,
-                    problems: list[PlanProblem], replay: bool = False, counts: dict[str, int] | None = None) -> None:
+                    problems: list[PlanProblem], replay: bool = False, counts: dict[str, int] | None = None,
+                    host_clock: Callable[[], datetime] | None = None) -> None:
     """Write the heartbeat of one completed planning run: outcome ``partial`` when it reported
     problems (else ``ok``), detail ``"<label>; N problem(s): first offenders"``, and ``counts``
     (:meth:`PlanOutcome.heartbeat_counts`: the run's gap-rule fallbacks and override folds; name →
     count) as the heartbeat's structured counts. The ``plan_complete`` check and the watchdog read
     them back, so a problem known only to the run's log turns red, and a fallback is counted where
-    the check is read."""
+    the check is read. ``host_clock`` (default this host's real clock): the clock the run decided by,
+    whose offset against the store's the heartbeat records (:func:`~deadline_pipeline.store.health.beat`)."""
     from deadline_pipeline.store import health
 
     with engine.begin() as conn:
         health.beat(conn, component, started_at=started_at, completed_at=completed_at,
                     outcome="partial" if problems else "ok",
-                    detail=f"{label}; {problems_detail(problems)}", replay=replay, counts=counts)
+                    detail=f"{label}; {problems_detail(problems)}", replay=replay, counts=counts,
+                    host_clock=host_clock)
 
 
 def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, source: SourceConfig) -> bool:

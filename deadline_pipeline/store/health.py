@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
@@ -14,6 +14,7 @@ from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.states import HANDLED, RETRYABLE, REVISABLE, AlertState, ObligationState
+from deadline_pipeline.store.db import db_clock
 from deadline_pipeline.store.schema import (
     alerts,
     delivery_attempts,
@@ -28,20 +29,39 @@ from deadline_pipeline.store.schema import (
 from deadline_pipeline.store.upsert import dialect_insert, upsert
 
 
+def _clock_offset(conn: Connection, host_clock: Callable[[], datetime] | None) -> float:
+    """The store's clock minus ``host_clock()`` (aware UTC), in seconds, read on ``conn`` (the
+    transaction that writes the heartbeat): the host's clock first, then the store's
+    (:func:`~deadline_pipeline.store.db.db_clock`, PostgreSQL's ``clock_timestamp()``), so the figure
+    is the true offset plus one round trip (milliseconds). On SQLite the store's clock is read
+    through SQLite on this same host, so a real process's offset is always about 0 there: a wrong
+    host clock is not seen on SQLite (docs/operating.md, ``clock_agrees``)."""
+    host_now = host_clock() if host_clock else datetime.now(UTC)
+    return (db_clock(conn) - host_now).total_seconds()
+
+
 def beat(conn: Connection, component: str, *, started_at: datetime, completed_at: datetime, outcome: str,
-         detail: str | None = None, replay: bool = False, counts: dict[str, int] | None = None) -> None:
+         detail: str | None = None, replay: bool = False, counts: dict[str, int] | None = None,
+         host_clock: Callable[[], datetime] | None = None) -> None:
     """Record the end of one run of ``component`` (also when it found nothing to do). ``replay``:
     the run's clock was frozen by ``--as-of`` (recorded as ``clock = 'replay'``), so the heartbeat
     proves nothing about the live pipeline. ``counts``: name → count of what the run did that a check
-    reads back (``heartbeats.counts``; None: the component records none)."""
+    reads back (``heartbeats.counts``; None: the component records none).
+
+    ``host_clock`` (returns aware UTC; ``None``: this host's real clock): the clock the process decides
+    by (Dagster's ``ClockResource.now`` when not replaying). The store's clock minus it is recorded as
+    ``clock_offset_seconds`` (see :func:`_clock_offset`), ``None`` for a replay, whose instant is made
+    up: a sweeper whose host clock runs hours behind claims nothing due while the checks judging by
+    its clock stay green, and ``clock_agrees`` on another host sees it only through this figure."""
+    offset = None if replay else _clock_offset(conn, host_clock)
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome,
                                    detail=redact_optional(detail),
                                    clock="replay" if replay else "live", first_completed_at=completed_at,
                                    zone_data=zone_data.version(), calendar_data=calendar_data_version(),
-                                   counts=counts)],
+                                   counts=counts, clock_offset_seconds=offset)],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
-                                           "clock", "zone_data", "calendar_data", "counts"])
+                                           "clock", "zone_data", "calendar_data", "counts", "clock_offset_seconds"])
     # A row created by beat_started has no first completion yet; this is it.
     conn.execute(update(heartbeats).where(heartbeats.c.component == component,
                                           heartbeats.c.first_completed_at.is_(None))
@@ -102,6 +122,27 @@ def time_data_by_component(conn: Connection, real_now: datetime,
     return {c: (z, k) for c, z, k in rows.all()}
 
 
+def clock_offsets_by_component(conn: Connection, store_now: datetime, window: timedelta) -> dict[str, float]:
+    """component → ``clock_offset_seconds`` (the store's clock minus its process's, seconds) of every
+    live heartbeat that recorded one and was last written within ``window`` before ``store_now``
+    (aware UTC, the store's clock, :func:`~deadline_pipeline.store.db.db_clock`).
+
+    When it was written is judged by the store's clock (the heartbeat's latest instant plus its
+    offset), never by the instants it recorded: a host 3 hours behind stamps its heartbeats 3 hours
+    in the past, and a window on those stamps would drop exactly the heartbeats that must be seen.
+    A replay's heartbeat (``clock = 'replay'``) records no offset and is never returned."""
+    since = store_now - window
+    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.last_started_at,
+                               heartbeats.c.last_completed_at, heartbeats.c.clock_offset_seconds)
+                        .where(heartbeats.c.clock == "live", heartbeats.c.clock_offset_seconds.is_not(None)))
+    found = {}
+    for component, started, completed, offset in rows.all():
+        stamps = [t for t in (started, completed) if t is not None]
+        if stamps and max(stamps) + timedelta(seconds=offset) >= since:
+            found[component] = offset
+    return found
+
+
 def plan_time_data(conn: Connection,
                    component: str = "plan") -> tuple[str | None, str | None, datetime | None]:
     """(IANA zone-data version, holiday-calendar release, ``last_completed_at``) of the last run of
@@ -122,16 +163,20 @@ def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[st
     return {(z, c): n for z, c, n in rows.all()}
 
 
-def beat_started(conn: Connection, component: str, started_at: datetime) -> None:
+def beat_started(conn: Connection, component: str, started_at: datetime,
+                 host_clock: Callable[[], datetime] | None = None) -> None:
     """Record that a run of ``component`` started, leaving ``last_completed_at`` alone, so a run that
-    dies half-way shows as "started at X, last completed long before" instead of leaving no trace."""
+    dies half-way shows as "started at X, last completed long before" instead of leaving no trace.
+    ``clock_offset_seconds`` is measured against ``host_clock`` as in :func:`beat`."""
     ins = dialect_insert(conn, heartbeats).values(component=component, last_started_at=started_at,
                                                   last_outcome="running", zone_data=zone_data.version(),
-                                                  calendar_data=calendar_data_version())
+                                                  calendar_data=calendar_data_version(),
+                                                  clock_offset_seconds=_clock_offset(conn, host_clock))
     conn.execute(ins.on_conflict_do_update(index_elements=["component"],
                                            set_={"last_started_at": started_at, "last_outcome": "running",
                                                  "zone_data": ins.excluded.zone_data,
-                                                 "calendar_data": ins.excluded.calendar_data}))
+                                                 "calendar_data": ins.excluded.calendar_data,
+                                                 "clock_offset_seconds": ins.excluded.clock_offset_seconds}))
 
 
 def beat_failed(conn: Connection, component: str, error: str) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -346,4 +347,9 @@ heartbeats = Table(
     # name -> count of what the last completed run did that a check reads back (planning's gap-rule
     # fallbacks and override folds, plan_complete); NULL: none recorded (migration 0019).
     Column("counts", Json),
+    # The store's clock minus the writing process's clock, in seconds, measured in the transaction
+    # that wrote the heartbeat (health.beat); NULL for a replay (its clock is made up) or a heartbeat
+    # of a release before it. A sweeper whose host clock runs hours behind claims nothing due, and
+    # the checks judging by that clock stay green; clock_agrees reads this to see every host.
+    Column("clock_offset_seconds", Float),
 )

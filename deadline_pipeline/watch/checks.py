@@ -61,7 +61,10 @@ Checks and what exactly they promise:
     this process's clock and the store's (PostgreSQL's ``clock_timestamp()``) differ by at most
     :data:`CLOCK_SKEW`. Every other check judges ages by the same host clock the sweep uses to
     decide what is due: a host clock hours behind left every reminder unsent (not yet due by that
-    clock) while ``alerts_reconciled`` and ``sweep_alive`` stayed green.
+    clock) while ``alerts_reconciled`` and ``sweep_alive`` stayed green. Every live heartbeat
+    records its process's offset against the store's clock as it is written, so a recent heartbeat
+    from another host (a sweeper, a planner, a Celery worker) whose clock is beyond the skew is red
+    too, named by its component.
 """
 
 from __future__ import annotations
@@ -454,36 +457,66 @@ def escalations_acknowledged(engine: Engine, now: datetime, limit: int = 10) -> 
     return CheckOutcome("escalations_acknowledged", count == 0, count, summary, offenders)
 
 
-def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOCK_SKEW) -> CheckOutcome:
+def _clock_words(behind_seconds: float) -> str:
+    """``"3 h 0 min behind"`` / ``"5 h 0 min ahead of"`` for a clock ``behind_seconds`` behind the
+    store's (negative: ahead)."""
+    return f"{human_duration(abs(behind_seconds))} {'behind' if behind_seconds > 0 else 'ahead of'}"
+
+
+def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOCK_SKEW,
+                 window: timedelta = timedelta(minutes=90)) -> CheckOutcome:
     """This process's clock (``host_now``, aware UTC: its real clock, never a replayed instant) and
     the store's clock (:func:`~deadline_pipeline.store.db.db_clock`, read right after) differ by
-    at most ``tolerance``. Red otherwise, saying which is ahead and by how much; metadata
-    ``offset_seconds`` is host minus store.
+    at most ``tolerance``, and so did the clock of every process that wrote a live heartbeat within
+    ``window`` before the store's now (its ``clock_offset_seconds``, measured as it wrote:
+    :func:`~deadline_pipeline.store.health.beat`). Red otherwise, naming each host's component, by
+    how much and which way (``"deliver's host clock is 3 h 0 min behind the store's"``); metadata
+    ``offset_seconds`` is this host's clock minus the store's, ``heartbeats_measured`` the
+    number of recent heartbeats that recorded an offset. ``offenders``: ``{"component", "host_clock",
+    "store_clock", "offset_seconds"}`` for this host (component ``"this check"``) and
+    ``{"component", "offset_seconds"}`` per heartbeat (offset_seconds: host minus store, as above).
 
-    Why: the sweep decides what is due (``send_at <= now``) and every check judges ages by this
+    Why: the sweep decides what is due (``send_at <= now``) and every check judges ages by its
     host's clock, so a clock hours behind (a host up before NTP synced, a stopped NTP daemon) kept
     due reminders waiting while ``alerts_reconciled`` and ``sweep_alive`` judged with the same wrong
     clock and stayed green; hours ahead, reminders went out early and were escalated as missed
-    before their deadline. Leases are on the store's clock already, so it is the reference. On
-    SQLite the store's clock is this host's own: a host clock that is wrong is not seen there."""
+    before their deadline. Judging only this host missed a sweeper, planner or Celery worker on
+    another host; their heartbeats carry their offsets. A replay's heartbeats (``--as-of``) record
+    none. Leases are on the store's clock already, so it is the reference. On SQLite the store's
+    clock is this host's own: a host clock that is wrong is not seen there."""
     with engine.connect() as conn:
         store_now = db_clock(conn)
         dialect = conn.dialect.name
+        recorded = health.clock_offsets_by_component(conn, store_now, window)
     offset = host_now - store_now
     seconds = offset.total_seconds()
-    meta = {"offset_seconds": round(seconds, 3), "store_clock": instant_text(store_now)}
-    if abs(offset) <= tolerance:
+    meta = {"offset_seconds": round(seconds, 3), "store_clock": instant_text(store_now),
+            "heartbeats_measured": len(recorded)}
+    offenders: list[dict] = []
+    parts: list[str] = []
+    if abs(offset) > tolerance:
+        offenders.append({"component": "this check", "host_clock": instant_text(host_now),
+                          "store_clock": instant_text(store_now), "offset_seconds": round(seconds, 3)})
+        parts.append(f"this host's clock ({instant_text(host_now)}) is {_clock_words(-seconds)} the store's "
+                     f"({instant_text(store_now)})")
+    # Recorded as the store's clock minus the host's: positive is a host behind.
+    for component, behind in sorted(recorded.items(), key=lambda kv: -abs(kv[1])):
+        if abs(behind) > tolerance.total_seconds():
+            offenders.append({"component": component, "offset_seconds": round(-behind, 3)})
+            parts.append(f"{component}'s host clock is {_clock_words(behind)} the store's")
+    if not offenders:
         note = " (SQLite: the store's clock is this host's)" if dialect == "sqlite" else ""
         return CheckOutcome("clock_agrees", True, 0, f"this host's clock is within {human_duration(tolerance)} of the "
-                            f"store's ({seconds:+.1f} s){note}", [], meta)
-    side = "behind" if seconds < 0 else "ahead of"
-    return CheckOutcome("clock_agrees", False, 1,
-                        f"this host's clock ({instant_text(host_now)}) is {human_duration(abs(offset))} {side} the "
-                        f"store's ({instant_text(store_now)}): reminders are judged due by the wrong clock "
-                        f"({'held back' if seconds < 0 else 'sent early and escalated as missed too soon'}) and "
-                        "the other checks judge ages by it too; fix NTP on this host (timedatectl)",
-                        [{"host_clock": instant_text(host_now), "store_clock": instant_text(store_now),
-                          "offset_seconds": round(seconds, 3)}], meta)
+                            f"store's ({seconds:+.1f} s), and so was every process of the {len(recorded)} heartbeat(s) "
+                            f"of the last {human_duration(window)}{note}", [], meta)
+    held = any(o["offset_seconds"] < 0 for o in offenders)
+    early = any(o["offset_seconds"] > 0 for o in offenders)
+    harm = " and ".join(w for w, on in (("held back", held), ("sent early and escalated as missed too soon", early))
+                        if on)
+    shown = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
+    return CheckOutcome("clock_agrees", False, len(offenders),
+                        f"{shown}: reminders are judged due by the wrong clock ({harm}) and the checks on those "
+                        "hosts judge ages by it too; fix NTP on each named host (timedatectl)", offenders, meta)
 
 
 def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),

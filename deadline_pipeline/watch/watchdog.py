@@ -14,7 +14,9 @@ It reads the store through the named statements of :mod:`deadline_pipeline.store
   clocks disagree. Without this a future heartbeat read as "completed -1 day ago (ok)" and hid a
   dead sweep for as long as the replay was ahead;
 * clocks — this host's clock within :data:`CLOCK_SKEW` of the store's (``clock_agrees``): the rows
-  above judge ages by this host's clock, so one hours behind hid reminders it held back;
+  above judge ages by this host's clock, so one hours behind hid reminders it held back; and so the
+  clock of every process whose live heartbeat of the last plan interval recorded its offset (a
+  sweeper on another host, hours behind, claims nothing due);
 * escalations — escalated alerts no human has acknowledged yet (``escalations_acknowledged``), saying
   so when the last sweep's heartbeat (``deliver``, outcome ``notices_failed``) could not send every
   escalation notice;
@@ -218,8 +220,10 @@ def evaluate(engine: Engine, now: datetime, cfg: DeadlinesConfig | None = None,
     agrees = time_data_agrees(engine, datetime.now(UTC), timedelta(minutes=watch.plan_interval_minutes))
     report.rows.append(WatchRow("time_data_agrees", "time data", agrees.passed, agrees.summary))
     # A host clock hours behind the store's holds every reminder back while the rows above, judged
-    # by that same clock, stay green.
-    clocks = clock_agrees(engine, host_now or datetime.now(UTC))
+    # by that same clock, stay green: this host's, and those the recent heartbeats recorded (a
+    # sweeper on another host).
+    clocks = clock_agrees(engine, host_now or datetime.now(UTC),
+                          window=timedelta(minutes=watch.plan_interval_minutes))
     report.rows.append(WatchRow("clock_agrees", "host clock", clocks.passed, clocks.summary))
     windows = {s.name: s.freshness_window for s in cfg.sources} if cfg else {}
     for name in names if names is not None else sorted(states):
