@@ -521,6 +521,16 @@ def test_a_utc_time_with_a_tzid_is_that_utc_time():
     assert "DTSTART;TZID=Europe/Berlin:20260725T121500Z" in note.message and "§3.3.5" in note.message
 
 
+def test_a_date_with_a_z_and_a_tzid_is_skipped_with_one_message_not_noted_as_a_utc_time():
+    """``DTSTART;TZID=America/New_York:20270310Z`` is neither a DATE nor a UTC DATE-TIME: the component is
+    skipped. It was also noted as "read as the UTC time written", two messages about one line that
+    contradicted each other."""
+    result = parse_ics(calendar(*event("z", "DTSTART;TZID=America/New_York:20270310Z")), source="t")
+    assert result.rules == []
+    assert [p.skipped for p in result.problems] == [True], result.problems
+    assert "20270310Z" in result.problems[0].message
+
+
 def test_due_exdate_and_recurrence_id_in_utc_with_a_tzid_are_utc_too():
     """The same reading for a to-do's DUE, an EXDATE and a RECURRENCE-ID: before, the DUE was 4 h
     late, the EXDATE excluded nothing (a reminder for an excluded date) and the override named no

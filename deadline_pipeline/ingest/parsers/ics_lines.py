@@ -146,8 +146,10 @@ NAME = re.compile(r"[A-Za-z0-9-]+")
 
 
 def _utc_form(value: str) -> bool:
-    """Whether a DATE-TIME (or the start of a PERIOD) is written in UTC: ``…T121500Z`` (§3.3.5 form 2)."""
-    return value.split("/", 1)[0].strip().upper().endswith("Z")
+    """Whether a DATE-TIME (or the start of a PERIOD) is written in UTC: ``…T121500Z`` (§3.3.5 form 2).
+    A value without its time (``20270310Z``) is no DATE-TIME: left to the library, which refuses it
+    (noted as read in UTC, the same line was then also skipped, two messages that contradicted)."""
+    return re.fullmatch(r"\d{8}T\d{6}Z", value.split("/", 1)[0].strip().upper()) is not None
 
 
 def _zoned_parts(body: str) -> tuple[str, object, str, object] | None:
