@@ -96,6 +96,25 @@ def test_a_clean_plan_is_complete(engine, tmp_path):
     assert "plan_complete" in {r.check for r in evaluate(engine, T0, cfg).rows}
 
 
+def test_an_ambiguous_subscriber_zone_is_said_in_plan_complete_and_the_log_and_stays_green(engine, tmp_path, caplog):
+    """A subscriber's zone decides when a date-only deadline ends for them and their quiet hours.
+    ``CST`` is read as UTC-6 and also names China Standard Time: a source's such zone was noted at
+    ingest, a subscriber's was read without a word. Now the planning run logs each such zone with the
+    subscribers it names, and plan_complete counts them, green (the zone is read as written)."""
+    cfg, _ = _config(tmp_path, subscribers=["ann", "bob"])
+    cfg.subscribers[1] = cfg.subscribers[1].model_copy(update={"timezone": "CST"})
+    ingest(engine, cfg, T0)
+    with caplog.at_level("WARNING", logger="deadline_pipeline.plan.service"):
+        out = plan_all(engine, cfg, T0)
+    assert out.subscriber_zone_notes == 1
+    assert any("subscriber(s) bob: time zone 'CST' is ambiguous" in r.getMessage() for r in caplog.records)
+    record_plan_run(engine, "plan", started_at=T0, completed_at=T0, label="test", problems=out.problems,
+                    counts=out.heartbeat_counts())
+    check = w.plan_complete(engine, T0)
+    assert check.passed and check.metadata["subscriber_zone_notes"] == 1, check
+    assert "1 subscriber(s) have an ambiguous time zone" in check.summary, check.summary
+
+
 def test_kinds_matching_no_rule_turn_plan_complete_red(engine, tmp_path):
     cfg, _ = _config(tmp_path, kinds=["papr"])
     ingest(engine, cfg, T0)

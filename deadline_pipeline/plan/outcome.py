@@ -73,6 +73,9 @@ class PlanOutcome:
     # Subscribers kept although the subscriber list leaves them out: it would have withdrawn too
     # large a share of those owed reminders (plan.subscriber_hold; logged, a planning problem).
     subscribers_held: int = 0
+    # Subscribers whose zone is an ambiguous abbreviation (CST, IST) or IANA's Etc/GMT±N (POSIX's
+    # inverted sign): read as written, logged and shown in plan_complete, as a source's are noted.
+    subscriber_zone_notes: int = 0
     # (source, rule id, message) of each problem in ``problems``: a problem every subscriber of a
     # subscription meets (a refused rule) is listed and logged once, not once per subscriber.
     _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)
@@ -93,8 +96,9 @@ class PlanOutcome:
 
     def heartbeat_counts(self) -> dict[str, int]:
         """The counts the run's heartbeat records (``heartbeats.counts``) for ``plan_complete``:
-        ``gap_rule_fallbacks`` and each of :attr:`override_folds` (every name present, 0 included)."""
-        return {"gap_rule_fallbacks": self.gap_rule_fallbacks,
+        ``gap_rule_fallbacks``, ``subscriber_zone_notes`` and each of :attr:`override_folds` (every name
+        present, 0 included)."""
+        return {"gap_rule_fallbacks": self.gap_rule_fallbacks, "subscriber_zone_notes": self.subscriber_zone_notes,
                 **{name: self.override_folds.get(name, 0) for name in OVERRIDE_FOLD_COUNTS}}
 
     @property

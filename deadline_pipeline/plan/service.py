@@ -60,6 +60,7 @@ from deadline_pipeline.plan.subscriber_hold import SubscriberHold, judge_removal
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import planning as sql
 from deadline_pipeline.store.sources import all_sources, find_source, sync_source
+from deadline_pipeline.timezones import ambiguous_abbreviation, inverted_sign
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,26 @@ def subscribes(subscription: SubscriptionConfig, subscriber: SubscriberConfig, s
     every subscriber of the source's tenant."""
     return subscriber.id in subscription.subscribers or (
         "*" in subscription.subscribers and subscriber.tenant == source.tenant)
+
+
+def subscriber_zone_notes(cfg: DeadlinesConfig) -> tuple[list[str], int]:
+    """(one sentence per zone, how many subscribers they name) for the subscribers whose zone is an
+    ambiguous abbreviation (``CST``: read as UTC-6, also China Standard Time) or IANA's ``Etc/GMT+8``
+    (POSIX's inverted sign: UTC-8), as a source's such zones are noted at ingest. A subscriber's zone
+    decides when a date-only deadline ends for them and their quiet hours: a subscriber in China
+    written ``CST`` had both 14 hours off, and nothing said so. Read as written, not refused."""
+    by_zone: dict[str, list[str]] = {}
+    for sub in cfg.subscribers:
+        by_zone.setdefault(sub.timezone, []).append(sub.id)
+    notes, named = [], 0
+    for zone, ids in by_zone.items():
+        sentence = ambiguous_abbreviation(zone) or inverted_sign(zone)
+        if sentence is None:
+            continue
+        named += len(ids)
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        notes.append(f"subscriber(s) {shown}: {sentence}")
+    return notes, named
 
 
 def reach_problems(cfg: DeadlinesConfig) -> list[PlanProblem]:
@@ -398,6 +419,9 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         out.subscribers_held = len(hold.kept)
         out.add_problems([PlanProblem("subscribers", "*", hold.message())], "planning: subscribers held")
     out.add_problems(reach_problems(cfg), "planning")
+    notes, out.subscriber_zone_notes = subscriber_zone_notes(cfg)
+    for note in notes:
+        log.warning("planning: %s", note)
     with engine.begin() as conn:
         if sql.lock_planning(conn):
             log.info("planning: waited for another planning run of this store to finish")

@@ -212,6 +212,13 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     if fallbacks:
         out.summary += (f"; {fallbacks} quiet-window edge(s) read by the gap rule: the zone data has an "
                         "offset change the planner's gap scan did not see (see the planning log)")
+    # Said, not red: the zone is read as written, as a source's ambiguous zone is (rules_complete's notes).
+    zone_notes = max((int((b.get("counts") or {}).get("subscriber_zone_notes", 0)) for b in judged), default=0)
+    out.metadata["subscriber_zone_notes"] = zone_notes
+    if zone_notes:
+        out.summary += (f"; {zone_notes} subscriber(s) have an ambiguous time zone (an abbreviation such as CST "
+                        "or IANA's Etc/GMT±N, read as written; see the planning log for which, and write the "
+                        "IANA name meant)")
     return out
 
 
