@@ -126,6 +126,20 @@ def test_rules_diff_bad_input_exits_2(world):
     assert missing.exit_code == 2 and "snapshot 99 does not exist" in missing.output
 
 
+@pytest.mark.parametrize("args", [("rules", "diff", "conf"), ("snapshots", "list", "conf")])
+def test_read_only_commands_on_a_missing_store_create_nothing(tmp_path, args):
+    """``rules diff`` and ``snapshots list`` only read: pointed at a folder with no store (a mistyped
+    DEADLINE_HOME), they created and migrated an empty store there, then said the source was unknown.
+    Now they exit 2 naming the store and how to create it, and leave nothing behind."""
+    home = tmp_path / "typo"
+    home.mkdir()
+    result = CliRunner().invoke(main, list(args), env={"DEADLINE_HOME": str(home), "DEADLINE_DB_URL": None,
+                                                      "DEADLINE_CONFIG": None})
+    assert result.exit_code == 2, result.output
+    assert "has no schema yet" in result.output, result.output
+    assert list(home.iterdir()) == []
+
+
 def test_source_accept_applies_a_quarantined_snapshot(world):
     _ingest(world, "conf", T0)
     (world["dir"] / "conf.yml").write_text(ai_deadlines(_edition(1)))

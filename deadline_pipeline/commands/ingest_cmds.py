@@ -64,6 +64,19 @@ def _engine(db_url: str | None):
         raise _BadInput(f"cannot open the store: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
 
 
+def _existing_store(db_url: str | None):
+    """The engine of a store that exists with this release's schema, for a command that only reads it
+    (``rules diff``, ``snapshots list``); :class:`_BadInput` naming the store and the command that
+    creates or migrates it otherwise. Opened with :func:`_engine`, a mistyped ``DEADLINE_HOME`` or
+    ``--db-url`` created and migrated an empty store there and then said the source was unknown."""
+    from deadline_pipeline.commands.common import open_store_read_only
+
+    engine, missing = open_store_read_only(db_url, current=True)
+    if missing:
+        raise _BadInput(missing)
+    return engine
+
+
 def _now(as_of: str | None) -> datetime:
     return datetime.now(UTC) if as_of is None else option_instant(as_of)
 
@@ -152,7 +165,7 @@ def rules_diff(source: str, from_id: int | None, to_id: int | None, as_json: boo
 
     if (from_id is None) != (to_id is None):
         raise _BadInput("give both --from and --to, or neither (default: the last two applied snapshots)")
-    engine = _engine(db_url)
+    engine = _existing_store(db_url)
     with engine.connect() as conn:
         row = _source_row(conn, source)
         # The configured zone for times written without one, so the parse matches the pipeline's.
@@ -354,7 +367,7 @@ def snapshots_prune(keep_days: int, dry_run: bool, db_url: str | None, as_of: st
 def snapshots_list(source: str, db_url: str | None) -> int:
     from deadline_pipeline.store.sources import list_snapshots
 
-    engine = _engine(db_url)
+    engine = _existing_store(db_url)
     with engine.connect() as conn:
         row = _source_row(conn, source)
         snaps = list_snapshots(conn, row.id)
