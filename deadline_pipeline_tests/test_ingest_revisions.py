@@ -494,6 +494,20 @@ def test_freshness_window_is_judged_at_now(engine, tmp_path):
     assert late.metadata["last_fresh_at"] == T0.isoformat() and late.metadata["window_seconds"] == 86400
 
 
+def test_a_source_fresh_after_now_is_not_fresh(engine, tmp_path):
+    """A replay (--as-of) ahead of the real clock, or a host clock ahead, recorded the source fresh in
+    the future: "fresh -13 d 6 h ago" passed, so a source nobody fetched any more looked fresh until
+    the real clock got there. Now red, naming the instant; a minute of skew is still fresh."""
+    cfg, target = _source_config(tmp_path, "ai-deadlines")
+    target.write_text(GOOD_YAML)
+    _ingest(engine, cfg.sources[0], T0)
+    state = read_source_state(engine, "src")
+    window = timedelta(days=1)
+    ahead = evaluate_fresh("src", state, T0 - timedelta(days=13), window)
+    assert not ahead.passed and "after now: a replay (--as-of) wrote into this store" in ahead.summary, ahead.summary
+    assert evaluate_fresh("src", state, T0 - timedelta(minutes=1), window).passed
+
+
 # --- entries that announce no deadline ----------------------------------------------------------------
 
 def _five_planned(engine, tmp_path):

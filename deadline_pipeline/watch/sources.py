@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.store import sources as sql
+from deadline_pipeline.watch.checks import CLOCK_SKEW
 from deadline_pipeline.wording import human_duration
 
 
@@ -73,8 +74,9 @@ def evaluate_fresh(name: str, state: SourceState | None, now: datetime, window: 
     and its last attempt did not fail. Pure.
 
     Fails (each with its reason in ``summary``) when the source was never ingested, never fresh,
-    last fresh longer ago than ``window``, or is ``stale`` (its last fetch or parse failed: the last
-    good versions are still in force, but the source itself is broken now).
+    last fresh longer ago than ``window`` or later than ``now`` (beyond :data:`CLOCK_SKEW`), or is
+    ``stale`` (its last fetch or parse failed: the last good versions are still in force, but the
+    source itself is broken now).
     """
     meta = _metadata(state, window)
     if state is None:
@@ -85,6 +87,14 @@ def evaluate_fresh(name: str, state: SourceState | None, now: datetime, window: 
         return SourceCheckOutcome("source_fresh", name, False, f"source {name!r} has never been fresh{why}", meta)
     age = now - state.last_fresh_at
     meta["age_seconds"] = int(age.total_seconds())
+    if -age > CLOCK_SKEW:
+        # Fresh "-13 d ago" passed: until the real clock reached that instant a source nobody fetched
+        # any more looked fresh, in the Dagster check as in the watchdog.
+        return SourceCheckOutcome(
+            "source_fresh", name, False,
+            f"source {name!r} was last fresh {instant_text(state.last_fresh_at)}, {human_duration(-age)} after "
+            "now: a replay (--as-of) wrote into this store, or clocks disagree; its freshness proves nothing "
+            "until then (see time_travel in the watchdog)", meta)
     if age > window:
         why = f"; last error: {state.last_error}" if state.last_error else ""
         return SourceCheckOutcome(
