@@ -117,7 +117,7 @@ def test_an_empty_timezone_cell_recovers_when_the_source_gets_a_timezone(db_url,
     first = _cli(tmp_path, "run", "--config", path, "--db-url", db_url, "--as-of", "2026-12-06T12:00:00Z")
     assert first.exit_code == 1, first.output
     assert "source_fresh[sheet]                    FAIL" in first.output
-    assert "empty timezone and the source has no default_tz" in first.output
+    assert "empty timezone, and the source sets no `timezone` for times written without one" in first.output
 
     _config(tmp_path, "csv", "d.csv", "America/New_York")
     window = ["--subscriber", "ann", "--from", "2027-01-20T00:00:00Z", "--to", "2027-01-21T00:00:00Z"]

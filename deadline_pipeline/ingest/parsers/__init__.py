@@ -52,7 +52,7 @@ def parse_payload(fmt: str, content: bytes, *, source: str, default_tz: str | No
         try:
             resolve_zone(default_tz)
         except UnknownTimeZone as exc:
-            raise ValueError(f"source {source!r}: default_tz: {exc}") from None
+            raise ValueError(f"source {source!r}: timezone (the zone of times written without one): {exc}") from None
     result = parser(content, source=source, default_tz=default_tz)
     _note_ambiguous_zones(result, default_tz)
     _note_out_of_season(result, default_tz)

@@ -126,7 +126,7 @@ def _zone(raw: object, fallback: str | None) -> str:
     """The zone as spelled, checked; raises ValueError (UnknownTimeZone) with the reason."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         if fallback is None:
-            raise UnknownTimeZone("no timezone given and the source has no default_tz")
+            raise UnknownTimeZone("no timezone given, and the source sets no `timezone` for times written without one")
         return fallback
     name = str(raw).strip()
     resolve_zone(name)

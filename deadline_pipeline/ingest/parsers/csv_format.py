@@ -115,7 +115,8 @@ def parse_csv(content: bytes, *, source: str, default_tz: str | None = None) -> 
             continue
         tz = cell["timezone"] or default_tz
         if tz is None:
-            result.problems.append(ParseProblem(position, "empty timezone and the source has no default_tz", rid))
+            result.problems.append(ParseProblem(
+                position, "empty timezone, and the source sets no `timezone` for times written without one", rid))
             continue
         try:
             resolve_zone(tz)
