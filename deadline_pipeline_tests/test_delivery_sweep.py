@@ -391,7 +391,9 @@ def test_a_mass_escalation_to_a_timing_out_receiver_does_not_hold_the_sweep(engi
             out = sweep(engine, cfg, T0)
         elapsed = time.monotonic() - started
         assert oncall.requests == 3
-    assert elapsed < 3 + 3, f"the sweep took {elapsed:.1f} s"
+    # Three 1-s timeouts and the sweep's own work; twelve would be 12 s. The margin is for a loaded
+    # machine (this bound failed at 6 s while two test suites shared the two cores).
+    assert elapsed < 3 + 6, f"the sweep took {elapsed:.1f} s"
     assert (out.delivered, out.escalated, out.escalation_notices, out.escalation_notice_failures) == (5, 12, 0, 12)
     assert states(engine) == {"delivered": 5, "escalated": 12}
     assert len(server.requests) == len(bad) + len(good)
