@@ -85,6 +85,14 @@ def test_floating_dtstart_without_tz_is_refused_never_utc():
     assert out.returncode == 2 and "--tz" in out.stderr
 
 
+def test_a_date_dtstart_with_a_tzid_is_named_a_date_not_floating():
+    """``--dtstart 'DTSTART;TZID=America/New_York:20270703'`` was refused as "floating (no TZID …)",
+    though it has one: a date takes no zone (RFC 5545 §3.2.19), and the message now says so."""
+    res = run("--dtstart", "DTSTART;TZID=America/New_York:20270703")
+    assert res.returncode == 2
+    assert "is a date, which has no zone" in res.stderr and "no TZID" not in res.stderr, res.stderr
+
+
 def test_unknown_zone_and_calendar_are_bad_input():
     assert run("--dtstart", "2026-01-05T09:00:00", "--tz", "Mars/Base", "--rrule", "FREQ=DAILY").returncode == 2
     out = run("--dtstart", "20260105T090000Z", "--business-days", "XX")

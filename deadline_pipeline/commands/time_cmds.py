@@ -179,6 +179,10 @@ def build_rule(dtstart: str, rrule: str | None, exdates: tuple[str, ...], rdates
         rule_tz = tz
     elif start.tz is not None:
         rule_tz = start.tz
+    elif not isinstance(start.value, datetime):
+        # Not "floating (no TZID …)": the value may carry one, which a date does not take (§3.2.19).
+        raise InputError(f"--dtstart {dtstart!r} is a date, which has no zone (a TZID does not apply to a date, "
+                         "RFC 5545 §3.2.19): give --tz, the zone whose end of that day it is due at")
     else:
         raise InputError(f"--dtstart {dtstart!r} is floating (no TZID, Z or offset): give --tz; "
                          "a floating time is never read as UTC")
