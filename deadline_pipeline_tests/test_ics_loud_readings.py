@@ -15,6 +15,7 @@ from deadline_pipeline.ingest.parsers import parse_payload
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import obligations
+from deadline_pipeline.timezones import resolve_zone
 from deadline_pipeline.watch.sources import rules_complete
 from deadline_pipeline_tests.factories import write_config
 
@@ -111,6 +112,36 @@ def test_an_exrule_is_a_note_naming_its_line_and_the_series_is_planned_without_i
     (tmp_path / "cal.ics").write_text(payload, newline="")
     checked = CliRunner().invoke(main, ["validate", "--format", "ics", str(tmp_path / "cal.ics")])
     assert checked.exit_code == 1 and shown in checked.output, checked.output
+
+
+def test_a_date_rdate_in_a_timed_series_is_due_at_the_series_time_with_a_note_naming_its_line():
+    """``RDATE;VALUE=DATE:20270315`` under ``DTSTART;TZID=Europe/Berlin:…T090000``: RFC 5545 §3.8.5.2 gives
+    the date no time of day. It is planned at the series' 09:00 Berlin (08:00Z), as the other
+    deadlines of the series; recurring-ical-events reads midnight (23:00Z the day before). Before,
+    that choice was made without a word: ``validate`` said OK and nothing named the line."""
+    from deadline_pipeline.plan.occurrences import expand
+
+    series = ("DTSTART;TZID=Europe/Berlin:20270301T090000", "RRULE:FREQ=MONTHLY;COUNT=2")
+    result = parse_payload("ics", _calendar(*_event("mixed", *series, "RDATE;VALUE=DATE:20270315")).encode(),
+                           source="cal")
+    (note,) = result.problems
+    assert (note.position, note.record_id, note.skipped) == ("VEVENT UID=mixed (line 4)", "mixed", False)
+    assert note.message.startswith(
+        "RDATE (line 10) 2027-03-15: a DATE in a series whose DTSTART (line 8) is a DATE-TIME; each is due at "
+        "09:00:00 (Europe/Berlin), the series' time of day, not at midnight"), note.message
+    (rule,) = result.rules
+    window = {"after": datetime(2027, 1, 1, tzinfo=UTC), "before": datetime(2027, 6, 1, tzinfo=UTC)}
+    assert [o.due_at for o in expand(rule, resolve_zone(rule.tz), **window)] == [
+        datetime(2027, 3, 1, 8, tzinfo=UTC), datetime(2027, 3, 15, 8, tzinfo=UTC), datetime(2027, 4, 1, 7, tzinfo=UTC)]
+    # A DATE-TIME RDATE says its own time: nothing to note.
+    timed = _calendar(*_event("timed", *series, "RDATE;TZID=Europe/Berlin:20270315T090000"))
+    assert parse_payload("ics", timed.encode(), source="cal").problems == []
+    # The other way round: a floating 09:00 RDATE in an all-day series is due at 09:00, said too.
+    all_day = _calendar(*_event("day", "DTSTART;VALUE=DATE:20270301", "RRULE:FREQ=MONTHLY;COUNT=2",
+                                "RDATE:20270315T090000"))
+    (note,) = parse_payload("ics", all_day.encode(), source="cal").problems
+    assert note.message.startswith("RDATE (line 10) 2027-03-15T09:00:00: a DATE-TIME in a series whose DTSTART "
+                                   "(line 8) is a DATE; each is due at the time written"), note.message
 
 
 def test_a_date_line_cut_off_its_property_turns_rules_complete_red_and_keeps_the_last_good_version(

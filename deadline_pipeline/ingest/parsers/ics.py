@@ -106,6 +106,7 @@ from deadline_pipeline.ingest.parsers.ics_lines import (
     WHAT,
     ScannedComponent,
     library_lines,
+    lines_of,
     named_lines,
     scan_components,
     unfold,
@@ -359,7 +360,7 @@ def _component_rule(component: icalendar.cal.Component, declared_zone: str | Unr
     extra.update(closed_marks(component, recurring, problems, position, uid))
     if is_todo and recurring:
         extra.update(due_offset(component, start, scan))  # {} when the to-do is due at its DTSTART
-    return RuleRecord(
+    rule = RuleRecord(
         rule_id=rule_id,
         title=summary if summary is not None else "(untitled)",
         start=format_local(start.value),
@@ -372,6 +373,37 @@ def _component_rule(component: icalendar.cal.Component, declared_zone: str | Unr
         note=text_of(component, "DESCRIPTION"),
         extra={**extra, "uid": uid, "component": component.name},
     )
+    # Once the record stands: a component skipped for another reason gets no note besides its skip.
+    _note_dates_on_start_clock(key, start, rdates, scan, problems, position, uid)
+    return rule
+
+
+def _note_dates_on_start_clock(key: str, start: When, rdates: list[When], scan: ScannedComponent | None,
+                               problems: list[ParseProblem], position: str, uid: str | None) -> None:
+    """Append a note to ``problems`` (at ``position``, record ``uid``) when ``rdates`` differ in value
+    type from ``start`` (the ``key`` property, DTSTART or DUE, as read): a DATE RDATE in a series
+    whose start is a DATE-TIME, or a DATE-TIME RDATE in an all-day series.
+
+    RFC 5545 §3.8.5.2 allows either but says nothing of the time of day. A DATE is planned at the
+    start's time of day (a deadline of the series is due when its other deadlines are;
+    recurring-ical-events reads midnight, up to a day earlier in the zone); a DATE-TIME at the time
+    written (the series' dates are due at the end of their day). Both readings were taken without a
+    word: the same line meant 09:00 or 00:00 to two readers and nothing said which one was planned."""
+    timed = isinstance(start.value, datetime)
+    odd = [w.value for w in rdates if isinstance(w.value, datetime) != timed]
+    if not odd:
+        return
+    shown = ", ".join(format_local(v) if isinstance(v, datetime) else v.isoformat() for v in odd)
+    if timed:
+        reading = (f"a DATE in a series whose {key}{lines_of(scan, key)} is a DATE-TIME; each is due at "
+                   f"{start.value.time().isoformat()}{f' ({start.tz})' if start.tz else ''}, the series' time of "
+                   "day, not at midnight")
+    else:
+        reading = (f"a DATE-TIME in a series whose {key}{lines_of(scan, key)} is a DATE; each is due at the "
+                   "time written, not at the end of its day as the series' other deadlines")
+    problems.append(ParseProblem(position, f"RDATE{lines_of(scan, 'RDATE')} {shown}: {reading} (RFC 5545 §3.8.5.2 "
+                                           "does not say which time of day a mixed value type means)",
+                                 uid, skipped=False))
 
 
 def _rrule(component: icalendar.cal.Component, scan: ScannedComponent | None) -> str | None:
