@@ -625,6 +625,11 @@ def names_zone(name: str) -> bool:
     return _iana(text) is not None or text.casefold() in _WINDOWS_FOLDED
 
 
+#: IANA names of fixed-offset zones (links since tzdata 2024b) that are also US abbreviations, which
+#: calendars write for the US zone with daylight saving (see definition_overrides_guess).
+FIXED_LEGACY = frozenset({"EST", "MST", "HST"})
+
+
 def definition_overrides_guess(definition: tzinfo, tzid: str) -> bool:
     """True when a calendar's VTIMEZONE ``definition`` of ``tzid`` is to be read instead of
     :func:`resolve_zone`'s reading of the name: ``tzid`` is a guess (not :func:`names_zone`) and the
@@ -633,8 +638,14 @@ def definition_overrides_guess(definition: tzinfo, tzid: str) -> bool:
     RFC 5545 §3.6.5 makes the VTIMEZONE the definition of its TZID. An IANA name stays that zone (a
     stale definition under a real name is the usual case), but a name that only looks like one is not:
     ``TZID:GMT-8`` defined as UTC+8 was read as UTC-8, sixteen hours late. Where the two agree the
-    guess is kept, so the rules of such calendars keep their zone name."""
-    if names_zone(tzid):
+    guess is kept, so the rules of such calendars keep their zone name.
+
+    ``EST``, ``MST`` and ``HST`` (:data:`FIXED_LEGACY`) name IANA zones, but fixed offsets that are also
+    US abbreviations: a VTIMEZONE under one of them that defines daylight saving is the publisher's
+    own zone (Eastern time with its summer), not a stale copy of a fixed offset. Read as the fixed
+    offset, its summer deadlines were an hour late (with only a note). They yield to a definition
+    that disagrees; one that agrees keeps the fixed zone."""
+    if names_zone(tzid) and tzid.strip().upper() not in FIXED_LEGACY:
         return False
     return _signature_overrides_guess(_transitions(definition), tzid)
 

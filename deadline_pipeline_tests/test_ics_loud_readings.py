@@ -231,6 +231,42 @@ def test_a_vtimezone_that_agrees_with_the_iana_zone_says_nothing(props):
     assert len(result.rules) == 1 and result.problems == []
 
 
+def _us_rules(tzid: str, standard: str, daylight: str) -> list[str]:
+    return _vtimezone(tzid, ("DAYLIGHT", "20070311T020000", "FREQ=YEARLY;BYMONTH=3;BYDAY=2SU", standard, daylight),
+                      ("STANDARD", "20071104T020000", "FREQ=YEARLY;BYMONTH=11;BYDAY=1SU", daylight, standard))
+
+
+@pytest.mark.parametrize(("vtz", "tzid", "zone", "due"), [
+    # EST defined with US daylight saving: Eastern time, 12:00 EDT on 15 July is 16:00Z.
+    (_us_rules("EST", "-0500", "-0400"), "EST", "America/New_York", datetime(2027, 7, 15, 16, tzinfo=UTC)),
+    (_us_rules("MST", "-0700", "-0600"), "MST", "America/Denver", datetime(2027, 7, 15, 18, tzinfo=UTC)),
+    # A definition that agrees with the fixed zone keeps it: 12:00 EST is 17:00Z all year.
+    (_vtimezone("EST", ("STANDARD", "19700101T000000", "", "-0500", "-0500")), "EST", "EST",
+     datetime(2027, 7, 15, 17, tzinfo=UTC)),
+])
+def test_est_mst_hst_defined_with_daylight_saving_are_read_in_the_calendars_definition(vtz, tzid, zone, due):
+    """``EST``, ``MST`` and ``HST`` are IANA names of fixed offsets and also US abbreviations; a VTIMEZONE
+    under one of them with US daylight saving is the calendar's definition of that TZID (RFC 5545
+    §3.6.5). Before, the fixed IANA zone won: the summer deadline was due an hour late (17:00Z), with
+    only a note that the definition disagreed."""
+    from deadline_pipeline.plan.occurrences import expand
+
+    result = parse_payload("ics", _calendar(*vtz, *_event("e", f"DTSTART;TZID={tzid}:20270715T120000")).encode(),
+                           source="s")
+    (rule,) = result.rules
+    assert rule.tz == zone
+    [occurrence] = expand(rule, resolve_zone(rule.tz), after=datetime(2027, 1, 1, tzinfo=UTC),
+                          before=datetime(2028, 1, 1, tzinfo=UTC))
+    assert occurrence.due_at == due
+    if zone == tzid:  # read as the fixed zone: the reading of the abbreviation in summer is noted
+        assert [p.message.split(":")[0] for p in result.problems] == ["start 2027-07-15T12"]
+    else:
+        assert rule.extra["tzid"] == tzid
+        assert [(p.position, p.message, p.skipped) for p in result.problems] == [(
+            "line 5", f"VTIMEZONE TZID={tzid} (line 5) defines other offsets than the IANA zone {tzid}, which has "
+            "no daylight saving; its values are read in the calendar's definition (RFC 5545 §3.6.5)", False)]
+
+
 def test_an_old_rule_that_agrees_at_every_instant_used_says_nothing():
     """Compared at the instants the calendar uses, not over the whole definition: a one-off in July
     is EDT by either rule."""

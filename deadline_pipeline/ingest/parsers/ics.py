@@ -124,6 +124,7 @@ from deadline_pipeline.ingest.parsers.ics_values import (
     When,
     calendar_zone,
     dates_of,
+    definitions_read,
     floating_zone_of,
     in_zone,
     prop_list,
@@ -198,10 +199,21 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
         s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
     )
     lost = lost_by_component(unreadable, paired, result.problems, source)
-    defined = zones_defined_anew(tops, lines, result.problems)
+    legacy: dict = {}
+    defined = zones_defined_anew(tops, lines, result.problems, legacy)
+    with definitions_read(legacy):
+        ranks = _read_components(components, scanned if paired else None, lost, defined, result)
+    return without_vanished_overrides(without_cancelled(drop_duplicate_ids(latest_revisions(result, ranks))))
+
+
+def _read_components(components: list, scanned: list[ScannedComponent] | None, lost: dict, defined: dict,
+                     result: ParseResult) -> list[tuple]:
+    """Read each of ``components`` (``(component, calendar zone)``) into ``result`` (a rule or a
+    problem); ``scanned``: their scans, None when scan and library disagree. Returns the revision rank
+    of each rule read, in order."""
     ranks: list[tuple] = []  # per rule read: its revision rank
     for n, (component, zone) in enumerate(components):
-        scan = scanned[n] if paired else None
+        scan = scanned[n] if scanned is not None else None
         uid = text_of(component, "UID")
         position = f"{component.name} UID={uid}" if uid else f"{component.name} #{n + 1} (no UID)"
         if scan is not None:
@@ -218,7 +230,7 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
         except Exception as exc:  # noqa: BLE001 — one hostile component must not sink the payload
             result.problems.append(ParseProblem(position, f"unreadable component: {exc.__class__.__name__}: {exc}",
                                                 uid))
-    return without_vanished_overrides(without_cancelled(drop_duplicate_ids(latest_revisions(result, ranks))))
+    return ranks
 
 
 #: The properties a rule is read from, which a misspelt property name is compared with.

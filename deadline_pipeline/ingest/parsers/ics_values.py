@@ -4,6 +4,9 @@ cannot be read raises (:class:`Skip`). Used by :mod:`.ics`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, tzinfo
 from zoneinfo import ZoneInfo
@@ -91,10 +94,28 @@ def _value_when(value: object, params: dict, what: str) -> When:
     raise Skip(f"{what} is {type(value).__name__}, not a date or date-time")
 
 
+#: ``{TZID upper case: definition}``: the VTIMEZONEs of the calendar being read that are read instead
+#: of the IANA zone the library maps their TZID to (EST, MST, HST with daylight saving; see
+#: :func:`~deadline_pipeline.timezones.definition_overrides_guess`). Set by :func:`definitions_read`.
+_READ_AS_DEFINED: ContextVar[dict[str, tzinfo]] = ContextVar("_READ_AS_DEFINED", default={})  # noqa: B039 — never mutated
+
+
+@contextmanager
+def definitions_read(defined: dict[str, tzinfo]) -> Iterator[None]:
+    """Within the block, a value whose TZID is a key of ``defined`` (upper case) is read in that
+    definition, not in the IANA zone the library mapped the name to."""
+    token = _READ_AS_DEFINED.set(defined)
+    try:
+        yield
+    finally:
+        _READ_AS_DEFINED.reset(token)
+
+
 def _zoned_when(naive: datetime, tzid: str, library_zone: tzinfo | None, what: str) -> When:
     """The wall time ``naive`` of property ``what`` written with ``tzid``, which the library read in
     ``library_zone`` (a ``ZoneInfo`` it mapped the name to, the calendar's VTIMEZONE of that TZID, or
     ``None``). Raises :class:`Skip` when the zone is neither known nor defined by the calendar."""
+    library_zone = _READ_AS_DEFINED.get().get(tzid.strip().upper(), library_zone)
     defined = library_zone is not None and not isinstance(library_zone, ZoneInfo)
     # A guessed name (TZID:GMT-8, TZID:PST) whose VTIMEZONE defines other offsets is that definition
     # (§3.6.5): read as the guess, GMT-8 defined as UTC+8 was due sixteen hours late.

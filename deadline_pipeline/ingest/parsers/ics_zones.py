@@ -20,6 +20,7 @@ from deadline_pipeline.ingest.parsers.ics_values import prop_list, written_value
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord, format_local
 from deadline_pipeline.timezones import (
+    FIXED_LEGACY,
     UnknownTimeZone,
     definition_overrides_guess,
     offset_disagreements,
@@ -46,12 +47,16 @@ class _DefinedZone:
         return f"VTIMEZONE TZID={self.tzid}" + (f" (line {self.line})" if self.line else "")
 
 
-def zones_defined_anew(tops: list, lines: list[tuple[int, str]],
-                        problems: list[ParseProblem]) -> dict[str, _DefinedZone]:
+def zones_defined_anew(tops: list, lines: list[tuple[int, str]], problems: list[ParseProblem],
+                        legacy: dict[str, tzinfo] | None = None) -> dict[str, _DefinedZone]:
     """``{TZID: _DefinedZone}`` for each VTIMEZONE of ``tops`` (the library's components) whose TZID
     names a zone :func:`~deadline_pipeline.timezones.resolve_zone` knows (an IANA or Windows name).
     ``lines``: the unfolded lines with their physical numbers, to name each TZID's line. A definition
-    the library cannot turn into a zone is a note appended to ``problems`` (it cannot be compared)."""
+    the library cannot turn into a zone is a note appended to ``problems`` (it cannot be compared).
+    ``legacy``: filled with ``{TZID upper case: definition}`` for each VTIMEZONE of ``EST``, ``MST`` or
+    ``HST`` (:data:`~deadline_pipeline.timezones.FIXED_LEGACY`) whose definition is read instead of
+    the IANA zone of that name (:func:`~deadline_pipeline.ingest.parsers.ics_values.definitions_read`)."""
+    legacy = {} if legacy is None else legacy
     tzid_lines: dict[str, int] = {}
     inside = False
     for number, body in lines:
@@ -80,7 +85,15 @@ def zones_defined_anew(tops: list, lines: list[tuple[int, str]],
                     f"{exc.__class__.__name__}: {exc}"), skipped=False))
                 continue
             if definition_overrides_guess(ours, tzid):
-                continue  # a guessed name (GMT-8, PST) is read in its definition (ics_values._zoned_when)
+                # A guessed name (GMT-8, PST) is read in its definition (ics_values._zoned_when); so is
+                # EST/MST/HST defined with daylight saving, which the library reads as the IANA zone.
+                if tzid.upper() in FIXED_LEGACY:
+                    legacy[tzid.upper()] = ours
+                    named = f"VTIMEZONE TZID={tzid}" + (f" (line {line})" if line else "")
+                    problems.append(ParseProblem(f"line {line}" if line else named, (
+                        f"{named} defines other offsets than the IANA zone {tzid}, which has no daylight saving; "
+                        "its values are read in the calendar's definition (RFC 5545 §3.6.5)"), skipped=False))
+                continue
             out[tzid] = _DefinedZone(tzid, line, ours, theirs)
     return out
 
