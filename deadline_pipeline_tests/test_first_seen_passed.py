@@ -61,7 +61,7 @@ FAR = entry("2026-06-18 23:59:59", id="far")
 PASSED = entry("2026-03-05 23:59:59", id="passed", title="P")  # AoE: due 2026-03-06T11:59:59Z
 
 
-# The read of who was planned for per source (store/planning.planned_pairs): it scans every stored
+# The read of who was planned for per source (store/plan_history.planned_pairs): it scans every stored
 # obligation of its sources, so planning makes it only where a deadline may have passed unwatched.
 PAIRS_READ = "SELECT DISTINCT obligations.subscriber_id, obligations.source_id"
 

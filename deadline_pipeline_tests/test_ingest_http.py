@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from deadline_pipeline.config import load_config
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-from deadline_pipeline.store.planning import active_rules
+from deadline_pipeline.store.plan_inputs import active_rules
 from deadline_pipeline.store.schema import rule_versions, snapshots
 from deadline_pipeline.store.sources import get_source
 from deadline_pipeline.watch.sources import read_source_state, source_fresh, source_not_quarantined

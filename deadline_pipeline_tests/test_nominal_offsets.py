@@ -262,7 +262,7 @@ def test_one_length_spelt_two_ways_by_two_subscriptions_keeps_the_earlier_instan
 def test_a_subscription_edited_since_planning_is_read_as_stored_seconds_loudly(engine, tmp_path, caplog):
     from deadline_pipeline.plan.outcome import PlanOutcome
     from deadline_pipeline.plan.service import targets_from_rows
-    from deadline_pipeline.store.planning import active_targets
+    from deadline_pipeline.store.plan_inputs import active_targets
 
     cfg, _ = _configure(tmp_path)
     _ingest_plan(engine, cfg)
@@ -284,7 +284,7 @@ def test_targets_sharing_equal_offsets_keep_each_subscriptions_text(engine, tmp_
     subscription's reminders with the other's text."""
     from deadline_pipeline.plan.outcome import PlanOutcome
     from deadline_pipeline.plan.service import targets_from_rows
-    from deadline_pipeline.store.planning import active_targets
+    from deadline_pipeline.store.plan_inputs import active_targets
 
     cfg, _ = _configure(tmp_path, ann_offsets=("-P1W",), bob_offsets=("-P7D",))
     _ingest_plan(engine, cfg)

@@ -739,7 +739,7 @@ def test_two_plans_in_one_process_each_count_only_their_own_gap_rule_fallbacks(t
     from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
     from deadline_pipeline.plan.service import sync_configuration
     from deadline_pipeline.store.db import make_engine, upgrade
-    from deadline_pipeline.store.planning import PLANNING_LOCK
+    from deadline_pipeline.store.staging import PLANNING_LOCK
     from deadline_pipeline_tests.test_zone_data import zone_database
 
     choice = _blip_zone_data(tmp_path)

@@ -14,7 +14,7 @@ from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapsh
 from deadline_pipeline.plan import chunks, service
 from deadline_pipeline.plan.keys import alert_dedup_key, reminder_dedup_keys
 from deadline_pipeline.plan.service import plan_all
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import mirror, new_rows, staging
 from deadline_pipeline.store.db import make_engine, upgrade
 from deadline_pipeline.store.schema import alerts, obligations
 from deadline_pipeline_tests.factories import ics, write_config
@@ -115,13 +115,13 @@ def test_copy_text_keeps_special_characters_nulls_and_instants(engine):
     reason = "a\tb\nc\rd\\e \\N"
     when = datetime(2027, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     with engine.begin() as conn:
-        sql.create_stage(conn)
-        n = sql.stage_rows(conn, sql.stage_alerts, [
+        staging.create_stage(conn)
+        n = staging.stage_rows(conn, staging.stage_alerts, [
             ("k1", -60, "ch\t1", "reminder", "d1", when, "pending", reason, when),
             ("k2", 0, "ch", "reminder", "d2", when, "pending", None, None),
         ])
-        rows = conn.execute(select(sql.stage_alerts).order_by(sql.stage_alerts.c.obligation_key)).all()
-        sql.drop_stage(conn)
+        rows = conn.execute(select(staging.stage_alerts).order_by(staging.stage_alerts.c.obligation_key)).all()
+        staging.drop_stage(conn)
     assert n == 2
     assert [(r.channel, r.status_reason, r.send_at, r.due_at) for r in rows] == [
         ("ch\t1", reason, when, when), ("ch", None, when, None)]
@@ -129,7 +129,7 @@ def test_copy_text_keeps_special_characters_nulls_and_instants(engine):
 
 def test_copy_text_refuses_a_naive_instant():
     with pytest.raises(ValueError, match="naive"):
-        list(sql._copy_lines([(1, datetime(2027, 1, 1))]))
+        list(staging._copy_lines([(1, datetime(2027, 1, 1))]))
 
 
 def test_copy_binary_keeps_values_and_refuses_what_the_server_would_misread(engine):
@@ -144,16 +144,16 @@ def test_copy_binary_keeps_values_and_refuses_what_the_server_would_misread(engi
             (7, "", 1, datetime(2027, 3, 1, 9, tzinfo=timezone(timedelta(hours=2))), "x", None)]
     for bad in [(1, 2, 3, None, None, None), ("1234", "x", 3, None, None, None)]:
         with pytest.raises(TypeError, match="cannot be written"):
-            list(sql._binary_fields([bad], kinds))
+            list(new_rows._binary_fields([bad], kinds))
     with pytest.raises(ValueError, match="naive"):
-        list(sql._binary_fields([(1, "x", 3, datetime(2027, 1, 1), None, None)], kinds))
+        list(new_rows._binary_fields([(1, "x", 3, datetime(2027, 1, 1), None, None)], kinds))
     if engine.dialect.name != "postgresql":
         return
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TEMPORARY TABLE binary_copy (a int4, b varchar(20), c int8, d timestamptz, "
                              "e text, f timestamptz)")
-        n = sql.copy_binary(conn, "binary_copy", list("abcdef"),
-                            (sql._pack_count(len(kinds)) + f for f in sql._binary_fields(rows, kinds)))
+        n = new_rows.copy_binary(conn, "binary_copy", list("abcdef"),
+                            (new_rows._pack_count(len(kinds)) + f for f in new_rows._binary_fields(rows, kinds)))
         got = [tuple(r) for r in conn.exec_driver_sql("SELECT * FROM binary_copy ORDER BY c DESC").all()]
         conn.exec_driver_sql("DROP TABLE binary_copy")
     assert n == 2
@@ -171,9 +171,9 @@ def test_binary_copy_column_types_are_the_store_columns(engine):
         types = {(t, c): as_sent.get(u, u) for t, c, u in conn.exec_driver_sql(
             "SELECT table_name, column_name, udt_name FROM information_schema.columns "
             "WHERE table_schema = current_schema() AND table_name IN ('obligations', 'alerts')").all()}
-    assert [types["alerts", c] for c in sql.NEW_ALERT_COLUMNS] == list(sql._NEW_ALERT_KINDS)
-    assert [types["obligations", c] for c in ["id", *sql.NEW_OBLIGATION_COLUMNS]] == [
-        "int8", *sql._NEW_OBLIGATION_KINDS]
+    assert [types["alerts", c] for c in new_rows.NEW_ALERT_COLUMNS] == list(new_rows._NEW_ALERT_KINDS)
+    assert [types["obligations", c] for c in ["id", *new_rows.NEW_OBLIGATION_COLUMNS]] == [
+        "int8", *new_rows._NEW_OBLIGATION_KINDS]
 
 
 def test_reminder_dedup_keys_are_alert_dedup_keys():
@@ -198,8 +198,8 @@ def test_a_wrong_all_new_guess_is_merged_not_duplicated(engine, tmp_path, monkey
     before = _state(engine)
 
     monkeypatch.setattr(chunks, "CHUNK_OBLIGATIONS", 10)
-    monkeypatch.setattr(sql, "none_stored", lambda conn, keys: True)  # every chunk guessed all new
-    monkeypatch.setattr(sql, "store_has_no_obligations", lambda conn: prepared)
+    monkeypatch.setattr(new_rows, "none_stored", lambda conn, keys: True)  # every chunk guessed all new
+    monkeypatch.setattr(new_rows, "store_has_no_obligations", lambda conn: prepared)
     made = []
     real_prepare = chunks.prepare
     monkeypatch.setattr(chunks, "prepare", lambda *a: made.append(real_prepare(*a)) or made[-1])
@@ -250,7 +250,7 @@ def test_chunk_statements_join_by_key_lookups_on_postgresql(engine):
     if engine.dialect.name != "postgresql":
         pytest.skip("planner settings are PostgreSQL's")
     with engine.begin() as conn:
-        with sql.key_lookups(conn):
+        with staging.key_lookups(conn):
             assert (conn.exec_driver_sql("SHOW enable_hashjoin").scalar(),
                     conn.exec_driver_sql("SHOW enable_mergejoin").scalar()) == ("off", "off")
         assert (conn.exec_driver_sql("SHOW enable_hashjoin").scalar(),
@@ -282,7 +282,7 @@ def test_a_bulk_plan_refreshes_the_statistics_of_what_it_wrote(engine, tmp_path,
         bounds = conn.exec_driver_sql(
             "SELECT cardinality(histogram_bounds::text::text[]) FROM pg_stats "
             "WHERE tablename = 'alerts' AND attname = 'dedup_key'").scalar()
-        assert bounds == sql.ANALYZE_WRITTEN_TARGET + 1
+        assert bounds == staging.ANALYZE_WRITTEN_TARGET + 1
         assert conn.exec_driver_sql("SHOW default_statistics_target").scalar() == "100"
 
 
@@ -312,7 +312,7 @@ def test_the_configuration_mirror_in_pages_equals_one_page(engine, tmp_path, mon
     subscriber and a removed subscription on any page are mirrored as one page mirrors them, and a
     subscriber whose subscriptions fall on two pages keeps both."""
     cfg = _config(tmp_path, [MONTHLY])
-    monkeypatch.setattr(sql, "MIRROR_PAGE", 10**6)
+    monkeypatch.setattr(mirror, "MIRROR_PAGE", 10**6)
     service.sync_configuration(engine, cfg)
     whole = _mirror(engine)
     assert [r[1:] for r in whole[1] if r[0] == "hook"] == [("u0", [-172800], True)]
@@ -324,7 +324,7 @@ def test_the_configuration_mirror_in_pages_equals_one_page(engine, tmp_path, mon
 
     fresh = make_engine(f"sqlite:///{tmp_path / f'paged{page}.db'}")
     upgrade(fresh)
-    monkeypatch.setattr(sql, "MIRROR_PAGE", page)
+    monkeypatch.setattr(mirror, "MIRROR_PAGE", page)
     service.sync_configuration(fresh, cfg)
     assert _mirror(fresh) == whole
     service.sync_configuration(fresh, _edited(cfg))

@@ -10,9 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from deadline_pipeline.ingest.service import apply_latest_snapshot, fetch_snapshot
-from deadline_pipeline.plan import service
 from deadline_pipeline.plan.service import plan_all
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import staging
 from deadline_pipeline.store.schema import obligations
 from deadline_pipeline_tests.test_planning_chunks import MONTHLY, OTHERS, _config
 
@@ -49,7 +48,7 @@ def test_a_planning_run_waits_for_the_one_holding_the_store(engine, tmp_path):
             done.set()
 
     with engine.connect() as holder, holder.begin():
-        assert sql.lock_planning(holder) is False
+        assert staging.lock_planning(holder) is False
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         assert not done.wait(2.0), outcome  # blocked on the lock, not planning beside the holder
@@ -71,7 +70,7 @@ def test_a_failed_run_reports_its_own_error(engine, tmp_path, monkeypatch):
     def failing(conn, *args, **kwargs):
         conn.exec_driver_sql("SELECT 1 / 0")
 
-    monkeypatch.setattr(service.sql, "analyze_planned", failing)
+    monkeypatch.setattr(staging, "analyze_planned", failing)
     with pytest.raises(Exception) as info:
         plan_all(engine, cfg, T0)
     assert "division by zero" in str(info.value), info.value

@@ -29,7 +29,7 @@ def planned_rows(cfg, conn, sub, now: datetime, until: datetime) -> tuple[dict[s
         subscribes,
         targets_from_rows,
     )
-    from deadline_pipeline.store.planning import active_rules
+    from deadline_pipeline.store.plan_inputs import active_rules
     from deadline_pipeline.store.sources import all_sources
     from deadline_pipeline.wording import offset_text
 

@@ -33,7 +33,7 @@ from deadline_pipeline.plan.planner import (
 )
 from deadline_pipeline.plan.scope import series_of
 from deadline_pipeline.states import SENT_OR_SENDING, UNSENT, AlertState
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import merge, new_rows, notice_rows, plan_history, staging, supersession
 
 if TYPE_CHECKING:
     from deadline_pipeline.plan.outcome import PlanOutcome
@@ -146,7 +146,7 @@ def _wins(slot: tuple, kept: tuple) -> bool:
 
 @dataclass
 class Prepared:
-    """One planned chunk, ready to write: its obligation rows (:data:`~deadline_pipeline.store.planning.OB_COLS`
+    """One planned chunk, ready to write: its obligation rows (:data:`~deadline_pipeline.store.staging.OB_COLS`
     order) and, for a chunk expected to be all new, each obligation's alert rows and binary COPY
     fields (in the chunk's order; ``None`` otherwise)."""
 
@@ -166,7 +166,7 @@ def prepare(chunk: dict[str, Planned], now: datetime, cache: dict, expect_new: b
     if not expect_new:
         return Prepared(chunk, rows)
     return Prepared(chunk, rows, [alerts_of(p, now, cache) for p in chunk.values()],
-                     sql.new_obligation_records(rows, now))
+                     new_rows.new_obligation_records(rows, now))
 
 
 def write_chunk(conn, prepared: Prepared, now: datetime, out: PlanOutcome, cache: dict,
@@ -178,7 +178,7 @@ def write_chunk(conn, prepared: Prepared, now: datetime, out: PlanOutcome, cache
     chunk, rows = prepared.chunk, prepared.rows
     # A chunk prepared as new (every chunk before it was) skips the sample and is copied at once: the
     # unique index still catches a stored key, and the sample cost a first plan 4% (a query per chunk).
-    if conn.dialect.name == "postgresql" and (prepared.alerts is not None or sql.none_stored(conn, list(chunk))):
+    if conn.dialect.name == "postgresql" and (prepared.alerts is not None or new_rows.none_stored(conn, list(chunk))):
         # A chunk of new obligations only (a first plan, new subscribers): COPY them and their
         # alerts straight in. A stored key the sample missed, or one another run stored meanwhile,
         # makes the COPY fail on the unique index; the savepoint undoes it and the chunk is merged
@@ -192,9 +192,9 @@ def write_chunk(conn, prepared: Prepared, now: datetime, out: PlanOutcome, cache
             out.direct_write_fallbacks += 1
             log.warning("planning: a chunk guessed all new met stored keys (missed by the sample, or stored by "
                         "a concurrent plan run); merged instead: %s", getattr(exc, "orig", exc))
-    sql.clear_stage(conn)
-    sql.stage_rows(conn, sql.stage_obligations, rows)
-    with sql.key_lookups(conn):
+    staging.clear_stage(conn)
+    staging.stage_rows(conn, staging.stage_obligations, rows)
+    with staging.key_lookups(conn):
         _merge_chunk(conn, chunk, now, out, cache, pool)
     return False
 
@@ -207,21 +207,21 @@ def _merge_chunk(conn, chunk: dict[str, Planned], now: datetime, out: PlanOutcom
     superseded; the new obligations' reminders and the moved ones' new-instant reminders written
     straight in (PostgreSQL); every other changed obligation's reminders staged and merged; the
     corrections last (after the reminders, as the sweep's (send_at, id) order has always had them)."""
-    diff = sql.compare_staged(conn)
+    diff = merge.compare_staged(conn)
     _count_compared(diff, len(chunk), out)
-    sql.remember_staged(conn)
+    staging.remember_staged(conn)
     if not diff.need_alerts and not diff.moved and not diff.changed:
         return  # nothing differs: no merge, no alert rows
     compared = _Compared.of(diff)
     built, ids, delivered = _merge_while_building(conn, chunk, compared, now, out, cache, pool)
     out.alerts_inserted += _write_new_reminders(conn, chunk, compared, built, ids, now, cache, out)
     out.alerts_inserted += _write_changed_reminders(conn, chunk, compared, built, ids, now, cache, out)
-    out.alerts_cancelled += sql.cancel_unwanted_reminders(
+    out.alerts_cancelled += merge.cancel_unwanted_reminders(
         conn, [key for key in diff.need_alerts if key not in compared.new and key not in compared.old_due], now)
     _tell_changes(conn, chunk, compared, ids, delivered, now, out)
 
 
-def _count_compared(diff: sql.StagedDiff, size: int, out: PlanOutcome) -> None:
+def _count_compared(diff: merge.StagedDiff, size: int, out: PlanOutcome) -> None:
     """Count a compared chunk of ``size`` obligations in ``out``: new, moved, changed, unchanged."""
     out.obligations_inserted += len(diff.new)
     out.obligations_moved += len(diff.moved)
@@ -235,14 +235,14 @@ class _Compared:
     make: obligation key → old due instant (``old_due``) and id (``moved_ids``) of those this run
     moves; ``moved_from``: ``old_due`` plus those a run of another partition moved here."""
 
-    diff: sql.StagedDiff
+    diff: merge.StagedDiff
     new: set[str]
     old_due: dict[str, datetime]
     moved_ids: dict[str, int]
     moved_from: dict[str, datetime]
 
     @classmethod
-    def of(cls, diff: sql.StagedDiff) -> _Compared:
+    def of(cls, diff: merge.StagedDiff) -> _Compared:
         old_due = {m["obligation_key"]: m["old_due_at"] for m in diff.moved}
         # Moved here by a run of another partition (the old instant's month planned first): without
         # this its late reminders were folded as a new deadline's and, under late_policy skip, never
@@ -272,7 +272,8 @@ def _merge_while_building(conn, chunk: dict[str, Planned], compared: _Compared, 
     def write_obligations() -> tuple[dict[str, int], tuple[int, dict[int, set[str]]]]:
         # The moved obligations' old-instant reminders are superseded before the new instants' are
         # written: the update skips the current instant's rows, so it finds the same rows either way.
-        return sql.merge_obligations(conn, now), sql.supersede_moved(conn, list(compared.moved_ids.values()), now)
+        return (merge.merge_obligations(conn, now),
+                supersession.supersede_moved(conn, list(compared.moved_ids.values()), now))
 
     writing = pool.submit(write_obligations) if pool is not None else None
     try:
@@ -298,11 +299,11 @@ def _build_reminders(conn, chunk: dict[str, Planned], compared: _Compared, now: 
 def _moved_records(conn, chunk: dict[str, Planned], compared: _Compared,
                    changed: dict[str, list[tuple[tuple, str]]], now: datetime) -> list[bytes]:
     """The moved obligations' new-instant reminders (from ``changed``) as binary COPY records
-    (:func:`~deadline_pipeline.store.planning.new_alert_records`); none on SQLite, which merges them."""
+    (:func:`~deadline_pipeline.store.new_rows.new_alert_records`); none on SQLite, which merges them."""
     if conn.dialect.name != "postgresql":
         return []
     moved_ids, moved_from = compared.moved_ids, compared.moved_from
-    return list(sql.new_alert_records((
+    return list(new_rows.new_alert_records((
         (moved_ids[key], (seconds, channel, send_at, status, moved_reason(reason, moved_from[key])), dedup,
          chunk[key].ob.due_at)
         for key, rows in changed.items() if key in moved_ids
@@ -316,7 +317,7 @@ def _write_new_reminders(conn, chunk: dict[str, Planned], compared: _Compared, b
     new_keys = compared.diff.new
     _fold_as_known(conn, [chunk[key] for key in new_keys], built.new, now, cache, out)
     rows, built.new = built.new, []
-    return sql.insert_new_alerts(conn, (
+    return new_rows.insert_new_alerts(conn, (
         (ids[key], slot, dedup, chunk[key].ob.due_at)
         for key, alerts_ in zip(new_keys, rows, strict=True) for slot, dedup in alerts_
     ), now)
@@ -340,13 +341,13 @@ def _write_changed_reminders(conn, chunk: dict[str, Planned], compared: _Compare
         direct = len(records)
         changed = {key: rows for key, rows in changed.items() if key not in moved_ids}
     del records
-    staged = sql.stage_rows(conn, sql.stage_alerts, (
+    staged = staging.stage_rows(conn, staging.stage_alerts, (
         (key, seconds, channel, "reminder", dedup, send_at, status, moved_reason(reason, moved_from.get(key)),
          chunk[key].ob.due_at)
         for key, rows in changed.items() for (seconds, channel, send_at, status, reason), dedup in rows
     ))
     del changed
-    merged, moved_alerts = sql.merge_alerts(conn, now) if staged else (0, 0)
+    merged, moved_alerts = merge.merge_alerts(conn, now) if staged else (0, 0)
     out.alerts_moved += moved_alerts
     return direct + merged
 
@@ -367,7 +368,7 @@ def _tell_changes(conn, chunk: dict[str, Planned], compared: _Compared, ids: dic
 
 def _insert_moved_alerts(conn, records: list[bytes]) -> bool:
     """Write the new instants' reminders of moved obligations (their binary COPY ``records``,
-    :func:`~deadline_pipeline.store.planning.new_alert_records`; PostgreSQL) straight into ``alerts``
+    :func:`~deadline_pipeline.store.new_rows.new_alert_records`; PostgreSQL) straight into ``alerts``
     under a savepoint. False when the caller must merge them instead: no records (SQLite), or one
     already stored (a deadline moved back to an instant it had: its superseded reminders are
     revived by the merge, never duplicated). The unique indexes tell the second case, as they do for
@@ -377,7 +378,7 @@ def _insert_moved_alerts(conn, records: list[bytes]) -> bool:
         return False
     try:
         with conn.begin_nested():
-            sql.copy_new_alerts(conn, records)
+            new_rows.copy_new_alerts(conn, records)
         return True
     except (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError):
         # (The COPY runs on the driver's cursor, so its error arrives unwrapped.) Expected, not a
@@ -396,7 +397,7 @@ def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, Planned]
            if any(t.late_policy == "skip" for t in chunk[m["obligation_key"]].targets)}
     if not ids:
         return
-    found = sql.pending_reminders_noting(conn, sorted(ids), MOVED_DESPITE_SKIP)
+    found = supersession.pending_reminders_noting(conn, sorted(ids), MOVED_DESPITE_SKIP)
     if not found:
         return
     out.moved_sent_despite_skip += len(found)
@@ -411,24 +412,24 @@ def _count_moved_despite_skip(conn, moved: list[dict], chunk: dict[str, Planned]
 
 def _write_new_chunk(conn, prepared: Prepared, now: datetime, out: PlanOutcome, cache: dict,
                      pool: Executor | None) -> None:
-    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.planning.copy_new_obligations`).
+    """Write a chunk whose obligations are all new (:func:`~deadline_pipeline.store.new_rows.copy_new_obligations`).
     Its alert rows come prepared, or are built while the obligations are copied; counts go to
     ``out`` only once the chunk is written."""
     chunk, rows = prepared.chunk, prepared.rows
     built = prepared.alerts
     if built is not None:
-        ids = sql.copy_new_obligations(conn, rows, now, prepared.records)
+        ids = new_rows.copy_new_obligations(conn, rows, now, prepared.records)
     else:
-        copying = pool.submit(sql.copy_new_obligations, conn, rows, now) if pool is not None else None
+        copying = pool.submit(new_rows.copy_new_obligations, conn, rows, now) if pool is not None else None
         try:
             built = [alerts_of(p, now, cache) for p in chunk.values()]
         finally:
             # Never leave the COPY running on the connection, even when building the rows failed.
             ids = copying.result() if copying is not None else None
         if ids is None:
-            ids = sql.copy_new_obligations(conn, rows, now)
+            ids = new_rows.copy_new_obligations(conn, rows, now)
     _fold_as_known(conn, list(chunk.values()), built, now, cache, out)
-    written = sql.insert_new_alerts(conn, (
+    written = new_rows.insert_new_alerts(conn, (
         (ids[key], slot, dedup, p.ob.due_at)
         for (key, p), alerts_ in zip(chunk.items(), built, strict=True) for slot, dedup in alerts_
     ), now)
@@ -457,7 +458,7 @@ def _fold_as_known(conn, planned: list[Planned], built: list[list[tuple[tuple, s
         return
     asked = {(planned[i].ob.subscriber_id, planned[i].ob.source_id, rule_id)
              for i in maybe for rule_id in {planned[i].ob.rule_id, series_of(planned[i].ob.rule_id)}}
-    stored = sql.planned_rule_versions(conn, asked, now)
+    stored = plan_history.planned_rule_versions(conn, asked, now)
     for i in maybe:
         if not _known_before(planned[i].ob, stored):
             continue
@@ -474,7 +475,7 @@ def _skipped_by_policy(rows: list[tuple[tuple, str]]) -> bool:
 
 def _known_before(ob: PlannedObligation, stored: dict[tuple[int, int, str], int]) -> bool:
     """Whether ``ob``'s subscriber was planned, before this run, for its rule under an older version
-    (``stored``: :func:`~deadline_pipeline.store.planning.planned_rule_versions`), or, for an override
+    (``stored``: :func:`~deadline_pipeline.store.plan_history.planned_rule_versions`), or, for an override
     never planned for them, for its series."""
     version = stored.get((ob.subscriber_id, ob.source_id, ob.rule_id))
     if version is not None:
@@ -497,7 +498,7 @@ def _fold_as_owed(conn, stored: dict[str, list[tuple[tuple, str]]], chunk: dict[
     maybe = [key for key, rows in stored.items() if key in ids and key not in reactivated and _skipped_by_policy(rows)]
     if not maybe:
         return
-    first = sql.first_planned(conn, [ids[key] for key in maybe])
+    first = plan_history.first_planned(conn, [ids[key] for key in maybe])
     for key in maybe:
         since = first.get(ids[key])
         if since is not None:
@@ -516,15 +517,15 @@ def _tell_restored(conn, keys: list[str], ids: dict[str, int], chunk: dict[str, 
     oids = {ids[key]: key for key in keys if key in ids}
     if not oids:
         return
-    notices = sql.cancellation_notices(conn, sorted(oids))
+    notices = notice_rows.cancellation_notices(conn, sorted(oids))
     if not notices:
         return
     unsent = [aid for aid, _oid, _ch, status, _rev in notices if status in UNSENT]
-    out.alerts_cancelled += sql.cancel_unsent_notices(conn, unsent, RESTORED_BEFORE_NOTICE, now)
+    out.alerts_cancelled += notice_rows.cancel_unsent_notices(conn, unsent, RESTORED_BEFORE_NOTICE, now)
     rows = [restored_row(oid, oids[oid], channel, revision, chunk[oids[oid]].ob.due_at, now)
             for _aid, oid, channel, status, revision in notices
             if status in SENT_OR_SENDING]
-    written = sql.insert_notices(conn, rows)
+    written = notice_rows.insert_notices(conn, rows)
     out.corrections += written
     if written:
         log.warning("planning: %d correction(s) tell subscribers that %d deadline(s) withdrawn with a cancellation "
@@ -534,7 +535,7 @@ def _tell_restored(conn, keys: list[str], ids: dict[str, int], chunk: dict[str, 
 def _correct_moves(conn, moved: list[dict], by_key: dict, delivered: dict[int, set[str]], now: datetime,
                    out: PlanOutcome) -> None:
     """After the merge and the supersession of their old instants' open reminders
-    (:func:`~deadline_pipeline.store.planning.supersede_moved`, which read ``delivered``: obligation id →
+    (:func:`~deadline_pipeline.store.supersession.supersede_moved`, which read ``delivered``: obligation id →
     channels with a delivered reminder): log each move's time-data cause and send one correction per
     channel where a reminder was already delivered."""
     if not moved:
@@ -551,4 +552,4 @@ def _correct_moves(conn, moved: list[dict], by_key: dict, delivered: dict[int, s
         for channel in sorted(delivered.get(m["id"], ())):
             notices.append(correction_row(m["id"], ob.key, channel, revision, m["old_due_at"], ob.due_at, now,
                                           cause=cause))
-    out.corrections += sql.insert_notices(conn, notices)
+    out.corrections += notice_rows.insert_notices(conn, notices)

@@ -17,7 +17,7 @@ from deadline_pipeline.plan.occurrences import GRACE
 from deadline_pipeline.plan.planner import PlannedObligation, Target, plan_obligations
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.states import ObligationState
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import notice_rows, plan_history
 from deadline_pipeline.store.sources import freshness_window
 
 if TYPE_CHECKING:
@@ -91,10 +91,10 @@ def new_obligation_row(ob: PlannedObligation, now: datetime) -> dict:
 
 def _insert_missed_while_unwatched(conn, found: dict, now: datetime, out: PlanOutcome) -> None:
     """Insert the obligations and escalation reminders :func:`write_missed_while_unwatched` found."""
-    ids = sql.insert_obligations_if_new(conn, [new_obligation_row(ob, now) for ob, _, _ in found.values()])
+    ids = notice_rows.insert_obligations_if_new(conn, [new_obligation_row(ob, now) for ob, _, _ in found.values()])
     rows = [missed_row(ids[key], key, ch, seconds, None, ob.due_at, now, passed_unwatched_reason(j))
             for key, (ob, j, latest) in found.items() if key in ids for ch, seconds in sorted(latest.items())]
-    written = sql.insert_notices(conn, rows)
+    written = notice_rows.insert_notices(conn, rows)
     out.obligations_inserted += len(ids)
     out.alerts_inserted += written
     out.missed_while_unwatched += written
@@ -114,16 +114,16 @@ def escalate_series_moved_into_past(conn, stale, subscribed: dict, rules_cache: 
     withdrawn = series_moved.moved_series_triples(stale, subscribed)
     if not withdrawn:
         return
-    known = sql.series_known_until(conn, set(withdrawn), lo)
+    known = plan_history.series_known_until(conn, set(withdrawn), lo)
     found = series_moved.passed_unplanned(withdrawn, known, subscribed,
                                           {sid: rules for sid, (rules, _) in rules_cache.items()}, lo, now, lineage)
     if not found:
         return
-    ids = sql.insert_obligations_if_new(conn, [new_obligation_row(ob, now) for ob, _, _ in found])
+    ids = notice_rows.insert_obligations_if_new(conn, [new_obligation_row(ob, now) for ob, _, _ in found])
     top = {id(t): max(o.nominal_seconds for o in t.offsets) for _, _, t in found}
     rows = [missed_row(ids[ob.key], ob.key, ch, top[id(t)], old_due, ob.due_at, now)
             for ob, old_due, t in found if ob.key in ids for ch in sorted(t.channels)]
-    written = sql.insert_notices(conn, rows)
+    written = notice_rows.insert_notices(conn, rows)
     out.obligations_inserted += len(ids)
     out.alerts_inserted += written
     out.moved_into_past_missed += written

@@ -2,7 +2,7 @@
 corrections (a deadline moved; one restored after its cancellation), reminders left for the delivery
 sweep to escalate as missed (a deadline moved into the past, or one that passed while its source was
 not fetched), cancellation notices, and the reasons these rows carry. Pure: rows are dicts in the
-``alerts`` table's columns, written by the caller (``store.planning.insert_notices``)."""
+``alerts`` table's columns, written by the caller (``store.notice_rows.insert_notices``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
 
 def time_data_cause(stored: dict, ob: PlannedObligation) -> str | None:
     """Why obligation ``ob`` moved although its rule did not: ``stored`` is the obligation as it was
-    (``rule_version``, ``zone_data``, ``calendar_data``: :class:`~deadline_pipeline.store.planning.StagedDiff`
+    (``rule_version``, ``zone_data``, ``calendar_data``: :class:`~deadline_pipeline.store.merge.StagedDiff`
     ``moved``). Returns e.g. "the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)",
     the working-day calendar's upgrade, both joined by "; ", or ``None`` (the rule changed, or no
     recorded version did: a NULL is "planned before versions were recorded", not a version)."""

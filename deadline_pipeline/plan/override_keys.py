@@ -21,7 +21,7 @@ from deadline_pipeline.plan.keys import retired_key
 from deadline_pipeline.plan.planner import PlannedObligation, Target, plan_obligations
 from deadline_pipeline.plan.recurrence import REPLACES
 from deadline_pipeline.plan.scope import series_of
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import unplanned
 
 if TYPE_CHECKING:
     from deadline_pipeline.plan.outcome import PlanOutcome
@@ -67,7 +67,7 @@ def rekey_legacy_overrides(conn, targets: list[Target], rules_cache: dict, linea
     ``horizon_end``: the run's window start and the planning horizon's end (aware UTC)."""
     overrides = {sid: sorted(rule.rule_id for _, rule in rules if REPLACES in rule.extra)
                  for sid, (rules, _withdrawn) in rules_cache.items()}
-    legacy = sql.override_obligations_keyed_once(conn, {sid: ids for sid, ids in overrides.items() if ids})
+    legacy = unplanned.override_obligations_keyed_once(conn, {sid: ids for sid, ids in overrides.items() if ids})
     if not legacy:
         return
     subscribed = {(t.subscriber_id, t.source_id): t for t in targets}
@@ -84,7 +84,7 @@ def rekey_legacy_overrides(conn, targets: list[Target], rules_cache: dict, linea
         ob = plans[memo].get(r.rule_id)
         if ob is None or ob.key == r.obligation_key:
             continue
-        if sql.rekey_obligation(conn, r.id, ob.key, ob.period, retired_key(ob.key, r.id)):
+        if unplanned.rekey_obligation(conn, r.id, ob.key, ob.period, retired_key(ob.key, r.id)):
             out.obligations_rekeyed += 1
         else:
             log.warning("planning: obligation %s of override %s not re-keyed: an active obligation holds its key %s",

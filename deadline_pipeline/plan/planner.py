@@ -399,7 +399,7 @@ RULE_ID_SAMPLE = 5
 
 # A source's withdrawn rules: rule id -> the kinds of the record it last had
 # (:func:`~deadline_pipeline.rules.rule_kinds` of its last record,
-# :func:`~deadline_pipeline.store.planning.active_rules`).
+# :func:`~deadline_pipeline.store.plan_inputs.active_rules`).
 Withdrawn = Mapping[str, Collection[str]]
 
 
@@ -580,7 +580,7 @@ def renamed_out_problem(target: Target, lineage: dict[str, str],
     patterns match an id the rule had (its first id, or one between) but not the id it has now, so
     its obligations are withdrawn although the source still states the deadline. ``None`` when there
     is none. ``lineage``: active rule id → the first id of a renamed rule
-    (:attr:`~deadline_pipeline.store.planning.SourceRules.lineage`); ``recorded_lineage``: every
+    (:attr:`~deadline_pipeline.store.plan_inputs.SourceRules.lineage`); ``recorded_lineage``: every
     renamed id, active or withdrawn → its first id, which gives the ids between.
 
     A publisher moving ``filing-1@x`` to ``irs-filing-1@x`` under ``rules: ["filing-*"]`` had every
@@ -617,7 +617,7 @@ def plan_target(target: Target, rules: Iterable[tuple[int, RuleRecord]], now: da
     zone, unreadable RRULE) is reported as a problem and skipped alone — never the other rules; a rule
     whose expansion is cut at the occurrence cap is planned up to the cut and reported as a problem.
     ``lineage``: rule_id → the id its obligations are keyed on (a renamed rule keeps its first id's
-    obligations and their history; :attr:`~deadline_pipeline.store.planning.SourceRules.lineage`).
+    obligations and their history; :attr:`~deadline_pipeline.store.plan_inputs.SourceRules.lineage`).
     Whether the subscription selects any rule at all is not judged here (it is one judgement per
     subscription, not per subscriber: :func:`subscription_selection_problems`).
     """

@@ -10,7 +10,7 @@ so the revised series' Monday is a new obligation, found here instead.
 
 Which past occurrences the subscriber was never told of: those of the revised series due after the
 last occurrence they knew (the latest stored due instant before the planning window, or the first
-time they were planned for the rule if later: :func:`~deadline_pipeline.store.planning.series_known_until`)
+time they were planned for the rule if later: :func:`~deadline_pipeline.store.plan_history.series_known_until`)
 and before the window, for a subscriber still subscribed whose occurrence ahead the revision
 withdrew (the evidence that the series moved: an EXDATE alone leaves nothing new in the past, and a
 series merely extended into the past is history published late, not a move). Each gets one
@@ -44,7 +44,7 @@ def passed_unplanned(withdrawn: dict[tuple[int, int, str], datetime], known_unti
                      subscribed: dict, rules: dict[int, list[tuple[int, RuleRecord]]], lo: datetime, now: datetime,
                      lineage: dict[int, dict[str, str]]) -> list[tuple[PlannedObligation, datetime, Target]]:
     """The occurrences of each revised series (``withdrawn``: :func:`moved_series_triples`) due after
-    ``known_until`` (that triple's :func:`~deadline_pipeline.store.planning.series_known_until`) and
+    ``known_until`` (that triple's :func:`~deadline_pipeline.store.plan_history.series_known_until`) and
     before both ``lo`` (the planning window's start) and ``now - GRACE`` (really past: a partition's
     ``lo`` may lie ahead of a month still to be planned), as (obligation, the withdrawn occurrence's
     due instant, target). ``rules``: source id → ``(version, record)`` pairs in force; ``lineage``:

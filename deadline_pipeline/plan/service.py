@@ -58,7 +58,7 @@ from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.plan.scope import RuleScope, series_of
 from deadline_pipeline.plan.subscriber_hold import SubscriberHold, judge_removal
 from deadline_pipeline.rules import RuleRecord
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import mirror, new_rows, plan_history, plan_inputs, revisions, staging
 from deadline_pipeline.store.sources import all_sources, find_source, sync_source
 from deadline_pipeline.timezones import ambiguous_abbreviation, inverted_sign
 
@@ -247,18 +247,18 @@ def sync_configuration(engine: Engine, cfg: DeadlinesConfig, *, accept_removals:
             row = sync_source(conn, name=s.name, tenant=s.tenant, fmt=s.format, location=s.location,
                               freshness_seconds=int(s.freshness_window.total_seconds()))
             src_ids[s.name] = row.id
-        active = sql.active_subscriber_ids(conn)
-        hold = judge_removal({s.id for s in cfg.subscribers}, set(active), sql.subscribers_owed_reminders(conn),
+        active = mirror.active_subscriber_ids(conn)
+        hold = judge_removal({s.id for s in cfg.subscribers}, set(active), mirror.subscribers_owed_reminders(conn),
                              cfg.plan.max_subscriber_withdraw_share,
                              cfg.subscribers_csv or "the configuration's subscribers")
         kept = {} if hold is None or accept_removals else {ext: active[ext] for ext in hold.kept}
-        # Generators: the store reads and writes them a page at a time (sql.MIRROR_PAGE).
-        sub_ids = sql.sync_subscribers(conn, (
+        # Generators: the store reads and writes them a page at a time (mirror.MIRROR_PAGE).
+        sub_ids = mirror.sync_subscribers(conn, (
             dict(external_id=s.id, tenant=s.tenant, email=s.email, webhook_url=s.webhook_url, timezone=s.timezone,
                  quiet_hours=s.quiet_hours, caldav_url=s.caldav_url, apprise_target=s.apprise_target)
             for s in cfg.subscribers
         ), keep=kept)
-        sql.sync_subscriptions(conn, _subscription_rows(cfg, src_ids, sub_ids), keep_subscribers=kept.values())
+        mirror.sync_subscriptions(conn, _subscription_rows(cfg, src_ids, sub_ids), keep_subscribers=kept.values())
     return hold
 
 
@@ -371,7 +371,7 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
                 holiday_source = find_source(conn, name)
                 if holiday_source is None:
                     raise ValueError(f"holiday source {name!r} was never ingested")
-                rules, _ = sql.active_rules(conn, holiday_source.id)
+                rules, _ = plan_inputs.active_rules(conn, holiday_source.id)
                 days = {date.fromisoformat(r.start[:10]) for _, r in rules
                         if not division or r.rule_id.startswith(division + "/")}
                 if not days:
@@ -423,10 +423,10 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
     for note in notes:
         log.warning("planning: %s", note)
     with engine.begin() as conn:
-        if sql.lock_planning(conn):
+        if staging.lock_planning(conn):
             log.info("planning: waited for another planning run of this store to finish")
-        sql.without_jit(conn)
-        targets = targets_from_rows(cfg, sql.active_targets(conn), out, business_calendars(conn, cfg, out))
+        staging.without_jit(conn)
+        targets = targets_from_rows(cfg, plan_inputs.active_targets(conn), out, business_calendars(conn, cfg, out))
         if scope is not None:
             scope = scope.with_whole_sources(_rolled_over(conn, cfg, scope.source_ids))
             targets = [t for t in targets if t.source_id in scope.source_ids]
@@ -445,13 +445,13 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # pairs are read only for sources with such a deadline — usually none, and the read scans
         # every stored obligation of its sources, which would make a scoped run cost the store.
         judged = escalations.judge_sources(conn, targets, now)
-        watched = sql.planned_pairs(conn, [sid for sid, found in judged.items() if found])
+        watched = plan_history.planned_pairs(conn, [sid for sid, found in judged.items() if found])
         override_keys.rekey_legacy_overrides(conn, targets, rules_cache, lineage, lo, horizon_end, out)
-        sql.create_stage(conn)
+        staging.create_stage(conn)
         failed_rules = _plan_in_chunks(conn, targets, rules_cache, lineage, now, horizon, lo, hi, out)
-        sql.analyze_planned(conn)
+        staging.analyze_planned(conn)
         if out.obligations_inserted + out.alerts_inserted >= ANALYZE_AFTER_ROWS:
-            sql.analyze_written(conn)
+            staging.analyze_written(conn)
         escalations.write_missed_while_unwatched(conn, targets, rules_cache, lineage, now, watched, judged, out)
         withdrawals.withdraw(conn, list(rules_cache) or [t.source_id for t in targets], lo, hi, failed_rules,
                              {(t.subscriber_id, t.source_id): t for t in targets}, rules_cache, now, out,
@@ -460,7 +460,7 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         # Not in a `finally`: on an error the transaction rolls back, and the staging tables made in it
         # with it, while a DROP on PostgreSQL's aborted transaction failed and was reported instead of
         # the error (a concurrent run's KeyError read "current transaction is aborted").
-        sql.drop_stage(conn)
+        staging.drop_stage(conn)
     return out
 
 
@@ -468,14 +468,14 @@ def _read_rules(conn, targets: list[Target], out: PlanOutcome) -> tuple[dict[int
                                                                         dict[int, dict[str, str]]]:
     """The rules of every target's source, read once per source: source id → (active rules with their
     RECURRENCE-ID overrides folded, :func:`fold_overrides`; withdrawn rule ids), source id →
-    :attr:`~deadline_pipeline.store.planning.SourceRules.lineage` and →
-    :attr:`~deadline_pipeline.store.planning.SourceRules.recorded_lineage`."""
+    :attr:`~deadline_pipeline.store.plan_inputs.SourceRules.lineage` and →
+    :attr:`~deadline_pipeline.store.plan_inputs.SourceRules.recorded_lineage`."""
     rules_cache: dict[int, tuple] = {}
     lineage: dict[int, dict[str, str]] = {}
     recorded_lineage: dict[int, dict[str, str]] = {}
     for t in targets:
         if t.source_id not in rules_cache:
-            read = sql.source_rules(conn, t.source_id)
+            read = plan_inputs.source_rules(conn, t.source_id)
             rules_cache[t.source_id] = (fold_overrides(read.active, t.source, out), read.withdrawn)
             lineage[t.source_id] = read.lineage
             recorded_lineage[t.source_id] = read.recorded_lineage
@@ -493,7 +493,7 @@ def _plan_in_chunks(conn, targets: list[Target], rules_cache: dict[int, tuple], 
     # A store without obligations gets new chunks only, until one turns out not to be new:
     # while that holds, the planning thread also builds each chunk's alert rows and binary COPY
     # fields (PostgreSQL, where new chunks are written directly; SQLite merges every chunk).
-    expect_new = {"new": conn.dialect.name == "postgresql" and sql.store_has_no_obligations(conn)}
+    expect_new = {"new": conn.dialect.name == "postgresql" and new_rows.store_has_no_obligations(conn)}
     prepared = (chunks.prepare(chunk, now, cache, expect_new["new"]) for chunk in chunks.planned_chunks(
         targets, rules_cache, now, horizon, lo, hi, out, lineage, failed_rules, cache,
         start_small=expect_new["new"]))
@@ -516,7 +516,7 @@ def _scoped_rule_ids(scope: RuleScope | None, rules_cache: dict[int, tuple],
     """source id → the rule ids a scoped re-plan plans and may withdraw (:meth:`RuleScope.rule_ids`:
     ``None`` for every rule of that source), for every source in ``rules_cache``; ``None`` without a
     scope (every rule of every source). ``recorded_lineage``: source id →
-    :attr:`~deadline_pipeline.store.planning.SourceRules.recorded_lineage`."""
+    :attr:`~deadline_pipeline.store.plan_inputs.SourceRules.recorded_lineage`."""
     if scope is None:
         return None
     return {sid: scope.rule_ids(sid, rules, withdrawn, recorded_lineage[sid])
@@ -538,7 +538,7 @@ def changed_rules(engine: Engine, since_version_id: int, until_version_id: int) 
     """The rules changed by the rule versions with ``since_version_id < id <= until_version_id``, as the
     :class:`~deadline_pipeline.plan.scope.RuleScope` of a revision re-plan; ``None`` when there are none."""
     with engine.connect() as conn:
-        changed = sql.rule_versions_between(conn, since_version_id, until_version_id)
+        changed = revisions.rule_versions_between(conn, since_version_id, until_version_id)
     if not changed:
         return None
     return RuleScope(frozenset((source_id, rule_id) for source_id, rule_id, _, _ in changed),
@@ -553,7 +553,7 @@ def subscriptions_selection_problems(targets: list[Target], rules_cache: dict[in
     (:func:`~deadline_pipeline.plan.planner.renamed_out_problem`), judged once per subscription over
     its sources — not per subscriber, whose targets differ only in who is reminded. ``rules_cache``:
     source id → (active rules, withdrawn rules) of every target's source; ``lineage`` /
-    ``recorded_lineage``: source id → that source's :class:`~deadline_pipeline.store.planning.SourceRules`
+    ``recorded_lineage``: source id → that source's :class:`~deadline_pipeline.store.plan_inputs.SourceRules`
     maps. Costs one dict look-up per target."""
     by_subscription: dict[tuple, dict[int, Target]] = {}
     for t in targets:
@@ -583,7 +583,7 @@ def _log_editions_left_out(target: Target, rules: list) -> None:
 
 
 # A run that inserted at least this many rows refreshes the tables' statistics before it reads them
-# again (see :func:`~deadline_pipeline.store.planning.analyze_written`).
+# again (see :func:`~deadline_pipeline.store.staging.analyze_written`).
 ANALYZE_AFTER_ROWS = 100_000
 
 
@@ -604,7 +604,7 @@ def _missing_contact(cfg: DeadlinesConfig, channel: str, row) -> str | None:
 def max_version_id(engine: Engine) -> int:
     """The highest ``rule_versions.id`` so far (0 when empty): versions created after it are "new"."""
     with engine.connect() as conn:
-        return sql.max_rule_version_id(conn)
+        return revisions.max_rule_version_id(conn)
 
 
 def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: int, now: datetime,
@@ -623,7 +623,7 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
     lo, hi = window(now, timedelta(days=cfg.plan.horizon_days))
     months: set[str] = set()
     with engine.connect() as conn:
-        changed = sql.rule_versions_between(conn, since_version_id, until_version_id)
+        changed = revisions.rule_versions_between(conn, since_version_id, until_version_id)
         if not changed:
             return []
         # New instants are rolled exactly as planning rolls them: a Saturday 31 October due date
@@ -638,20 +638,20 @@ def affected_partitions(engine: Engine, cfg: DeadlinesConfig, since_version_id: 
         # withdrew the filing rolled to Monday 3 May, and May was not planned until the next horizon run.
         rolled = _rolled_over(conn, cfg, {p[0] for p in pairs})
         # One query for the old instants: only obligations of the changed rules' sources are read.
-        for source_id, rule_id, due in sql.obligation_dues(conn, {p[0] for p in pairs} | rolled, lo, hi):
+        for source_id, rule_id, due in revisions.obligation_dues(conn, {p[0] for p in pairs} | rolled, lo, hi):
             if (source_id, rule_id) in pairs or source_id in rolled:
                 months.add(f"{due:%Y-%m}-01")
         new_rules = [(source_id, RuleRecord.from_payload(payload))
                      for source_id, _, withdrawn, payload in changed if not withdrawn]
         for source_id in sorted(rolled):
-            new_rules += [(source_id, r) for _, r in sql.active_rules(conn, source_id)[0]]
+            new_rules += [(source_id, r) for _, r in plan_inputs.active_rules(conn, source_id)[0]]
         # A changed or withdrawn RECURRENCE-ID override changes its master's occurrences (a cancelled
         # one taken back restores one; its own version had no obligation, so no month): the master's
         # current occurrences count too.
         masters = {(source_id, series_of(rule_id)) for source_id, rule_id, _, _ in changed
                    if series_of(rule_id) != rule_id}
         for source_id in sorted({s for s, _ in masters}):
-            new_rules += [(source_id, r) for _, r in sql.active_rules(conn, source_id)[0]
+            new_rules += [(source_id, r) for _, r in plan_inputs.active_rules(conn, source_id)[0]
                           if (source_id, r.rule_id) in masters]
         for source_id, rule in new_rules:
             rolling = calendars.get(name_of.get(source_id))

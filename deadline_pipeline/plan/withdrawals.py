@@ -17,7 +17,7 @@ from deadline_pipeline.plan.occurrences import GRACE
 from deadline_pipeline.plan.override_keys import replanned, series_claimants
 from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target
 from deadline_pipeline.plan.scope import series_of
-from deadline_pipeline.store import planning as sql
+from deadline_pipeline.store import notice_rows, supersession, unplanned
 
 if TYPE_CHECKING:
     from deadline_pipeline.plan.outcome import PlanOutcome
@@ -45,22 +45,22 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
     (:func:`~.escalations.escalate_series_moved_into_past`). ``rule_ids`` (a scoped re-plan): source id → the only
     rule ids whose obligations this run planned, and so may withdraw (``None``: every rule of that
     source); ``lineage``: source id → rule id → the id obligations are keyed on."""
-    stale = [r for r in sql.unplanned_obligations(conn, source_ids, lo, hi, rule_ids=rule_ids)
+    stale = [r for r in unplanned.unplanned_obligations(conn, source_ids, lo, hi, rule_ids=rule_ids)
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
     moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi), lineage or {})
     if moved:
         ids = sorted(moved)
-        delivered = sql.delivered_channels(conn, ids)
+        delivered = supersession.delivered_channels(conn, ids)
         reminders: dict[int, list[dict]] = {}
-        for a in sql.reminders_of(conn, ids):
+        for a in supersession.reminders_of(conn, ids):
             reminders.setdefault(a["obligation_id"], []).append(a)
         notices, missed = [], []
         for r in stale:
             if r.id in moved:
                 new_due, version, key, rule_id = moved[r.id]
-                sql.move_obligation(conn, r.id, new_due, version, now, rule_id=rule_id)
+                unplanned.move_obligation(conn, r.id, new_due, version, now, rule_id=rule_id)
                 notices.extend(correction_row(r.id, key, ch, r.revision + 1, r.due_at, new_due, now)
                                for ch in sorted(delivered.get(r.id, ())))
                 # Only a deadline really past: `lo` may be a partition's first day, and a move to an
@@ -68,9 +68,9 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
                 if new_due < now - GRACE:
                     missed.extend(_missed_rows(r, key, new_due, reminders.get(r.id, []),
                                                delivered.get(r.id, set()), now))
-        out.alerts_superseded += sql.supersede_other_instants(conn, ids, now)
-        out.corrections += sql.insert_notices(conn, notices)
-        written = sql.insert_notices(conn, missed)
+        out.alerts_superseded += supersession.supersede_other_instants(conn, ids, now)
+        out.corrections += notice_rows.insert_notices(conn, notices)
+        written = notice_rows.insert_notices(conn, missed)
         if written:
             out.moved_into_past_missed += written
             first = missed[0]
@@ -86,11 +86,11 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
     escalate_series_moved_into_past(conn, stale, subscribed, rules_cache, lo, now, lineage or {}, out)
     by_rule = [r for r in stale if (r.subscriber_id, r.source_id) in subscribed
                and (r.subscriber_id, r.source_id, r.rule_id) not in filtered]
-    delivered = sql.delivered_channels(conn, [r.id for r in by_rule])
+    delivered = supersession.delivered_channels(conn, [r.id for r in by_rule])
     out.obligations_withdrawn = len(stale)
-    out.alerts_cancelled += sql.withdraw_obligations(
+    out.alerts_cancelled += unplanned.withdraw_obligations(
         conn, [r.id for r in stale], "the rule, subscription or subscriber no longer asks for this obligation", now)
-    out.cancellation_notices += sql.insert_notices(conn, [
+    out.cancellation_notices += notice_rows.insert_notices(conn, [
         cancellation_row(r.id, r.obligation_key, channel, r.revision, r.due_at, now)
         for r in by_rule for channel in sorted(delivered.get(r.id, ()))])
 
@@ -133,7 +133,7 @@ def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetim
 def _missed_rows(r, key: str, new_due: datetime, reminders: list[dict], delivered: set[str],
                  now: datetime) -> list[dict]:
     """:func:`~.notices.missed_row` for each channel of stale obligation ``r`` that has reminder rows but none
-    delivered (``reminders``: its reminder rows, :func:`~deadline_pipeline.store.planning.reminders_of`)."""
+    delivered (``reminders``: its reminder rows, :func:`~deadline_pipeline.store.supersession.reminders_of`)."""
     latest: dict[str, int] = {}
     for a in reminders:
         if a["channel"] not in delivered:

@@ -407,9 +407,9 @@ def latest_rule_versions(conn: Connection) -> dict[int, dict[str, dict]]:
     """source_id → rule_id → the latest version of every rule, withdrawn ones too, as dicts with
     ``payload`` (dict), ``valid_from`` (aware UTC: when that version came into force, i.e. was
     ingested), ``withdrawn`` (bool) and ``lineage`` (the id its obligations are keyed on after a rename,
-    each claim resolved as planning resolves it: :func:`~deadline_pipeline.store.planning.claimed_lineage`;
+    each claim resolved as planning resolves it: :func:`~deadline_pipeline.store.plan_inputs.claimed_lineage`;
     absent for a rule keyed on its own id). One query."""
-    from deadline_pipeline.store.planning import claimed_lineage
+    from deadline_pipeline.store.plan_inputs import claimed_lineage
 
     latest = (select(rule_versions.c.source_id, rule_versions.c.rule_id,
                      func.max(rule_versions.c.version).label("v"))

@@ -17,7 +17,7 @@ from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.ingest.parsers.base import ParseProblem
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store.health import latest_rule_versions, rule_versions_with_reports
-from deadline_pipeline.store.planning import active_targets, claimed_lineage, source_rules
+from deadline_pipeline.store.plan_inputs import active_targets, claimed_lineage, source_rules
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class SourceReading:
     ``rules``: ``(version, RuleRecord)`` with RECURRENCE-ID overrides folded into their masters
     (:func:`~deadline_pipeline.plan.service.fold_overrides`), each keeping its version. ``lineage``:
     rule id → the id its obligations are keyed on, for the renamed rules read, each claim resolved
-    (:func:`~deadline_pipeline.store.planning.claimed_lineage`). ``valid_from``: rule id (each record
+    (:func:`~deadline_pipeline.store.plan_inputs.claimed_lineage`). ``valid_from``: rule id (each record
     read, overrides included, before folding) → when the version read came into force (aware UTC).
     ``series_changed``: series (:func:`~deadline_pipeline.plan.scope.series_of`) → the newest
     ``valid_from`` of the latest versions of its rules, withdrawn ones included."""
@@ -54,7 +54,7 @@ def planning_view(conn, cfg: DeadlinesConfig, *, trust_withdrawals: bool) -> Pla
     ``trust_withdrawals``: whose word on a withdrawal is taken.
 
     * True — planning's: the latest version of each rule, a withdrawal withdrawing it
-      (:func:`~deadline_pipeline.store.planning.source_rules`, planning's own read). For judging
+      (:func:`~deadline_pipeline.store.plan_inputs.source_rules`, planning's own read). For judging
       whether planning did what it set out to do (``horizon_planned``): a rule planning rightly
       does not plan must not be red there.
     * False — the reconciliation's (:func:`rules_in_force`): a withdrawal made by a snapshot that

@@ -55,8 +55,9 @@ from deadline_pipeline.store.health import (
     planned_rules,
     reminder_outcomes,
 )
-from deadline_pipeline.store.planning import WITHDRAWN_REASON_PREFIX, reminder_statuses_of_rule
+from deadline_pipeline.store.plan_history import reminder_statuses_of_rule
 from deadline_pipeline.store.sources import freshness_window
+from deadline_pipeline.store.unplanned import WITHDRAWN_REASON_PREFIX
 from deadline_pipeline.watch.checks import CheckOutcome
 from deadline_pipeline.watch.planned import planning_view
 
