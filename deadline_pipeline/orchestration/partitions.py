@@ -6,7 +6,8 @@ first planning run recorded in the store (the ``plan`` heartbeat's first complet
 of the run being prepared. A fixed start years before any data made the catalog show almost every
 month missing and "Materialize all" target a century of empty months.
 
-Where they end: far enough ahead of the real clock for the configured horizon, and, for a replay
+Where they end: far enough ahead of the real clock for the configured horizon at any instant of any
+month the clock reads while the code location stays loaded, and, for a replay
 (``--as-of``), for the horizon after that instant, so no month a run must plan lacks its partition.
 """
 
@@ -62,22 +63,41 @@ def first_plan_month(db_url: str | None, clock_now: datetime) -> str:
     return month_key(start - GRACE)
 
 
+def months_ahead(horizon_days: int) -> int:
+    """The most months by which the month (UTC) of ``now + horizon_days`` can follow the month of
+    ``now``, over every instant ``now``: reached at a month's last instant, and judged over four
+    years of months so that every month length and a leap day are among them (366 days from 31
+    January 2027 end in February 2028, 13 months on; from 10 January, in January, 12 on)."""
+    worst = 0
+    for i in range(48):
+        year, month = 2024 + i // 12, i % 12 + 1
+        start = datetime(year, month, 1, tzinfo=UTC)
+        last_instant = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC) - timedelta(microseconds=1)
+        worst = max(worst, _months_between(month_key(start), month_key(last_instant + timedelta(days=horizon_days))))
+    return worst
+
+
 def plan_partitions(first_month: str, horizon_days: int = 366, through: datetime | None = None,
                     real_now: datetime | None = None) -> dg.MonthlyPartitionsDefinition:
-    """Monthly partitions from ``first_month`` (``YYYY-MM-01``) to the month of ``real_now +
-    horizon_days`` (real clock, moving with it), extended to the month of ``through + horizon_days``
-    when a replay's instant is later. Raises :class:`PartitionRangeError` for ``through`` more than
+    """Monthly partitions from ``first_month`` (``YYYY-MM-01``) to :func:`months_ahead` months after
+    the current month of the real clock (moving with it: whatever instant of whichever month the
+    clock reads, the month of ``now + horizon_days`` has its partition), extended to the month of
+    ``through + horizon_days`` when a replay's instant is later. ``real_now``: the load instant
+    (default the real clock). Raises :class:`PartitionRangeError` for ``through`` more than
     :data:`MAX_YEARS_AHEAD` years ahead."""
     real_now = real_now or datetime.now(UTC)
-    # end_offset counts months after the last complete one (the month before the current one).
+    # end_offset counts months after the last complete one (the month before the current one), and
+    # Dagster applies it to the month of the instant it evaluates at, not to the load instant: a
+    # code location loaded on 10 January (12 months ahead then) refused the hourly horizon plan all
+    # day on 31 January, whose horizon ends in the 13th month (PartitionRangeError in every tick).
     current = month_key(real_now)
-    last = month_key(real_now + timedelta(days=horizon_days))
+    ahead = months_ahead(horizon_days)
     if through is not None:
         if through > real_now + timedelta(days=365 * MAX_YEARS_AHEAD):
             raise PartitionRangeError(f"{instant_text(through)} is more than {MAX_YEARS_AHEAD} years ahead; plan "
                                       "partitions are not kept that far")
-        last = max(last, month_key(through + timedelta(days=horizon_days)))
-    return dg.MonthlyPartitionsDefinition(start_date=first_month, end_offset=_months_between(current, last) + 1)
+        ahead = max(ahead, _months_between(current, month_key(through + timedelta(days=horizon_days))))
+    return dg.MonthlyPartitionsDefinition(start_date=first_month, end_offset=ahead + 1)
 
 
 def horizon_range(now: datetime, horizon_days: int = 366,
