@@ -41,6 +41,32 @@ def _state(engine):
     return tuple(ob), rows
 
 
+def _planned(instance, tmp_path, db_url, event, as_of):
+    """``event`` ingested and the horizon planned at ``as_of``: the revision sensor's first tick."""
+    defs = build_definitions(_config(tmp_path, event), db_url=db_url, as_of=as_of)
+    assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+    _plan(defs, instance, as_of=as_of)
+    return _tick(defs, instance)
+
+
+def _revised(instance, tmp_path, db_url, event, as_of, cursor):
+    """The source revised to ``event`` and ingested at ``as_of``: (configuration path, definitions,
+    the revision sensor's tick from ``cursor``)."""
+    path = _config(tmp_path, event)
+    defs = build_definitions(path, db_url=db_url, as_of=as_of)
+    assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
+    return path, defs, _tick(defs, instance, cursor)
+
+
+def _plan(defs, instance, request=None, as_of=None):
+    """One successful plan_job run: the sensor's ``request`` (one month), else the horizon at ``as_of``."""
+    if request is not None:
+        run = dict(partition_key=request.partition_key, tags=request.tags)
+    else:
+        run = dict(tags=range_tags(*horizon_range(parse_instant(as_of))))
+    assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, **run).success
+
+
 @pytest.mark.parametrize("then", ["april", "horizon"])
 def test_deadline_moved_to_a_later_month_planned_old_month_first(tmp_path, db_url, then):
     """A moves from 15 March to 10 April after its -P7D reminder was delivered. The sensor requests
@@ -51,33 +77,20 @@ def test_deadline_moved_to_a_later_month_planned_old_month_first(tmp_path, db_ur
     the sensor's April run, or (a backfill of March alone) the hourly run of the horizon."""
     t0, t1 = "2027-03-01T00:00:00Z", "2027-03-09T00:00:00Z"
     with dg.instance_for_test() as instance:
-        defs = build_definitions(_config(tmp_path, A), db_url=db_url, as_of=t0)
-        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
-        tags = range_tags(*horizon_range(parse_instant(t0)))
-        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, tags=tags).success
-        first = _tick(defs, instance)
+        first = _planned(instance, tmp_path, db_url, A, t0)
         engine = make_engine(db_url)
         swept = deliver(engine, load_config(tmp_path / "deadlines.yaml")[0], parse_instant(t1))
         assert swept.delivered == 1  # -P7D, 8 March
 
-        path = _config(tmp_path, dict(A, dtstart="20270410T090000"))
-        defs = build_definitions(path, db_url=db_url, as_of=t1)
-        assert defs.resolve_job_def(INGEST_JOB).execute_in_process(instance=instance).success
-        tick = _tick(defs, instance, first.cursor)
+        path, defs, tick = _revised(instance, tmp_path, db_url, dict(A, dtstart="20270410T090000"), t1, first.cursor)
         assert _months(tick) == ["2027-03-01", "2027-04-01"]
         march, april = sorted(tick.run_requests, key=lambda r: r.partition_key)
-        assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
-            instance=instance, partition_key=march.partition_key, tags=march.tags).success
+        _plan(defs, instance, march)
         ob, rows = _state(engine)
         assert ob == ("active", parse_instant("2027-04-10T09:00:00Z"))
         assert not [r for r in rows if r[0] == "cancellation"], rows
 
-        if then == "april":
-            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
-                instance=instance, partition_key=april.partition_key, tags=april.tags).success
-        else:
-            assert defs.resolve_job_def(PLAN_JOB).execute_in_process(
-                instance=instance, tags=range_tags(*horizon_range(parse_instant(t1)))).success
+        _plan(defs, instance, april if then == "april" else None, as_of=t1)
         ob, rows = _state(engine)
         new_due = parse_instant("2027-04-10T09:00:00Z")
         assert ob == ("active", new_due)
@@ -129,3 +142,55 @@ def test_revised_holiday_replans_the_months_its_rolled_deadlines_move_between(tm
         assert _months(removed) == ["2027-04-01", "2027-05-01"]
         assert vat() == (("active", parse_instant("2027-04-30T11:00:00Z")), [parse_instant("2027-04-30T11:00:00Z")])
         engine.dispose()
+
+
+WEEKLY = {"uid": "w@test", "tzid": "America/Los_Angeles", "dtstart": "20270131T150000", "summary": "Weekly",
+          "rrule": "FREQ=WEEKLY;COUNT=2"}
+
+
+@pytest.mark.parametrize("then", ["february", "horizon"])
+def test_series_occurrence_moved_across_a_utc_month_end_planned_old_month_first(tmp_path, db_url, then):
+    """A weekly series in Los Angeles: Sunday 31 January at 15:00 (23:00Z, January's partition). Its
+    source moves the series to 23:30, and that occurrence keeps its key but is now due 07:30Z on
+    1 February, in February's partition, after its -P7D reminder was delivered. January's run (the
+    revision sensor's, or a backfill of January alone) must move it, as for a one-off: withdrawn, it
+    sent "Cancelled ... no further reminders will be sent" for a deadline that stands and cancelled
+    its reminders until February was planned."""
+    t0, t1 = "2027-01-20T00:00:00Z", "2027-01-25T00:00:00Z"
+    old_due, new_due = parse_instant("2027-01-31T23:00:00Z"), parse_instant("2027-02-01T07:30:00Z")
+    engine = make_engine(db_url)
+
+    def sunday():
+        with engine.connect() as conn:
+            ob = conn.execute(select(obligations.c.status, obligations.c.due_at)
+                              .where(obligations.c.period == "2027-01-31")).one()
+            rows = sorted(conn.execute(select(alerts.c.kind, alerts.c.due_at, alerts.c.offset_seconds,
+                                              alerts.c.status).where(alerts.c.obligation_id == select(
+                                                  obligations.c.id).where(obligations.c.period == "2027-01-31")
+                                                  .scalar_subquery())).all())
+        return tuple(ob), rows
+
+    with dg.instance_for_test() as instance:
+        first = _planned(instance, tmp_path, db_url, WEEKLY, t0)
+        assert sunday()[0] == ("active", old_due)
+        assert deliver(engine, load_config(tmp_path / "deadlines.yaml")[0], parse_instant(t1)).delivered == 1
+
+        path, defs, tick = _revised(instance, tmp_path, db_url, dict(WEEKLY, dtstart="20270131T233000"), t1,
+                                    first.cursor)
+        assert _months(tick) == ["2027-01-01", "2027-02-01"]
+        january, february = sorted(tick.run_requests, key=lambda r: r.partition_key)
+        _plan(defs, instance, january)
+        ob, rows = sunday()
+        assert ob == ("active", new_due)
+        assert not [r for r in rows if r[0] == "cancellation" or r[3] == "cancelled"], rows
+        assert ("correction", new_due, 0, "pending") in rows
+
+        _plan(defs, instance, february if then == "february" else None, as_of=t1)
+        ob, rows = sunday()
+        assert ob == ("active", new_due)
+        assert [(k, o, s) for k, due, o, s in rows if due == new_due] == [
+            ("correction", 0, "pending"), ("reminder", -7 * 86400, "pending"), ("reminder", -86400, "pending")]
+        deliver(engine, load_config(path)[0], parse_instant(t1))
+        subjects = mails(tmp_path)
+        assert len(subjects) == 2 and not any("ancel" in s for s in subjects), subjects
+    engine.dispose()

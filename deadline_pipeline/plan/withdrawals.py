@@ -6,7 +6,7 @@ the past reminders the delivery sweep escalates as missed)."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -15,7 +15,7 @@ from deadline_pipeline.plan.escalations import escalate_series_moved_into_past
 from deadline_pipeline.plan.notices import cancellation_row, correction_row, missed_row
 from deadline_pipeline.plan.occurrences import GRACE
 from deadline_pipeline.plan.override_keys import replanned, series_claimants
-from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target
+from deadline_pipeline.plan.planner import ONCE, PlannedObligation, Target, plan_obligations
 from deadline_pipeline.plan.scope import series_of
 from deadline_pipeline.store import notice_rows, supersession, unplanned
 
@@ -49,7 +49,8 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
              if (r.source_id, r.rule_id) not in failed_rules]
     if not stale:
         return
-    moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi), lineage or {})
+    moved = _moved_out_of_window(stale, subscribed, rules_cache, lo, hi, max(hi, horizon_end or hi), lineage or {},
+                                 now)
     if moved:
         ids = sorted(moved)
         delivered = supersession.delivered_channels(conn, ids)
@@ -96,12 +97,15 @@ def withdraw(conn, source_ids, lo, hi, failed_rules, subscribed: dict, rules_cac
 
 
 def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetime, hi: datetime,
-                        horizon_end: datetime, lineage: dict[int, dict[str, str]]) -> dict[int, tuple]:
+                        horizon_end: datetime, lineage: dict[int, dict[str, str]], now: datetime) -> dict[int, tuple]:
     """obligation id → (new due instant, rule version, obligation key, rule id) for the stale
     obligations whose deadline is still in force for a still-subscribed target but now falls outside
     this run's window ``[lo, hi]``: before ``lo`` (into the past, or an earlier month) or after ``hi``
     up to ``horizon_end`` (a later month of the horizon; all aware UTC). Such a deadline is a one-off
-    rule's, or an occurrence of a series that a RECURRENCE-ID override moved (:func:`~.override_keys.series_claimants`).
+    rule's, or an occurrence of a series that a RECURRENCE-ID override moved (:func:`~.override_keys.series_claimants`),
+    or an occurrence of a series whose revision moved it, under the same key, into another month of
+    the planning window at ``now`` (``now - GRACE`` through ``horizon_end``; one moved into the past
+    is escalated by :func:`~.escalations.escalate_series_moved_into_past`).
     It moved; it is not withdrawn: a partition's run that withdrew a deadline moved to the next month
     sent "Cancelled ... no further reminders will be sent" where a reminder was delivered, and
     cancelled its reminders until that month was planned. ``lineage``: source id → rule id → the id
@@ -122,7 +126,21 @@ def _moved_out_of_window(stale, subscribed: dict, rules_cache: dict, lo: datetim
             # withdraws hundreds of occurrences, and each would expand the master over the whole span.
             memo = (r.subscriber_id, r.source_id, series_of(r.rule_id))
             if memo not in series_plans:
-                obs = replanned(target, series_claimants(r, rules), lo, horizon_end, lineage.get(r.source_id))
+                claimants = series_claimants(r, rules)
+                if claimants:
+                    obs = replanned(target, claimants, lo, horizon_end, lineage.get(r.source_id))
+                else:
+                    # A series revised so that an occurrence keeps its key at an instant in another
+                    # UTC month (its time or zone changed: Sunday 31 January 15:00 Los Angeles,
+                    # 23:00Z, became 23:30, 07:30Z on 1 February): January's run alone withdrew it,
+                    # a cancellation notice went out where a reminder was delivered, and its
+                    # reminders stayed cancelled until February was planned. Expanded over the
+                    # planning window only, as planning expands it.
+                    master = [(v, rule) for v, rule in rules if rule.rule_id == series_of(r.rule_id)]
+                    obs = (plan_obligations(target, master, now, horizon_end - now,
+                                            before=horizon_end + timedelta(microseconds=1),
+                                            lineage=lineage.get(r.source_id))[0]
+                           if master and horizon_end > now else [])
                 series_plans[memo] = {o.key: o for o in obs}
             ob = series_plans[memo].get(r.obligation_key)
         if ob is not None and not lo <= ob.due_at <= hi and ob.due_at != r.due_at:
