@@ -127,3 +127,17 @@ def smtp_server():
     yield controller, handler
     if controller._thread is not None:
         controller.stop()
+
+
+@pytest.fixture(autouse=True)
+def _dagster_defs_state_storage_restored():
+    """Dagster's current defs-state storage (a ContextVar that ``with DagsterInstance`` sets) as it
+    was before the test. A test that evaluates a schedule tick and executes its run inside
+    ``instance_for_test`` left the disposed test instance's storage set in this thread, and the next
+    test that loaded Definitions failed with "Attempted to resolve undefined DagsterInstance weakref"
+    (test_planning's pipeline run and the UI test, when they ran after test_plan_partitions)."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    before = _current_storage.get()
+    yield
+    _current_storage.set(before)
