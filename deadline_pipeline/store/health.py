@@ -40,6 +40,18 @@ def _clock_offset(conn: Connection, host_clock: Callable[[], datetime] | None) -
     return (db_clock(conn) - host_now).total_seconds()
 
 
+def _process_fields(conn: Connection, host_clock: Callable[[], datetime] | None, *,
+                    replay: bool = False) -> dict[str, str | float | None]:
+    """The heartbeat columns that describe the writing process rather than its run, as column →
+    value: ``zone_data`` (IANA version), ``calendar_data`` (``holidays`` release) and
+    ``clock_offset_seconds`` (:func:`_clock_offset`; ``None`` for a ``replay``, whose instant is made
+    up). :func:`beat` and :func:`beat_started` both write and overwrite exactly these, so a field
+    added here is recorded at a run's start and at its end alike (a field only one of them wrote
+    would show, while a run is in progress, whichever process wrote the row before)."""
+    return {"zone_data": zone_data.version(), "calendar_data": calendar_data_version(),
+            "clock_offset_seconds": None if replay else _clock_offset(conn, host_clock)}
+
+
 def beat(conn: Connection, component: str, *, started_at: datetime, completed_at: datetime, outcome: str,
          detail: str | None = None, replay: bool = False, counts: dict[str, int] | None = None,
          host_clock: Callable[[], datetime] | None = None) -> None:
@@ -53,15 +65,14 @@ def beat(conn: Connection, component: str, *, started_at: datetime, completed_at
     ``clock_offset_seconds`` (see :func:`_clock_offset`), ``None`` for a replay, whose instant is made
     up: a sweeper whose host clock runs hours behind claims nothing due while the checks judging by
     its clock stay green, and ``clock_agrees`` on another host sees it only through this figure."""
-    offset = None if replay else _clock_offset(conn, host_clock)
+    process = _process_fields(conn, host_clock, replay=replay)
     upsert(conn, heartbeats, [dict(component=component, last_started_at=started_at,
                                    last_completed_at=completed_at, last_outcome=outcome,
                                    detail=redact_optional(detail),
                                    clock="replay" if replay else "live", first_completed_at=completed_at,
-                                   zone_data=zone_data.version(), calendar_data=calendar_data_version(),
-                                   counts=counts, clock_offset_seconds=offset)],
+                                   counts=counts, **process)],
            conflict=["component"], update=["last_started_at", "last_completed_at", "last_outcome", "detail",
-                                           "clock", "zone_data", "calendar_data", "counts", "clock_offset_seconds"])
+                                           "clock", "counts", *process])
     # A row created by beat_started has no first completion yet; this is it.
     conn.execute(update(heartbeats).where(heartbeats.c.component == component,
                                           heartbeats.c.first_completed_at.is_(None))
@@ -168,15 +179,12 @@ def beat_started(conn: Connection, component: str, started_at: datetime,
     """Record that a run of ``component`` started, leaving ``last_completed_at`` alone, so a run that
     dies half-way shows as "started at X, last completed long before" instead of leaving no trace.
     ``clock_offset_seconds`` is measured against ``host_clock`` as in :func:`beat`."""
+    process = _process_fields(conn, host_clock)
     ins = dialect_insert(conn, heartbeats).values(component=component, last_started_at=started_at,
-                                                  last_outcome="running", zone_data=zone_data.version(),
-                                                  calendar_data=calendar_data_version(),
-                                                  clock_offset_seconds=_clock_offset(conn, host_clock))
+                                                  last_outcome="running", **process)
     conn.execute(ins.on_conflict_do_update(index_elements=["component"],
                                            set_={"last_started_at": started_at, "last_outcome": "running",
-                                                 "zone_data": ins.excluded.zone_data,
-                                                 "calendar_data": ins.excluded.calendar_data,
-                                                 "clock_offset_seconds": ins.excluded.clock_offset_seconds}))
+                                                 **{name: ins.excluded[name] for name in process}}))
 
 
 def beat_failed(conn: Connection, component: str, error: str) -> None:
