@@ -3,9 +3,10 @@ planning coverage. Every instant is aware UTC; nothing here writes except the he
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, literal, or_, select, update
 
@@ -119,38 +120,68 @@ def first_plan_completion(conn: Connection) -> datetime | None:
                         .where(heartbeats.c.component.like("plan%"))).scalar_one()
 
 
-def time_data_by_component(conn: Connection, real_now: datetime,
+class LiveProcess(NamedTuple):
+    """What one live heartbeat recorded of the process that wrote it (:func:`live_processes`):
+    ``last_started_at`` / ``last_completed_at`` (aware UTC, by that process's clock; None: never),
+    ``zone_data`` / ``calendar_data`` (IANA version, ``holidays`` release) and
+    ``clock_offset_seconds`` (the store's clock minus the process's, seconds); each None when not
+    recorded (a heartbeat of a release before the record)."""
+
+    component: str
+    last_started_at: datetime | None
+    last_completed_at: datetime | None
+    zone_data: str | None
+    calendar_data: str | None
+    clock_offset_seconds: float | None
+
+
+# The one read behind time_data_by_component and clock_offsets_by_component: two statements over
+# the same rows could each be changed alone (a new live-ness rule in one) and the two checks would
+# then judge different sets of processes. A replay's heartbeat (clock = 'replay') proves nothing
+# about the processes serving the store.
+_LIVE_PROCESSES = select(heartbeats.c.component, heartbeats.c.last_started_at, heartbeats.c.last_completed_at,
+                         heartbeats.c.zone_data, heartbeats.c.calendar_data,
+                         heartbeats.c.clock_offset_seconds).where(heartbeats.c.clock == "live")
+
+
+def live_processes(conn: Connection) -> list[LiveProcess]:
+    """Every heartbeat written by the real clock, however old, in no set order (one row per
+    component: a handful). Which of them are recent is judged by :func:`time_data_by_component` and
+    :func:`clock_offsets_by_component`, each by its own clock."""
+    return [LiveProcess(*row) for row in conn.execute(_LIVE_PROCESSES).all()]
+
+
+def time_data_by_component(processes: Iterable[LiveProcess], real_now: datetime,
                            window: timedelta) -> dict[str, tuple[str | None, str | None]]:
-    """component → (IANA zone-data version, holiday-calendar release) its process recorded, for every
-    live heartbeat that completed or started within ``window`` before ``real_now`` (aware UTC) and
-    recorded either (``None``: not recorded, by a release before the record): the processes serving
-    the store now, whose versions must agree (see ``time_data_agrees``)."""
+    """component → (IANA zone-data version, holiday-calendar release) of each of ``processes``
+    (:func:`live_processes`) that completed or started within ``window`` before ``real_now`` (aware
+    UTC) and recorded either (``None``: not recorded, by a release before the record): the
+    processes serving the store now, whose versions must agree (see ``time_data_agrees``)."""
     since = real_now - window
-    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.zone_data, heartbeats.c.calendar_data).where(
-        heartbeats.c.clock == "live",
-        or_(heartbeats.c.zone_data.is_not(None), heartbeats.c.calendar_data.is_not(None)),
-        or_(heartbeats.c.last_completed_at >= since, heartbeats.c.last_started_at >= since)))
-    return {c: (z, k) for c, z, k in rows.all()}
+    return {p.component: (p.zone_data, p.calendar_data) for p in processes
+            if (p.zone_data is not None or p.calendar_data is not None)
+            and any(t is not None and t >= since for t in (p.last_completed_at, p.last_started_at))}
 
 
-def clock_offsets_by_component(conn: Connection, store_now: datetime, window: timedelta) -> dict[str, float]:
-    """component → ``clock_offset_seconds`` (the store's clock minus its process's, seconds) of every
-    live heartbeat that recorded one and was last written within ``window`` before ``store_now``
-    (aware UTC, the store's clock, :func:`~deadline_pipeline.store.db.db_clock`).
+def clock_offsets_by_component(processes: Iterable[LiveProcess], store_now: datetime,
+                               window: timedelta) -> dict[str, float]:
+    """component → ``clock_offset_seconds`` (the store's clock minus its process's, seconds) of each
+    of ``processes`` (:func:`live_processes`) that recorded one and was last written within
+    ``window`` before ``store_now`` (aware UTC, the store's clock,
+    :func:`~deadline_pipeline.store.db.db_clock`).
 
     When it was written is judged by the store's clock (the heartbeat's latest instant plus its
     offset), never by the instants it recorded: a host 3 hours behind stamps its heartbeats 3 hours
     in the past, and a window on those stamps would drop exactly the heartbeats that must be seen.
-    A replay's heartbeat (``clock = 'replay'``) records no offset and is never returned."""
+    A replay's heartbeat records no offset and is never among ``processes``."""
     since = store_now - window
-    rows = conn.execute(select(heartbeats.c.component, heartbeats.c.last_started_at,
-                               heartbeats.c.last_completed_at, heartbeats.c.clock_offset_seconds)
-                        .where(heartbeats.c.clock == "live", heartbeats.c.clock_offset_seconds.is_not(None)))
     found = {}
-    for component, started, completed, offset in rows.all():
-        stamps = [t for t in (started, completed) if t is not None]
-        if stamps and max(stamps) + timedelta(seconds=offset) >= since:
-            found[component] = offset
+    for p in processes:
+        if p.clock_offset_seconds is None:
+            continue
+        stamps = [t for t in (p.last_started_at, p.last_completed_at) if t is not None]
+        if stamps and max(stamps) + timedelta(seconds=p.clock_offset_seconds) >= since:
+            found[p.component] = p.clock_offset_seconds
     return found
 
 

@@ -494,7 +494,7 @@ def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOC
     with engine.connect() as conn:
         store_now = db_clock(conn)
         dialect = conn.dialect.name
-        recorded = health.clock_offsets_by_component(conn, store_now, window)
+        recorded = health.clock_offsets_by_component(health.live_processes(conn), store_now, window)
     offset = host_now - store_now
     seconds = offset.total_seconds()
     meta = {"offset_seconds": round(seconds, 3), "store_clock": instant_text(store_now),
@@ -547,7 +547,7 @@ def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = tim
     own = own or zone_data.version()
     own_calendar = own_calendar or calendar_data_version()
     with engine.connect() as conn:
-        seen = health.time_data_by_component(conn, real_now, window)
+        seen = health.time_data_by_component(health.live_processes(conn), real_now, window)
         planned_zone, planned_calendar, _ = health.plan_time_data(conn)
     # The horizon plan however old its heartbeat: its instants are the ones reminders go out at.
     seen = {**seen, "horizon plan": (planned_zone, planned_calendar), "this check": (own, own_calendar)}
