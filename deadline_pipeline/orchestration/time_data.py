@@ -22,21 +22,9 @@ from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.orchestration.partitions import PartitionRangeError, horizon_range, range_tags
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
 from deadline_pipeline.store import health
+from deadline_pipeline.watch.checks import time_data_change
 
 log = logging.getLogger(__name__)
-
-
-def time_data_change(planned_zone: str | None, planned_calendar: str | None, zone_in_force: str,
-                     calendar_in_force: str) -> list[str]:
-    """What changed between the time data the horizon was planned with and the data in force, as
-    phrases (``["IANA 2025b → 2026f", "holidays 0.108 → holidays 0.109"]``); empty when nothing did.
-    A version not recorded (``None``: a plan before its record) is no change."""
-    changes = []
-    if planned_zone and planned_zone != zone_in_force:
-        changes.append(f"IANA {planned_zone} → {zone_in_force}")
-    if planned_calendar and planned_calendar != calendar_in_force:
-        changes.append(f"{planned_calendar} → {calendar_in_force}")
-    return changes
 
 
 def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinition, horizon_days: int = 366):
@@ -66,7 +54,7 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
             return dg.SensorResult(skip_reason=f"the horizon was planned with IANA {planned_zone or zone_in_force} "
                                                f"and {planned_calendar or calendar_in_force}, the versions in force",
                                    cursor=f"{agreements + 1 if requested else agreements}|")
-        change = "; ".join(changes)
+        change = "; ".join(changes.values())
         if requested == change:
             # Requested once for this change already. Requested again on every evaluation until the
             # plan recorded the new data, each re-plan by processes on other time data than this

@@ -526,6 +526,24 @@ def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOC
                         "hosts judge ages by it too; fix NTP on each named host (timedatectl)", offenders, meta)
 
 
+def time_data_change(recorded_zone: str | None, recorded_calendar: str | None, zone_in_force: str,
+                     calendar_in_force: str) -> dict[str, str]:
+    """What differs between the time data a process recorded (the horizon plan's, a heartbeat's)
+    and the data in force, as heartbeat column → phrase, the zone first
+    (``{"zone_data": "IANA 2025b → 2026f", "calendar_data": "holidays 0.108 → holidays 0.109"}``);
+    empty when nothing does. A version not recorded (``None``: written by a release before the
+    record) is no change. The one comparison :func:`time_data_agrees` and the
+    ``replan_on_time_data`` sensor both make: two copies could disagree, the sensor seeing nothing
+    to re-plan while the check is red for the same horizon plan, or re-planning every minute while
+    the check is green."""
+    changes = {}
+    if recorded_zone and recorded_zone != zone_in_force:
+        changes["zone_data"] = f"IANA {recorded_zone} → {zone_in_force}"
+    if recorded_calendar and recorded_calendar != calendar_in_force:
+        changes["calendar_data"] = f"{recorded_calendar} → {calendar_in_force}"
+    return changes
+
+
 def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),
                      own: str | None = None, own_calendar: str | None = None) -> CheckOutcome:
     """Every process serving the store computes instants with one IANA zone-data version and one
@@ -553,17 +571,20 @@ def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = tim
     seen = {**seen, "horizon plan": (planned_zone, planned_calendar), "this check": (own, own_calendar)}
     zones = {c: z for c, (z, _k) in seen.items() if z}
     calendars = {c: k for c, (_z, k) in seen.items() if k}
-    if len(set(zones.values())) == 1 and len(set(calendars.values())) == 1:
+    changed = {c: time_data_change(z, k, own, own_calendar) for c, (z, k) in sorted(seen.items())}
+    zone_offenders = [{"component": c, "zone_data": zones[c]} for c, ch in changed.items() if "zone_data" in ch]
+    calendar_offenders = [{"component": c, "calendar_data": calendars[c]}
+                          for c, ch in changed.items() if "calendar_data" in ch]
+    if not zone_offenders and not calendar_offenders:
         return CheckOutcome("time_data_agrees", True, 0,
                             f"every process of the last {human_duration(window)} computes with IANA {own} and "
                             f"{own_calendar} ({', '.join(sorted(zones))})")
-    offenders = [*({"component": c, "zone_data": v} for c, v in sorted(zones.items()) if v != own),
-                 *({"component": c, "calendar_data": v} for c, v in sorted(calendars.items()) if v != own_calendar)]
+    offenders = [*zone_offenders, *calendar_offenders]
     parts = []
-    if len(set(zones.values())) > 1:
+    if zone_offenders:
         parts.append("processes compute instants with different time-zone data: "
                      + ", ".join(f"{c} IANA {v}" for c, v in sorted(zones.items())))
-    if len(set(calendars.values())) > 1:
+    if calendar_offenders:
         parts.append("processes roll business days with different holiday calendars: "
                      + ", ".join(f"{c} {v}" for c, v in sorted(calendars.items())))
     return CheckOutcome("time_data_agrees", False, len(offenders),
