@@ -188,6 +188,15 @@ def sweep_alive(engine: Engine, now: datetime, interval: timedelta = timedelta(m
 
 _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
 
+# The planning counts plan_complete reads from the heartbeats it judges (the full run's and newer
+# backfills', ``heartbeats.counts``), by how they combine across those runs. Per-run totals count
+# what each run did, so they add up.
+_PER_RUN_COUNTS = ("gap_rule_fallbacks", *OVERRIDE_FOLD_COUNTS)
+# Per-configuration facts describe what every run reads, not what one did: the zone notes describe
+# the subscriber list, which every month's run reads whole, so adding the runs' counts would
+# multiply them (one ambiguous zone said twice after a backfill); the largest is taken.
+_PER_CONFIGURATION_COUNTS = ("subscriber_zone_notes",)
+
 
 def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     """The last completed planning run had no planning problem (see the module docstring).
@@ -206,15 +215,17 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
     full = beats.get("plan") if beats.get("plan", {}).get("last_completed_at") else None
     judged = [b for b in done if b is full or full is None or b["last_completed_at"] > full["last_completed_at"]]
     out = _plan_complete_outcome(judged)
-    for name in ("gap_rule_fallbacks", *OVERRIDE_FOLD_COUNTS):
-        out.metadata[name] = sum(int((b.get("counts") or {}).get(name, 0)) for b in judged)
+    counts = [b.get("counts") or {} for b in judged]
+    for name in _PER_RUN_COUNTS:
+        out.metadata[name] = sum(int(c.get(name, 0)) for c in counts)
+    for name in _PER_CONFIGURATION_COUNTS:
+        out.metadata[name] = max((int(c.get(name, 0)) for c in counts), default=0)
     fallbacks = out.metadata["gap_rule_fallbacks"]
     if fallbacks:
         out.summary += (f"; {fallbacks} quiet-window edge(s) read by the gap rule: the zone data has an "
                         "offset change the planner's gap scan did not see (see the planning log)")
     # Said, not red: the zone is read as written, as a source's ambiguous zone is (rules_complete's notes).
-    zone_notes = max((int((b.get("counts") or {}).get("subscriber_zone_notes", 0)) for b in judged), default=0)
-    out.metadata["subscriber_zone_notes"] = zone_notes
+    zone_notes = out.metadata["subscriber_zone_notes"]
     if zone_notes:
         out.summary += (f"; {zone_notes} subscriber(s) have an ambiguous time zone (an abbreviation such as CST "
                         "or IANA's Etc/GMT±N, read as written; see the planning log for which, and write the "
