@@ -726,17 +726,22 @@ def report(args: argparse.Namespace, n: int, figs: dict, phases: dict[str, float
     return 0
 
 
-def warm_forkserver(series: list[int]) -> None:
-    """Start the forkserver the sweep's worker processes fork from, with the sweep imported, before
-    the rounds: its start (about a second of CPU importing the sweep) is paid once per host process,
-    not per delivery, and would otherwise land in the first multi-process round's cost."""
+def warm_forkserver(series: list[int], pg: str) -> None:
+    """Start the forkserver the sweep's worker processes fork from, with what the sweep preloads in
+    it (the sweep and the database driver of ``pg``), before the rounds: its start (about a second
+    of CPU importing the sweep) is paid once per host process, not per delivery, and would otherwise
+    land in the first multi-process round's cost."""
     if max(series) < 2 or "forkserver" not in multiprocessing.get_all_start_methods():
         return
     from multiprocessing import forkserver
 
     from deadline_pipeline.deliver import sweep as sweep_mod
+    from deadline_pipeline.deliver.workers import forkserver_preload
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload([sweep_mod._sweep_in_worker.__module__])
+    engine = make_engine(pg)  # for its dialect and driver; it does not connect
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        forkserver_preload(sweep_mod._sweep_in_worker, engine))
+    engine.dispose()
     forkserver.ensure_running()
 
 
@@ -749,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver.start()
     hook = f"http://127.0.0.1:{port_queue.get(timeout=30)}/hook"
     _METER = Meter(args.pg, receiver.pid)
-    warm_forkserver(args.series)
+    warm_forkserver(args.series, args.pg)
     lateness: tuple[list[float], list[float]] = ([], [])  # the sweep's p50 and p99 per round
     costs: dict[str, list[Cost]] = {}
     profiler = cProfile.Profile() if args.profile else None

@@ -372,3 +372,18 @@ def test_a_run_log_listing_the_first_errors_says_how_many_more_there_are(pg, pg_
     listed = [m for m in messages if m.startswith("alert ") and "HTTP 400" in m]
     assert len(listed) == 20, listed
     assert any(m.startswith("… and 5 more error(s)") for m in messages), messages[-5:]
+
+
+def test_the_forkserver_preloads_the_sweep_and_the_database_driver(pg_url):
+    """A worker forked before psycopg was imported imported it itself, in every sweep: about 70 ms of
+    CPU, half of a worker's start (benchmarks/README.md)."""
+    from deadline_pipeline.deliver.sweep import _sweep_in_worker
+    from deadline_pipeline.deliver.workers import forkserver_preload
+
+    engine = make_engine(pg_url)
+    try:
+        modules = forkserver_preload(_sweep_in_worker, engine)
+    finally:
+        engine.dispose()
+    assert modules[0] == "deadline_pipeline.deliver.sweep"
+    assert "psycopg" in modules and "sqlalchemy.dialects.postgresql.psycopg" in modules

@@ -307,3 +307,28 @@ def test_a_body_is_the_stdlib_json_bytes_of_its_document(title):
     doc = payload(n)
     assert _encode_body(doc) == json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     assert json.loads(_encode_body(doc))["data"]["title"] == title
+
+
+def _stdlib_response_id(text: str):
+    """The receiver's id as the standard library's JSON reader gives it: the reference."""
+    import json
+
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    value = data.get("id") if isinstance(data, dict) else None
+    return None if value is None or isinstance(value, dict | list) else str(value)
+
+
+@pytest.mark.parametrize("answer", [
+    "", "{}", '{"id": "msg-1"}', '{"id": 12}', '{"id": 1.5}', '{"id": true}', '{"id": null}',
+    '{"id": {"a": 1}}', '{"id": [1]}', "[1]", "not json", '{"id": "a", "id": "b"}',
+    # orjson refuses these, or reads them otherwise than the standard library:
+    '{"id": NaN}', '{"id": Infinity}', '{"id": 1e400}', '{"id": 123456789012345678901234567890}',
+    '{"id": -98765432109876543210}', '"\\ud800"', '{"id": "\\ud800"}',
+])
+def test_the_receivers_id_is_read_as_the_standard_library_reads_it(answer):
+    from deadline_pipeline.deliver.channels.webhook import response_id_of
+
+    assert response_id_of(answer) == _stdlib_response_id(answer)

@@ -28,6 +28,7 @@ other's locks; there the sweep runs in one process and says so in the log and in
 
 from __future__ import annotations
 
+import gc
 import logging
 import logging.handlers
 import multiprocessing
@@ -74,6 +75,21 @@ class _WorkerSpec:
     zone_data: zone_data.ZoneData
 
 
+def forkserver_preload(run_worker: WorkerFunction, engine: Engine) -> list[str]:
+    """The modules the forkserver imports once, before it forks any worker: the module of
+    ``run_worker`` (the sweep) and ``engine``'s SQLAlchemy dialect and database driver.
+
+    The driver is imported by SQLAlchemy only when an engine is first made: left to the worker, each
+    worker of each sweep imported psycopg again (about 70 ms of CPU, half of a worker's start; a
+    2-process sweep with nothing to send cost 0.20-0.22 s of CPU against 0.05-0.06 s for one
+    process, ``benchmarks/README.md``)."""
+    modules = [run_worker.__module__, type(engine.dialect).__module__]
+    dbapi = getattr(engine.dialect, "loaded_dbapi", None)
+    if dbapi is not None:
+        modules.append(dbapi.__name__)
+    return modules
+
+
 def check_picklable_clock(clock: Callable[[], datetime] | None) -> None:
     """Raise ``ValueError`` when ``clock`` cannot be sent to a worker process (a lambda, a bound
     method of an unpicklable object); ``None`` (the fixed ``now``) and module-level functions such
@@ -115,7 +131,7 @@ def run_in_processes(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, own
         # Workers fork from a server that has the sweep imported (the module of the function each
         # worker runs): a fork costs milliseconds, an import of the sweep's dependencies about a
         # second of CPU that the sending workers would lose.
-        ctx.set_forkserver_preload([run_worker.__module__])
+        ctx.set_forkserver_preload(forkserver_preload(run_worker, engine))
     else:  # Windows: each worker starts a fresh interpreter (slower to start, same sweep)
         ctx = multiprocessing.get_context("spawn")
     workers: list[_Worker] = []
@@ -272,6 +288,11 @@ class _PipeQueue:
 
 def _worker_main(spec: _WorkerSpec, index: int, send) -> None:
     from deadline_pipeline.store.db import make_engine
+
+    # Everything this process holds yet came from the forkserver: imported modules, never garbage.
+    # Frozen here, the full collection that starts a sweep (deliver.runtime.sweep_gc) no longer walks
+    # them - 35 ms of a worker's start, which also wrote to (and so copied) every page it visited.
+    gc.freeze()
 
     # The caller's environment at the call, not the forkserver's from when it started: a secret
     # rotated (or set by a test) since then must be the one used.

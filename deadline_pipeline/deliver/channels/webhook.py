@@ -331,11 +331,23 @@ def classify(channel: str, url: str, status: int, reason: str, headers: Mapping[
 
 
 def response_id_of(text: str) -> str | None:
-    """The ``"id"`` of a JSON object answer, else ``None`` (not JSON, not an object, no scalar id)."""
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:  # not JSON (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+    """The ``"id"`` of a JSON object answer, else ``None`` (not JSON, not an object, no scalar id).
+
+    Read by orjson (0.03 µs for the usual ``{}`` against 0.75 µs for the stdlib's, once per send on
+    the sweep's event loop). What orjson reads otherwise than the stdlib is read by the stdlib, so
+    the answer is the same either way: it refuses ``NaN``, and it reads an integer beyond 64 bits as
+    a float (``1.2345678901234568e+29``, where the stdlib keeps every digit)."""
+    if not text:
         return None
+    try:
+        data = orjson.loads(text)
+        if isinstance(data, dict) and isinstance(data.get("id"), float):
+            data = json.loads(text)
+    except ValueError:  # orjson.JSONDecodeError is a ValueError: refused by orjson, maybe not by the stdlib
+        try:
+            data = json.loads(text)
+        except ValueError:  # not JSON (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+            return None
     value = data.get("id") if isinstance(data, dict) else None
     if value is None or isinstance(value, dict | list):
         return None
