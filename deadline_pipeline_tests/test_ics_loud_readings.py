@@ -275,6 +275,103 @@ def test_an_old_rule_that_agrees_at_every_instant_used_says_nothing():
     assert len(result.rules) == 1 and result.problems == []
 
 
+# --- the calendar's zone (X-WR-TIMEZONE) defined by its own VTIMEZONE ----------------------------------
+
+def _floating(zone_name: str, vtz: list[str], *events: list[str]) -> bytes:
+    """A calendar whose floating times are in ``X-WR-TIMEZONE:zone_name``, with ``vtz`` (a VTIMEZONE or
+    nothing) before its ``events``."""
+    return _calendar(f"X-WR-TIMEZONE:{zone_name}", *vtz, *events).encode()
+
+
+def _due(rule) -> list[datetime]:
+    from deadline_pipeline.plan.occurrences import expand
+
+    return [o.due_at for o in expand(rule, resolve_zone(rule.tz), after=datetime(2027, 1, 1, tzinfo=UTC),
+                                     before=datetime(2028, 1, 1, tzinfo=UTC))]
+
+
+#: US Eastern time as a calendar defines it under an IANA name of a fixed offset, as Eastern with summer.
+EST_US = _us_rules("EST", "-0500", "-0400")
+
+
+@pytest.mark.parametrize(("vtz", "zone", "july", "january"), [
+    (EST_US, "America/New_York", 13, 14),
+    (_us_rules("MST", "-0700", "-0600"), "America/Denver", 15, 16),
+    (_us_rules("HST", "-1000", "-0900"), "America/Adak", 18, 19),
+])
+def test_x_wr_timezone_est_mst_hst_defined_with_daylight_saving_is_read_in_the_definition(vtz, zone, july, january):
+    """``X-WR-TIMEZONE:EST`` beside a VTIMEZONE ``TZID:EST`` with US daylight saving: the calendar's floating
+    times are in the zone it defines (RFC 5545 §3.6.5), as a ``TZID=EST`` value of it is. Before, they were
+    read in the fixed IANA zone ``EST``: 09:00 on 15 July was due at 14:00Z, an hour late, with only a note
+    that ``EST`` is winter time. The note is the VTIMEZONE's, as for a TZID parameter."""
+    tzid = vtz[1].removeprefix("TZID:")
+    result = parse_payload("ics", _floating(tzid, vtz, *_event("jul", "DTSTART:20270715T090000"),
+                                            *_event("jan", "DTSTART:20270115T090000")), source="s")
+    rules = {r.rule_id: r for r in result.rules}
+    assert {r.tz for r in rules.values()} == {zone}
+    assert _due(rules["jul"]) == [datetime(2027, 7, 15, july, tzinfo=UTC)]
+    assert _due(rules["jan"]) == [datetime(2027, 1, 15, january, tzinfo=UTC)]
+    assert [(p.position, p.message, p.skipped) for p in result.problems] == [(
+        "line 6", f"VTIMEZONE TZID={tzid} (line 6) defines other offsets than the IANA zone {tzid}, which has "
+        "no daylight saving; its values are read in the calendar's definition (RFC 5545 §3.6.5)", False)]
+
+
+@pytest.mark.parametrize("vtz", [[], _vtimezone("EST", ("STANDARD", "19700101T000000", "", "-0500", "-0500"))])
+def test_x_wr_timezone_est_without_daylight_saving_in_the_calendar_stays_the_fixed_zone(vtz):
+    """Without a VTIMEZONE of it, or with one that agrees with the fixed zone, ``X-WR-TIMEZONE:EST`` is the
+    IANA zone ``EST`` (UTC-05:00 all year), and 09:00 in July keeps its note that EST is winter time."""
+    result = parse_payload("ics", _floating("EST", vtz, *_event("jul", "DTSTART:20270715T090000")), source="s")
+    (rule,) = result.rules
+    assert rule.tz == "EST" and _due(rule) == [datetime(2027, 7, 15, 14, tzinfo=UTC)]
+    (note,) = result.problems
+    assert not note.skipped and note.message.startswith(
+        "start 2027-07-15T09:00:00 EST: EST is the standard (winter) time of America/New_York, which is on EDT "
+        "(UTC-04:00) on 2027-07-15; read as written (UTC-05:00), the deadline is 1 hour later"), note
+
+
+def test_x_wr_timezone_naming_a_zone_only_the_calendar_defines_is_read_in_the_definition():
+    """``X-WR-TIMEZONE:Customized Time Zone`` (no IANA or Windows name) with a VTIMEZONE of that TZID: its
+    floating times are read as the IANA zone with the definition's offsets and transitions, as a
+    ``TZID=Customized Time Zone`` value is. Before, every floating component was skipped: the name
+    "names no zone". One no IANA zone agrees with (US rules at UTC-04:30) still skips them, saying so."""
+    vtz = _us_rules("Customized Time Zone", "-0500", "-0400")
+    result = parse_payload("ics", _floating("Customized Time Zone", vtz, *_event("jul", "DTSTART:20270715T090000"),
+                                            *_event("jan", "DTSTART:20270115T090000")), source="s")
+    assert result.problems == []
+    rules = {r.rule_id: r for r in result.rules}
+    assert _due(rules["jul"]) == [datetime(2027, 7, 15, 13, tzinfo=UTC)]
+    assert _due(rules["jan"]) == [datetime(2027, 1, 15, 14, tzinfo=UTC)]
+    odd = _us_rules("Odd Time", "-0430", "-0330")
+    result = parse_payload("ics", _floating("Odd Time", odd, *_event("jul", "DTSTART:20270715T090000")), source="s")
+    assert result.rules == []
+    (problem,) = result.problems
+    assert problem.skipped and "read in the calendar's X-WR-TIMEZONE (line 4) 'Odd Time', which only its " \
+        "VTIMEZONE defines, and no IANA zone has its offsets and transitions" in problem.message, problem
+
+
+@pytest.mark.parametrize(("vtz", "summer"), [(EST_US, 13), (_us_rules("MST", "-0700", "-0600"), 15),
+                                             (_us_rules("Customized Time Zone", "-0500", "-0400"), 13)])
+def test_x_wr_timezone_defined_in_the_calendar_agrees_with_recurring_ical_events(vtz, summer):
+    """Differential: a weekly floating series across the March change and a July one-off, read in the
+    calendar's zone, give the instants recurring-ical-events gives for the same calendar written as RFC
+    5545 has it (each time with a TZID of the definition). That TZID is a name of the calendar's own: the
+    library reads ``TZID=EST`` as the fixed IANA zone whatever the VTIMEZONE says."""
+    from deadline_pipeline_tests.differential import ours, reference
+
+    name = vtz[1].removeprefix("TZID:")
+    window = (datetime(2027, 1, 1, tzinfo=UTC), datetime(2028, 1, 1, tzinfo=UTC))
+    written = _floating(name, vtz, *_event("series", "DTSTART:20270222T090000", "RRULE:FREQ=WEEKLY;COUNT=5"),
+                        *_event("once", "DTSTART:20270715T090000"))
+    standard = (written.decode().replace(f"X-WR-TIMEZONE:{name}\r\n", "")
+                .replace(f"TZID:{name}\r\n", "TZID:Defined here\r\n")
+                .replace("DTSTART:2027", "DTSTART;TZID=Defined here:2027")).encode()
+    expected = reference(standard, window)
+    assert ours(written, window) == expected
+    # The reference read the definition: the series' occurrence after 14 March and the July one in summer.
+    assert sum(expected.values()) == 6 and {("series", f"2027-03-15T{summer:02d}:00:00Z"),
+                                            ("once", f"2027-07-15T{summer:02d}:00:00Z")} <= set(expected)
+
+
 # --- an abbreviation out of its season ----------------------------------------------------------------
 
 @pytest.mark.parametrize(("fmt", "payload", "shown"), [

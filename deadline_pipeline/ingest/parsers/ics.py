@@ -24,7 +24,10 @@ What becomes of each component (section numbers are RFC 5545's):
   :func:`~deadline_pipeline.timezones.resolve_zone`, which also maps Windows zone names; a UTC time
   (``Z`` suffix, §3.3.5 form 2) gives ``"UTC"``; a floating time (§3.3.5 form 1) and an all-day date
   take the calendar's ``X-WR-TIMEZONE`` when present, else ``default_tz``, else ``None`` (read later
-  in the subscriber's zone) — never UTC. An ``X-WR-TIMEZONE`` that names no zone skips the
+  in the subscriber's zone) — never UTC. An ``X-WR-TIMEZONE`` that a VTIMEZONE of the calendar
+  defines is read as a TZID of that name is (see below): ``EST`` defined with US daylight saving is
+  ``America/New_York``, a name only the calendar defines the IANA zone its definition matches
+  (:func:`~.ics_values.calendar_zone`). An ``X-WR-TIMEZONE`` that names no zone skips the
   components with such a time, naming its line, value and the nearest zone name
   (:func:`~.ics_values.floating_zone_of`); the others are read.
 * A UTC time written with a TZID (``DTSTART;TZID=Europe/Berlin:20260725T121500Z``) is the UTC time:

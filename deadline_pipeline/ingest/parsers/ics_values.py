@@ -4,6 +4,7 @@ cannot be read raises (:class:`Skip`). Used by :mod:`.ics`."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,6 +19,7 @@ from deadline_pipeline.ingest.parsers.base import (
 )
 from deadline_pipeline.rules import format_local, year_problem
 from deadline_pipeline.timezones import (
+    EQUIVALENCE_YEARS,
     UnknownTimeZone,
     definition_overrides_guess,
     equivalent_iana_zone,
@@ -115,20 +117,28 @@ def _zoned_when(naive: datetime, tzid: str, library_zone: tzinfo | None, what: s
     """The wall time ``naive`` of property ``what`` written with ``tzid``, which the library read in
     ``library_zone`` (a ``ZoneInfo`` it mapped the name to, the calendar's VTIMEZONE of that TZID, or
     ``None``). Raises :class:`Skip` when the zone is neither known nor defined by the calendar."""
+    return When(naive, *_tzid_reading(tzid, library_zone, what))
+
+
+def _tzid_reading(tzid: str, library_zone: tzinfo | None, what: str) -> tuple[str, tzinfo, bool, str | None]:
+    """How a value of property ``what`` written in zone ``tzid`` is read: ``(zone name for the rule,
+    tzinfo, known, TZID as written when mapped to another name)``, the fields of :class:`When` after its
+    value. ``library_zone``: as for :func:`_zoned_when`. Raises :class:`Skip` when the zone is neither
+    known nor defined by the calendar."""
     library_zone = _READ_AS_DEFINED.get().get(tzid.strip().upper(), library_zone)
     defined = library_zone is not None and not isinstance(library_zone, ZoneInfo)
     # A guessed name (TZID:GMT-8, TZID:PST) whose VTIMEZONE defines other offsets is that definition
     # (§3.6.5): read as the guess, GMT-8 defined as UTC+8 was due sixteen hours late.
     if not (defined and definition_overrides_guess(library_zone, tzid)):
         try:
-            return When(naive, tzid, resolve_zone(tzid))
+            return tzid, resolve_zone(tzid), True, None
         except UnknownTimeZone:
             pass
     if isinstance(library_zone, ZoneInfo):  # the library mapped the name to an IANA zone
         # Read again in the zone data in force: the library's own ZoneInfo is the tzdata package's
         # copy where a system folder in force lacks the key (zone_data.key_in_force).
         try:
-            return When(naive, library_zone.key, resolve_zone(library_zone.key))
+            return library_zone.key, resolve_zone(library_zone.key), True, None
         except UnknownTimeZone as exc:
             raise Skip(f"{what} has TZID {tzid!r}: {exc}") from None
     if library_zone is not None:  # defined by a VTIMEZONE of this calendar
@@ -136,8 +146,8 @@ def _zoned_when(naive: datetime, tzid: str, library_zone: tzinfo | None, what: s
         # same offsets and transitions, so the rule can be planned like any other.
         iana = equivalent_iana_zone(library_zone, tzid)
         if iana is not None:
-            return When(naive, iana, resolve_zone(iana), written=tzid)
-        return When(naive, tzid, library_zone, known=False)
+            return iana, resolve_zone(iana), True, tzid
+        return tzid, library_zone, False, None
     raise Skip(f"{what} has TZID {tzid!r}, a zone that is neither known nor defined "
                 "by a VTIMEZONE in this calendar")
 
@@ -171,20 +181,58 @@ def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
     :func:`~deadline_pipeline.timezones.resolve_zone` does not know is an :class:`UnreadableZone`
     naming its line (found in ``lines``, the unfolded lines with their physical numbers), its value and
     the nearest zone name. ``default_tz`` is not put in its place: the calendar says its floating times
-    are in another zone, so ``default_tz`` (or each subscriber's zone) would be a guess, hours off."""
+    are in another zone, so ``default_tz`` (or each subscriber's zone) would be a guess, hours off.
+
+    An X-WR-TIMEZONE that a VTIMEZONE of ``cal`` defines (same TZID, any case) is read as a TZID
+    parameter of that name is (:func:`_zoned_when`): an IANA or Windows name stays that zone, but
+    ``EST``/``MST``/``HST`` or a guessed name (``GMT-8``) whose definition gives other offsets, and a
+    name only the calendar defines (``Customized Time Zone``), are the IANA zone with the definition's
+    offsets and transitions (:func:`~deadline_pipeline.timezones.equivalent_iana_zone`). Read as the
+    fixed IANA zone ``EST``, 09:00 in July of a calendar defining ``EST`` with US daylight saving was due
+    at 14:00Z, an hour late; a name only the calendar defined skipped every floating component. A
+    definition no IANA zone agrees with is an :class:`UnreadableZone`: a rule cannot carry it."""
     declared = cal.get("X-WR-TIMEZONE") if cal.name == "VCALENDAR" else None
     if declared is None or not str(declared).strip():
         return default_tz
     name = str(declared).strip()
+    number = next((n for n, body in lines if body.partition(":")[0].strip().upper() == "X-WR-TIMEZONE"
+                   and body.partition(":")[2].strip() == name), None)
+    where = f"X-WR-TIMEZONE{f' (line {number})' if number else ''} {name!r}"
+    definition = _definition_in(cal, name)
+    if definition is not None:
+        # A definition (neither None nor a ZoneInfo) is always read: no Skip comes of it.
+        tz, _zone, known, _written = _tzid_reading(name, definition, "X-WR-TIMEZONE")
+        if known:
+            return tz
+        return UnreadableZone(f"{where}, which only its VTIMEZONE defines, and no IANA zone has its offsets and "
+                              f"transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}")
     try:
         resolve_zone(name)
         return name
     except UnknownTimeZone as exc:
-        number = next((n for n, body in lines if body.partition(":")[0].strip().upper() == "X-WR-TIMEZONE"
-                       and body.partition(":")[2].strip() == name), None)
         close = near_name(name, zone_names())
-        return UnreadableZone(f"X-WR-TIMEZONE{f' (line {number})' if number else ''} {name!r}, which names no "
-                              f"zone ({f'did you mean {close}?' if close else exc})")
+        return UnreadableZone(f"{where}, which names no zone ({f'did you mean {close}?' if close else exc})")
+
+
+def vtimezone_definition(vtz: icalendar.cal.Component) -> tzinfo:
+    """The zone a VTIMEZONE component defines, built from its own rules (never the library's zone of
+    that TZID). Raises what the library raises for a definition it cannot build (``ValueError``,
+    ``KeyError``…)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return vtz.to_tz(lookup_tzid=False)
+
+
+def _definition_in(cal: icalendar.cal.Component, tzid: str) -> tzinfo | None:
+    """The zone the first VTIMEZONE of ``cal`` with TZID ``tzid`` (any case) defines; ``None`` when
+    there is none or the library cannot build it (the name is then read as any zone name is)."""
+    for vtz in cal.walk("VTIMEZONE"):
+        if str(vtz.get("TZID", "")).strip().upper() == tzid.upper():
+            try:
+                return vtimezone_definition(vtz)
+            except Exception:  # noqa: BLE001 — the library raises ValueError, KeyError…
+                return None
+    return None
 
 
 def floating_zone_of(start: When, zone: str | UnreadableZone | None, what: str) -> str | None:

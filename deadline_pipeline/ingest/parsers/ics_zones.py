@@ -6,7 +6,6 @@ uses, a note says so, naming both offsets (:func:`note_zone_read_anew`). A name 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 
@@ -16,7 +15,7 @@ from deadline_pipeline.ingest.parsers.base import (
     ParseProblem,
 )
 from deadline_pipeline.ingest.parsers.ics_lines import ScannedComponent, lines_of, named_lines
-from deadline_pipeline.ingest.parsers.ics_values import prop_list, written_value
+from deadline_pipeline.ingest.parsers.ics_values import prop_list, vtimezone_definition, written_value
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.rules import RuleRecord, format_local
 from deadline_pipeline.timezones import (
@@ -76,9 +75,7 @@ def zones_defined_anew(tops: list, lines: list[tuple[int, str]], problems: list[
                 continue  # the definition is the zone (read through equivalent_iana_zone)
             line = tzid_lines.get(tzid)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    ours = vtz.to_tz(lookup_tzid=False)
+                ours = vtimezone_definition(vtz)
             except Exception as exc:  # noqa: BLE001 — the library raises ValueError, KeyError…
                 problems.append(ParseProblem(f"line {line}" if line else f"VTIMEZONE TZID={tzid}", (
                     f"VTIMEZONE TZID={tzid} cannot be compared with the zone of that name, which is read instead: "
