@@ -1,12 +1,13 @@
 """Dagster wiring that makes a change of the time data in force a revision: the sensor that re-plans
-the whole horizon when the zone data or the holiday calendars planning last used are not the ones
-this process reads.
+the whole horizon when the zone data, the holiday calendars or the recurrence engine planning last
+used are not the ones this process reads.
 
 Why a sensor and not only the hourly horizon schedule: after a deploy that brings newer zone data
 (a ``tzdata`` upgrade, or a newer system folder under ``DEADLINE_ZONE_DATA=newest``), every reminder
 in a zone whose rules changed sits at the old instant until the next horizon run; a ``PT0S``
 reminder due in that hour arrives an hour late. A ``holidays`` upgrade that adds or moves a holiday
-does the same to a business-day-rolled deadline: its reminders stay a working day off. The sensor
+does the same to a business-day-rolled deadline: its reminders stay a working day off; so does a
+python-dateutil upgrade that expands an RRULE to other dates. The sensor
 asks one cheap question — which versions did the last horizon plan record in its heartbeat? — and
 requests the horizon at once.
 """
@@ -21,6 +22,7 @@ from deadline_pipeline import zone_data
 from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.orchestration.partitions import PartitionRangeError, horizon_range, range_tags
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
+from deadline_pipeline.recurrence_engine import recurrence_engine_version
 from deadline_pipeline.store import health
 from deadline_pipeline.watch.checks import time_data_change
 
@@ -29,30 +31,32 @@ log = logging.getLogger(__name__)
 
 def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinition, horizon_days: int = 366):
     """The ``replan_on_time_data`` sensor for ``plan_job``: one run of the whole horizon when the
-    ``plan`` heartbeat recorded another IANA zone-data version or ``holidays`` release than the ones
-    in force (run key per change and per plan that recorded it, so a change is re-planned once, and
+    ``plan`` heartbeat recorded another IANA zone-data version, ``holidays`` release or recurrence
+    engine than the ones in force (run key per change and per plan that recorded it, so a change is re-planned once, and
     again after a rollback). The cursor holds the change requested: it is not requested again until the
     plan and the versions in force have agreed once, so planning processes on other time data than the
     sensor's (time_data_agrees red) get one re-plan, not one a minute."""
 
     @dg.sensor(job=plan_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
                name="replan_on_time_data",
-               description="When the time-zone data or the holiday calendars in force differ from the versions the "
-                           "last horizon plan used, re-plan the whole horizon (moved reminders get corrections "
-                           "naming the change).")
+               description="When the time-zone data, the holiday calendars or the recurrence engine in force differ "
+                           "from the versions the last horizon plan used, re-plan the whole horizon (moved "
+                           "reminders get corrections naming the change).")
     def replan_on_time_data(context: dg.SensorEvaluationContext, store: StoreResource, clock: ClockResource):
-        zone_in_force, calendar_in_force = zone_data.version(), calendar_data_version()
+        in_force = (zone_data.version(), calendar_data_version(), recurrence_engine_version())
         with store.engine().connect() as conn:
-            planned_zone, planned_calendar, planned_at = health.plan_time_data(conn)
-        if planned_zone is None and planned_calendar is None:
+            planned, planned_at = health.plan_time_data(conn)
+        if not any(planned):
             return dg.SkipReason("no horizon plan has recorded its time data yet")
-        changes = time_data_change(planned_zone, planned_calendar, zone_in_force, calendar_in_force)
+        planned_zone, planned_calendar, planned_engine = planned
+        changes = time_data_change(planned, in_force)
         # The cursor: "<agreements seen>|<change requested since the last agreement>".
         seen_text, _, requested = (context.cursor or "0|").partition("|")
         agreements = int(seen_text) if seen_text.isdigit() else 0
         if not changes:
-            return dg.SensorResult(skip_reason=f"the horizon was planned with IANA {planned_zone or zone_in_force} "
-                                               f"and {planned_calendar or calendar_in_force}, the versions in force",
+            return dg.SensorResult(skip_reason=f"the horizon was planned with IANA {planned_zone or in_force[0]}, "
+                                               f"{planned_calendar or in_force[1]} and "
+                                               f"{planned_engine or in_force[2]}, the versions in force",
                                    cursor=f"{agreements + 1 if requested else agreements}|")
         change = "; ".join(changes.values())
         if requested == change:
@@ -61,9 +65,9 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
             # sensor's (a code server not restarted after a tzdata upgrade, another DEADLINE_ZONE_DATA)
             # wrote a new heartbeat and so a new run key: a full horizon re-plan every minute.
             return dg.SkipReason(f"a re-plan for {change} was requested; the last horizon plan still records IANA "
-                                 f"{planned_zone} and {planned_calendar}: either that run has not completed, or the "
-                                 "planning processes use other time data than this sensor's (time_data_agrees "
-                                 "is red then)")
+                                 f"{planned_zone}, {planned_calendar} and {planned_engine}: either that run has not "
+                                 "completed, or the planning processes use other time data than this sensor's "
+                                 "(time_data_agrees is red then)")
         try:
             first, last = horizon_range(clock.now(), horizon_days, partitions_def)
         except PartitionRangeError as exc:

@@ -162,7 +162,7 @@ def prepare(chunk: dict[str, Planned], now: datetime, cache: dict, expect_new: b
     plan's client time) and the obligations' binary COPY fields, so the writing thread only streams them.
     A wrong expectation costs only this work: a chunk that is not all new is merged as usual."""
     rows = [(o.key, o.tenant, o.subscriber_id, o.source_id, o.rule_id, o.rule_version, o.period, o.title, o.due_at,
-             o.fingerprint, o.zone_data, o.calendar_data) for o in (p.ob for p in chunk.values())]
+             o.fingerprint, o.zone_data, o.calendar_data, o.recurrence_engine) for o in (p.ob for p in chunk.values())]
     if not expect_new:
         return Prepared(chunk, rows)
     return Prepared(chunk, rows, [alerts_of(p, now, cache) for p in chunk.values()],

@@ -40,10 +40,13 @@ def moved_reason(reason: str | None, old_due: datetime | None) -> str | None:
 
 def time_data_cause(stored: dict, ob: PlannedObligation) -> str | None:
     """Why obligation ``ob`` moved although its rule did not: ``stored`` is the obligation as it was
-    (``rule_version``, ``zone_data``, ``calendar_data``: :class:`~deadline_pipeline.store.merge.StagedDiff`
-    ``moved``). Returns e.g. "the time-zone rules of America/Vancouver changed (IANA 2025b → 2026f)",
-    the working-day calendar's upgrade, both joined by "; ", or ``None`` (the rule changed, or no
-    recorded version did: a NULL is "planned before versions were recorded", not a version)."""
+    (``rule_version``, ``zone_data``, ``calendar_data``, ``recurrence_engine``:
+    :class:`~deadline_pipeline.store.merge.StagedDiff` ``moved``). Returns e.g. "the time-zone rules of
+    America/Vancouver changed (IANA 2025b → 2026f)", the working-day calendar's upgrade, the
+    recurrence engine's upgrade ("the recurrence engine changed (python-dateutil 2.8.2 →
+    python-dateutil 2.9.0.post0)"), those that differ joined by "; ", or ``None`` (the rule changed,
+    or no recorded version did: a NULL is "planned before versions were recorded" or "not decided by
+    that input", not a version)."""
     if stored.get("rule_version") != ob.rule_version:
         return None
     causes = []
@@ -53,6 +56,9 @@ def time_data_cause(stored: dict, ob: PlannedObligation) -> str | None:
         causes.append(f"the time-zone rules of {ob.zone} changed (IANA {old_zone} → {ob.zone_data})")
     if old_cal and ob.calendar_data and old_cal != ob.calendar_data:
         causes.append(f"the working-day calendar changed ({old_cal} → {ob.calendar_data})")
+    old_engine = stored.get("recurrence_engine")
+    if old_engine and ob.recurrence_engine and old_engine != ob.recurrence_engine:
+        causes.append(f"the recurrence engine changed ({old_engine} → {ob.recurrence_engine})")
     return "; ".join(causes) or None
 
 

@@ -47,8 +47,9 @@ class PlanOutcome:
     # passed while its source was not fetched (plan.first_seen; :func:`~.escalations.missed_while_unwatched`,
     # logged at ERROR with the gap).
     missed_while_unwatched: int = 0
-    # Obligations whose due instant moved although their rule did not: the zone data or the
-    # working-day calendar changed (:func:`~.notices.time_data_cause`; logged, named in the corrections).
+    # Obligations whose due instant moved although their rule did not: the zone data, the working-day
+    # calendar or the recurrence engine changed (:func:`~.notices.time_data_cause`; logged, named in
+    # the corrections).
     moved_by_time_data: int = 0
     # The IANA zone-data version and calendar library this run planned with.
     zone_data: str = ""

@@ -32,6 +32,7 @@ from deadline_pipeline.plan.keys import obligation_key, reminder_dedup_keys
 from deadline_pipeline.plan.occurrences import HORIZON, Expansion, cap_problem, expansion, window
 from deadline_pipeline.plan.offsets import Offset, send_instant
 from deadline_pipeline.plan.recurrence import REPLACES, master_id_of, to_instant
+from deadline_pipeline.recurrence_engine import recurrence_engine_version
 from deadline_pipeline.rules import RuleRecord, kinds_admit, kinds_allow, rule_kinds, selected_kinds
 from deadline_pipeline.states import AlertState
 from deadline_pipeline.timezones import UnknownTimeZone, resolve_zone
@@ -141,10 +142,12 @@ class PlannedObligation:
     # The deadline's own zone (its calendar days carry the nominal part of every offset).
     zone: str = ""
     tz: tzinfo | None = field(default=None, repr=False, compare=False)
-    # The IANA zone-data version and the business-day calendar library (None: no library roll) that
-    # computed ``due_at``: a change of either that moves it is named in the correction.
+    # The IANA zone-data version, the business-day calendar library (None: no library roll) and the
+    # recurrence expansion engine (None: a one-off date no expansion decided) that computed ``due_at``:
+    # a change of any that moves it is named in the correction.
     zone_data: str | None = None
     calendar_data: str | None = None
+    recurrence_engine: str | None = None
     # The nominal local wall time (naive, in ``zone``) of a due instant whose wall time a spring-forward
     # gap skips (:attr:`~deadline_pipeline.plan.occurrences.Occurrence.wall`), else None: calendar-day
     # offsets count from it.
@@ -650,6 +653,7 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
     profile = _profile(target)
     zone_version = zone_data.version()
     calendar_version = calendar_data_of(target.business_days[0]) if target.business_days else None
+    engine_version = recurrence_engine_version()
     for version, rule in rules:
         if not target.wants_rule(rule):
             continue
@@ -674,13 +678,17 @@ def plan_obligations(target: Target, rules: Iterable[tuple[int, RuleRecord]], no
             problems.append(PlanProblem(target.source, rule.rule_id, cap_problem(expanded.cut_at, hi)))
         identity, periods = occurrence_identity(rule, occurrences, lineage, seen)
         zone_name = str(zone)
+        # Only an RRULE or RDATE is expanded by the engine: naming its upgrade as the cause of a
+        # one-off date's move would name something that never computed it.
+        engine = engine_version if rule.rrule or rule.rdates else None
         for occ, period in zip(occurrences, periods, strict=True):
             key = obligation_key(target.tenant, target.subscriber, target.source, identity, period)
             out.append(PlannedObligation(key, target.tenant, target.subscriber_id, target.source_id, rule.rule_id,
                                          version, period, rule.title, occ.due_at,
                                          _fingerprint(occ.due_at, target, zone, profile, cache, occ.wall),
                                          zone=zone_name, tz=zone, zone_data=zone_version,
-                                         calendar_data=calendar_version, wall=occ.wall))
+                                         calendar_data=calendar_version, recurrence_engine=engine,
+                                         wall=occ.wall))
     return out, problems
 
 

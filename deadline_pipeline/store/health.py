@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Engine, String, and_, cast, exists, func, lit
 from deadline_pipeline import zone_data
 from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.instants import instant_text
+from deadline_pipeline.recurrence_engine import recurrence_engine_version
 from deadline_pipeline.security.redact import redact, redact_optional
 from deadline_pipeline.states import HANDLED, RETRYABLE, REVISABLE, AlertState, ObligationState
 from deadline_pipeline.store.db import db_clock
@@ -44,12 +45,14 @@ def _clock_offset(conn: Connection, host_clock: Callable[[], datetime] | None) -
 def _process_fields(conn: Connection, host_clock: Callable[[], datetime] | None, *,
                     replay: bool = False) -> dict[str, str | float | None]:
     """The heartbeat columns that describe the writing process rather than its run, as column →
-    value: ``zone_data`` (IANA version), ``calendar_data`` (``holidays`` release) and
-    ``clock_offset_seconds`` (:func:`_clock_offset`; ``None`` for a ``replay``, whose instant is made
-    up). :func:`beat` and :func:`beat_started` both write and overwrite exactly these, so a field
-    added here is recorded at a run's start and at its end alike (a field only one of them wrote
-    would show, while a run is in progress, whichever process wrote the row before)."""
+    value: ``zone_data`` (IANA version), ``calendar_data`` (``holidays`` release),
+    ``recurrence_engine`` (``python-dateutil`` release) and ``clock_offset_seconds``
+    (:func:`_clock_offset`; ``None`` for a ``replay``, whose instant is made up). :func:`beat` and
+    :func:`beat_started` both write and overwrite exactly these, so a field added here is recorded at
+    a run's start and at its end alike (a field only one of them wrote would show, while a run is in
+    progress, whichever process wrote the row before)."""
     return {"zone_data": zone_data.version(), "calendar_data": calendar_data_version(),
+            "recurrence_engine": recurrence_engine_version(),
             "clock_offset_seconds": None if replay else _clock_offset(conn, host_clock)}
 
 
@@ -123,15 +126,16 @@ def first_plan_completion(conn: Connection) -> datetime | None:
 class LiveProcess(NamedTuple):
     """What one live heartbeat recorded of the process that wrote it (:func:`live_processes`):
     ``last_started_at`` / ``last_completed_at`` (aware UTC, by that process's clock; None: never),
-    ``zone_data`` / ``calendar_data`` (IANA version, ``holidays`` release) and
-    ``clock_offset_seconds`` (the store's clock minus the process's, seconds); each None when not
-    recorded (a heartbeat of a release before the record)."""
+    ``zone_data`` / ``calendar_data`` / ``recurrence_engine`` (IANA version, ``holidays`` release,
+    ``python-dateutil`` release) and ``clock_offset_seconds`` (the store's clock minus the process's,
+    seconds); each None when not recorded (a heartbeat of a release before the record)."""
 
     component: str
     last_started_at: datetime | None
     last_completed_at: datetime | None
     zone_data: str | None
     calendar_data: str | None
+    recurrence_engine: str | None
     clock_offset_seconds: float | None
 
 
@@ -140,7 +144,7 @@ class LiveProcess(NamedTuple):
 # then judge different sets of processes. A replay's heartbeat (clock = 'replay') proves nothing
 # about the processes serving the store.
 _LIVE_PROCESSES = select(heartbeats.c.component, heartbeats.c.last_started_at, heartbeats.c.last_completed_at,
-                         heartbeats.c.zone_data, heartbeats.c.calendar_data,
+                         heartbeats.c.zone_data, heartbeats.c.calendar_data, heartbeats.c.recurrence_engine,
                          heartbeats.c.clock_offset_seconds).where(heartbeats.c.clock == "live")
 
 
@@ -151,15 +155,18 @@ def live_processes(conn: Connection) -> list[LiveProcess]:
     return [LiveProcess(*row) for row in conn.execute(_LIVE_PROCESSES).all()]
 
 
+TimeData = tuple[str | None, str | None, str | None]
+
+
 def time_data_by_component(processes: Iterable[LiveProcess], real_now: datetime,
-                           window: timedelta) -> dict[str, tuple[str | None, str | None]]:
-    """component → (IANA zone-data version, holiday-calendar release) of each of ``processes``
-    (:func:`live_processes`) that completed or started within ``window`` before ``real_now`` (aware
-    UTC) and recorded either (``None``: not recorded, by a release before the record): the
-    processes serving the store now, whose versions must agree (see ``time_data_agrees``)."""
+                           window: timedelta) -> dict[str, TimeData]:
+    """component → (IANA zone-data version, holiday-calendar release, recurrence engine) of each of
+    ``processes`` (:func:`live_processes`) that completed or started within ``window`` before
+    ``real_now`` (aware UTC) and recorded any (``None``: not recorded, by a release before the
+    record): the processes serving the store now, whose versions must agree (see ``time_data_agrees``)."""
     since = real_now - window
-    return {p.component: (p.zone_data, p.calendar_data) for p in processes
-            if (p.zone_data is not None or p.calendar_data is not None)
+    return {p.component: (p.zone_data, p.calendar_data, p.recurrence_engine) for p in processes
+            if (p.zone_data is not None or p.calendar_data is not None or p.recurrence_engine is not None)
             and any(t is not None and t >= since for t in (p.last_completed_at, p.last_started_at))}
 
 
@@ -185,14 +192,14 @@ def clock_offsets_by_component(processes: Iterable[LiveProcess], store_now: date
     return found
 
 
-def plan_time_data(conn: Connection,
-                   component: str = "plan") -> tuple[str | None, str | None, datetime | None]:
-    """(IANA zone-data version, holiday-calendar release, ``last_completed_at``) of the last run of
-    the horizon planner ``component``; a version is ``None`` before its first run, or when it
-    predates its record."""
-    row = conn.execute(select(heartbeats.c.zone_data, heartbeats.c.calendar_data, heartbeats.c.last_completed_at)
+def plan_time_data(conn: Connection, component: str = "plan") -> tuple[TimeData, datetime | None]:
+    """((IANA zone-data version, holiday-calendar release, recurrence engine), ``last_completed_at``)
+    of the last run of the horizon planner ``component``; a version is ``None`` before its first run,
+    or when it predates its record."""
+    row = conn.execute(select(heartbeats.c.zone_data, heartbeats.c.calendar_data, heartbeats.c.recurrence_engine,
+                              heartbeats.c.last_completed_at)
                        .where(heartbeats.c.component == component)).first()
-    return (row[0], row[1], row[2]) if row else (None, None, None)
+    return ((row[0], row[1], row[2]), row[3]) if row else ((None, None, None), None)
 
 
 def time_data_of_obligations(conn: Connection, since: datetime) -> dict[tuple[str | None, str | None], int]:

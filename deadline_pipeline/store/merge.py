@@ -52,7 +52,8 @@ class StagedDiff:
 
     new: list[str] = field(default_factory=list)
     # id, obligation_key, revision (before the merge), old_due_at, new_due_at, and the stored
-    # rule_version, zone_data and calendar_data (what planned the old instant) of each moved one.
+    # rule_version, zone_data, calendar_data and recurrence_engine (what planned the old instant) of
+    # each moved one.
     moved: list[dict] = field(default_factory=list)
     changed: int = 0
     need_alerts: set[str] = field(default_factory=set)
@@ -74,8 +75,9 @@ def _differs(o, s):
     return or_(o.c.due_at.is_distinct_from(s.due_at), o.c.fingerprint.is_distinct_from(s.fingerprint),
                o.c.status != ObligationState.ACTIVE, o.c.rule_version.is_distinct_from(s.rule_version),
                o.c.title.is_distinct_from(s.title), o.c.rule_id != s.rule_id,
-               # A new zone-data or calendar version is recorded even where it moved nothing.
-               o.c.zone_data.is_distinct_from(s.zone_data), o.c.calendar_data.is_distinct_from(s.calendar_data))
+               # A new zone-data, calendar or engine version is recorded even where it moved nothing.
+               o.c.zone_data.is_distinct_from(s.zone_data), o.c.calendar_data.is_distinct_from(s.calendar_data),
+               o.c.recurrence_engine.is_distinct_from(s.recurrence_engine))
 
 
 def compare_staged(conn: Connection) -> StagedDiff:
@@ -85,11 +87,11 @@ def compare_staged(conn: Connection) -> StagedDiff:
     fingerprint changed, or coming back from withdrawn). Unchanged rows are not returned at all."""
     s, o = stage_obligations, obligations
     diff = StagedDiff()
-    for (key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal, new_version,
+    for (key, oid, revision, old_due, new_due, fp_differs, inactive, version, zone, cal, engine, new_version,
          moved_from) in conn.execute(
         select(s.c.obligation_key, o.c.id, o.c.revision, o.c.due_at, s.c.due_at,
                o.c.fingerprint.is_distinct_from(s.c.fingerprint), o.c.status != ObligationState.ACTIVE,
-               o.c.rule_version, o.c.zone_data, o.c.calendar_data, s.c.rule_version,
+               o.c.rule_version, o.c.zone_data, o.c.calendar_data, o.c.recurrence_engine, s.c.rule_version,
                case((o.c.fingerprint.is_(None), o.c.previous_due_at), else_=None))
         .select_from(s.outerjoin(o, o.c.obligation_key == s.c.obligation_key))
         .where(or_(o.c.id.is_(None), _differs(o, s.c)))
@@ -101,7 +103,7 @@ def compare_staged(conn: Connection) -> StagedDiff:
         if old_due != new_due:
             diff.moved.append(dict(id=oid, obligation_key=key, revision=revision, old_due_at=old_due,
                                    new_due_at=new_due, rule_version=version, zone_data=zone,
-                                   calendar_data=cal))
+                                   calendar_data=cal, recurrence_engine=engine))
         else:
             diff.changed += 1
         if fp_differs or inactive:
@@ -137,7 +139,7 @@ def merge_obligations(conn: Connection, now: datetime) -> dict[str, int]:
             "rule_id": ex.rule_id,
             "rule_version": ex.rule_version, "title": ex.title, "due_at": ex.due_at, "status": ex.status,
             "fingerprint": ex.fingerprint, "planned_at": ex.planned_at,
-            "zone_data": ex.zone_data, "calendar_data": ex.calendar_data,
+            "zone_data": ex.zone_data, "calendar_data": ex.calendar_data, "recurrence_engine": ex.recurrence_engine,
             "revision": case((due_moved, o.c.revision + 1), else_=o.c.revision),
             "previous_due_at": case((due_moved, o.c.due_at), else_=o.c.previous_due_at),
         },

@@ -183,7 +183,7 @@ def none_stored(conn: Connection, keys: list[str], sample: int = 256) -> bool:
 NEW_OBLIGATION_COLUMNS = [*OB_COLS, "status", "planned_at", "revision"]
 # Their column types (after the id), for the binary COPY of new obligations.
 _NEW_OBLIGATION_KINDS = ("text", "text", "int8", "int8", "text", "int4", "text", "text", "timestamptz", "text",
-                         "text", "text", "text", "timestamptz", "int4")
+                         "text", "text", "text", "text", "timestamptz", "int4")
 
 
 def new_obligation_records(rows: Iterable[tuple], now: datetime) -> list[bytes]:

@@ -244,9 +244,12 @@ obligations = Table(
     Column("fingerprint", String(64)),
     # The IANA zone-data version (``2026f``) and, for a rule rolled by a business-day calendar, the
     # calendar library (``holidays 0.109``) that planned ``due_at``: a change of either that moves
-    # the instant is a revision whose correction names it (migration 0014).
+    # the instant is a revision whose correction names it (migration 0014). Likewise the recurrence
+    # expansion engine (``python-dateutil 2.9.0.post0``) of an instant an RRULE or RDATE decided
+    # (recurrence_engine.recurrence_engine_version; NULL for a one-off date; migration 0021).
     Column("zone_data", String(20)),
     Column("calendar_data", String(40)),
+    Column("recurrence_engine", String(40)),
     Index(None, "due_at"),
     # A scoped re-plan's withdrawal reads the obligations of the changed rules only (migration 0016).
     Index(None, "source_id", "rule_id"),
@@ -344,6 +347,9 @@ heartbeats = Table(
     # The holiday-calendar release it rolled business days with (holiday_calendars.calendar_data_version),
     # for the same reason.
     Column("calendar_data", String(40)),
+    # The recurrence expansion engine it imports (recurrence_engine.recurrence_engine_version), for the
+    # same reason: two python-dateutil releases may expand one RRULE to different dates (migration 0021).
+    Column("recurrence_engine", String(40)),
     # name -> count of what the last completed run did that a check reads back (planning's gap-rule
     # fallbacks and override folds, plan_complete); NULL: none recorded (migration 0019).
     Column("counts", Json),

@@ -56,7 +56,7 @@ stage_obligations = Table(
     Column("tenant", String(200)), Column("subscriber_id", Id), Column("source_id", Id),
     Column("rule_id", String(RULE_ID_MAX)), Column("rule_version", Integer), Column("period", String(64)),
     Column("title", Text), Column("due_at", UtcDateTime), Column("fingerprint", String(64)),
-    Column("zone_data", String(20)), Column("calendar_data", String(40)),
+    Column("zone_data", String(20)), Column("calendar_data", String(40)), Column("recurrence_engine", String(40)),
     prefixes=["TEMPORARY"],
 )
 stage_alerts = Table(

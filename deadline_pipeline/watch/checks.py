@@ -537,68 +537,77 @@ def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOC
                         "hosts judge ages by it too; fix NTP on each named host (timedatectl)", offenders, meta)
 
 
-def time_data_change(recorded_zone: str | None, recorded_calendar: str | None, zone_in_force: str,
-                     calendar_in_force: str) -> dict[str, str]:
+def time_data_change(recorded: health.TimeData, in_force: tuple[str, str, str]) -> dict[str, str]:
     """What differs between the time data a process recorded (the horizon plan's, a heartbeat's)
-    and the data in force, as heartbeat column → phrase, the zone first
-    (``{"zone_data": "IANA 2025b → 2026f", "calendar_data": "holidays 0.108 → holidays 0.109"}``);
-    empty when nothing does. A version not recorded (``None``: written by a release before the
-    record) is no change. The one comparison :func:`time_data_agrees` and the
-    ``replan_on_time_data`` sensor both make: two copies could disagree, the sensor seeing nothing
-    to re-plan while the check is red for the same horizon plan, or re-planning every minute while
-    the check is green."""
+    and the data in force, both as (IANA zone-data version, holiday-calendar release, recurrence
+    engine), as heartbeat column → phrase, in that order (``{"zone_data": "IANA 2025b → 2026f",
+    "calendar_data": "holidays 0.108 → holidays 0.109", "recurrence_engine": "python-dateutil 2.8.2 →
+    python-dateutil 2.9.0.post0"}``); empty when nothing does. A version not recorded (``None``:
+    written by a release before the record) is no change. The one comparison
+    :func:`time_data_agrees` and the ``replan_on_time_data`` sensor both make: two copies could
+    disagree, the sensor seeing nothing to re-plan while the check is red for the same horizon plan,
+    or re-planning every minute while the check is green."""
     changes = {}
-    if recorded_zone and recorded_zone != zone_in_force:
-        changes["zone_data"] = f"IANA {recorded_zone} → {zone_in_force}"
-    if recorded_calendar and recorded_calendar != calendar_in_force:
-        changes["calendar_data"] = f"{recorded_calendar} → {calendar_in_force}"
+    for column, old, new, prefix in zip(_TIME_DATA, recorded, in_force, _TIME_DATA_PREFIX, strict=True):
+        if old and old != new:
+            changes[column] = f"{prefix}{old} → {new}"
     return changes
 
 
-def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),
-                     own: str | None = None, own_calendar: str | None = None) -> CheckOutcome:
-    """Every process serving the store computes instants with one IANA zone-data version and one
-    holiday-calendar release: the versions recorded by the live heartbeats of the last ``window``
-    before ``real_now`` (aware UTC, the real clock: a replay's heartbeats prove nothing) and ``own`` /
-    ``own_calendar`` (default: this process's, :func:`~deadline_pipeline.zone_data.version` and
-    :func:`~deadline_pipeline.holiday_calendars.calendar_data_version`) are all equal. Red otherwise,
-    naming each process's versions: a planner on 2025b and a checker on 2026f put America/Vancouver's
-    deadlines an hour apart, and a planner on another ``holidays`` release rolls a deadline to another
-    working day; neither would say so. Also red while the last horizon plan's versions differ from
-    the ones in force (the re-plan of the horizon is pending: ``replan_on_time_data``). A version not
-    recorded (a heartbeat of a release before the record) is compared with nothing.
+# The heartbeat columns of the time data, in the order of health.TimeData, how a version of each is
+# named (a bare "2026f" reads as nothing), and what a difference in each does to the instants
+# (time_data_agrees names it).
+_TIME_DATA = ("zone_data", "calendar_data", "recurrence_engine")
+_TIME_DATA_PREFIX = ("IANA ", "", "")
+_TIME_DATA_HARM = ("processes compute instants with different time-zone data",
+                   "processes roll business days with different holiday calendars",
+                   "processes expand recurrence rules with different engines")
 
-    ``offenders``: ``{"component", "zone_data"}`` or ``{"component", "calendar_data"}`` per version
-    that differs from this process's."""
+
+def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = timedelta(minutes=90),
+                     own: str | None = None, own_calendar: str | None = None,
+                     own_engine: str | None = None) -> CheckOutcome:
+    """Every process serving the store computes instants with one IANA zone-data version, one
+    holiday-calendar release and one recurrence engine: the versions recorded by the live heartbeats
+    of the last ``window`` before ``real_now`` (aware UTC, the real clock: a replay's heartbeats prove
+    nothing) and ``own`` / ``own_calendar`` / ``own_engine`` (default: this process's,
+    :func:`~deadline_pipeline.zone_data.version`,
+    :func:`~deadline_pipeline.holiday_calendars.calendar_data_version` and
+    :func:`~deadline_pipeline.recurrence_engine.recurrence_engine_version`) are all equal. Red
+    otherwise, naming each process's versions: a planner on 2025b and a checker on 2026f put
+    America/Vancouver's deadlines an hour apart, a planner on another ``holidays`` release rolls a
+    deadline to another working day, and one on another python-dateutil may expand an RRULE to other
+    dates; none would say so. Also red while the last horizon plan's versions differ from the ones
+    in force (the re-plan of the horizon is pending: ``replan_on_time_data``). A version not recorded
+    (a heartbeat of a release before the record) is compared with nothing.
+
+    ``offenders``: ``{"component", "zone_data"}``, ``{"component", "calendar_data"}`` or
+    ``{"component", "recurrence_engine"}`` per version that differs from this process's."""
     from deadline_pipeline import zone_data
     from deadline_pipeline.holiday_calendars import calendar_data_version
+    from deadline_pipeline.recurrence_engine import recurrence_engine_version
 
-    own = own or zone_data.version()
-    own_calendar = own_calendar or calendar_data_version()
+    ours = (own or zone_data.version(), own_calendar or calendar_data_version(),
+            own_engine or recurrence_engine_version())
     with engine.connect() as conn:
         seen = health.time_data_by_component(health.live_processes(conn), real_now, window)
-        planned_zone, planned_calendar, _ = health.plan_time_data(conn)
+        planned, _ = health.plan_time_data(conn)
     # The horizon plan however old its heartbeat: its instants are the ones reminders go out at.
-    seen = {**seen, "horizon plan": (planned_zone, planned_calendar), "this check": (own, own_calendar)}
-    zones = {c: z for c, (z, _k) in seen.items() if z}
-    calendars = {c: k for c, (_z, k) in seen.items() if k}
-    changed = {c: time_data_change(z, k, own, own_calendar) for c, (z, k) in sorted(seen.items())}
-    zone_offenders = [{"component": c, "zone_data": zones[c]} for c, ch in changed.items() if "zone_data" in ch]
-    calendar_offenders = [{"component": c, "calendar_data": calendars[c]}
-                          for c, ch in changed.items() if "calendar_data" in ch]
-    if not zone_offenders and not calendar_offenders:
+    seen = {**seen, "horizon plan": planned, "this check": ours}
+    changed = {c: time_data_change(data, ours) for c, data in sorted(seen.items())}
+    offenders, parts = [], []
+    for i, (column, prefix, harm) in enumerate(zip(_TIME_DATA, _TIME_DATA_PREFIX, _TIME_DATA_HARM, strict=True)):
+        named = {c: data[i] for c, data in seen.items() if data[i]}
+        found = [{"component": c, column: named[c]} for c, ch in changed.items() if column in ch]
+        offenders += found
+        if found:
+            parts.append(f"{harm}: " + ", ".join(f"{c} {prefix}{v}" for c, v in sorted(named.items())))
+    if not offenders:
+        zones = sorted(c for c, data in seen.items() if data[0])
         return CheckOutcome("time_data_agrees", True, 0,
-                            f"every process of the last {human_duration(window)} computes with IANA {own} and "
-                            f"{own_calendar} ({', '.join(sorted(zones))})")
-    offenders = [*zone_offenders, *calendar_offenders]
-    parts = []
-    if zone_offenders:
-        parts.append("processes compute instants with different time-zone data: "
-                     + ", ".join(f"{c} IANA {v}" for c, v in sorted(zones.items())))
-    if calendar_offenders:
-        parts.append("processes roll business days with different holiday calendars: "
-                     + ", ".join(f"{c} {v}" for c, v in sorted(calendars.items())))
+                            f"every process of the last {human_duration(window)} computes with IANA {ours[0]}, "
+                            f"{ours[1]} and {ours[2]} ({', '.join(zones)})")
     return CheckOutcome("time_data_agrees", False, len(offenders),
-                        "; ".join(parts) + "; deploy one zone database (DEADLINE_ZONE_DATA and the tzdata package) "
-                        "and one holidays release everywhere so due instants agree",
+                        "; ".join(parts) + "; deploy one zone database (DEADLINE_ZONE_DATA and the tzdata package), "
+                        "one holidays release and one python-dateutil release everywhere so due instants agree",
                         offenders)
