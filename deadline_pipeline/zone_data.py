@@ -271,7 +271,7 @@ def version() -> str:
 def time_data_text() -> str:
     """One line naming every versioned input of an instant besides the sources, for ``--version``,
     ``status`` and run summaries: ``zone data IANA 2026f (tzdata package; the system folder has
-    2025b), calendars holidays 0.109``."""
+    2025b), calendars holidays 0.109, recurrence engine python-dateutil 2.9.0.post0``."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
@@ -283,4 +283,7 @@ def time_data_text() -> str:
         calendars = f"holidays {dist_version('holidays')}"
     except PackageNotFoundError:
         calendars = "holidays not installed"
-    return f"zone data {zd.describe()[:-1]}{other}), calendars {calendars}"
+    from deadline_pipeline.recurrence_engine import recurrence_engine_version
+
+    return (f"zone data {zd.describe()[:-1]}{other}), calendars {calendars}, "
+            f"recurrence engine {recurrence_engine_version()}")

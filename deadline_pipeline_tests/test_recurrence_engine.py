@@ -68,6 +68,19 @@ def test_planned_obligations_record_the_engine_that_expanded_them(engine, tmp_pa
     with engine.connect() as conn:
         recorded = dict(conn.execute(select(heartbeats.c.component, heartbeats.c.recurrence_engine)).all())
     assert recorded["plan"] == OURS and recorded["deliver"] == OURS, recorded
+    # The run names it too (the plan's metadata), as it names the zone data and the calendars.
+    assert plan(engine, cfg, at("2026-11-01T00:00:00")).recurrence_engine == OURS
+
+
+def test_the_versioned_inputs_line_names_the_engine():
+    """``--version`` and ``status`` name every versioned input of an instant besides the sources."""
+    from click.testing import CliRunner
+
+    from deadline_pipeline.cli import main
+
+    res = CliRunner().invoke(main, ["--version"])
+    assert res.exit_code == 0
+    assert f", recurrence engine {OURS}" in res.output, res.output
 
 
 def test_a_move_under_another_engine_is_corrected_naming_the_engine(engine, tmp_path):

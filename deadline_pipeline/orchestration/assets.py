@@ -311,6 +311,7 @@ def build_assets(cfg: DeadlinesConfig, partitions_def: dg.PartitionsDefinition |
             "scope": out.scope or "every rule",
             # Which time rules computed these instants, and how many moved only because they changed.
             "zone_data": f"IANA {out.zone_data}", "calendar_data": out.calendar_data,
+            "recurrence_engine": out.recurrence_engine,
             "moved_by_time_data": out.moved_by_time_data,
             # Override obligations stored under their own id, re-keyed as the occurrence they replace.
             "rekeyed": out.obligations_rekeyed,

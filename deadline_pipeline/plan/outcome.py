@@ -51,9 +51,10 @@ class PlanOutcome:
     # calendar or the recurrence engine changed (:func:`~.notices.time_data_cause`; logged, named in
     # the corrections).
     moved_by_time_data: int = 0
-    # The IANA zone-data version and calendar library this run planned with.
+    # The IANA zone-data version, calendar library and recurrence engine this run planned with.
     zone_data: str = ""
     calendar_data: str = ""
+    recurrence_engine: str = ""
     problems: list[PlanProblem] = field(default_factory=list)
     # Chunks guessed all new whose direct COPY met a stored key, and that were merged instead
     # (logged; shown in the plan's metadata).

@@ -57,6 +57,7 @@ from deadline_pipeline.plan.planner import (
 from deadline_pipeline.plan.recurrence import apply_overrides
 from deadline_pipeline.plan.scope import RuleScope, series_of
 from deadline_pipeline.plan.subscriber_hold import SubscriberHold, judge_removal
+from deadline_pipeline.recurrence_engine import recurrence_engine_version
 from deadline_pipeline.rules import RuleRecord
 from deadline_pipeline.store import mirror, new_rows, plan_history, plan_inputs, revisions, staging
 from deadline_pipeline.store.sources import all_sources, find_source, sync_source
@@ -417,7 +418,8 @@ def plan_all(engine: Engine, cfg: DeadlinesConfig, now: datetime, *, after: date
         lo = max(lo, after)
     if before is not None:
         hi = min(hi, before - timedelta(microseconds=1))
-    out = PlanOutcome(zone_data=zone_data.refresh().version, calendar_data=calendar_data_version())
+    out = PlanOutcome(zone_data=zone_data.refresh().version, calendar_data=calendar_data_version(),
+                      recurrence_engine=recurrence_engine_version())
     if hold is not None:
         # First of the problems: the plan heartbeat's detail (what plan_complete shows) lists the first few.
         out.subscribers_held = len(hold.kept)
