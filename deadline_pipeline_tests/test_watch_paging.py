@@ -15,6 +15,8 @@ import yaml
 from deadline_pipeline.orchestration.build import CHECKS_JOB, build_definitions
 from deadline_pipeline.orchestration.deliver import DELIVER_JOB
 from deadline_pipeline.orchestration.paging import paging_sensor
+from deadline_pipeline.orchestration.partitions import range_tags
+from deadline_pipeline.orchestration.planning import PLAN_JOB
 from deadline_pipeline.orchestration.runner import run_chain
 from deadline_pipeline_tests.factories import free_port, ics, write_config
 
@@ -171,3 +173,95 @@ def test_no_escalation_channel_is_loud_and_retried(tmp_path, oncall_smtp):
         cursor, result = _tick(t1, instance, None)
     assert isinstance(result, dg.SkipReason) and "no escalation channel is configured" in result.skip_message
     assert json.loads(cursor)["incidents"]["check alerts/alerts_reconciled"]["notified_at"] is None
+
+
+def _plan(defs, instance, partition_key=None, tags=None):
+    return defs.resolve_job_def(PLAN_JOB).execute_in_process(instance=instance, partition_key=partition_key,
+                                                             tags=tags, raise_on_error=False)
+
+
+def _good_and_broken(tmp_path, instance, oncall_port: int, pager_url: str = "http://127.0.0.1:9/page"):
+    """After the chain ran at 10 March 2027: definitions over the store, and over a store nobody serves
+    (every run touching the store fails)."""
+    path = _write(tmp_path, oncall_port, free_port(), pager_url)
+    db_url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    as_of = "2027-03-10T00:00:00Z"
+    run_chain(path, instance=instance, db_url=db_url, as_of=as_of)
+    return _defs(path, db_url, as_of), _defs(path, "postgresql://nobody@127.0.0.1:1/none", as_of)
+
+
+def test_failed_month_pages_until_that_month_plans(tmp_path, oncall_smtp, pager):
+    """March's plan run fails and April's succeeds a moment later: the plan_job incident opens naming
+    March and its run, stays open, and resolves only once a run covering March succeeds."""
+    port, oncall = oncall_smtp
+    hook, pager_url = pager
+    with dg.instance_for_test() as instance:
+        good, broken = _good_and_broken(tmp_path, instance, port, pager_url)
+        cursor, _ = _tick(good, instance, None)
+        assert "run plan_job" not in json.loads(cursor)["incidents"]
+
+        march = _plan(broken, instance, "2027-03-01")
+        assert not march.success
+        assert _plan(good, instance, "2027-04-01").success
+        cursor, _ = _tick(good, instance, cursor)
+        incident = json.loads(cursor)["incidents"]["run plan_job"]
+        assert incident["summary"] == (f"partition 2027-03-01 of plan_job failed in run {march.run_id} "
+                                       "(no later run of it succeeded)")
+        assert incident["problem"]["links"][0][1] == f"/runs/{march.run_id}"
+        assert sum("run plan_job failed" in s and "2027-03-01" in s for s in oncall.subjects) == 1
+
+        # Another month planned again, and a range that leaves March out: March is still unplanned.
+        assert _plan(good, instance, "2027-04-01").success
+        assert _plan(good, instance, tags=range_tags("2027-04-01", "2027-06-01")).success
+        cursor, _ = _tick(good, instance, cursor)
+        assert march.run_id in json.loads(cursor)["incidents"]["run plan_job"]["summary"]
+
+        assert _plan(good, instance, "2027-03-01").success
+        cursor, _ = _tick(good, instance, cursor)
+        assert "run plan_job" not in json.loads(cursor)["incidents"]
+        assert [(b["type"], b["data"]["notice"]) for b in hook.bodies
+                if b["data"]["incident_key"] == "deadline-pipeline/dagster/run/plan_job"] == [
+            ("incident.triggered", "opened"), ("incident.resolved", "resolved")]
+
+        # A failed range run is covered month by month: the months planned since are no longer named.
+        spring = _plan(broken, instance, tags=range_tags("2027-03-01", "2027-05-01"))
+        assert not spring.success
+        assert _plan(good, instance, "2027-04-01").success
+        cursor, _ = _tick(good, instance, cursor)
+        assert json.loads(cursor)["incidents"]["run plan_job"]["summary"].startswith(
+            f"partitions 2027-03-01, 2027-05-01 of plan_job failed in run {spring.run_id}")
+        # The hourly horizon run covers both.
+        assert _plan(good, instance, tags=range_tags("2027-03-01", "2028-03-01")).success
+        cursor, _ = _tick(good, instance, cursor)
+        assert "run plan_job" not in json.loads(cursor)["incidents"]
+        # Every failed run is covered now: the next ticks read no history before the latest.
+        assert json.loads(cursor)["settled"]["plan_job"] == \
+            instance.get_run_record_by_id(spring.run_id).create_timestamp.isoformat()
+        # Read again from a cursor that forgot how far the history is settled: the same verdict.
+        cursor, _ = _tick(good, instance, json.dumps({"incidents": json.loads(cursor)["incidents"]}))
+        assert "run plan_job" not in json.loads(cursor)["incidents"]
+
+
+def test_unpartitioned_job_judged_by_its_latest_run(tmp_path, oncall_smtp):
+    """deliver_job has no partitions: its latest finished run decides, as before."""
+    port, _ = oncall_smtp
+    with dg.instance_for_test() as instance:
+        good, broken = _good_and_broken(tmp_path, instance, port)
+        failed = _run(broken, DELIVER_JOB, instance)
+        assert not failed.success
+        cursor, _ = _tick(good, instance, None)
+        incident = json.loads(cursor)["incidents"]["run deliver_job"]
+        assert incident["summary"] == f"run {failed.run_id} of deliver_job failed"
+        assert _run(good, DELIVER_JOB, instance).success
+        cursor, _ = _tick(good, instance, cursor)
+        assert "run deliver_job" not in json.loads(cursor)["incidents"]
+
+        # The implicit asset job is partitioned, but a run of its unpartitioned assets names no
+        # partition: it reads as before.
+        asset_job = broken.resolve_implicit_global_asset_job_def()
+        failed = asset_job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("rule_versions")],
+                                              raise_on_error=False)
+        assert not failed.success
+        cursor, _ = _tick(good, instance, cursor)
+        assert json.loads(cursor)["incidents"]["run __ASSET_JOB"]["summary"] == \
+            f"run {failed.run_id} of __ASSET_JOB failed"
