@@ -321,3 +321,143 @@ def test_due_dates_the_holiday_file_covers_raise_no_problem(engine, tmp_path):
     out = _plan_and_record(engine, _rolled_over_govuk(tmp_path, "boxing,2027-12-28 ny,2028-01-01"), now)
     assert _dues(engine) == {"boxing": {"2027-12-24"}, "ny": {"2027-12-31"}}
     assert out.problems == [] and w.plan_complete(engine, now).passed
+
+
+# Library calendars: past the installed holidays release's data the library answers "not a
+# holiday" silently. China's working weekends and bridged days come from the State Council's yearly
+# notice; holidays 0.109 lists them to 2026, so a 2027 roll ignored the 2027 notice with no log line.
+# The years are read from the installed release, so a newer release moves them, not the tests.
+
+
+def test_a_library_calendar_knows_the_years_its_release_covers_and_reports_a_due_date_past_them():
+    """CN: covered to the last year the release lists a worked weekend day for (2026 in 0.109), no
+    such day listed the year after; a roll judged in that year is reported once, naming the
+    calendar, the year, the release and both remedies; a covered roll is not. RU lists its 2027
+    production calendar in 0.109: 2027 is covered. Sri Lanka's declared end year (2026 in 0.109)
+    ends its calendar: nothing is known after it."""
+    from types import SimpleNamespace
+
+    from deadline_pipeline.holiday_calendars import library_coverage
+
+    known = library_coverage("CN", date(2026, 12, 6))
+    cn = holidays.country_holidays("CN", years=range(known.last - 1, known.last + 3))
+    assert known.last < 2100 and any(d.year == known.last for d in cn.weekend_workdays)
+    assert not any(d.year > known.last for d in cn.weekend_workdays)
+    published, report = [], SimpleNamespace(message="")
+    cal = business_days.covered_calendar("CN", report, published.append, date(2026, 12, 6))
+    # A covered roll: a listed worked weekend day is a business day (the calendar answers as the library).
+    worked = max(d for d in cn.weekend_workdays if d.year == known.last)
+    assert adjust(worked, "following", cal) == worked
+    assert published == [] and report.message == ""
+    late = date(known.last + 1, 3, 15)  # a Monday
+    assert adjust(late, "following", cal) == late
+    assert published == [report] and cal.coverage.uncovered == late
+    version = holidays.__version__
+    assert report.message == (
+        f"business-day calendar 'CN' (holidays {version}) has complete data for 1950-{known.last} only (CN weekend "
+        f"working days and bridged days are set by yearly decree; this release lists them to {known.last}); due "
+        f"dates from {late.isoformat()} on are rolled without {late.year} data: upgrade holidays, or ingest an "
+        f"official {late.year} holiday file (business_days.calendar: source:NAME)")
+    assert adjust(late + timedelta(days=7), "preceding", cal) == late + timedelta(days=7)
+    assert published == [report] and cal.coverage.uncovered == late
+
+    ru = business_days.covered_calendar("RU", today=date(2026, 12, 6))
+    assert ru.coverage.last >= 2027 and adjust(date(2027, 3, 6), "following", ru) == date(2027, 3, 9)
+    assert ru.coverage.uncovered is None  # 8 March 2027 is Women's Day, rolled to Tuesday 9 March
+
+    lk = business_days.covered_calendar("LK", today=date(2026, 12, 6))
+    assert lk.coverage.last == holidays.country_holidays("LK").end_year
+    assert adjust(date(lk.coverage.last + 1, 1, 4), "following", lk) == date(lk.coverage.last + 1, 1, 4)
+    assert lk.coverage.uncovered == date(lk.coverage.last + 1, 1, 4)
+    assert not holidays.country_holidays("LK", years=lk.coverage.last + 1)  # the library knows nothing
+
+
+def test_library_coverage_ends_at_the_date_tables_and_declared_end_year_the_calendar_uses():
+    """India's Hindu dates (Diwali, Holi) end with their tables (2035 in 0.109): the year after is
+    not covered, and the library indeed drops Diwali then. US-IRS (US + DC, no yearly decrees, no
+    lunar dates) is covered to the release's declared end year (2100). Ukraine listed worked
+    weekend days until it suspended transfers in 2022: history, not a practice, so it is covered
+    to its end year too (no standing false alarm)."""
+    import warnings
+
+    from deadline_pipeline.holiday_calendars import library_coverage
+
+    india = library_coverage("IN", date(2026, 12, 6))
+    assert india.last < 2100 and "_DATES table" in india.why
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        names = {y: set(holidays.country_holidays("IN", years=y).values()) for y in (india.last, india.last + 1)}
+    assert "Diwali" in names[india.last] and "Diwali" not in names[india.last + 1]
+    assert library_coverage("US-IRS").last == holidays.country_holidays("US").end_year
+    assert library_coverage("UA").last == holidays.country_holidays("UA").end_year
+
+
+def _rolled_over_library(tmp_path, spec: str, zone: str, dues: list[date]):
+    """A ``filings`` CSV source of one rule per date of ``dues`` (id ``f<n>``, 12:00 in ``zone``),
+    rolled ``following`` over the library calendar ``spec``, for one subscriber."""
+    from deadline_pipeline.config import load_config
+    from deadline_pipeline_tests.factories import write_config
+
+    rows = "".join(f"f{n},Filing {n},{due.isoformat()}T12:00:00,{zone}\n" for n, due in enumerate(dues))
+    (tmp_path / "filings.csv").write_text("id,title,due,timezone\n" + rows)
+    return load_config(write_config(
+        tmp_path,
+        sources=[{"name": "filings", "format": "csv", "location": "filings.csv",
+                  "business_days": {"calendar": spec, "convention": "following"}}],
+        subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": zone}],
+        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
+    ))[0]
+
+
+def test_a_due_date_past_the_library_releases_data_is_reported_and_still_planned(engine, tmp_path):
+    """CN due dates the year after the release's last decree year (2027 in holidays 0.109, inside
+    the horizon on 6 December of the year before): planned, rolled as the library answers (Saturday
+    to Monday), and reported once for the source, naming CN, the year, the release and the
+    remedies; plan_complete is red and says so."""
+    from datetime import UTC, datetime
+
+    from deadline_pipeline.holiday_calendars import library_coverage
+    from deadline_pipeline.watch import checks as w
+
+    year = library_coverage("CN").last + 1
+    now = datetime(year - 1, 12, 6, tzinfo=UTC)
+    saturday = next(date(year, 3, d) for d in range(1, 8) if date(year, 3, d).weekday() == 5)
+    out = _plan_and_record(engine, _rolled_over_library(tmp_path, "CN", "Asia/Shanghai", [saturday]), now)
+    assert [(p.source, p.rule_id) for p in out.problems] == [("filings", "*")], out.problems
+    message = out.problems[0].message
+    assert message.startswith(f"business-day calendar 'CN' (holidays {holidays.__version__}) has complete data for "
+                              f"1950-{year - 1} only"), message
+    assert f"due dates from {(saturday + timedelta(days=2)).isoformat()} on are rolled without {year} data" in message
+    assert f"upgrade holidays, or ingest an official {year} holiday file" in message
+    check = w.plan_complete(engine, now)
+    assert not check.passed and f"{year} data" in check.summary, check.summary
+    assert _due_dates(engine) == [saturday + timedelta(days=2)]
+
+
+def _due_dates(engine) -> list[date]:
+    """The UTC dates of every obligation's due instant (12:00 in Shanghai or Moscow: the local date)."""
+    from datetime import UTC
+
+    from sqlalchemy import select
+
+    from deadline_pipeline.store.schema import obligations
+
+    with engine.connect() as conn:
+        return sorted(d.astimezone(UTC).date() for d in conn.execute(select(obligations.c.due_at)).scalars())
+
+
+def test_due_dates_the_library_release_covers_raise_no_problem(engine, tmp_path):
+    """RU due dates in 2027, the year of the production calendar holidays 0.109 lists (Saturday 6
+    March before Women's Day on Monday 8 March rolls to Tuesday 9 March): no problem,
+    plan_complete green."""
+    from datetime import UTC, datetime
+
+    from deadline_pipeline.holiday_calendars import library_coverage
+    from deadline_pipeline.watch import checks as w
+
+    assert library_coverage("RU").last >= 2027
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    out = _plan_and_record(engine, _rolled_over_library(tmp_path, "RU", "Europe/Moscow", [date(2027, 3, 6)]), now)
+    assert _due_dates(engine) == [date(2027, 3, 9)]
+    assert out.problems == [] and w.plan_complete(engine, now).passed

@@ -15,11 +15,15 @@ days, so ``following`` leaves Saturday 27 April 2024 where it is. China, Belarus
 Uzbekistan publish such days too. A plain date set has no such notion: its business days are the
 days neither on its ``weekend`` (Saturday/Sunday unless it says otherwise) nor in the set.
 
-Covered years. A ``holidays`` calendar computes any year it is asked for (to 2100). A calendar built
-from an ingested holiday file knows only the years the file lists: GOV.UK's bank-holidays.json ended
-2027-12-28, so Monday 1 May 2028 (Early May bank holiday) was a business day to it. Such a calendar
-carries a :class:`Coverage`, and :func:`adjust` tells it each due date it settles on past the last
-covered year, so planning can report that the date was rolled for weekends alone.
+Covered years. A calendar built from an ingested holiday file knows only the years the file lists:
+GOV.UK's bank-holidays.json ended 2027-12-28, so Monday 1 May 2028 (Early May bank holiday) was a
+business day to it. A ``holidays`` calendar answers any year to 2100, but past the data of the
+installed release it answers "not a holiday" just as silently: China's 2027 State Council notice
+(its bridged days off and worked weekends) is not in holidays 0.109, India's Hindu dates end 2035.
+Either calendar carries a :class:`Coverage` (for a library calendar, :class:`LibraryCoverage`, the
+years :func:`~deadline_pipeline.holiday_calendars.library_coverage` computes from the release), and
+:func:`adjust` tells it each due date it settles on past the last covered year, so planning can
+report the date as rolled without the data; the plan still goes ahead.
 
 Conventions (the ISDA names used for payment and filing dates):
 
@@ -54,6 +58,7 @@ from deadline_pipeline.holiday_calendars import (
     calendar_data_version,
     holiday_source_of,
     library_calendar,
+    library_coverage,
 )
 
 CONVENTIONS = ("none", "following", "modified-following", "preceding")
@@ -126,6 +131,60 @@ class Coverage:
         since = self.uncovered.isoformat() if self.uncovered else f"{self.last + 1}-01-01"
         return (f"business-day calendar {self.spec!r} has holidays for {years} only; due dates from {since} on "
                 "are rolled for weekends alone: ingest a newer holiday file, or shorten plan.horizon_days")
+
+
+@dataclass(eq=False)
+class LibraryCoverage(Coverage):
+    """The years the installed ``holidays`` release has complete data for a library calendar spec,
+    judged like an ingested file's (:class:`Coverage`); ``why``: why the data ends at ``last``, and
+    ``data``: the release (:func:`calendar_data_version`). Built by :func:`covered_calendar`."""
+
+    why: str = ""
+    data: str = ""
+
+    def describe(self) -> str:
+        """``"business-day calendar 'CN' (holidays 0.109) has complete data for 1950-2026 only (CN weekend
+        working days …; this release lists them to 2026); due dates from 2027-02-11 on are rolled
+        without 2027 data: upgrade holidays, or ingest an official 2027 holiday file (business_days.calendar:
+        source:NAME)"``, from :attr:`uncovered`."""
+        since = self.uncovered or date(self.last + 1, 1, 1)
+        return (f"business-day calendar {self.spec!r} ({self.data}) has complete data for {self.first}-{self.last} "
+                f"only ({self.why}); due dates from {since.isoformat()} on are rolled without {since.year} data: "
+                f"upgrade holidays, or ingest an official {since.year} holiday file (business_days.calendar: "
+                "source:NAME)")
+
+
+@dataclass(frozen=True)
+class CoveredCalendar:
+    """A ``holidays`` calendar (``calendar``, shared and cached per spec) with the :class:`Coverage`
+    of one planning run: it answers as the calendar does (``day in``, ``is_working_day``,
+    ``is_weekend``, ``get``), and :func:`adjust` tells ``coverage`` each due date it settles on."""
+
+    calendar: HolidayCalendar
+    coverage: Coverage = field(compare=False, repr=False)
+
+    def __contains__(self, day: object) -> bool:
+        return day in self.calendar
+
+    def is_working_day(self, day: date) -> bool:
+        return bool(self.calendar.is_working_day(day))
+
+    def is_weekend(self, day: date) -> bool:
+        return _on_weekend(day, self.calendar)
+
+    def get(self, day: date, default: object = None) -> object:
+        return self.calendar.get(day, default)
+
+
+def covered_calendar(spec: str, report: object = None, publish: Callable[[object], object] | None = None,
+                     today: date | None = None) -> CoveredCalendar:
+    """The library calendar of ``spec`` (:func:`calendar`) with a :class:`LibraryCoverage` of the
+    years the installed release has complete data for
+    (:func:`~deadline_pipeline.holiday_calendars.library_coverage`, ``today``: its default), told
+    ``report`` and ``publish`` as :class:`Coverage` is. Raises :class:`UnknownCalendar` naming the spec."""
+    known = library_coverage(spec, today)
+    return CoveredCalendar(library_calendar(spec), LibraryCoverage(
+        known.first, known.last, spec, report, publish, why=known.why, data=calendar_data_version()))
 
 
 @dataclass(frozen=True)
@@ -234,7 +293,8 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
     """Move ``day`` to a business day by ``convention`` (one of :data:`CONVENTIONS`).
 
     ``calendar``: a :class:`HolidayCalendar` (resolve a spec with :func:`calendar`). Returns a date.
-    A :class:`DateSetCalendar` with a :class:`Coverage` is told the result (:meth:`Coverage.note`).
+    A calendar with a :class:`Coverage` (:class:`DateSetCalendar`, :class:`CoveredCalendar`) is told
+    the result (:meth:`Coverage.note`).
     Raises ``ValueError`` for an unknown convention, or when no business day lies within
     :data:`MAX_ROLL_DAYS` days (a calendar that marks everything as a holiday is a data error).
     """
@@ -250,9 +310,11 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
         # only the date kept is noted below.
         due = _roll(day, calendar, 1)
         due = due if due.month == day.month else _roll(day, calendar, -1)
-    if isinstance(calendar, DateSetCalendar) and calendar.coverage is not None:
-        # A holiday file's last year passed silently (GOV.UK's ended 2027: 1 May 2028 not rolled).
-        calendar.coverage.note(due)
+    coverage = getattr(calendar, "coverage", None)
+    if coverage is not None:
+        # A holiday file's last year passed silently (GOV.UK's ended 2027: 1 May 2028 not rolled),
+        # and so did a library release's (China's 2027 decree missing from holidays 0.109).
+        coverage.note(due)
     return due
 
 
@@ -329,9 +391,10 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
     return f"{_day(nominal)} {_why_moved(nominal, cal)}; due {_due_words(due, cal)} ({rule} {convention})"
 
 
-__all__ = ["CONVENTIONS", "Coverage", "DateSetCalendar", "HolidayCalendar", "UnionCalendar", "UnknownCalendar",
-           "adjust", "calendar", "calendar_data_of", "calendar_data_version", "check_convention", "describe_roll",
-           "holiday_name", "holiday_source_of", "is_business_day"]
+__all__ = ["CONVENTIONS", "Coverage", "CoveredCalendar", "DateSetCalendar", "HolidayCalendar", "LibraryCoverage",
+           "UnionCalendar", "UnknownCalendar", "adjust", "calendar", "calendar_data_of", "calendar_data_version",
+           "check_convention", "covered_calendar", "describe_roll", "holiday_name", "holiday_source_of",
+           "is_business_day"]
 
 
 def calendar_data_of(cal: HolidayCalendar) -> str | None:

@@ -358,11 +358,13 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
     holiday (of the division); a due date rolled past them is rolled for weekends alone and reported
     once per source (:class:`~deadline_pipeline.plan.business_days.Coverage`, told by the roll
     itself, so only when a due date falls there): GOV.UK's file ended 2027, and Monday 1 May 2028
-    (Early May bank holiday) was not rolled, with no log line and every check green.
+    (Early May bank holiday) was not rolled, with no log line and every check green. A library
+    calendar (``"CN"``) is judged the same way, over the years the installed ``holidays`` release has
+    complete data for (:func:`~deadline_pipeline.plan.business_days.covered_calendar`).
     """
     from datetime import date
 
-    from deadline_pipeline.plan.business_days import Coverage, DateSetCalendar, calendar
+    from deadline_pipeline.plan.business_days import Coverage, DateSetCalendar, covered_calendar
 
     out_map: dict[str, tuple] = {}
     for src in cfg.sources:
@@ -387,7 +389,10 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
                     min(days).year, max(days).year, bd.calendar, PlanProblem(src.name, "*", ""),
                     lambda problem: out.add_problems([problem], "planning")))
             else:
-                cal = calendar(bd.calendar)
+                # Past the installed holidays release's data (China's 2027 decree absent from 0.109)
+                # the library answers "not a holiday": reported as a holiday file's last year is.
+                cal = covered_calendar(bd.calendar, PlanProblem(src.name, "*", ""),
+                                       lambda problem: out.add_problems([problem], "planning"))
         except ValueError as exc:
             log.error("planning: source %s: business-day calendar %r unusable, dates not rolled: %s",
                       src.name, bd.calendar, exc)
