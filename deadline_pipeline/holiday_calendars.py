@@ -9,7 +9,6 @@ ingested holiday source), is parsed here too (:func:`holiday_source_of`), for th
 
 from __future__ import annotations
 
-from datetime import date
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -88,21 +87,27 @@ def calendar_data_version() -> str:
 
 
 class LibraryCoverage(NamedTuple):
-    """The calendar years ``first`` to ``last`` (inclusive) for which the installed ``holidays``
-    release has complete data for a calendar spec, and ``why`` the data ends at ``last`` (words for a
-    report: ``"CN weekend working days and bridged days are set by yearly decree; this release lists
-    them to 2026"``)."""
+    """What the installed ``holidays`` release knows of a calendar spec, in calendar years.
+
+    ``first`` to ``last`` (inclusive): the years it has holidays for at all (past ``last`` it answers
+    "not a holiday" for every date); ``why``: why they end at ``last``, words for a report
+    (``"LK holidays end with the release's declared end year 2026"``). ``decrees``: for a country
+    whose weekend working days and bridged days are set by yearly decree, the last year this release
+    lists such a moved day for (``2026`` for CN in holidays 0.109); ``None`` for any other calendar.
+    Past ``decrees`` the release may lack a decree, or the country may have moved no day that year:
+    the release cannot tell the two apart."""
 
     first: int
     last: int
     why: str
+    decrees: int | None = None
 
 
 # A country whose newest listed weekend working day is more than this many years older than the
 # newest such day any country of the release lists no longer transfers working days: Ukraine
 # suspended its transfers under martial law in 2022 (last listed 2022), Armenia's end 2021 and
-# Bulgaria's 2016. Judging them by their last listed year would report every later year of a
-# calendar the release has complete, a standing false alarm.
+# Bulgaria's 2016. Judging them by their last listed year would note every later year of a
+# calendar the release has complete.
 DECREE_LAPSE_YEARS = 2
 
 
@@ -130,41 +135,6 @@ def _newest_decree_year() -> int:
     return max((y for y in years if y is not None), default=0)
 
 
-class _TableReads:
-    """Stands in for a lunar/lunisolar calendar helper of a throwaway entity (``_hindu_calendar``,
-    ``_islamic_calendar``, …) and records the last year of each date table the entity reads: a call
-    ``diwali_date(year)`` reads ``DIWALI_DATES``, ``eid_al_fitr_dates(year)`` ``EID_AL_FITR_DATES``."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.ends: dict[str, int] = {}
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._inner, name)
-        upper = name.upper()
-        table_name = upper if upper.endswith("_DATES") else upper + "S" if upper.endswith("_DATE") else None
-        table = getattr(self._inner, table_name, None) if table_name else None
-        if isinstance(table, dict) and table and all(isinstance(y, int) for y in table):
-            self.ends[table_name] = max(table)
-        return attr
-
-
-def _table_last_year(entity, years: range) -> tuple[int, str] | None:
-    """The earliest last year of the date tables a fresh copy of ``entity`` reads to compute
-    ``years``, and that table's name; ``None`` when it reads none (a Gregorian-only calendar)."""
-    fresh = type(entity)(subdiv=entity.subdiv, categories=tuple(entity.categories))
-    helpers = {name: _TableReads(value) for name, value in vars(fresh).items()
-               if type(value).__module__.startswith("holidays.calendars.")}
-    if not helpers:
-        return None
-    for name, proxy in helpers.items():
-        setattr(fresh, name, proxy)
-    for year in years:
-        fresh.get(date(year, 1, 1))
-    ends = [(end, table) for proxy in helpers.values() for table, end in proxy.ends.items()]
-    return min(ends) if ends else None
-
-
 def _members(cal) -> list:
     import holidays
 
@@ -172,47 +142,41 @@ def _members(cal) -> list:
     return list(cal.holidays) if isinstance(cal, holidays.HolidaySum) else [cal]
 
 
-def library_coverage(spec: str, today: date | None = None) -> LibraryCoverage:
-    """The years the installed ``holidays`` release has complete data for calendar ``spec`` (as
-    :func:`library_calendar` takes it). Raises :class:`UnknownCalendar` as that does.
+@lru_cache(maxsize=64)
+def library_coverage(spec: str) -> LibraryCoverage:
+    """What the installed ``holidays`` release knows of calendar ``spec`` (as :func:`library_calendar`
+    takes it), cached per spec. Raises :class:`UnknownCalendar` as that does.
 
     The library answers every year from its entity's ``start_year`` (default 1901) to its
-    ``end_year`` (default 2100), but past the data it holds it answers "not a holiday" silently, so
-    ``last`` is the earliest of, per entity (each operand of ``US-IRS``):
+    ``end_year`` (default 2100), so ``first``/``last`` are the latest declared start and the earliest
+    declared end of the spec's entities (each operand of ``US-IRS``): Sri Lanka's 2026, the end of
+    its Poya-day tables, Japan's 2099. Both are public attributes the release declares; past
+    ``last`` nothing is known, a fact.
 
-    * the entity's declared ``end_year`` (2100 by default; Sri Lanka's 2026, the end of its
-      Poya-day tables; Japan's 2099): nothing after it;
-    * the last year of each date table its lunar/lunisolar calendars read for this year and the
-      next (``today``: default the current date): India's Hindu tables end 2035, after which the
-      library drops Diwali and Holi with a ``UserWarning`` only. Tables of dates the library itself
-      calls estimated (Islamic, Chinese) count as data, being the release's best knowledge;
-    * for a country whose weekend working days and bridged days are set by yearly decree (CN, RU,
-      BY, KZ, UZ, VN, HU, LV, …), the last year its ``special_public_holidays`` lists a substituted
-      day for: the release has no marker of which decrees it holds, and a year without listed
-      transfers in such a country means the decree was not yet published when the release was
-      made (CN lists 2026; a 2027 roll would ignore the 2027 State Council notice). A country counts
-      as such while that year is within :data:`DECREE_LAPSE_YEARS` of the newest year any country of
-      the release lists (Russia's 2027): older transfers (Ukraine's 2022) are history, not a practice.
+    ``decrees``, for a country whose weekend working days and bridged days are set by yearly decree
+    (CN, RU, BY, KZ, UZ, VN, HU, LV, …): the last year its ``special_public_holidays`` lists a
+    substituted day for. An inference, not a fact: a year without listed transfers may be a decree
+    published after the release was made (CN lists 2026; a 2027 roll would ignore the 2027 State
+    Council notice) or a year in which the government moved no day (KZ, KG, TW, AZ and MM list none
+    for 2026 in 0.109), so it is for a note, not an alarm. A country counts as such while that year
+    is within :data:`DECREE_LAPSE_YEARS` of the newest year any country of the release lists
+    (Russia's 2027): older transfers (Ukraine's 2022) are history, not a practice.
 
-    Where the release says nothing per year, its declared ``end_year`` stands: no data is invented.
-    Cached per spec and year (a few milliseconds each).
+    Known limit: the lunar and lunisolar date tables the library reads end too, silently past their
+    last year (India's Hindu dates end 2035 in 0.109: Diwali and Holi dropped with a ``UserWarning``
+    only). The release declares those ends nowhere public, and they lie beyond a year's planning
+    horizon for years, so they are not judged here.
     """
-    return _library_coverage(spec, (today or date.today()).year)
-
-
-@lru_cache(maxsize=64)
-def _library_coverage(spec: str, year: int) -> LibraryCoverage:
     entities = _members(library_calendar(spec))
     first = max(e.start_year for e in entities)
-    last, why = min((e.end_year, f"{e.country if hasattr(e, 'country') else e.market} holidays end with the "
-                     f"release's declared end year {e.end_year}") for e in entities)
-    for e in entities:
-        code = getattr(e, "country", None) or getattr(e, "market", "")
-        table = _table_last_year(e, range(year, year + 2))
-        if table is not None and table[0] < last:
-            last, why = table[0], f"{code} dates of this release's {table[1]} table end {table[0]}"
-        decree = _decree_last_year(e)
-        if decree is not None and decree >= _newest_decree_year() - DECREE_LAPSE_YEARS and decree < last:
-            last, why = decree, (f"{code} weekend working days and bridged days are set by yearly decree; "
-                                 f"this release lists them to {decree}")
-    return LibraryCoverage(first, last, why)
+    last, why = min((e.end_year, f"{_code(e)} holidays end with the release's declared end year {e.end_year}")
+                    for e in entities)
+    listed = [_decree_last_year(e) for e in entities]
+    decrees = min((y for y in listed if y is not None and y >= _newest_decree_year() - DECREE_LAPSE_YEARS),
+                  default=None)
+    # Past ``last`` nothing is known at all, which the red coverage already says.
+    return LibraryCoverage(first, last, why, decrees if decrees is not None and decrees < last else None)
+
+
+def _code(entity) -> str:
+    return getattr(entity, "country", None) or getattr(entity, "market", "")

@@ -265,7 +265,8 @@ def _plan_and_record(engine, cfg, now):
         fetch_snapshot(engine, src, now)
         apply_latest_snapshot(engine, src, now)
     out = plan_all(engine, cfg, now)
-    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="test", problems=out.problems)
+    record_plan_run(engine, "plan", started_at=now, completed_at=now, label="test", problems=out.problems,
+                    counts=out.heartbeat_counts())
     return out
 
 
@@ -320,123 +321,185 @@ def test_due_dates_the_holiday_file_covers_raise_no_problem(engine, tmp_path):
     now = datetime(2027, 7, 1, tzinfo=UTC)
     out = _plan_and_record(engine, _rolled_over_govuk(tmp_path, "boxing,2027-12-28 ny,2028-01-01"), now)
     assert _dues(engine) == {"boxing": {"2027-12-24"}, "ny": {"2027-12-31"}}
-    assert out.problems == [] and w.plan_complete(engine, now).passed
+    assert out.problems == [] and out.calendar_decree_notes == {}
+    check = w.plan_complete(engine, now)
+    assert check.passed and check.metadata["calendar_decree_notes"] == 0, check
 
 
-# Library calendars: past the installed holidays release's data the library answers "not a
-# holiday" silently. China's working weekends and bridged days come from the State Council's yearly
-# notice; holidays 0.109 lists them to 2026, so a 2027 roll ignored the 2027 notice with no log line.
-# The years are read from the installed release, so a newer release moves them, not the tests.
+# Library calendars: past the installed holidays release's declared end year the library answers
+# "not a holiday" silently (Sri Lanka's calendar ends 2026 in holidays 0.109): a roll there is a
+# planning problem, as past an ingested holiday file. China's working weekends and bridged days
+# come from the State Council's yearly notice; 0.109 lists them to 2026, so a 2027 roll ignores the
+# 2027 notice, if it moved days: noted (logged, counted, said by plan_complete), not red, since a
+# country may move no day in a year (Kazakhstan, Taiwan list none for 2026 in 0.109). The years are
+# read from the installed release, so a newer release moves them, not the tests.
 
 
-def test_a_library_calendar_knows_the_years_its_release_covers_and_reports_a_due_date_past_them():
-    """CN: covered to the last year the release lists a worked weekend day for (2026 in 0.109), no
-    such day listed the year after; a roll judged in that year is reported once, naming the
-    calendar, the year, the release and both remedies; a covered roll is not. RU lists its 2027
-    production calendar in 0.109: 2027 is covered. Sri Lanka's declared end year (2026 in 0.109)
-    ends its calendar: nothing is known after it."""
+def test_a_library_calendar_reports_a_due_date_past_its_declared_end_year():
+    """LK: covered to the release's declared end year (2026 in 0.109), after which the library knows
+    nothing; a roll judged there is reported once, naming the calendar, the year, the release and
+    both remedies; a covered roll is not."""
     from types import SimpleNamespace
 
     from deadline_pipeline.holiday_calendars import library_coverage
 
-    known = library_coverage("CN", date(2026, 12, 6))
-    cn = holidays.country_holidays("CN", years=range(known.last - 1, known.last + 3))
-    assert known.last < 2100 and any(d.year == known.last for d in cn.weekend_workdays)
-    assert not any(d.year > known.last for d in cn.weekend_workdays)
+    end = holidays.country_holidays("LK").end_year
+    assert end < 2100 and library_coverage("LK").last == end and library_coverage("LK").decrees is None
     published, report = [], SimpleNamespace(message="")
-    cal = business_days.covered_calendar("CN", report, published.append, date(2026, 12, 6))
-    # A covered roll: a listed worked weekend day is a business day (the calendar answers as the library).
-    worked = max(d for d in cn.weekend_workdays if d.year == known.last)
-    assert adjust(worked, "following", cal) == worked
+    lk = business_days.covered_calendar("LK", report, published.append)
+    assert lk.decrees is None
+    covered = next(date(end, 12, d) for d in range(14, 22) if lk.is_working_day(date(end, 12, d)))
+    assert adjust(covered, "following", lk) == covered
     assert published == [] and report.message == ""
-    late = date(known.last + 1, 3, 15)  # a Monday
-    assert adjust(late, "following", cal) == late
-    assert published == [report] and cal.coverage.uncovered == late
-    version = holidays.__version__
+    late = next(date(end + 1, 1, d) for d in range(2, 9) if date(end + 1, 1, d).weekday() == 0)
+    assert adjust(late, "following", lk) == late
+    assert published == [report] and lk.coverage.uncovered == late
     assert report.message == (
-        f"business-day calendar 'CN' (holidays {version}) has complete data for 1950-{known.last} only (CN weekend "
-        f"working days and bridged days are set by yearly decree; this release lists them to {known.last}); due "
-        f"dates from {late.isoformat()} on are rolled without {late.year} data: upgrade holidays, or ingest an "
-        f"official {late.year} holiday file (business_days.calendar: source:NAME)")
-    assert adjust(late + timedelta(days=7), "preceding", cal) == late + timedelta(days=7)
-    assert published == [report] and cal.coverage.uncovered == late
-
-    ru = business_days.covered_calendar("RU", today=date(2026, 12, 6))
-    assert ru.coverage.last >= 2027 and adjust(date(2027, 3, 6), "following", ru) == date(2027, 3, 9)
-    assert ru.coverage.uncovered is None  # 8 March 2027 is Women's Day, rolled to Tuesday 9 March
-
-    lk = business_days.covered_calendar("LK", today=date(2026, 12, 6))
-    assert lk.coverage.last == holidays.country_holidays("LK").end_year
-    assert adjust(date(lk.coverage.last + 1, 1, 4), "following", lk) == date(lk.coverage.last + 1, 1, 4)
-    assert lk.coverage.uncovered == date(lk.coverage.last + 1, 1, 4)
-    assert not holidays.country_holidays("LK", years=lk.coverage.last + 1)  # the library knows nothing
+        f"business-day calendar 'LK' (holidays {holidays.__version__}) has holidays for 2003-{end} only (LK holidays "
+        f"end with the release's declared end year {end}); due dates from {late.isoformat()} on are rolled without "
+        f"{end + 1} data: upgrade holidays, or ingest an official {end + 1} holiday file (business_days.calendar: "
+        "source:NAME)")
+    assert not holidays.country_holidays("LK", years=end + 1)  # the library knows nothing
+    assert adjust(late + timedelta(days=7), "preceding", lk) == late + timedelta(days=7)
+    assert published == [report]
 
 
-def test_library_coverage_ends_at_the_date_tables_and_declared_end_year_the_calendar_uses():
-    """India's Hindu dates (Diwali, Holi) end with their tables (2035 in 0.109): the year after is
-    not covered, and the library indeed drops Diwali then. US-IRS (US + DC, no yearly decrees, no
-    lunar dates) is covered to the release's declared end year (2100). Ukraine listed worked
-    weekend days until it suspended transfers in 2022: history, not a practice, so it is covered
-    to its end year too (no standing false alarm)."""
-    import warnings
+def test_a_decree_calendar_notes_a_due_date_past_its_listed_decrees_without_reporting_it():
+    """CN: holidays to 2100, decreed moved days listed to the last year the release has a worked
+    weekend day for (2026 in 0.109); a roll the year after calls ``note`` once (spec, that year, a
+    message naming the calendar, the year, the release and the remedies) and reports no problem;
+    a covered roll notes nothing. RU lists its 2027 production calendar in 0.109: 2027 is not noted."""
+    from types import SimpleNamespace
 
     from deadline_pipeline.holiday_calendars import library_coverage
 
-    india = library_coverage("IN", date(2026, 12, 6))
-    assert india.last < 2100 and "_DATES table" in india.why
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        names = {y: set(holidays.country_holidays("IN", years=y).values()) for y in (india.last, india.last + 1)}
-    assert "Diwali" in names[india.last] and "Diwali" not in names[india.last + 1]
+    known = library_coverage("CN")
+    cn = holidays.country_holidays("CN", years=range(known.decrees - 1, known.decrees + 3))
+    assert known.last == holidays.country_holidays("CN").end_year and known.decrees < known.last
+    assert any(d.year == known.decrees for d in cn.weekend_workdays)
+    assert not any(d.year > known.decrees for d in cn.weekend_workdays)
+    published, report, noted = [], SimpleNamespace(message=""), []
+    cal = business_days.covered_calendar("CN", report, published.append,
+                                         lambda *said: noted.append(said))
+    worked = max(d for d in cn.weekend_workdays if d.year == known.decrees)
+    assert adjust(worked, "following", cal) == worked  # a listed worked weekend day is a business day
+    assert noted == []
+    late = date(known.decrees + 1, 3, 15)  # a Monday
+    assert adjust(late, "following", cal) == late
+    assert adjust(late + timedelta(days=7), "preceding", cal) == late + timedelta(days=7)
+    assert published == [] and report.message == "" and cal.coverage.uncovered is None
+    year = known.decrees + 1
+    assert noted == [("CN", known.decrees, (
+        f"business-day calendar 'CN' (holidays {holidays.__version__}) lists the yearly decree's worked weekends "
+        f"and bridged days off to {known.decrees} only; due dates from {late.isoformat()} on are rolled as if "
+        f"{year} moved no day: if a {year} decree moved days, upgrade holidays or ingest the official {year} "
+        "holiday file (business_days.calendar: source:NAME)"))]
+
+    ru = business_days.covered_calendar("RU", note=lambda *said: noted.append(said))
+    assert ru.decrees.last >= 2027 and adjust(date(2027, 3, 6), "following", ru) == date(2027, 3, 9)
+    assert len(noted) == 1  # 8 March 2027 is Women's Day, rolled to Tuesday 9 March
+
+
+def test_library_coverage_judges_only_declared_years_and_live_decree_practice():
+    """India's Hindu date tables end 2035 in 0.109 (a known limit, beyond a planning horizon for
+    years): not judged, its coverage is the declared end year. US-IRS (US + DC, no yearly decrees)
+    is covered to the release's declared end year (2100). Ukraine listed worked weekend days until
+    it suspended transfers in 2022: history, not a practice, so nothing is noted for it."""
+    from deadline_pipeline.holiday_calendars import library_coverage
+
+    assert library_coverage("IN") == (holidays.country_holidays("IN").start_year,
+                                      holidays.country_holidays("IN").end_year,
+                                      f"IN holidays end with the release's declared end year "
+                                      f"{holidays.country_holidays('IN').end_year}", None)
     assert library_coverage("US-IRS").last == holidays.country_holidays("US").end_year
+    assert library_coverage("US-IRS").decrees is None
     assert library_coverage("UA").last == holidays.country_holidays("UA").end_year
+    assert library_coverage("UA").decrees is None
 
 
-def _rolled_over_library(tmp_path, spec: str, zone: str, dues: list[date]):
-    """A ``filings`` CSV source of one rule per date of ``dues`` (id ``f<n>``, 12:00 in ``zone``),
-    rolled ``following`` over the library calendar ``spec``, for one subscriber."""
+def _rolled_over_library(tmp_path, calendars: dict[str, str], zone: str, dues: list[date]):
+    """One ``filings``-like CSV source per entry of ``calendars`` (source name → library calendar
+    spec), each of one rule per date of ``dues`` (id ``f<n>``, 12:00 in ``zone``), rolled
+    ``following`` over its calendar, for one subscriber."""
     from deadline_pipeline.config import load_config
     from deadline_pipeline_tests.factories import write_config
 
     rows = "".join(f"f{n},Filing {n},{due.isoformat()}T12:00:00,{zone}\n" for n, due in enumerate(dues))
-    (tmp_path / "filings.csv").write_text("id,title,due,timezone\n" + rows)
+    for name in calendars:
+        (tmp_path / f"{name}.csv").write_text("id,title,due,timezone\n" + rows)
     return load_config(write_config(
         tmp_path,
-        sources=[{"name": "filings", "format": "csv", "location": "filings.csv",
-                  "business_days": {"calendar": spec, "convention": "following"}}],
+        sources=[{"name": name, "format": "csv", "location": f"{name}.csv",
+                  "business_days": {"calendar": spec, "convention": "following"}} for name, spec in calendars.items()],
         subscribers=[{"id": "ann", "email": "ann@example.org", "timezone": zone}],
-        subscriptions=[{"name": "s", "sources": ["filings"], "offsets": ["PT0S"], "channels": ["mail"]}],
+        subscriptions=[{"name": "s", "sources": list(calendars), "offsets": ["PT0S"], "channels": ["mail"]}],
         channels={"mail": {"type": "maildir", "path": str(tmp_path / "maildir")}},
     ))[0]
 
 
-def test_a_due_date_past_the_library_releases_data_is_reported_and_still_planned(engine, tmp_path):
+def test_a_due_date_past_the_listed_decrees_is_noted_once_per_calendar_and_plan_complete_stays_green(
+        engine, tmp_path, caplog):
     """CN due dates the year after the release's last decree year (2027 in holidays 0.109, inside
-    the horizon on 6 December of the year before): planned, rolled as the library answers (Saturday
-    to Monday), and reported once for the source, naming CN, the year, the release and the
-    remedies; plan_complete is red and says so."""
+    the horizon on 6 December of the year before), in two sources on CN: planned, rolled as the
+    library answers (Saturday to Monday), no planning problem; logged once at WARNING, naming CN,
+    the year, the release and the remedies; plan_complete green, counting one calendar and naming
+    it, the year listed to, the release and the remedies."""
     from datetime import UTC, datetime
 
     from deadline_pipeline.holiday_calendars import library_coverage
     from deadline_pipeline.watch import checks as w
 
-    year = library_coverage("CN").last + 1
+    listed = library_coverage("CN").decrees
+    year = listed + 1
     now = datetime(year - 1, 12, 6, tzinfo=UTC)
     saturday = next(date(year, 3, d) for d in range(1, 8) if date(year, 3, d).weekday() == 5)
-    out = _plan_and_record(engine, _rolled_over_library(tmp_path, "CN", "Asia/Shanghai", [saturday]), now)
+    cfg = _rolled_over_library(tmp_path, {"filings": "CN", "returns": "cn"}, "Asia/Shanghai", [saturday])
+    with caplog.at_level("WARNING", logger="deadline_pipeline.plan.outcome"):
+        out = _plan_and_record(engine, cfg, now)
+    assert out.problems == [] and out.calendar_decree_notes == {"CN": listed}
+    said = [r for r in caplog.records if "yearly decree" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", caplog.records
+    message = said[0].getMessage()
+    assert message.startswith(f"planning: business-day calendar 'CN' (holidays {holidays.__version__}) lists the "
+                              f"yearly decree's worked weekends and bridged days off to {listed} only"), message
+    assert f"due dates from {(saturday + timedelta(days=2)).isoformat()} on are rolled as if {year} moved" in message
+    assert f"upgrade holidays or ingest the official {year} holiday file" in message
+    check = w.plan_complete(engine, now)
+    assert check.passed and check.metadata["calendar_decree_notes"] == 1, check
+    assert check.metadata["decrees_listed_to"] == {"CN": listed}, check
+    assert (f"1 business-day calendar(s) of yearly decree countries rolled due dates past the last year "
+            f"holidays {holidays.__version__} lists their worked weekends and bridged days off for (CN to {listed})"
+            in check.summary), check.summary
+    assert "upgrade holidays, or ingest the official holiday file for that year" in check.summary, check.summary
+    assert _due_dates(engine) == [saturday + timedelta(days=2)] * 2
+
+
+def test_a_due_date_past_a_library_calendars_declared_end_year_turns_plan_complete_red(engine, tmp_path):
+    """LK due dates the year after the release's declared end year (2027 in holidays 0.109):
+    planned, reported once for the source, naming LK, the year, the release and the remedies;
+    plan_complete red and says so; no decree note."""
+    from datetime import UTC, datetime
+
+    from deadline_pipeline.watch import checks as w
+
+    year = holidays.country_holidays("LK").end_year + 1
+    now = datetime(year - 1, 12, 6, tzinfo=UTC)
+    monday = next(date(year, 1, d) for d in range(2, 9) if date(year, 1, d).weekday() == 0)
+    out = _plan_and_record(engine, _rolled_over_library(tmp_path, {"filings": "LK"}, "Asia/Colombo", [monday]), now)
     assert [(p.source, p.rule_id) for p in out.problems] == [("filings", "*")], out.problems
     message = out.problems[0].message
-    assert message.startswith(f"business-day calendar 'CN' (holidays {holidays.__version__}) has complete data for "
-                              f"1950-{year - 1} only"), message
-    assert f"due dates from {(saturday + timedelta(days=2)).isoformat()} on are rolled without {year} data" in message
+    assert message.startswith(f"business-day calendar 'LK' (holidays {holidays.__version__}) has holidays for "
+                              f"2003-{year - 1} only"), message
+    assert f"due dates from {monday.isoformat()} on are rolled without {year} data" in message
     assert f"upgrade holidays, or ingest an official {year} holiday file" in message
     check = w.plan_complete(engine, now)
     assert not check.passed and f"{year} data" in check.summary, check.summary
-    assert _due_dates(engine) == [saturday + timedelta(days=2)]
+    assert check.metadata["calendar_decree_notes"] == 0 and out.calendar_decree_notes == {}
+    assert _due_dates(engine) == [monday]
 
 
 def _due_dates(engine) -> list[date]:
-    """The UTC dates of every obligation's due instant (12:00 in Shanghai or Moscow: the local date)."""
+    """The UTC dates of every obligation's due instant (12:00 in Shanghai, Colombo or Moscow: the local date)."""
     from datetime import UTC
 
     from sqlalchemy import select
@@ -449,15 +512,18 @@ def _due_dates(engine) -> list[date]:
 
 def test_due_dates_the_library_release_covers_raise_no_problem(engine, tmp_path):
     """RU due dates in 2027, the year of the production calendar holidays 0.109 lists (Saturday 6
-    March before Women's Day on Monday 8 March rolls to Tuesday 9 March): no problem,
+    March before Women's Day on Monday 8 March rolls to Tuesday 9 March): no problem, no note,
     plan_complete green."""
     from datetime import UTC, datetime
 
     from deadline_pipeline.holiday_calendars import library_coverage
     from deadline_pipeline.watch import checks as w
 
-    assert library_coverage("RU").last >= 2027
+    assert library_coverage("RU").decrees >= 2027
     now = datetime(2026, 12, 6, tzinfo=UTC)
-    out = _plan_and_record(engine, _rolled_over_library(tmp_path, "RU", "Europe/Moscow", [date(2027, 3, 6)]), now)
+    out = _plan_and_record(engine, _rolled_over_library(tmp_path, {"filings": "RU"}, "Europe/Moscow",
+                                                        [date(2027, 3, 6)]), now)
     assert _due_dates(engine) == [date(2027, 3, 9)]
-    assert out.problems == [] and w.plan_complete(engine, now).passed
+    assert out.problems == [] and out.calendar_decree_notes == {}
+    check = w.plan_complete(engine, now)
+    assert check.passed and check.metadata["calendar_decree_notes"] == 0, check

@@ -115,6 +115,33 @@ def test_an_ambiguous_subscriber_zone_is_said_in_plan_complete_and_the_log_and_s
     assert "1 subscriber(s) have an ambiguous time zone" in check.summary, check.summary
 
 
+def test_decree_notes_are_said_once_across_a_full_run_and_a_backfill_of_the_same_months(engine):
+    """A decree calendar's note (CN rolled past the last year the holidays release lists its moved
+    days for) describes the configuration's calendars against the months planned: a backfill of
+    months the full run planned notes CN again. plan_complete takes the largest count (2, not 3),
+    names every calendar noted with the year listed, and stays green."""
+    from deadline_pipeline.holiday_calendars import calendar_data_version
+
+    def run(component, minutes, counts):
+        at = T0 + timedelta(minutes=minutes)
+        record_plan_run(engine, component, started_at=at, completed_at=at, label=component, problems=[],
+                        counts=counts)
+        return w.plan_complete(engine, at)
+
+    out = run("plan", 0, {"calendar_decree_notes": 2, "decrees_listed_to:CN": 2026, "decrees_listed_to:KZ": 2025})
+    assert out.passed and out.metadata["calendar_decree_notes"] == 2, out
+    out = run("plan:backfill", 5, {"calendar_decree_notes": 1, "decrees_listed_to:CN": 2026})
+    assert out.passed and out.count == 0 and out.metadata["calendar_decree_notes"] == 2, out
+    assert out.metadata["decrees_listed_to"] == {"CN": 2026, "KZ": 2025}, out
+    assert (f"2 business-day calendar(s) of yearly decree countries rolled due dates past the last year "
+            f"{calendar_data_version()} lists their worked weekends and bridged days off for (CN to 2026, KZ to "
+            "2025), as if no day moved after it: if a decree moved days, upgrade holidays, or ingest the official "
+            "holiday file for that year (business_days.calendar: source:NAME)") in out.summary, out.summary
+    # A clean full run after both judges itself alone: nothing said.
+    out = run("plan", 60, {"calendar_decree_notes": 0})
+    assert out.passed and out.metadata["calendar_decree_notes"] == 0 and "decree" not in out.summary, out
+
+
 def test_kinds_matching_no_rule_turn_plan_complete_red(engine, tmp_path):
     cfg, _ = _config(tmp_path, kinds=["papr"])
     ingest(engine, cfg, T0)

@@ -17,13 +17,21 @@ days neither on its ``weekend`` (Saturday/Sunday unless it says otherwise) nor i
 
 Covered years. A calendar built from an ingested holiday file knows only the years the file lists:
 GOV.UK's bank-holidays.json ended 2027-12-28, so Monday 1 May 2028 (Early May bank holiday) was a
-business day to it. A ``holidays`` calendar answers any year to 2100, but past the data of the
-installed release it answers "not a holiday" just as silently: China's 2027 State Council notice
-(its bridged days off and worked weekends) is not in holidays 0.109, India's Hindu dates end 2035.
-Either calendar carries a :class:`Coverage` (for a library calendar, :class:`LibraryCoverage`, the
-years :func:`~deadline_pipeline.holiday_calendars.library_coverage` computes from the release), and
+business day to it. A ``holidays`` calendar answers any year to 2100, but past the release's
+declared end year it answers "not a holiday" just as silently (Sri Lanka's ends 2026 in holidays
+0.109). Either calendar carries a :class:`Coverage` (for a library calendar, :class:`LibraryCoverage`,
+the years :func:`~deadline_pipeline.holiday_calendars.library_coverage` reads from the release), and
 :func:`adjust` tells it each due date it settles on past the last covered year, so planning can
-report the date as rolled without the data; the plan still goes ahead.
+report the date as rolled without the data (a planning problem); the plan still goes ahead.
+
+Decreed transfers. A country whose worked weekends and bridged days off come from a yearly decree
+(China's State Council notice) has them in the release only for the years published before it was
+made: holidays 0.109 lists China's to 2026. A roll past that year may ignore a decree, or the
+country may have moved no day that year (Kazakhstan, Taiwan and others list none for 2026 in
+0.109); the release cannot tell. Such a calendar also carries a :class:`DecreeCoverage`, told each
+due date alike, which planning *notes* (a warning, shown by ``plan_complete`` while it stays
+green), not reports: a problem would be red for a whole year in every deployment of a country that
+simply moved no day.
 
 Conventions (the ISDA names used for payment and filing dates):
 
@@ -49,6 +57,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
+from types import SimpleNamespace
 from typing import Protocol, runtime_checkable
 
 # The library calendars and their spec grammar live in a leaf module, so that the configuration can
@@ -135,33 +144,57 @@ class Coverage:
 
 @dataclass(eq=False)
 class LibraryCoverage(Coverage):
-    """The years the installed ``holidays`` release has complete data for a library calendar spec,
-    judged like an ingested file's (:class:`Coverage`); ``why``: why the data ends at ``last``, and
-    ``data``: the release (:func:`calendar_data_version`). Built by :func:`covered_calendar`."""
+    """The years the installed ``holidays`` release has holidays for a library calendar spec (from its
+    declared start and end years), judged like an ingested file's (:class:`Coverage`); ``why``: why
+    the data ends at ``last``, and ``data``: the release (:func:`calendar_data_version`). Built by
+    :func:`covered_calendar`."""
 
     why: str = ""
     data: str = ""
 
     def describe(self) -> str:
-        """``"business-day calendar 'CN' (holidays 0.109) has complete data for 1950-2026 only (CN weekend
-        working days …; this release lists them to 2026); due dates from 2027-02-11 on are rolled
-        without 2027 data: upgrade holidays, or ingest an official 2027 holiday file (business_days.calendar:
+        """``"business-day calendar 'LK' (holidays 0.109) has holidays for 2003-2026 only (LK holidays end
+        with the release's declared end year 2026); due dates from 2027-01-04 on are rolled without
+        2027 data: upgrade holidays, or ingest an official 2027 holiday file (business_days.calendar:
         source:NAME)"``, from :attr:`uncovered`."""
         since = self.uncovered or date(self.last + 1, 1, 1)
-        return (f"business-day calendar {self.spec!r} ({self.data}) has complete data for {self.first}-{self.last} "
+        return (f"business-day calendar {self.spec!r} ({self.data}) has holidays for {self.first}-{self.last} "
                 f"only ({self.why}); due dates from {since.isoformat()} on are rolled without {since.year} data: "
                 f"upgrade holidays, or ingest an official {since.year} holiday file (business_days.calendar: "
                 "source:NAME)")
 
 
+@dataclass(eq=False)
+class DecreeCoverage(Coverage):
+    """The years to ``last`` for which the installed ``holidays`` release lists a decree country's
+    moved working days (:attr:`~deadline_pipeline.holiday_calendars.LibraryCoverage.decrees`), told
+    each rolled due date as :class:`Coverage` is; ``data``: the release. ``publish(report)`` is
+    meant for a note (a warning), not a problem: past ``last`` the country may have moved no day."""
+
+    data: str = ""
+
+    def describe(self) -> str:
+        """``"business-day calendar 'CN' (holidays 0.109) lists the yearly decree's worked weekends and
+        bridged days off to 2026 only; due dates from 2027-03-08 on are rolled as if 2027 moved no
+        day: if a 2027 decree moved days, upgrade holidays or ingest the official 2027 holiday file
+        (business_days.calendar: source:NAME)"``, from :attr:`uncovered`."""
+        since = self.uncovered or date(self.last + 1, 1, 1)
+        return (f"business-day calendar {self.spec!r} ({self.data}) lists the yearly decree's worked weekends "
+                f"and bridged days off to {self.last} only; due dates from {since.isoformat()} on are rolled as "
+                f"if {since.year} moved no day: if a {since.year} decree moved days, upgrade holidays or ingest "
+                f"the official {since.year} holiday file (business_days.calendar: source:NAME)")
+
+
 @dataclass(frozen=True)
 class CoveredCalendar:
     """A ``holidays`` calendar (``calendar``, shared and cached per spec) with the :class:`Coverage`
-    of one planning run: it answers as the calendar does (``day in``, ``is_working_day``,
-    ``is_weekend``, ``get``), and :func:`adjust` tells ``coverage`` each due date it settles on."""
+    of one planning run and, for a decree country, its :class:`DecreeCoverage` (``decrees``; else
+    ``None``): it answers as the calendar does (``day in``, ``is_working_day``, ``is_weekend``,
+    ``get``), and :func:`adjust` tells both each due date it settles on."""
 
     calendar: HolidayCalendar
     coverage: Coverage = field(compare=False, repr=False)
+    decrees: Coverage | None = field(default=None, compare=False, repr=False)
 
     def __contains__(self, day: object) -> bool:
         return day in self.calendar
@@ -177,14 +210,22 @@ class CoveredCalendar:
 
 
 def covered_calendar(spec: str, report: object = None, publish: Callable[[object], object] | None = None,
-                     today: date | None = None) -> CoveredCalendar:
+                     note: Callable[[str, int, str], object] | None = None) -> CoveredCalendar:
     """The library calendar of ``spec`` (:func:`calendar`) with a :class:`LibraryCoverage` of the
-    years the installed release has complete data for
-    (:func:`~deadline_pipeline.holiday_calendars.library_coverage`, ``today``: its default), told
-    ``report`` and ``publish`` as :class:`Coverage` is. Raises :class:`UnknownCalendar` naming the spec."""
-    known = library_coverage(spec, today)
+    years the installed release has holidays for, told ``report`` and ``publish`` as
+    :class:`Coverage` is, and for a decree country
+    (:attr:`~deadline_pipeline.holiday_calendars.LibraryCoverage.decrees` not ``None``) a
+    :class:`DecreeCoverage`, which calls ``note(spec, last listed year, its message)`` once, at the
+    first due date past its year (both read by
+    :func:`~deadline_pipeline.holiday_calendars.library_coverage`). Raises :class:`UnknownCalendar`
+    naming the spec."""
+    known = library_coverage(spec)
+    data = calendar_data_version()
+    decrees = None if known.decrees is None else DecreeCoverage(
+        known.first, known.decrees, spec, SimpleNamespace(message=""),
+        None if note is None else lambda said: note(spec, known.decrees, said.message), data=data)
     return CoveredCalendar(library_calendar(spec), LibraryCoverage(
-        known.first, known.last, spec, report, publish, why=known.why, data=calendar_data_version()))
+        known.first, known.last, spec, report, publish, why=known.why, data=data), decrees)
 
 
 @dataclass(frozen=True)
@@ -293,8 +334,8 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
     """Move ``day`` to a business day by ``convention`` (one of :data:`CONVENTIONS`).
 
     ``calendar``: a :class:`HolidayCalendar` (resolve a spec with :func:`calendar`). Returns a date.
-    A calendar with a :class:`Coverage` (:class:`DateSetCalendar`, :class:`CoveredCalendar`) is told
-    the result (:meth:`Coverage.note`).
+    A calendar with a :class:`Coverage` (:class:`DateSetCalendar`, :class:`CoveredCalendar`, also its
+    ``decrees``) is told the result (:meth:`Coverage.note`).
     Raises ``ValueError`` for an unknown convention, or when no business day lies within
     :data:`MAX_ROLL_DAYS` days (a calendar that marks everything as a holiday is a data error).
     """
@@ -313,8 +354,12 @@ def adjust(day: date, convention: str, calendar: HolidayCalendar) -> date:  # no
     coverage = getattr(calendar, "coverage", None)
     if coverage is not None:
         # A holiday file's last year passed silently (GOV.UK's ended 2027: 1 May 2028 not rolled),
-        # and so did a library release's (China's 2027 decree missing from holidays 0.109).
+        # and so did a library release's declared end year (Sri Lanka's 2026 in holidays 0.109).
         coverage.note(due)
+    decrees = getattr(calendar, "decrees", None)
+    if decrees is not None:
+        # China's 2027 decree (not in holidays 0.109) may move days this roll ignored: noted, not red.
+        decrees.note(due)
     return due
 
 
@@ -391,10 +436,10 @@ def describe_roll(nominal: date, due: date, spec: str, convention: str,
     return f"{_day(nominal)} {_why_moved(nominal, cal)}; due {_due_words(due, cal)} ({rule} {convention})"
 
 
-__all__ = ["CONVENTIONS", "Coverage", "CoveredCalendar", "DateSetCalendar", "HolidayCalendar", "LibraryCoverage",
-           "UnionCalendar", "UnknownCalendar", "adjust", "calendar", "calendar_data_of", "calendar_data_version",
-           "check_convention", "covered_calendar", "describe_roll", "holiday_name", "holiday_source_of",
-           "is_business_day"]
+__all__ = ["CONVENTIONS", "Coverage", "CoveredCalendar", "DateSetCalendar", "DecreeCoverage", "HolidayCalendar",
+           "LibraryCoverage", "UnionCalendar", "UnknownCalendar", "adjust", "calendar", "calendar_data_of",
+           "calendar_data_version", "check_convention", "covered_calendar", "describe_roll", "holiday_name",
+           "holiday_source_of", "is_business_day"]
 
 
 def calendar_data_of(cal: HolidayCalendar) -> str | None:

@@ -14,6 +14,10 @@ log = logging.getLogger(__name__)
 #: The names of :attr:`PlanOutcome.override_folds` (``plan.recurrence.Folded.counts``).
 OVERRIDE_FOLD_COUNTS = ("orphan_overrides", "cancelled_occurrences", "override_rrule_ignored")
 
+#: The heartbeat count of one noted decree calendar is this prefix and its spec (``"decrees_listed_to:CN"``),
+#: its value the last year the release lists the calendar's moved days for (:attr:`PlanOutcome.calendar_decree_notes`).
+DECREES_LISTED_TO = "decrees_listed_to:"
+
 
 @dataclass
 class PlanOutcome:
@@ -78,6 +82,11 @@ class PlanOutcome:
     # Subscribers whose zone is an ambiguous abbreviation (CST, IST) or IANA's Etc/GMT±N (POSIX's
     # inverted sign): read as written, logged and shown in plan_complete, as a source's are noted.
     subscriber_zone_notes: int = 0
+    # Library calendars of yearly decree countries (spec, upper case → the last year the installed
+    # holidays release lists their moved days for) that rolled a due date past that year
+    # (business_days.DecreeCoverage): logged once per calendar, in the heartbeat's counts, shown by
+    # plan_complete, not a problem (the country may have moved no day that year).
+    calendar_decree_notes: dict[str, int] = field(default_factory=dict)
     # (source, rule id, message) of each problem in ``problems``: a problem every subscriber of a
     # subscription meets (a refused rule) is listed and logged once, not once per subscriber.
     _seen: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)
@@ -96,12 +105,25 @@ class PlanOutcome:
             log.error("%s: source %s rule %s: %s", log_as, p.source, p.rule_id, p.message)
         return new
 
+    def note_calendar_decrees(self, spec: str, last: int, message: str) -> None:
+        """Note that calendar ``spec`` rolled a due date past ``last``, the last year the release lists
+        its decreed moved days for: the first note of a spec (letter case ignored) is kept and logged
+        as a warning (``message``), later ones (another source on the same calendar) are not."""
+        key = spec.strip().upper()
+        if key in self.calendar_decree_notes:
+            return
+        self.calendar_decree_notes[key] = last
+        log.warning("planning: %s", message)
+
     def heartbeat_counts(self) -> dict[str, int]:
         """The counts the run's heartbeat records (``heartbeats.counts``) for ``plan_complete``:
-        ``gap_rule_fallbacks``, ``subscriber_zone_notes`` and each of :attr:`override_folds` (every name
-        present, 0 included)."""
+        ``gap_rule_fallbacks``, ``subscriber_zone_notes``, ``calendar_decree_notes`` (how many calendars
+        :meth:`note_calendar_decrees` noted) and each of :attr:`override_folds` (every name present, 0
+        included), and per noted calendar :data:`DECREES_LISTED_TO` + spec → its last listed year."""
         return {"gap_rule_fallbacks": self.gap_rule_fallbacks, "subscriber_zone_notes": self.subscriber_zone_notes,
-                **{name: self.override_folds.get(name, 0) for name in OVERRIDE_FOLD_COUNTS}}
+                "calendar_decree_notes": len(self.calendar_decree_notes),
+                **{name: self.override_folds.get(name, 0) for name in OVERRIDE_FOLD_COUNTS},
+                **{DECREES_LISTED_TO + spec: last for spec, last in sorted(self.calendar_decree_notes.items())}}
 
     @property
     def alerts_written(self) -> int:

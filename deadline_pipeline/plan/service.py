@@ -359,8 +359,11 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
     once per source (:class:`~deadline_pipeline.plan.business_days.Coverage`, told by the roll
     itself, so only when a due date falls there): GOV.UK's file ended 2027, and Monday 1 May 2028
     (Early May bank holiday) was not rolled, with no log line and every check green. A library
-    calendar (``"CN"``) is judged the same way, over the years the installed ``holidays`` release has
-    complete data for (:func:`~deadline_pipeline.plan.business_days.covered_calendar`).
+    calendar (``"LK"``) is judged the same way, over the years the installed ``holidays`` release
+    declares (:func:`~deadline_pipeline.plan.business_days.covered_calendar`); a decree country's
+    (``"CN"``) due date past the last year the release lists its moved days for is noted instead, once
+    per calendar (:meth:`~deadline_pipeline.plan.outcome.PlanOutcome.note_calendar_decrees`), since
+    the country may have moved no day that year.
     """
     from datetime import date
 
@@ -389,10 +392,13 @@ def business_calendars(conn, cfg: DeadlinesConfig, out: PlanOutcome) -> dict[str
                     min(days).year, max(days).year, bd.calendar, PlanProblem(src.name, "*", ""),
                     lambda problem: out.add_problems([problem], "planning")))
             else:
-                # Past the installed holidays release's data (China's 2027 decree absent from 0.109)
+                # Past the installed holidays release's declared end year (Sri Lanka's 2026 in 0.109)
                 # the library answers "not a holiday": reported as a holiday file's last year is.
+                # Past its listed decrees (China's 2027 notice absent from 0.109) it may be right, as
+                # a year may move no day: said once per calendar, not red for a whole year.
                 cal = covered_calendar(bd.calendar, PlanProblem(src.name, "*", ""),
-                                       lambda problem: out.add_problems([problem], "planning"))
+                                       lambda problem: out.add_problems([problem], "planning"),
+                                       out.note_calendar_decrees)
         except ValueError as exc:
             log.error("planning: source %s: business-day calendar %r unusable, dates not rolled: %s",
                       src.name, bd.calendar, exc)

@@ -52,7 +52,12 @@ Checks and what exactly they promise:
     none leaves a reminder unplanned: an orphan override is planned as it is (a duplicate at worst),
     a cancelled occurrence is one the calendar itself cancelled, and an override's RRULE is dropped
     because an override is one instance (RFC 5545 §3.8.4.4), which is planned. A fold that fails is
-    a planning problem (red above). All of these are read from the heartbeats' structured ``counts``
+    a planning problem (red above). Metadata ``calendar_decree_notes`` (and ``decrees_listed_to``:
+    calendar → year): library calendars of yearly decree countries (CN) that rolled a due date past
+    the last year the installed ``holidays`` release lists their moved days for; said in the summary
+    with the release and the remedies, not red, as a country may move no day in a year (a due date
+    past a calendar's declared end year is a planning problem instead). All of these are read from
+    the heartbeats' structured ``counts``
     (:meth:`~deadline_pipeline.plan.outcome.PlanOutcome.heartbeat_counts`), each run's own.
 ``escalations_acknowledged``
     zero escalated alerts without ``acknowledged_at`` (a WARN: the miss is already loud; this tracks
@@ -80,7 +85,7 @@ from sqlalchemy import Engine
 from deadline_pipeline.config import DeadlinesConfig
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.occurrences import GRACE
-from deadline_pipeline.plan.outcome import OVERRIDE_FOLD_COUNTS
+from deadline_pipeline.plan.outcome import DECREES_LISTED_TO, OVERRIDE_FOLD_COUNTS
 from deadline_pipeline.rules import kinds_allow
 from deadline_pipeline.states import OPEN
 from deadline_pipeline.store import health
@@ -194,8 +199,11 @@ _PROBLEM_COUNT = re.compile(r"(\d+) problem\(s\)")
 _PER_RUN_COUNTS = ("gap_rule_fallbacks", *OVERRIDE_FOLD_COUNTS)
 # Per-configuration facts describe what every run reads, not what one did: the zone notes describe
 # the subscriber list, which every month's run reads whole, so adding the runs' counts would
-# multiply them (one ambiguous zone said twice after a backfill); the largest is taken.
-_PER_CONFIGURATION_COUNTS = ("subscriber_zone_notes",)
+# multiply them (one ambiguous zone said twice after a backfill); the largest is taken. The decree
+# notes describe the configuration's calendars against the installed holidays release and the
+# months planned: a backfill of months the full run planned notes the same calendar again (CN said
+# twice), so they are not added either.
+_PER_CONFIGURATION_COUNTS = ("subscriber_zone_notes", "calendar_decree_notes")
 
 
 def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
@@ -230,7 +238,32 @@ def plan_complete(engine: Engine, now: datetime) -> CheckOutcome:
         out.summary += (f"; {zone_notes} subscriber(s) have an ambiguous time zone (an abbreviation such as CST "
                         "or IANA's Etc/GMT±N, read as written; see the planning log for which, and write the "
                         "IANA name meant)")
+    # Said, not red: a year past the release's listed decrees may be one in which nothing moved.
+    listed = _decrees_listed(judged)
+    out.metadata["decrees_listed_to"] = listed
+    if out.metadata["calendar_decree_notes"]:
+        release = max(judged, key=lambda b: b["last_completed_at"]).get("calendar_data") or "the holidays release"
+        named = ", ".join(f"{spec} to {year}" for spec, year in listed.items())
+        noted = out.metadata["calendar_decree_notes"]
+        out.summary += (f"; {noted} business-day calendar(s) of yearly decree countries rolled due dates past the "
+                        f"last year {release} lists their worked weekends and bridged days off for ({named}), as if "
+                        "no day moved after it: if a decree moved days, upgrade holidays, or ingest the official "
+                        "holiday file for that year (business_days.calendar: source:NAME); "
+                        "see the planning log")
     return out
+
+
+def _decrees_listed(judged: list[dict]) -> dict[str, int]:
+    """Calendar spec → the last year the holidays release lists its decreed moved days for, over the
+    heartbeats' counts (:data:`~deadline_pipeline.plan.outcome.DECREES_LISTED_TO`; the latest year
+    when runs differ), sorted by spec."""
+    listed: dict[str, int] = {}
+    for beat in judged:
+        for name, year in (beat.get("counts") or {}).items():
+            if name.startswith(DECREES_LISTED_TO):
+                spec = name[len(DECREES_LISTED_TO):]
+                listed[spec] = max(int(year), listed.get(spec, 0))
+    return dict(sorted(listed.items()))
 
 
 def _plan_complete_outcome(judged: list[dict]) -> CheckOutcome:
