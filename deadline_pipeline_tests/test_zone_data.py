@@ -278,6 +278,22 @@ def test_a_horizon_planned_with_other_zone_data_is_red_however_old_its_heartbeat
     assert "horizon plan IANA 2025b" in out.summary, out.summary
 
 
+def test_status_says_when_the_horizon_was_planned_with_other_zone_data(engine, tmp_path):
+    """``status`` printed the versions the horizon was planned with beside the ones in force and said
+    nothing when they differed; now it says so, and nothing once the horizon is re-planned."""
+    from deadline_pipeline.commands.ops_cmds import status_text
+
+    cfg = setup(tmp_path)
+    now = at("2026-11-01T00:00:00")
+    with zone_database(old(tmp_path)):
+        cycle(engine, cfg, now)
+    text = status_text(engine, now, cfg)
+    assert "IANA 2025b / -: 4" in text and "DIFFERENT TIME DATA: 4 of them" in text, text
+    plan(engine, cfg, now)
+    text = status_text(engine, now, cfg)
+    assert f"IANA {PACKAGE} / -: 4" in text and "DIFFERENT TIME DATA" not in text, text
+
+
 def test_the_cause_of_a_move_names_what_changed():
     """Only a move under an unchanged rule is blamed on the time data; a fixed offset has no rules
     to change; a calendar library upgrade is named with both versions; NULL is no version."""

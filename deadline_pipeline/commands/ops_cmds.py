@@ -183,6 +183,27 @@ def register(main: click.Group) -> None:
         click.echo(status_text(engine, now, cfg))
 
 
+def _planned_with_other_time_data(planned_with: dict[tuple[str | None, str | None], int]) -> str | None:
+    """The ``status`` line for obligations still ahead that were planned with other zone data or
+    another holiday release than this process reads (``planned_with``: (zone data, calendar data) →
+    count, NULL = not recorded or not decided by that input), else ``None``.
+
+    ``status`` printed both versions a line apart with nothing to say they disagree: a store planned
+    with IANA 2026f read by a process on 2025b looked as healthy as any other (only the watchdog's
+    ``time_data_agrees`` said it)."""
+    from deadline_pipeline.holiday_calendars import calendar_data_version
+    from deadline_pipeline.zone_data import in_force
+
+    zone, calendar = in_force().version, calendar_data_version()
+    other = sum(n for (z, c), n in planned_with.items() if (z and z != zone) or (c and c != calendar))
+    if not other:
+        return None
+    return (f"  DIFFERENT TIME DATA: {other} of them were planned with other zone data or another holiday release "
+            f"than this process reads (IANA {zone} / {calendar}); their instants may be off until the horizon is "
+            "re-planned with the data the planners use (the replan_on_time_data sensor does it; the "
+            "time_data_agrees check names each process's data)")
+
+
 def status_text(engine, now: datetime, cfg=None) -> str:
     """The ``status`` summary at ``now`` (aware UTC) as text."""
     from deadline_pipeline.store import health
@@ -217,6 +238,9 @@ def status_text(engine, now: datetime, cfg=None) -> str:
     if planned_with:
         lines.append("  planned with (obligations due from now, by zone data / calendar data): " + ", ".join(
             f"IANA {z or 'unrecorded'} / {c or '-'}: {n}" for (z, c), n in sorted(planned_with.items(), key=str)))
+        other = _planned_with_other_time_data(planned_with)
+        if other:
+            lines.append(other)
     lines.append("alerts: " + (", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"))
     if overdue:
         o = oldest[0]
