@@ -340,6 +340,42 @@ def test_preview_lists_only_its_window_and_never_calls_a_delivered_reminder_new(
         ("-P7D", "delivered", "delivered; a re-plan never resends it")]
 
 
+def test_preview_shows_each_reminder_with_the_due_instant_it_was_planned_for(engine, db_url, tmp_path):
+    """The deadline (Mon 1 Feb 23:59 New York = 2 Feb 04:59Z) moves to Wed 3 Feb 23:59 (4 Feb
+    04:59Z) after -P7D was delivered, and a run re-plans. Preview showed the delivered and the
+    superseded reminders "due" at the new instant - the obligation's - although each was planned,
+    and the delivered one sent, for the old one."""
+    cfg, path = _store_with_sunday_deadline(tmp_path, engine)
+    assert sweep(engine, cfg, datetime(2027, 1, 26, 12, 0, tzinfo=UTC)).delivered == 1
+    (tmp_path / "tax.ics").write_text(ics(dict(SUNDAY, dtstart="20270203T235900")), newline="")
+    moved_at = datetime(2027, 1, 27, tzinfo=UTC)
+    for s in cfg.sources:
+        fetch_snapshot(engine, s, moved_at)
+        apply_latest_snapshot(engine, s, moved_at)
+    plan_all(engine, cfg, moved_at)
+    args = ["preview", "--subscriber", "ann", "--from", "2027-01-20T00:00:00Z", "--to", "2027-02-05T00:00:00Z",
+            "--as-of", "2027-01-27T00:00:00Z", "--config", str(path), "--db-url", db_url]
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {(r["kind"], r["offset"].split(",")[0], r["status"]): r for r in json.loads(res.output)}
+    old, new = "2027-02-02T04:59:00+00:00", "2027-02-04T04:59:00+00:00"
+    assert {k: r["due_at"]["utc"] for k, r in rows.items()} == {
+        ("reminder", "-P7D", "delivered"): old, ("reminder", "-P1D", "superseded"): old,
+        ("correction", "PT0S", "pending"): new,  # a correction is planned for the new instant
+        ("reminder", "-P7D", "pending"): new, ("reminder", "-P1D", "pending"): new,
+    }
+    assert {k: r["due_moved_to"]["utc"] for k, r in rows.items() if r["due_at"]["utc"] == old} == {
+        ("reminder", "-P7D", "delivered"): new, ("reminder", "-P1D", "superseded"): new}
+    assert {r["due_moved_to"]["utc"] for r in rows.values() if r["due_at"]["utc"] == new} == {None}
+    # Delivered for the old instant, corrected by the correction above: a re-plan sends nothing more.
+    assert rows[("reminder", "-P7D", "delivered")]["replan"] == "delivered; a re-plan never resends it"
+    table = CliRunner().invoke(main, args)
+    assert table.exit_code == 0, table.output
+    line = next(ln for ln in table.output.splitlines() if ln.startswith("superseded"))
+    assert ("(due 2027-02-02 05:59 CET (2027-02-02 04:59 UTC), moved to 2027-02-04 05:59 CET "
+            "(2027-02-04 04:59 UTC);") in line, line
+
+
 def test_preview_never_creates_or_migrates_the_store(tmp_path, monkeypatch):
     """A preview on a new home migrated an empty store into it (creating the folder) and printed
     only "never ingested"; a store at an older migration failed inside the SQL. Each is now named

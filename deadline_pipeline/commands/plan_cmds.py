@@ -94,7 +94,9 @@ def _when(instant: datetime | None, zone) -> dict:
 def _replan_note(stored: dict, planned: dict | None, planned_due: datetime | None, judged: bool) -> str:
     """What a re-plan would change for one stored alert, in words."""
     if stored["status"] == AlertState.DELIVERED:
-        if planned_due is not None and planned_due != stored["due_at"]:
+        # Against the obligation's instant: once a re-plan moved it, the correction is written and a
+        # further re-plan sends none, although the reminder's own (planned-for) instant differs.
+        if planned_due is not None and planned_due != stored["obligation_due_at"]:
             return f"delivered; the deadline is now due {instant_text(planned_due)}: a re-plan sends a correction"
         return "delivered; a re-plan never resends it"
     if stored["status"] not in OPEN:
@@ -135,7 +137,10 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     """Reminders of ``subscriber_id`` in the window ``[start, end)`` (aware UTC) as the store has them —
     delivered (with the delivery instant), pending and when, skipped, cancelled, escalated — each
     with what a re-plan at ``now`` (default: the current time) would change, followed by the
-    reminders a re-plan would add. Times in the subscriber's zone and in UTC; offsets as ISO 8601
+    reminders a re-plan would add. ``due_at`` is the due instant each reminder was planned for (a
+    superseded or delivered one keeps the instant the deadline had then) and ``due_moved_to`` the
+    deadline's instant in the store when it has moved since (else its fields are None). Times in
+    the subscriber's zone and in UTC; offsets as ISO 8601
     and words as written (``-P7D, 7 days before``), with ``offset_zone``: the deadline's zone, whose
     calendar days the offset's days are counted in (RFC 5545 §3.3.6; None when no re-plan shows the
     row). Reads only. Raises ``KeyError`` for a subscriber not in the configuration.
@@ -180,7 +185,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
     stored.sort(key=lambda a: (a["send_at"], a["id"]))
     rows: list[dict] = []
     for a in stored:
-        judged = now - GRACE <= a["due_at"]  # the re-plan only looks at deadlines still ahead
+        judged = now - GRACE <= a["obligation_due_at"]  # the re-plan only looks at deadlines still ahead
         # The store keeps an offset's length only; the re-plan knows it as written (-P7D vs -PT168H).
         twin = planned.get(a["dedup_key"])
         rows.append({
@@ -188,6 +193,7 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "send_at": _when(a["send_at"], zone), "delivered_at": _when(a["delivered_at"], zone),
             "next_attempt_at": _when(a["next_attempt_at"], zone), "title": a["title"],
             "due_at": _when(a["due_at"], zone),
+            "due_moved_to": _when(a["obligation_due_at"] if a["obligation_due_at"] != a["due_at"] else None, zone),
             "offset": twin["offset"] if twin else offset_text(a["offset_seconds"]),
             "offset_zone": twin["offset_zone"] if twin else None,
             "offset_seconds": a["offset_seconds"], "source": a["source"], "rule": a["rule_id"],
@@ -204,7 +210,8 @@ def preview_rows(cfg, engine, subscriber_id: str, start: datetime, end: datetime
             "alert_id": None, "status": "not in the store", "kind": p["kind"], "channel": p["channel"],
             "send_at": _when(max(p["send_at"], now), zone),
             "delivered_at": _when(None, zone), "next_attempt_at": _when(None, zone), "title": p["title"],
-            "due_at": _when(p["due_at"], zone), "offset": p["offset"], "offset_zone": p["offset_zone"],
+            "due_at": _when(p["due_at"], zone), "due_moved_to": _when(None, zone),
+            "offset": p["offset"], "offset_zone": p["offset_zone"],
             "offset_seconds": p["offset_seconds"], "source": p["source"], "rule": p["rule"], "why": p["why"],
             "attempts": 0, "last_error": None, "replan": "a re-plan would add it",
         })
@@ -282,7 +289,8 @@ def register(main: click.Group) -> None:
                 click.echo(f"PROBLEM  {r['source']} {r.get('rule', '')}: {r['problem']}")
                 continue
             when = r["delivered_at"]["text"] if r["status"] == AlertState.DELIVERED else r["send_at"]["text"]
-            click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}; "
+            moved = f", moved to {r['due_moved_to']['text']}" if r["due_moved_to"]["utc"] else ""
+            click.echo(f"{r['status']:<16} {when}  {r['channel']:<8} {r['title']} (due {r['due_at']['text']}{moved}; "
                        f"{_offset_shown(r)}; {r['source']}/{r['rule']})"
                        + (f" — {r['why']}" if r["why"] else "")
                        + (f" — attempt {r['attempts']} failed: {r['last_error']}"

@@ -60,7 +60,13 @@ def _subscriber_alert_rows(conn: Connection, subscriber_id: str, condition) -> l
         select(alerts.c.id, alerts.c.dedup_key, alerts.c.kind, alerts.c.channel, alerts.c.offset_seconds,
                alerts.c.send_at, alerts.c.status, alerts.c.status_reason, alerts.c.delivered_at, alerts.c.attempts,
                alerts.c.last_error, alerts.c.next_attempt_at, obligations.c.obligation_key, obligations.c.title,
-               obligations.c.rule_id, obligations.c.due_at, sources.c.name.label("source"), subscribers.c.timezone)
+               obligations.c.rule_id,
+               # The instant the alert was planned for, not the obligation's: after a move the
+               # obligation's new instant was shown beside a superseded or delivered reminder that
+               # was planned (and sent) for the old one. NULL only in rows predating the column.
+               func.coalesce(alerts.c.due_at, obligations.c.due_at).label("due_at"),
+               obligations.c.due_at.label("obligation_due_at"), sources.c.name.label("source"),
+               subscribers.c.timezone)
         .join(obligations, obligations.c.id == alerts.c.obligation_id)
         .join(subscribers, subscribers.c.id == obligations.c.subscriber_id)
         .join(sources, sources.c.id == obligations.c.source_id)
@@ -75,8 +81,11 @@ def subscriber_alerts(conn: Connection, subscriber_id: str, start: datetime, end
     in ``[start, end)`` (aware UTC), plus those still open (:data:`~deadline_pipeline.states.OPEN`)
     from before ``start``, ordered by ``send_at`` then id. Each a dict of the alert's ``id, dedup_key,
     kind, channel, offset_seconds, send_at, status, status_reason, delivered_at, attempts, last_error,
-    next_attempt_at`` (the offset from the due instant in seconds), its obligation's ``obligation_key,
-    title, rule_id, due_at``, the ``source`` name and the subscriber's ``timezone`` (IANA name)."""
+    next_attempt_at`` (the offset from the due instant in seconds), ``due_at``: the due instant the
+    alert was planned for (a correction: the new one; the obligation's for a row written before
+    alerts recorded it), its obligation's ``obligation_key, title, rule_id`` and current due instant
+    ``obligation_due_at`` (another instant than ``due_at`` once the deadline moved), the ``source`` name and the
+    subscriber's ``timezone`` (IANA name)."""
     in_window = or_(and_(alerts.c.send_at >= start, alerts.c.send_at < end),
                     and_(alerts.c.delivered_at >= start, alerts.c.delivered_at < end),
                     and_(alerts.c.send_at < start, alerts.c.status.in_(OPEN)))
