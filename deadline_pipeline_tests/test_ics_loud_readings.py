@@ -372,6 +372,111 @@ def test_x_wr_timezone_defined_in_the_calendar_agrees_with_recurring_ical_events
                                             ("once", f"2027-07-15T{summer:02d}:00:00Z")} <= set(expected)
 
 
+#: A VTIMEZONE under the IANA name America/Chicago that defines US Eastern time (UTC-05:00/-04:00).
+CHICAGO_AS_EASTERN = _us_rules("America/Chicago", "-0500", "-0400")
+
+
+def _chicago_as_eastern(zoned: bool) -> bytes:
+    """Two one-off events and a series at 09:00, floating in ``X-WR-TIMEZONE:America/Chicago`` or, when
+    ``zoned``, each written ``DTSTART;TZID=America/Chicago`` (and no X-WR-TIMEZONE)."""
+    start = "DTSTART;TZID=America/Chicago:" if zoned else "DTSTART:"
+    events = [*_event("jul", f"{start}20270715T090000"), *_event("jan", f"{start}20270115T090000"),
+              *_event("series", f"{start}20270301T090000", "RRULE:FREQ=WEEKLY;COUNT=3")]
+    return _calendar(*([] if zoned else ["X-WR-TIMEZONE:America/Chicago"]), *CHICAGO_AS_EASTERN, *events).encode()
+
+
+def _without_lines(text: str) -> str:
+    import re
+
+    return re.sub(r"\(line \d+\)", "(line N)", text)
+
+
+def test_x_wr_timezone_naming_an_iana_vtimezone_that_disagrees_notes_every_floating_component(tmp_path):
+    """``X-WR-TIMEZONE:America/Chicago`` beside a VTIMEZONE ``TZID:America/Chicago`` defining US Eastern
+    rules: the floating times are read in the IANA zone, as ``TZID=America/Chicago`` values are, and each
+    component carries the note those values carry, in ``validate`` and ``occurrences --ics`` alike. Before,
+    only the series had one (at its RRULE); the one-off times were read an hour away from the file's own
+    definition without a word."""
+    notes = {}
+    for zoned in (True, False):
+        result = parse_payload("ics", _chicago_as_eastern(zoned), source="s")
+        assert {r.tz for r in result.rules} == {"America/Chicago"}
+        assert {r.rule_id: _due(r)[0] for r in result.rules if r.rrule is None} == {
+            "jul": datetime(2027, 7, 15, 14, tzinfo=UTC), "jan": datetime(2027, 1, 15, 15, tzinfo=UTC)}
+        notes[zoned] = sorted((p.record_id, _without_lines(p.message)) for p in result.problems)
+        assert not any(p.skipped for p in result.problems)
+    assert notes[False] == notes[True]
+    assert [uid for uid, _m in notes[False]] == ["jan", "jul", "series"]
+    assert "disagrees with the zone of that name at DTSTART (line N) 2027-07-15T09:00:00: the calendar's " \
+        "definition gives UTC-04:00, the IANA zone America/Chicago UTC-05:00" in notes[False][1][1]
+    path = tmp_path / "cal.ics"
+    path.write_bytes(_chicago_as_eastern(False))
+    checked = CliRunner().invoke(main, ["validate", "--format", "ics", str(path)])
+    assert checked.output.count("disagrees with the zone of that name at DTSTART") == 3, checked.output
+    listed = CliRunner().invoke(main, ["occurrences", "--ics", str(path), "--after", "2027-01-01T00:00:00Z",
+                                       "--before", "2028-01-01T00:00:00Z"])
+    assert listed.exit_code == 0, listed.output
+    warned = [line for line in listed.output.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 3 and all("disagrees with the zone of that name at DTSTART" in w for w in warned), warned
+
+
+def test_x_wr_timezone_agreeing_or_not_in_force_adds_no_note():
+    """The floating times are compared only where the calendar's zone reads them: a VTIMEZONE that agrees
+    with the IANA zone, a component with a TZID of its own or a UTC time, and a calendar without
+    X-WR-TIMEZONE (floating times in ``default_tz``) have no note."""
+    agreeing = _us_rules("America/Chicago", "-0600", "-0500")
+    floating = _event("jul", "DTSTART:20270715T090000")
+    result = parse_payload("ics", _floating("America/Chicago", agreeing, *floating), source="s")
+    assert result.problems == [] and len(result.rules) == 1
+    for own in ("DTSTART;TZID=Europe/Berlin:20270715T090000", "DTSTART:20270715T090000Z"):
+        result = parse_payload("ics", _floating("America/Chicago", CHICAGO_AS_EASTERN, *_event("x", own)),
+                               source="s")
+        assert result.problems == [] and len(result.rules) == 1, result.problems
+    result = parse_payload("ics", _calendar(*CHICAGO_AS_EASTERN, *floating).encode(), source="s",
+                           default_tz="America/Chicago")
+    assert result.problems == [] and [r.tz for r in result.rules] == ["America/Chicago"]
+
+
+def test_several_x_wr_timezone_lines_name_each_line_and_value():
+    """Two X-WR-TIMEZONE lines with different values give the floating times no single zone: the
+    components with one are skipped, the message naming both lines and values. Before, it printed the
+    library's list (``[vUnknown(b'America/New_York'), …]``) and no line. Two with one value are that zone."""
+    floating = _event("f", "DTSTART:20270715T090000")
+    two = _calendar("X-WR-TIMEZONE:America/New_York", "X-WR-TIMEZONE:Europe/Berlin", *floating,
+                    *_event("z", "DTSTART;TZID=Asia/Tokyo:20270715T090000")).encode()
+    result = parse_payload("ics", two, source="s", default_tz="UTC")
+    assert [r.rule_id for r in result.rules] == ["z"]
+    (problem,) = result.problems
+    assert problem.skipped and problem.record_id == "f"
+    assert "the calendar has 2 X-WR-TIMEZONE lines (line 4 'America/New_York', line 5 'Europe/Berlin'): its " \
+        "floating times have no single zone" in problem.message, problem.message
+    assert "vUnknown" not in problem.message
+    same = _calendar("X-WR-TIMEZONE:Europe/Berlin", "X-WR-TIMEZONE:Europe/Berlin", *floating).encode()
+    result = parse_payload("ics", same, source="s")
+    assert [r.tz for r in result.rules] == ["Europe/Berlin"] and result.problems == []
+
+
+@pytest.mark.parametrize("written", ["X-WR-TIMEZONE:", "X-WR-TIMEZONE:   "])
+def test_empty_x_wr_timezone_is_read_as_absent_with_a_note(tmp_path, written):
+    """An empty X-WR-TIMEZONE names no zone: floating times are read as without one (``default_tz``, else
+    each subscriber's zone), as before, but a note names the line, and ``occurrences --ics`` no longer says
+    the calendar "declares no X-WR-TIMEZONE"."""
+    payload = _calendar(written, *_event("f", "DTSTART:20270715T090000")).encode()
+    for default, reading in ((None, "in each subscriber's zone"), ("Europe/Paris", "in default_tz 'Europe/Paris'")):
+        result = parse_payload("ics", payload, source="s", default_tz=default)
+        assert [r.tz for r in result.rules] == [default]
+        assert [(p.position, p.message, p.skipped) for p in result.problems] == [(
+            "line 4", "X-WR-TIMEZONE (line 4) is empty: floating times are read as if it were absent, i.e. "
+            f"{reading}", False)]
+    path = tmp_path / "cal.ics"
+    path.write_bytes(payload)
+    listed = CliRunner().invoke(main, ["occurrences", "--ics", str(path), "--after", "2027-01-01T00:00:00Z"])
+    assert listed.exit_code != 0
+    assert "X-WR-TIMEZONE (line 4) is empty" in listed.output, listed.output
+    assert "declares no X-WR-TIMEZONE" not in listed.output
+    assert "names no zone for them (no X-WR-TIMEZONE, or an empty one); give --tz" in listed.output, listed.output
+
+
 # --- an abbreviation out of its season ----------------------------------------------------------------
 
 @pytest.mark.parametrize(("fmt", "payload", "shown"), [

@@ -440,8 +440,9 @@ def _expand_file(path: Path, tz: str | None, lo: datetime, hi: datetime, busines
     found = []
     for rule in apply_overrides(result.rules):
         if rule.tz is None:
-            raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar declares no "
-                             "X-WR-TIMEZONE; give --tz")
+            # "Declares no X-WR-TIMEZONE" was wrong for an empty one, read as absent (its note is printed above).
+            raise InputError(f"--ics {path}: rule {rule.rule_id!r} has floating times and the calendar names no zone "
+                             "for them (no X-WR-TIMEZONE, or an empty one); give --tz")
         zone = resolve_zone(rule.tz)
         try:
             expanded = expansion(rule, zone, after=lo, before=hi, business_days=business, limit=count)

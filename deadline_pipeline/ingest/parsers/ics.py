@@ -27,9 +27,11 @@ What becomes of each component (section numbers are RFC 5545's):
   in the subscriber's zone) — never UTC. An ``X-WR-TIMEZONE`` that a VTIMEZONE of the calendar
   defines is read as a TZID of that name is (see below): ``EST`` defined with US daylight saving is
   ``America/New_York``, a name only the calendar defines the IANA zone its definition matches
-  (:func:`~.ics_values.calendar_zone`). An ``X-WR-TIMEZONE`` that names no zone skips the
-  components with such a time, naming its line, value and the nearest zone name
-  (:func:`~.ics_values.floating_zone_of`); the others are read.
+  (:func:`~.ics_values.calendar_zone`); an IANA name whose VTIMEZONE defines other offsets stays the
+  IANA zone, and its floating values get the note a TZID of it gets (:mod:`.ics_zones`). An empty
+  ``X-WR-TIMEZONE`` is read as absent, with a note naming its line. An ``X-WR-TIMEZONE`` that names no
+  zone, and several with different values, skip the components with such a time, naming each line and
+  value (and the nearest zone name); the others are read (:func:`~.ics_values.floating_zone_of`).
 * A UTC time written with a TZID (``DTSTART;TZID=Europe/Berlin:20260725T121500Z``) is the UTC time:
   §3.3.5 says the TZID parameter must not be applied to a UTC value. The library applies it (12:15
   Berlin wall time, 10:15Z), so the TZID is taken off such values of DTSTART, DTEND, DUE,
@@ -183,7 +185,8 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
     result = ParseResult()
     bodies, result.problems = library_lines(lines)
     tops, unreadable = from_library(lines, bodies, source)
-    components: list[tuple[icalendar.cal.Component, str | UnreadableZone | None]] = []
+    # (component, zone of its floating times, the calendar's X-WR-TIMEZONE as read or None)
+    components: list[tuple[icalendar.cal.Component, str | UnreadableZone | None, str | None]] = []
     tops = [t for t in tops if isinstance(t, icalendar.cal.Component)]
     if not any(t.name == "VCALENDAR" for t in tops) and not any(
         c.name in COMPONENTS for t in tops for c in t.walk()
@@ -193,13 +196,13 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
         if top.name != "VCALENDAR" and any(c.name in COMPONENTS for c in top.walk()):
             result.problems.append(ParseProblem(
                 f"{top.name} {index}", "component outside a VCALENDAR (RFC 5545 §3.4); read anyway", skipped=False))
-        zone = calendar_zone(top, default_tz, lines)
-        components.extend((c, zone) for c in top.walk() if c.name in COMPONENTS)
+        zone, declared = calendar_zone(top, default_tz, lines, result.problems)
+        components.extend((c, zone, declared) for c in top.walk() if c.name in COMPONENTS)
 
     # The scan and the library walk both list components in document order; use the scan's line
     # numbers and raw RRULEs only when the two agree, rather than risk pairing the wrong ones.
     paired = len(scanned) == len(components) and all(
-        s.name == c.name for s, (c, _z) in zip(scanned, components, strict=True)
+        s.name == c.name for s, (c, _z, _d) in zip(scanned, components, strict=True)
     )
     lost = lost_by_component(unreadable, paired, result.problems, source)
     legacy: dict = {}
@@ -211,11 +214,11 @@ def _parse_ics(content: bytes, source: str, default_tz: str | None) -> ParseResu
 
 def _read_components(components: list, scanned: list[ScannedComponent] | None, lost: dict, defined: dict,
                      result: ParseResult) -> list[tuple]:
-    """Read each of ``components`` (``(component, calendar zone)``) into ``result`` (a rule or a
-    problem); ``scanned``: their scans, None when scan and library disagree. Returns the revision rank
-    of each rule read, in order."""
+    """Read each of ``components`` (``(component, calendar zone, X-WR-TIMEZONE as read)``, see
+    :func:`~.ics_values.calendar_zone`) into ``result`` (a rule or a problem); ``scanned``: their scans,
+    None when scan and library disagree. Returns the revision rank of each rule read, in order."""
     ranks: list[tuple] = []  # per rule read: its revision rank
-    for n, (component, zone) in enumerate(components):
+    for n, (component, zone, declared) in enumerate(components):
         scan = scanned[n] if scanned is not None else None
         uid = text_of(component, "UID")
         position = f"{component.name} UID={uid}" if uid else f"{component.name} #{n + 1} (no UID)"
@@ -226,7 +229,7 @@ def _read_components(components: list, scanned: list[ScannedComponent] | None, l
         try:
             rule = _component_rule(component, zone, uid, scan, result.problems, position)
             result.add(rule, position)
-            note_zone_read_anew(component, rule, scan, defined, result.problems, position)
+            note_zone_read_anew(component, rule, scan, defined, result.problems, position, declared)
             ranks.append(revision_rank(component))
         except Skip as exc:
             result.problems.append(ParseProblem(position, str(exc), uid))

@@ -169,19 +169,31 @@ def text_of(component: icalendar.cal.Component, name: str) -> str | None:
 @dataclass(frozen=True)
 class UnreadableZone:
     """A calendar's X-WR-TIMEZONE that names no zone: ``reason`` names its line and value, and the
-    nearest zone name (else :func:`~deadline_pipeline.timezones.resolve_zone`'s error). Floating times
-    and dates that would be read in it cannot be read (:func:`floating_zone_of`)."""
+    nearest zone name (else :func:`~deadline_pipeline.timezones.resolve_zone`'s error), or each of its
+    lines and values when it has several that differ. Floating times and dates that would be read in it
+    cannot be read (:func:`floating_zone_of`)."""
 
     reason: str
 
 
-def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
-                   lines: list[tuple[int, str]]) -> str | UnreadableZone | None:
-    """The zone for floating times of ``cal``: its X-WR-TIMEZONE, else ``default_tz``. An X-WR-TIMEZONE
-    :func:`~deadline_pipeline.timezones.resolve_zone` does not know is an :class:`UnreadableZone`
-    naming its line (found in ``lines``, the unfolded lines with their physical numbers), its value and
-    the nearest zone name. ``default_tz`` is not put in its place: the calendar says its floating times
-    are in another zone, so ``default_tz`` (or each subscriber's zone) would be a guess, hours off.
+def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None, lines: list[tuple[int, str]],
+                  problems: list[ParseProblem]) -> tuple[str | UnreadableZone | None, str | None]:
+    """``(zone for floating times of cal, zone its X-WR-TIMEZONE is read as)``: the first is its
+    X-WR-TIMEZONE, else ``default_tz``; the second the same zone name when it is the calendar's own
+    X-WR-TIMEZONE, else ``None`` (:func:`~.ics_zones.note_zone_read_anew` compares floating values read
+    in it with the calendar's VTIMEZONE of that name). ``lines``: the unfolded lines with their
+    physical numbers, to name the X-WR-TIMEZONE line in messages. ``problems``: a note is appended for
+    an empty X-WR-TIMEZONE.
+
+    An X-WR-TIMEZONE :func:`~deadline_pipeline.timezones.resolve_zone` does not know is an
+    :class:`UnreadableZone` naming its line, its value and the nearest zone name. ``default_tz`` is not
+    put in its place: the calendar says its floating times are in another zone, so ``default_tz`` (or
+    each subscriber's zone) would be a guess, hours off. So are several X-WR-TIMEZONE lines with
+    different values (the library gave their list, and the message printed its ``repr``); several with
+    one value are that zone.
+
+    An empty X-WR-TIMEZONE (or only spaces) names no zone and is read as absent, with a note naming its
+    line: the floating times are read in ``default_tz`` (each subscriber's zone when ``None``).
 
     An X-WR-TIMEZONE that a VTIMEZONE of ``cal`` defines (same TZID, any case) is read as a TZID
     parameter of that name is (:func:`_zoned_when`): an IANA or Windows name stays that zone, but
@@ -191,27 +203,62 @@ def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None,
     fixed IANA zone ``EST``, 09:00 in July of a calendar defining ``EST`` with US daylight saving was due
     at 14:00Z, an hour late; a name only the calendar defined skipped every floating component. A
     definition no IANA zone agrees with is an :class:`UnreadableZone`: a rule cannot carry it."""
-    declared = cal.get("X-WR-TIMEZONE") if cal.name == "VCALENDAR" else None
-    if declared is None or not str(declared).strip():
-        return default_tz
-    name = str(declared).strip()
-    number = next((n for n, body in lines if body.partition(":")[0].strip().upper() == "X-WR-TIMEZONE"
-                   and body.partition(":")[2].strip() == name), None)
-    where = f"X-WR-TIMEZONE{f' (line {number})' if number else ''} {name!r}"
+    declared = _declared_lines(cal, lines)
+    if not declared:
+        return default_tz, None
+    shown = ", ".join(f"{f'line {n} ' if n else ''}{value!r}" for n, value in declared)
+    if len({value for _n, value in declared}) > 1:
+        return UnreadableZone(f"X-WR-TIMEZONE, but the calendar has {len(declared)} X-WR-TIMEZONE lines ({shown}): "
+                              "its floating times have no single zone"), None
+    number, name = declared[0]
+    where = f"X-WR-TIMEZONE{f' (line {number})' if number else ''}"
+    if not name:
+        # Read as absent, but said: occurrences --ics said the calendar "declares no X-WR-TIMEZONE".
+        instead = f"in default_tz {default_tz!r}" if default_tz else "in each subscriber's zone"
+        problems.append(ParseProblem(f"line {number}" if number else "VCALENDAR", (
+            f"{where} is empty: floating times are read as if it were absent, i.e. {instead}"), skipped=False))
+        return default_tz, None
+    where += f" {name!r}"
     definition = _definition_in(cal, name)
     if definition is not None:
         # A definition (neither None nor a ZoneInfo) is always read: no Skip comes of it.
         tz, _zone, known, _written = _tzid_reading(name, definition, "X-WR-TIMEZONE")
         if known:
-            return tz
+            return tz, tz
         return UnreadableZone(f"{where}, which only its VTIMEZONE defines, and no IANA zone has its offsets and "
-                              f"transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}")
+                              f"transitions in {EQUIVALENCE_YEARS[0]}-{EQUIVALENCE_YEARS[1]}"), None
     try:
         resolve_zone(name)
-        return name
+        return name, name
     except UnknownTimeZone as exc:
         close = near_name(name, zone_names())
-        return UnreadableZone(f"{where}, which names no zone ({f'did you mean {close}?' if close else exc})")
+        return UnreadableZone(f"{where}, which names no zone ({f'did you mean {close}?' if close else exc})"), None
+
+
+def _declared_lines(cal: icalendar.cal.Component, lines: list[tuple[int, str]]) -> list[tuple[int | None, str]]:
+    """``[(physical line or None, value stripped)]``: each X-WR-TIMEZONE of ``cal`` (none unless a
+    VCALENDAR). The line numbers are those of the first VCALENDAR of ``lines`` whose X-WR-TIMEZONE
+    values are the library's; ``None`` when none is."""
+    values = [str(v).strip() for v in prop_list(cal, "X-WR-TIMEZONE")] if cal.name == "VCALENDAR" else []
+    if not values:
+        return []
+    found: list[list[tuple[int, str]]] = []  # per VCALENDAR: its own X-WR-TIMEZONE lines
+    depth = 0
+    for number, body in lines:
+        head, _colon, rest = body.partition(":")
+        key = head.partition(";")[0].strip().upper()
+        if key == "BEGIN":
+            depth += 1
+            if depth == 1:
+                found.append([])
+        elif key == "END":
+            depth = max(depth - 1, 0)
+        elif key == "X-WR-TIMEZONE" and depth == 1 and found:
+            found[-1].append((number, rest.strip()))
+    for group in found:
+        if [value for _n, value in group] == values:
+            return list(group)
+    return [(None, value) for value in values]
 
 
 def vtimezone_definition(vtz: icalendar.cal.Component) -> tzinfo:

@@ -6,6 +6,7 @@ uses, a note says so, naming both offsets (:func:`note_zone_read_anew`). A name 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 
@@ -100,10 +101,18 @@ _DATED = ("DTSTART", "DUE", "RECURRENCE-ID", "RDATE", "EXDATE")
 
 
 def note_zone_read_anew(component: icalendar.cal.Component, rule: RuleRecord, scan: ScannedComponent | None,
-                         defined: dict[str, _DefinedZone], problems: list[ParseProblem], position: str) -> None:
+                         defined: dict[str, _DefinedZone], problems: list[ParseProblem], position: str,
+                         declared: str | None = None) -> None:
     """A note appended to ``problems`` when a value of ``component`` is read in a zone whose UTC offset
     differs from the one the calendar's own VTIMEZONE of that TZID gives (``defined``), naming the
     VTIMEZONE, the value's line, the instant and both offsets; nothing when they agree.
+
+    ``declared``: the zone the calendar's X-WR-TIMEZONE is read as
+    (:func:`~deadline_pipeline.ingest.parsers.ics_values.calendar_zone`), ``None`` without one. When
+    ``rule`` is in that zone, its floating values are wall times in it and are compared with the
+    VTIMEZONE of that name (any case) as a value with that TZID is: a VTIMEZONE ``TZID:America/Chicago``
+    defining US Eastern rules beside ``X-WR-TIMEZONE:America/Chicago`` had its one-off floating times read
+    an hour away from the definition with no note, while the same times written with ``TZID=`` had one.
 
     A TZID that names an IANA zone is that zone (see the module docstring), also when the calendar
     defines it differently (an old US rule, say: many producers ship stale VTIMEZONEs), so the instant
@@ -114,24 +123,16 @@ def note_zone_read_anew(component: icalendar.cal.Component, rule: RuleRecord, sc
     note per component: the first disagreement found."""
     if not defined:
         return
-    for name in _DATED:
-        for prop in prop_list(component, name):
-            params = getattr(prop, "params", {}) or {}
-            zone = defined.get(str(params.get("TZID", "")).strip())
-            if zone is None:
-                continue
-            values = [d.dt for d in getattr(prop, "dts", [])] if hasattr(prop, "dts") else [getattr(prop, "dt", None)]
-            for value in values:
-                value = written_value(value, params)
-                if not isinstance(value, datetime):
-                    continue
-                wall = value.replace(tzinfo=None)
-                ours, theirs = wall.replace(tzinfo=zone.ours).utcoffset(), wall.replace(tzinfo=zone.theirs).utcoffset()
-                if ours != theirs:
-                    problems.append(_zone_note(zone, f"{name}{lines_of(scan, name)} {format_local(wall)}",
-                                               wall.replace(tzinfo=zone.theirs), ours, theirs, position, rule))
-                    return
-    zone = defined.get(rule.tz or "")
+    floating = None
+    if declared is not None and rule.tz == declared:
+        floating = next((z for tzid, z in defined.items() if tzid.upper() == declared.strip().upper()), None)
+    for name, zone, wall in _wall_times(component, defined, floating):
+        ours, theirs = wall.replace(tzinfo=zone.ours).utcoffset(), wall.replace(tzinfo=zone.theirs).utcoffset()
+        if ours != theirs:
+            problems.append(_zone_note(zone, f"{name}{lines_of(scan, name)} {format_local(wall)}",
+                                       wall.replace(tzinfo=zone.theirs), ours, theirs, position, rule))
+            return
+    zone = defined.get(rule.tz or "") or floating
     if rule.rrule is None or zone is None:
         return
     from deadline_pipeline.plan.occurrences import expand
@@ -146,6 +147,26 @@ def note_zone_read_anew(component: icalendar.cal.Component, rule: RuleRecord, sc
             problems.append(_zone_note(zone, f"the occurrence of {found[0].due_at.astimezone(zone.theirs):%Y-%m-%d} "
                                              f"of the {label}", found[0].due_at, ours, theirs, position, rule))
             return
+
+
+def _wall_times(component: icalendar.cal.Component, defined: dict[str, _DefinedZone],
+                floating: _DefinedZone | None) -> Iterator[tuple[str, _DefinedZone, datetime]]:
+    """``(property name, zone, naive wall time)`` for each DATE-TIME value of :data:`_DATED` in
+    ``component`` read in a zone of ``defined``: its TZID's, or ``floating`` (the calendar's
+    X-WR-TIMEZONE, ``None`` when not in force) for a floating one."""
+    for name in _DATED:
+        for prop in prop_list(component, name):
+            params = getattr(prop, "params", {}) or {}
+            tzid = str(params.get("TZID", "")).strip()
+            zone = defined.get(tzid) if tzid else floating
+            if zone is None:
+                continue
+            values = [d.dt for d in getattr(prop, "dts", [])] if hasattr(prop, "dts") else [getattr(prop, "dt", None)]
+            for value in values:
+                value = written_value(value, params)
+                # Without a TZID only a floating time is in the calendar's zone: a UTC one is an instant.
+                if isinstance(value, datetime) and (tzid or value.tzinfo is None):
+                    yield name, zone, value.replace(tzinfo=None)
 
 
 def _zone_note(zone: _DefinedZone, what: str, instant: datetime, ours: timedelta, theirs: timedelta, position: str,
