@@ -477,6 +477,21 @@ def test_empty_x_wr_timezone_is_read_as_absent_with_a_note(tmp_path, written):
     assert "names no zone for them (no X-WR-TIMEZONE, or an empty one); give --tz" in listed.output, listed.output
 
 
+def test_empty_x_wr_timezone_beside_only_zoned_values_is_no_note():
+    """An empty X-WR-TIMEZONE in a calendar whose every value names its zone (a TZID, or UTC) decides
+    nothing: no note, so ``validate`` does not call the file INVALID. Its VTIMEZONE's own DTSTART
+    (local wall time of the zone) is not a floating value of the calendar."""
+    zone = ("BEGIN:VTIMEZONE", "TZID:Europe/Berlin",
+            "BEGIN:DAYLIGHT", "DTSTART:19700329T020000", "RRULE:FREQ=YEARLY;BYMONTH=3;BYDAY=-1SU",
+            "TZOFFSETFROM:+0100", "TZOFFSETTO:+0200", "END:DAYLIGHT",
+            "BEGIN:STANDARD", "DTSTART:19701025T030000", "RRULE:FREQ=YEARLY;BYMONTH=10;BYDAY=-1SU",
+            "TZOFFSETFROM:+0200", "TZOFFSETTO:+0100", "END:STANDARD", "END:VTIMEZONE")
+    payload = _calendar("X-WR-TIMEZONE:", *zone, *_event("f", "DTSTART;TZID=Europe/Berlin:20270715T090000"),
+                        *_event("g", "DTSTART:20270716T090000Z")).encode()
+    result = parse_payload("ics", payload, source="s")
+    assert sorted(r.tz for r in result.rules) == ["Europe/Berlin", "UTC"] and result.problems == []
+
+
 # --- an abbreviation out of its season ----------------------------------------------------------------
 
 @pytest.mark.parametrize(("fmt", "payload", "shown"), [

@@ -213,6 +213,10 @@ def calendar_zone(cal: icalendar.cal.Component, default_tz: str | None, lines: l
     number, name = declared[0]
     where = f"X-WR-TIMEZONE{f' (line {number})' if number else ''}"
     if not name:
+        if not _has_calendar_zoned_values(lines):
+            # Every value names its own zone: the empty line decides nothing, and a note would make
+            # `validate` call the file INVALID.
+            return default_tz, None
         # Read as absent, but said: occurrences --ics said the calendar "declares no X-WR-TIMEZONE".
         instead = f"in default_tz {default_tz!r}" if default_tz else "in each subscriber's zone"
         problems.append(ParseProblem(f"line {number}" if number else "VCALENDAR", (
@@ -259,6 +263,26 @@ def _declared_lines(cal: icalendar.cal.Component, lines: list[tuple[int, str]]) 
         if [value for _n, value in group] == values:
             return list(group)
     return [(None, value) for value in values]
+
+
+# The properties whose floating or date values take the calendar's zone (RFC 5545 §3.3.4, §3.3.5).
+_CALENDAR_ZONED = ("DTSTART", "DTEND", "DUE", "RDATE", "EXDATE", "RECURRENCE-ID")
+
+
+def _has_calendar_zoned_values(lines: list[tuple[int, str]]) -> bool:
+    """Whether a component's date-time property (``lines``: the unfolded lines) is floating or a date,
+    i.e. read in the calendar's zone: no ``TZID`` parameter and no ``Z`` suffix. VTIMEZONE blocks are
+    left out: their DTSTART is the zone's own local wall time."""
+    in_zone = False
+    for _n, body in lines:
+        head, _, value = body.partition(":")
+        name = head.split(";", 1)[0].strip().upper()
+        if name in ("BEGIN", "END") and value.strip().upper() == "VTIMEZONE":
+            in_zone = name == "BEGIN"
+        elif not in_zone and name in _CALENDAR_ZONED and "TZID=" not in head.upper() \
+                and not value.strip().upper().endswith("Z"):
+            return True
+    return False
 
 
 def vtimezone_definition(vtz: icalendar.cal.Component) -> tzinfo:
