@@ -191,11 +191,12 @@ def _planned_with_other_time_data(planned_with: dict[tuple[str | None, str | Non
     ``status`` printed both versions a line apart with nothing to say they disagree: a store planned
     with IANA 2026f read by a process on 2025b looked as healthy as any other (only the watchdog's
     ``time_data_agrees`` said it)."""
-    from deadline_pipeline.holiday_calendars import calendar_data_version
-    from deadline_pipeline.zone_data import in_force
+    from deadline_pipeline.watch.checks import time_data_change, time_data_in_force
 
-    zone, calendar = in_force().version, calendar_data_version()
-    other = sum(n for (z, c), n in planned_with.items() if (z and z != zone) or (c and c != calendar))
+    in_force = time_data_in_force()
+    zone, calendar, _engine = in_force
+    # Obligations are grouped by zone and calendar data only: the engine is left out of the comparison.
+    other = sum(n for (z, c), n in planned_with.items() if time_data_change((z, c, None), in_force))
     if not other:
         return None
     return (f"  DIFFERENT TIME DATA: {other} of them were planned with other zone data or another holiday release "

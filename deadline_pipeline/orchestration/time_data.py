@@ -18,13 +18,10 @@ import logging
 
 import dagster as dg
 
-from deadline_pipeline import zone_data
-from deadline_pipeline.holiday_calendars import calendar_data_version
 from deadline_pipeline.orchestration.partitions import PartitionRangeError, horizon_range, range_tags
 from deadline_pipeline.orchestration.resources import ClockResource, StoreResource
-from deadline_pipeline.recurrence_engine import recurrence_engine_version
 from deadline_pipeline.store import health
-from deadline_pipeline.watch.checks import time_data_change
+from deadline_pipeline.watch.checks import time_data_change, time_data_in_force
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ def build_time_data_sensor(plan_job, partitions_def: dg.MonthlyPartitionsDefinit
                            "from the versions the last horizon plan used, re-plan the whole horizon (moved "
                            "reminders get corrections naming the change).")
     def replan_on_time_data(context: dg.SensorEvaluationContext, store: StoreResource, clock: ClockResource):
-        in_force = (zone_data.version(), calendar_data_version(), recurrence_engine_version())
+        in_force = time_data_in_force()
         with store.engine().connect() as conn:
             planned, planned_at = health.plan_time_data(conn)
         if not any(planned):

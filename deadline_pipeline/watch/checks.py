@@ -570,6 +570,17 @@ def clock_agrees(engine: Engine, host_now: datetime, tolerance: timedelta = CLOC
                         "hosts judge ages by it too; fix NTP on each named host (timedatectl)", offenders, meta)
 
 
+def time_data_in_force() -> tuple[str, str, str]:
+    """This process's time data as (IANA zone-data version, holiday-calendar release, recurrence
+    engine): what it computes instants with, in the order of :data:`health.TimeData`, for
+    :func:`time_data_change`."""
+    from deadline_pipeline import zone_data
+    from deadline_pipeline.holiday_calendars import calendar_data_version
+    from deadline_pipeline.recurrence_engine import recurrence_engine_version
+
+    return zone_data.version(), calendar_data_version(), recurrence_engine_version()
+
+
 def time_data_change(recorded: health.TimeData, in_force: tuple[str, str, str]) -> dict[str, str]:
     """What differs between the time data a process recorded (the horizon plan's, a heartbeat's)
     and the data in force, both as (IANA zone-data version, holiday-calendar release, recurrence
@@ -616,12 +627,8 @@ def time_data_agrees(engine: Engine, real_now: datetime, window: timedelta = tim
 
     ``offenders``: ``{"component", "zone_data"}``, ``{"component", "calendar_data"}`` or
     ``{"component", "recurrence_engine"}`` per version that differs from this process's."""
-    from deadline_pipeline import zone_data
-    from deadline_pipeline.holiday_calendars import calendar_data_version
-    from deadline_pipeline.recurrence_engine import recurrence_engine_version
-
-    ours = (own or zone_data.version(), own_calendar or calendar_data_version(),
-            own_engine or recurrence_engine_version())
+    ours = tuple(given or mine for given, mine in zip((own, own_calendar, own_engine), time_data_in_force(),
+                                                       strict=True))
     with engine.connect() as conn:
         seen = health.time_data_by_component(health.live_processes(conn), real_now, window)
         planned, _ = health.plan_time_data(conn)
