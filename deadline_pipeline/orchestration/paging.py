@@ -33,13 +33,9 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    PARTITION_NAME_TAG,
-)
 
 from deadline_pipeline.deliver.incident import asset_checks_path, run_path
+from deadline_pipeline.orchestration.partitions import run_scope
 from deadline_pipeline.orchestration.resources import ClockResource, SettingsResource
 from deadline_pipeline.watch.partition_runs import WHOLE_JOB, FinishedRun, failed_partitions
 from deadline_pipeline.watch.watchdog import Problem, incident_notices, record_notice, send_notice
@@ -98,16 +94,6 @@ def failing_runs(instance: dg.DagsterInstance, job_names,
             out[f"run {job}"] = Problem("run", job, f"run {run_id} of {job} failed", COMPONENT,
                                         links=((f"run {run_id} in the Dagster UI", run_path(run_id)),))
     return out
-
-
-def run_scope(tags: Mapping[str, str]) -> tuple[str, str] | None:
-    """``(first, last)`` partition keys a run ran, from its tags (``dagster/partition``, or the
-    single-run range tags a backfill or the horizon schedule sets), or ``None`` for no partition."""
-    if PARTITION_NAME_TAG in tags:
-        return tags[PARTITION_NAME_TAG], tags[PARTITION_NAME_TAG]
-    if ASSET_PARTITION_RANGE_START_TAG in tags and ASSET_PARTITION_RANGE_END_TAG in tags:
-        return tags[ASSET_PARTITION_RANGE_START_TAG], tags[ASSET_PARTITION_RANGE_END_TAG]
-    return None
 
 
 def _scope_keys(instance: dg.DagsterInstance, partitions_def: dg.PartitionsDefinition):

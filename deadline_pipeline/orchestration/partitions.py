@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    PARTITION_NAME_TAG,
+)
 
 from deadline_pipeline.instants import instant_text
 from deadline_pipeline.plan.occurrences import GRACE
@@ -127,6 +132,17 @@ def range_tags(first: str, last: str) -> dict[str, str]:
 
 # A run the revision sensor requested carries the rule versions it re-plans: the run plans only the
 # rules they changed (see :mod:`deadline_pipeline.plan.scope`). A run without it plans every rule.
+def run_scope(tags: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(first, last)`` partition keys a run ran, from its tags (``dagster/partition``, or the
+    single-run range tags of :func:`range_tags` that a backfill or the horizon schedule sets), or
+    ``None`` for no partition."""
+    if PARTITION_NAME_TAG in tags:
+        return tags[PARTITION_NAME_TAG], tags[PARTITION_NAME_TAG]
+    if ASSET_PARTITION_RANGE_START_TAG in tags and ASSET_PARTITION_RANGE_END_TAG in tags:
+        return tags[ASSET_PARTITION_RANGE_START_TAG], tags[ASSET_PARTITION_RANGE_END_TAG]
+    return None
+
+
 REVISION_TAG = "deadline_pipeline/rule_versions"
 
 
